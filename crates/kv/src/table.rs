@@ -1,0 +1,247 @@
+//! Block tables: one sequence's pages, the checked write and read paths.
+
+use std::sync::Arc;
+
+use crate::pool::{PageLease, PoolInner};
+use crate::{KvError, LayerView, Owner, PageRef};
+
+/// A sequence's pages, in position order. Not Clone. Dropping it returns every page to the
+/// pool (scrubbed per policy). `&mut BlockTable` is the only way to write its pages, and
+/// `&BlockTable` the only way to read them.
+pub struct BlockTable {
+    pub(crate) pool: Arc<PoolInner>,
+    owner: Owner,
+    pub(crate) leases: Vec<PageLease>,
+}
+
+impl std::fmt::Debug for BlockTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockTable")
+            .field("owner", &self.owner)
+            .field("pages", &self.page_refs().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl BlockTable {
+    pub(crate) fn new(pool: Arc<PoolInner>, owner: Owner, leases: Vec<PageLease>) -> Self {
+        BlockTable {
+            pool,
+            owner,
+            leases,
+        }
+    }
+
+    pub fn owner(&self) -> Owner {
+        self.owner
+    }
+
+    /// The layout of the pool these pages belong to.
+    pub fn layout(&self) -> &crate::KvLayout {
+        &self.pool.layout
+    }
+
+    /// Token slots held: `pages() * page_size`.
+    pub fn capacity(&self) -> usize {
+        self.leases.len() * self.pool.layout.page_size
+    }
+
+    pub fn pages(&self) -> usize {
+        self.leases.len()
+    }
+
+    /// (page, generation) of every page, in position order.
+    pub fn page_refs(&self) -> impl Iterator<Item = PageRef> + '_ {
+        self.leases.iter().map(PageLease::page_ref)
+    }
+
+    /// Ensures `capacity() >= tokens` by adding whole pages, all or nothing.
+    pub fn grow(&mut self, tokens: usize) -> Result<(), KvError> {
+        let need = self
+            .pool
+            .layout
+            .pages_for(tokens)
+            .saturating_sub(self.leases.len());
+        let new = self.pool.lease_pages(self.owner, need)?;
+        self.leases.extend(new);
+        Ok(())
+    }
+
+    fn check_layer(&self, layer: usize) -> Result<(), KvError> {
+        let n_layers = self.pool.layout.n_layers;
+        if layer >= n_layers {
+            return Err(KvError::OutOfRange {
+                what: "layer",
+                index: layer,
+                limit: n_layers,
+            });
+        }
+        Ok(())
+    }
+
+    /// The lease holding `pos` (checked against the pool's metadata) and the slot within it.
+    fn locate(&self, layer: usize, pos: usize) -> Result<(&PageLease, usize), KvError> {
+        self.check_layer(layer)?;
+        let ps = self.pool.layout.page_size;
+        let Some(lease) = self.leases.get(pos / ps) else {
+            return Err(KvError::OutOfRange {
+                what: "position",
+                index: pos,
+                limit: self.capacity(),
+            });
+        };
+        self.pool
+            .check_lease(lease.page(), lease.generation(), self.owner)?;
+        Ok((lease, pos % ps))
+    }
+
+    fn check_len(what: &'static str, expected: usize, got: usize) -> Result<(), KvError> {
+        if expected != got {
+            return Err(KvError::LengthMismatch {
+                what,
+                expected,
+                got,
+            });
+        }
+        Ok(())
+    }
+
+    /// Writes K and V (converted to the pool dtype) of one position at one layer and marks the
+    /// slot written in the page's current generation.
+    pub fn write(&mut self, layer: usize, pos: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
+        let row = self.pool.layout.row_len();
+        Self::check_len("k", row, k.len())?;
+        Self::check_len("v", row, v.len())?;
+        let (lease, slot) = self.locate(layer, pos)?;
+        let page = lease.page();
+        let pool = &self.pool;
+        // SAFETY: `&mut self` is the only writer of this table's pages and excludes every reader
+        // (readers borrow the table); lease uniqueness means no other table holds `page`.
+        unsafe {
+            pool.arena.store(pool.k_offset(page, layer, slot), k);
+            pool.arena.store(pool.v_offset(page, layer, slot), v);
+        }
+        pool.mark_written(page, layer, slot, slot + 1);
+        Ok(())
+    }
+
+    /// Writes consecutive positions `[start, start + n)` at one layer, where `k` and `v` hold
+    /// `n * row_len` elements each (`[pos][kv_head][head_dim]`). Validates everything first:
+    /// on error nothing is written.
+    pub fn write_range(
+        &mut self,
+        layer: usize,
+        start: usize,
+        k: &[f32],
+        v: &[f32],
+    ) -> Result<(), KvError> {
+        let row = self.pool.layout.row_len();
+        let n = k.len() / row;
+        Self::check_len("k", n * row, k.len())?;
+        Self::check_len("v", k.len(), v.len())?;
+        self.check_layer(layer)?;
+        let end = start.saturating_add(n);
+        if end > self.capacity() {
+            return Err(KvError::BeyondCapacity {
+                len: end,
+                capacity: self.capacity(),
+            });
+        }
+        let ps = self.pool.layout.page_size;
+        let first = start / ps;
+        for lease in self.leases.iter().take(end.div_ceil(ps)).skip(first) {
+            self.pool
+                .check_lease(lease.page(), lease.generation(), self.owner)?;
+        }
+        let pool = &self.pool;
+        let mut pos = start;
+        while pos < end {
+            let (page, slot) = (self.leases[pos / ps].page(), pos % ps);
+            let take = (ps - slot).min(end - pos);
+            let src = (pos - start) * row..(pos - start + take) * row;
+            // SAFETY: as in `write`: `&mut self` is the sole accessor of this table's pages.
+            unsafe {
+                pool.arena
+                    .store(pool.k_offset(page, layer, slot), &k[src.clone()]);
+                pool.arena.store(pool.v_offset(page, layer, slot), &v[src]);
+            }
+            pool.mark_written(page, layer, slot, slot + take);
+            pos += take;
+        }
+        Ok(())
+    }
+
+    /// Checked zero-copy view of positions `[0, len)` at `layer`: every page touched must still
+    /// be this lease's (generation and owner) and every slot written at this layer.
+    pub fn layer(&self, layer: usize, len: usize) -> Result<LayerView<'_>, KvError> {
+        self.check_layer(layer)?;
+        if len > self.capacity() {
+            return Err(KvError::BeyondCapacity {
+                len,
+                capacity: self.capacity(),
+            });
+        }
+        let ps = self.pool.layout.page_size;
+        for (i, lease) in self.leases.iter().take(len.div_ceil(ps)).enumerate() {
+            self.pool
+                .check_lease(lease.page(), lease.generation(), self.owner)?;
+            let n = (len - i * ps).min(ps);
+            if let Some(slot) = self.pool.first_unwritten(lease.page(), layer, n) {
+                return Err(KvError::Unwritten {
+                    layer,
+                    pos: i * ps + slot,
+                });
+            }
+        }
+        Ok(LayerView::new(self, layer, len))
+    }
+
+    /// Checks that positions `[0, len)` are written at every layer (e.g. before decode starts).
+    pub fn verify_written(&self, len: usize) -> Result<(), KvError> {
+        for layer in 0..self.pool.layout.n_layers {
+            self.layer(layer, len)?;
+        }
+        Ok(())
+    }
+
+    /// Whether `(layer, pos)` was written in this lease (false when out of range or stale).
+    pub fn is_written(&self, layer: usize, pos: usize) -> bool {
+        self.locate(layer, pos)
+            .is_ok_and(|(lease, slot)| self.pool.is_written(lease.page(), layer, slot))
+    }
+
+    /// Reads back one slot as f32. Errors when the slot was not written in this lease.
+    pub fn read(
+        &self,
+        layer: usize,
+        pos: usize,
+        k_out: &mut [f32],
+        v_out: &mut [f32],
+    ) -> Result<(), KvError> {
+        let row = self.pool.layout.row_len();
+        Self::check_len("k_out", row, k_out.len())?;
+        Self::check_len("v_out", row, v_out.len())?;
+        let (lease, slot) = self.locate(layer, pos)?;
+        let page = lease.page();
+        if !self.pool.is_written(page, layer, slot) {
+            return Err(KvError::Unwritten { layer, pos });
+        }
+        let pool = &self.pool;
+        // SAFETY: `&self` excludes the only writer of this table's pages (`&mut BlockTable`),
+        // and lease uniqueness means no other table holds `page`.
+        unsafe {
+            pool.arena.load(pool.k_offset(page, layer, slot), k_out);
+            pool.arena.load(pool.v_offset(page, layer, slot), v_out);
+        }
+        Ok(())
+    }
+
+    /// Test support: whether every byte of every page of this table is zero.
+    #[doc(hidden)]
+    pub fn debug_pages_zeroed(&self) -> bool {
+        self.leases.iter().all(|lease| {
+            // SAFETY: `&self` excludes the table's only writer; the page is held by this table.
+            unsafe { self.pool.page_is_zero(lease.page()) }
+        })
+    }
+}

@@ -1,0 +1,96 @@
+//! AVX2 fallback: the 16 rows of a group as two halves of 8, with `vpmaddubsw` + `vpmaddwd`
+//! standing in for the VNNI instruction.
+
+use std::arch::x86_64::*;
+
+use crate::qmatrix::{QMatrix, GROUP};
+use crate::quant::{QuantActs, QK};
+
+#[inline(always)]
+unsafe fn bcast4(p: *const u8, j: usize) -> __m256i {
+    _mm256_set1_epi32((p.add(4 * j) as *const i32).read_unaligned())
+}
+
+#[inline(always)]
+unsafe fn load_f16x8(p: *const u16) -> __m256 {
+    _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
+}
+
+/// # Safety
+/// The CPU must support avx2, fma and f16c; indices are checked by the caller.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q4_1(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: &mut [f32]) {
+    let nb = w.blocks();
+    let mask = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    for h in 0..2 {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut macc = [_mm256_setzero_ps(); 4];
+        for b in 0..nb {
+            let gb = g * nb + b;
+            let tile = w.qs.as_ptr().add(gb * 256 + h * 32);
+            let dw = load_f16x8(w.d.as_ptr().add(gb * GROUP + h * 8));
+            let mw = load_f16x8(w.m.as_ptr().add(gb * GROUP + h * 8));
+            let mut wv = [_mm256_setzero_si256(); 8];
+            for p in 0..4 {
+                let l = _mm256_loadu_si256(tile.add(p * 64) as *const __m256i);
+                wv[p] = _mm256_and_si256(l, mask);
+                wv[p + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(l), mask);
+            }
+            for tt in 0..nt {
+                let ti = (t0 + tt) * nb + b;
+                let x = a.qs.as_ptr().add(ti * QK) as *const u8;
+                // 8 products of at most 15 * 127 * 2 each stay inside i16.
+                let mut s16 = _mm256_maddubs_epi16(wv[0], bcast4(x, 0));
+                for (j, wj) in wv.iter().enumerate().skip(1) {
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(*wj, bcast4(x, j)));
+                }
+                let isum = _mm256_madd_epi16(s16, ones);
+                let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*a.d.get_unchecked(ti)));
+                acc[tt] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[tt]);
+                macc[tt] = _mm256_fmadd_ps(mw, _mm256_set1_ps(*a.s.get_unchecked(ti)), macc[tt]);
+            }
+        }
+        for tt in 0..nt {
+            _mm256_storeu_ps(out.as_mut_ptr().add(tt * GROUP + h * 8), _mm256_add_ps(acc[tt], macc[tt]));
+        }
+    }
+}
+
+/// # Safety
+/// As for [`q4_1`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q8_0(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: &mut [f32]) {
+    let nb = w.blocks();
+    let ones = _mm256_set1_epi16(1);
+    for h in 0..2 {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for b in 0..nb {
+            let gb = g * nb + b;
+            let tile = w.qs.as_ptr().add(gb * 512 + h * 32);
+            let dw = load_f16x8(w.d.as_ptr().add(gb * GROUP + h * 8));
+            let mut wabs = [_mm256_setzero_si256(); 8];
+            let mut wv = [_mm256_setzero_si256(); 8];
+            for j in 0..8 {
+                wv[j] = _mm256_loadu_si256(tile.add(j * 64) as *const __m256i);
+                wabs[j] = _mm256_sign_epi8(wv[j], wv[j]);
+            }
+            for (tt, acc) in acc.iter_mut().enumerate().take(nt) {
+                let ti = (t0 + tt) * nb + b;
+                let x = a.qs.as_ptr().add(ti * QK) as *const u8;
+                // |w| * (x with w's sign): each pair sum fits i16; widen to i32 per group.
+                let mut isum = _mm256_setzero_si256();
+                for j in 0..8 {
+                    let p = _mm256_maddubs_epi16(wabs[j], _mm256_sign_epi8(bcast4(x, j), wv[j]));
+                    isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
+                }
+                let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*a.d.get_unchecked(ti)));
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, *acc);
+            }
+        }
+        let zero = _mm256_setzero_ps();
+        for (tt, acc) in acc.iter().enumerate().take(nt) {
+            _mm256_storeu_ps(out.as_mut_ptr().add(tt * GROUP + h * 8), _mm256_add_ps(*acc, zero));
+        }
+    }
+}

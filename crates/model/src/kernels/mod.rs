@@ -1,0 +1,99 @@
+//! Integer dot-product kernels for one group of 16 weight rows against a few tokens.
+//!
+//! Each instruction set has its own implementation of the same arithmetic (integer block sums,
+//! then `acc = fma(isum, d_w * d_x, acc)` per block in block order, plus the Q4_1 minimum term),
+//! so every kernel returns bit-identical results to the scalar one; the tests hold them to it.
+
+use std::sync::OnceLock;
+
+use crate::qmatrix::{QKind, QMatrix, GROUP};
+use crate::quant::QuantActs;
+
+mod scalar;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
+/// Tokens per kernel call: enough to reuse each unpacked weight block several times while the
+/// accumulators stay in registers.
+pub const TOKENS_PER_TILE: usize = 4;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    Scalar,
+    Avx2,
+    Avx512,
+}
+
+impl Isa {
+    /// The best set this CPU supports, unless `PAGEWARDEN_ISA` (scalar, avx2, avx512) asks for
+    /// a lower one (for comparisons and tests).
+    pub fn detect() -> Isa {
+        static ISA: OnceLock<Isa> = OnceLock::new();
+        *ISA.get_or_init(|| {
+            let best = Isa::available().into_iter().last().unwrap_or(Isa::Scalar);
+            match std::env::var("PAGEWARDEN_ISA").ok().as_deref() {
+                Some("scalar") => Isa::Scalar,
+                Some("avx2") if Isa::available().contains(&Isa::Avx2) => Isa::Avx2,
+                _ => best,
+            }
+        })
+    }
+
+    /// Every set this CPU can run, lowest first.
+    pub fn available() -> Vec<Isa> {
+        #[allow(unused_mut)]
+        let mut v = vec![Isa::Scalar];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+                v.push(Isa::Avx2);
+            }
+            if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512bw")
+                && is_x86_feature_detected!("avx512vnni")
+            {
+                v.push(Isa::Avx512);
+            }
+        }
+        v
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512-vnni",
+        }
+    }
+}
+
+/// `out[tt * 16 + r]` = dot(row `g*16 + r` of `w`, token `t0 + tt` of `a`) for `tt < nt`.
+/// `a` must be quantized in `w.kind.act_format()` with `w.cols` columns; `nt <= TOKENS_PER_TILE`.
+pub fn group_dot(isa: Isa, w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: &mut [f32]) {
+    assert!(nt <= TOKENS_PER_TILE && t0 + nt <= a.rows && a.blocks_per_row == w.blocks());
+    assert!(g < w.groups() && out.len() >= nt * GROUP);
+    match isa {
+        Isa::Scalar => scalar::group_dot(w, g, a, t0, nt, out),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: Isa::Avx2 / Avx512 are only produced by `available()` after runtime detection
+        // of every feature the kernels enable; the asserts above bound every index they use.
+        Isa::Avx2 => unsafe {
+            match w.kind {
+                QKind::Q4_1 => avx2::q4_1(w, g, a, t0, nt, out),
+                QKind::Q8_0 => avx2::q8_0(w, g, a, t0, nt, out),
+            }
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        Isa::Avx512 => unsafe {
+            match w.kind {
+                QKind::Q4_1 => avx512::q4_1(w, g, a, t0, nt, out),
+                QKind::Q8_0 => avx512::q8_0(w, g, a, t0, nt, out),
+            }
+        },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => scalar::group_dot(w, g, a, t0, nt, out),
+    }
+}

@@ -1,0 +1,261 @@
+//! The llama forward pass over a batch of sequences, each at its own position.
+//!
+//! All tokens of the step (prefill chunks and single decode tokens alike) go through the
+//! matrix multiplications together; only the KV write and attention are per sequence, and they
+//! touch K and V nowhere but in each sequence's pages of the pool.
+
+use std::path::Path;
+
+use gguf::GgufFile;
+use kv::BlockTable;
+use rayon::prelude::*;
+
+use crate::attention::{attend_group, AttnInput, AttnShape};
+use crate::config::LlamaConfig;
+use crate::error::ModelError;
+use crate::kernels::Isa;
+use crate::matmul::matmul;
+use crate::ops;
+use crate::qmatrix::{quantize_for, QMatrix};
+use crate::quant::QuantActs;
+use crate::weights::LlamaWeights;
+
+/// Which logits a sequence wants back from a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Logits {
+    None,
+    Last,
+    All,
+}
+
+/// One sequence's part of a step: `tokens` at positions `start..start + tokens.len()`, with its
+/// pages (already holding positions `0..start`, with capacity for the new ones).
+pub struct SeqStep<'a> {
+    pub tokens: &'a [u32],
+    pub start: usize,
+    pub kv: &'a mut BlockTable,
+    pub logits: Logits,
+}
+
+pub struct LoadOptions {
+    /// Compute threads; 0 = all cores.
+    pub threads: usize,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { threads: 0 }
+    }
+}
+
+pub struct Llama {
+    pub config: LlamaConfig,
+    pub weights: LlamaWeights,
+    isa: Isa,
+    pool: rayon::ThreadPool,
+    /// llama.cpp rounds queries to f16 when its KV cache is f16; do the same for agreement.
+    f16_queries: bool,
+}
+
+/// Scratch of one quantized activation set and matmul buffer.
+#[derive(Default)]
+struct Scratch {
+    acts: QuantActs,
+    tmp: Vec<f32>,
+}
+
+impl Llama {
+    pub fn load(path: &Path, opts: LoadOptions) -> Result<Llama, ModelError> {
+        Self::from_file(&GgufFile::open(path)?, opts)
+    }
+
+    pub fn from_file(f: &GgufFile, opts: LoadOptions) -> Result<Llama, ModelError> {
+        let config = LlamaConfig::from_gguf(f)?;
+        let weights = LlamaWeights::load(f, &config)?;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(opts.threads)
+            .thread_name(|i| format!("pw-compute-{i}"))
+            .build()
+            .map_err(|e| ModelError::Config(format!("cannot start compute threads: {e}")))?;
+        Ok(Llama { config, weights, isa: Isa::detect(), pool, f16_queries: true })
+    }
+
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// Overrides the kernel set (must be one of `Isa::available()`).
+    pub fn set_isa(&mut self, isa: Isa) -> Result<(), ModelError> {
+        if !Isa::available().contains(&isa) {
+            return Err(ModelError::Config(format!("{} kernels are not supported by this CPU", isa.name())));
+        }
+        self.isa = isa;
+        Ok(())
+    }
+
+    pub fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+
+    /// Dequantized embedding of `token`.
+    pub fn embed(&self, token: u32, out: &mut [f32]) {
+        self.weights.tok_embd.row_f32(token as usize, out);
+    }
+
+    fn check(&self, batch: &[SeqStep<'_>]) -> Result<(), ModelError> {
+        let c = &self.config;
+        if batch.is_empty() {
+            return Err(ModelError::Input("empty batch".into()));
+        }
+        let want = c.kv_layout(0, kv::KvDtype::F16);
+        for s in batch {
+            if s.tokens.is_empty() {
+                return Err(ModelError::Input("a sequence with no tokens".into()));
+            }
+            if let Some(&id) = s.tokens.iter().find(|&&t| t as usize >= c.vocab) {
+                return Err(ModelError::TokenOutOfRange { id, vocab: c.vocab });
+            }
+            let end = s.start + s.tokens.len();
+            if end > c.context {
+                return Err(ModelError::ContextExceeded { needed: end, context: c.context });
+            }
+            let l = s.kv.layout();
+            if (l.n_layers, l.n_kv_heads, l.head_dim) != (want.n_layers, want.n_kv_heads, want.head_dim) {
+                return Err(ModelError::KvLayoutMismatch {
+                    expected: format!("{} layers x {} heads x {}", want.n_layers, want.n_kv_heads, want.head_dim),
+                    found: format!("{} layers x {} heads x {}", l.n_layers, l.n_kv_heads, l.head_dim),
+                });
+            }
+            if end > s.kv.capacity() {
+                return Err(ModelError::Input(format!(
+                    "sequence needs {end} KV slots but its block table holds {}",
+                    s.kv.capacity()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs one step. Returns, per sequence, its requested logits rows (`vocab` floats each).
+    pub fn forward(&self, batch: &mut [SeqStep<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.check(batch)?;
+        self.pool.install(|| self.forward_inner(batch))
+    }
+
+    fn forward_inner(&self, batch: &mut [SeqStep<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
+        let c = &self.config;
+        let (d, hd) = (c.n_embd, c.head_dim);
+        let kv_dim = c.n_kv_heads * hd;
+        let t: usize = batch.iter().map(|s| s.tokens.len()).sum();
+        let mut offsets = Vec::with_capacity(batch.len());
+        let mut x = vec![0f32; t * d];
+        let mut ropes = vec![(0f32, 0f32); t * hd / 2];
+        let mut row = 0;
+        for s in batch.iter() {
+            offsets.push(row);
+            for (i, &tok) in s.tokens.iter().enumerate() {
+                self.embed(tok, &mut x[(row + i) * d..(row + i + 1) * d]);
+                ops::rope_table(s.start + i, hd, c.rope_base, &mut ropes[(row + i) * hd / 2..(row + i + 1) * hd / 2]);
+            }
+            row += s.tokens.len();
+        }
+        let mut sc = Scratch::default();
+        let mut xn = vec![0f32; t * d];
+        let (mut q, mut k, mut v) = (vec![0f32; t * d], vec![0f32; t * kv_dim], vec![0f32; t * kv_dim]);
+        let mut attn = vec![0f32; t * d];
+        let mut proj = vec![0f32; t * d];
+        let (mut gate, mut up) = (vec![0f32; t * c.n_ff], vec![0f32; t * c.n_ff]);
+        let shape = AttnShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: hd };
+        let group = c.n_heads / c.n_kv_heads;
+
+        for (li, layer) in self.weights.layers.iter().enumerate() {
+            ops::rms_norm(&x, &layer.attn_norm, c.rms_eps, &mut xn);
+            quantize_for(&layer.wq, &xn, t, &mut sc.acts);
+            matmul(self.isa, &layer.wq, &sc.acts, &mut q, &mut sc.tmp);
+            matmul(self.isa, &layer.wk, &sc.acts, &mut k, &mut sc.tmp);
+            matmul(self.isa, &layer.wv, &sc.acts, &mut v, &mut sc.tmp);
+            for r in 0..t {
+                let tab = &ropes[r * hd / 2..(r + 1) * hd / 2];
+                ops::rope_apply(&mut q[r * d..(r + 1) * d], hd, tab);
+                ops::rope_apply(&mut k[r * kv_dim..(r + 1) * kv_dim], hd, tab);
+            }
+            for (s, &off) in batch.iter_mut().zip(&offsets) {
+                let n = s.tokens.len();
+                s.kv.write_range(li, s.start, &k[off * kv_dim..(off + n) * kv_dim], &v[off * kv_dim..(off + n) * kv_dim])?;
+            }
+            // Attention: one task per (sequence, KV head).
+            let mut inputs = Vec::with_capacity(batch.len());
+            for (s, &off) in batch.iter().zip(&offsets) {
+                let n = s.tokens.len();
+                let view = s.kv.layer(li, s.start + n)?;
+                inputs.push(AttnInput { q: &q[off * d..(off + n) * d], start: s.start, n, view });
+            }
+            let tasks: Vec<(usize, usize)> =
+                (0..inputs.len()).flat_map(|si| (0..c.n_kv_heads).map(move |h| (si, h))).collect();
+            let results: Vec<Vec<f32>> = tasks
+                .par_iter()
+                .map(|&(si, h)| attend_group(&inputs[si], &shape, h, self.f16_queries))
+                .collect();
+            for (&(si, h), res) in tasks.iter().zip(&results) {
+                let off = offsets[si];
+                for i in 0..inputs[si].n {
+                    let src = &res[i * group * hd..(i + 1) * group * hd];
+                    attn[(off + i) * d + h * group * hd..][..group * hd].copy_from_slice(src);
+                }
+            }
+            drop(inputs);
+            quantize_for(&layer.wo, &attn, t, &mut sc.acts);
+            matmul(self.isa, &layer.wo, &sc.acts, &mut proj, &mut sc.tmp);
+            ops::add_in_place(&mut x, &proj);
+
+            ops::rms_norm(&x, &layer.ffn_norm, c.rms_eps, &mut xn);
+            quantize_for(&layer.w_gate, &xn, t, &mut sc.acts);
+            matmul(self.isa, &layer.w_gate, &sc.acts, &mut gate, &mut sc.tmp);
+            matmul(self.isa, &layer.w_up, &sc.acts, &mut up, &mut sc.tmp);
+            ops::swiglu(&mut gate, &up);
+            quantize_for(&layer.w_down, &gate, t, &mut sc.acts);
+            matmul(self.isa, &layer.w_down, &sc.acts, &mut proj, &mut sc.tmp);
+            ops::add_in_place(&mut x, &proj);
+        }
+        self.logits(batch, &offsets, &x, &mut sc)
+    }
+
+    fn logits(&self, batch: &[SeqStep<'_>], offsets: &[usize], x: &[f32], sc: &mut Scratch) -> Result<Vec<Vec<f32>>, ModelError> {
+        let c = &self.config;
+        let d = c.n_embd;
+        // Gather only the rows someone asked for: the vocabulary projection is the largest
+        // matrix, and decode steps want one row per sequence.
+        let mut rows = Vec::new();
+        let mut counts = Vec::with_capacity(batch.len());
+        for (s, &off) in batch.iter().zip(offsets) {
+            let n = s.tokens.len();
+            let r: Vec<usize> = match s.logits {
+                Logits::None => vec![],
+                Logits::Last => vec![off + n - 1],
+                Logits::All => (off..off + n).collect(),
+            };
+            counts.push(r.len());
+            rows.extend(r);
+        }
+        let mut out = Vec::with_capacity(batch.len());
+        if rows.is_empty() {
+            return Ok(batch.iter().map(|_| Vec::new()).collect());
+        }
+        let mut sel = vec![0f32; rows.len() * d];
+        for (i, &r) in rows.iter().enumerate() {
+            sel[i * d..(i + 1) * d].copy_from_slice(&x[r * d..(r + 1) * d]);
+        }
+        let mut normed = vec![0f32; sel.len()];
+        ops::rms_norm(&sel, &self.weights.out_norm, c.rms_eps, &mut normed);
+        let w: &QMatrix = self.weights.output();
+        let mut logits = vec![0f32; rows.len() * c.vocab];
+        quantize_for(w, &normed, rows.len(), &mut sc.acts);
+        matmul(self.isa, w, &sc.acts, &mut logits, &mut sc.tmp);
+        let mut at = 0;
+        for n in counts {
+            out.push(logits[at * c.vocab..(at + n) * c.vocab].to_vec());
+            at += n;
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,80 @@
+//! Element-wise pieces of the llama block, written to follow ggml's arithmetic (where it sums in
+//! f64, how it steps the rotary angle) because agreement with llama.cpp is measured.
+
+/// `out = (x / rms(x)) * w` per row of `w.len()`.
+pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let n = w.len();
+    for (xr, or) in x.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        let sum: f64 = xr.iter().map(|&v| (v * v) as f64).sum();
+        let mean = (sum / n as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        for ((o, &v), &g) in or.iter_mut().zip(xr).zip(w) {
+            *o = (v * scale) * g;
+        }
+    }
+}
+
+/// Rotary angles for one position: `(cos, sin)` for each pair, stepping the angle by repeated
+/// multiplication as ggml does.
+pub fn rope_table(pos: usize, head_dim: usize, base: f32, out: &mut [(f32, f32)]) {
+    let scale = base.powf(-2.0 / head_dim as f32);
+    let mut theta = pos as f32;
+    for slot in out.iter_mut().take(head_dim / 2) {
+        *slot = (theta.cos(), theta.sin());
+        theta *= scale;
+    }
+}
+
+/// Rotates adjacent pairs `(x[2i], x[2i+1])` of every head in `row` (llama's "normal" mode; GGUF
+/// converters permute Q and K so that this is the right pairing).
+pub fn rope_apply(row: &mut [f32], head_dim: usize, table: &[(f32, f32)]) {
+    for head in row.chunks_exact_mut(head_dim) {
+        for (pair, &(c, s)) in head.chunks_exact_mut(2).zip(table) {
+            let (x0, x1) = (pair[0], pair[1]);
+            pair[0] = x0 * c - x1 * s;
+            pair[1] = x0 * s + x1 * c;
+        }
+    }
+}
+
+/// `gate = silu(gate) * up`, in place.
+pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+pub fn add_in_place(x: &mut [f32], y: &[f32]) {
+    for (a, &b) in x.iter_mut().zip(y) {
+        *a += b;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rms_norm_makes_unit_rms_rows() {
+        let x = [3.0f32, 4.0, 0.0, 0.0];
+        let mut out = [0.0; 4];
+        rms_norm(&x, &[1.0; 4], 0.0, &mut out);
+        let rms = (out.iter().map(|v| v * v).sum::<f32>() / 4.0).sqrt();
+        assert!((rms - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rope_at_position_zero_is_identity_and_preserves_norm_elsewhere() {
+        let mut t = vec![(0.0, 0.0); 4];
+        rope_table(0, 8, 10000.0, &mut t);
+        let mut row: Vec<f32> = (0..8).map(|i| i as f32).collect();
+        let orig = row.clone();
+        rope_apply(&mut row, 8, &t);
+        assert_eq!(row, orig);
+        rope_table(37, 8, 10000.0, &mut t);
+        rope_apply(&mut row, 8, &t);
+        let n0: f32 = orig.iter().map(|v| v * v).sum();
+        let n1: f32 = row.iter().map(|v| v * v).sum();
+        assert!((n0 - n1).abs() < 1e-3);
+    }
+}

@@ -1,0 +1,142 @@
+//! Loading a llama model's tensors, each checked for presence, type and shape.
+
+use gguf::{GgmlType, GgufFile, TensorInfo};
+
+use crate::config::LlamaConfig;
+use crate::error::ModelError;
+use crate::qmatrix::{QKind, QMatrix};
+use crate::quant::{self, QK};
+
+pub struct Layer {
+    pub attn_norm: Vec<f32>,
+    pub wq: QMatrix,
+    pub wk: QMatrix,
+    pub wv: QMatrix,
+    pub wo: QMatrix,
+    pub ffn_norm: Vec<f32>,
+    pub w_gate: QMatrix,
+    pub w_up: QMatrix,
+    pub w_down: QMatrix,
+}
+
+pub struct LlamaWeights {
+    pub tok_embd: QMatrix,
+    pub layers: Vec<Layer>,
+    pub out_norm: Vec<f32>,
+    /// None when the output projection is tied to the embedding.
+    pub output: Option<QMatrix>,
+}
+
+fn check_shape(t: &TensorInfo, expected: &[u64]) -> Result<(), ModelError> {
+    if t.dims != expected {
+        return Err(ModelError::TensorShape { name: t.name.clone(), expected: expected.to_vec(), found: t.dims.clone() });
+    }
+    Ok(())
+}
+
+fn vector(f: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+    let (t, bytes) = f.data(name)?;
+    check_shape(t, &[len as u64])?;
+    match t.ty {
+        GgmlType::F32 => Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+        GgmlType::F16 => Ok(bytes.chunks_exact(2).map(|c| quant::f16_bits_to_f32(c[0], c[1])).collect()),
+        other => Err(ModelError::TensorType { name: name.to_string(), ty: other.name() }),
+    }
+}
+
+/// Dequantizes any supported encoding to f32 rows, for requantizing types without a kernel.
+fn dequantize(t: &TensorInfo, bytes: &[u8]) -> Vec<f32> {
+    let n = t.n_elements() as usize;
+    let mut out = vec![0f32; n];
+    match t.ty {
+        GgmlType::F32 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        GgmlType::F16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = quant::f16_bits_to_f32(c[0], c[1]);
+            }
+        }
+        GgmlType::BF16 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
+            }
+        }
+        GgmlType::Q4_0 => {
+            for (o, c) in out.chunks_exact_mut(QK).zip(bytes.chunks_exact(18)) {
+                quant::dequant_q4_0(c, o);
+            }
+        }
+        GgmlType::Q4_1 => {
+            for (o, c) in out.chunks_exact_mut(QK).zip(bytes.chunks_exact(20)) {
+                quant::dequant_q4_1(c, o);
+            }
+        }
+        GgmlType::Q8_0 => {
+            for (o, c) in out.chunks_exact_mut(QK).zip(bytes.chunks_exact(34)) {
+                quant::dequant_q8_0(c, o);
+            }
+        }
+    }
+    out
+}
+
+/// Encodes f32 values as ggml Q8_0 blocks (used for matrices stored in types we have no kernel for).
+pub fn encode_q8_0(x: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(x.len() / QK * 34);
+    for blk in x.chunks_exact(QK) {
+        let amax = blk.iter().fold(0f32, |a, v| a.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        out.extend_from_slice(&half::f16::from_f32(d).to_bits().to_le_bytes());
+        out.extend(blk.iter().map(|v| (v * id).round() as i8 as u8));
+    }
+    out
+}
+
+fn matrix(f: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<QMatrix, ModelError> {
+    let (t, bytes) = f.data(name)?;
+    check_shape(t, &[cols as u64, rows as u64])?;
+    match t.ty {
+        GgmlType::Q4_1 => QMatrix::from_ggml(QKind::Q4_1, rows, cols, bytes),
+        GgmlType::Q8_0 => QMatrix::from_ggml(QKind::Q8_0, rows, cols, bytes),
+        _ => QMatrix::from_ggml(QKind::Q8_0, rows, cols, &encode_q8_0(&dequantize(t, bytes))),
+    }
+}
+
+impl LlamaWeights {
+    pub fn load(f: &GgufFile, c: &LlamaConfig) -> Result<LlamaWeights, ModelError> {
+        let kv_dim = c.n_kv_heads * c.head_dim;
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for i in 0..c.n_layers {
+            let n = |s: &str| format!("blk.{i}.{s}.weight");
+            layers.push(Layer {
+                attn_norm: vector(f, &n("attn_norm"), c.n_embd)?,
+                wq: matrix(f, &n("attn_q"), c.n_embd, c.n_embd)?,
+                wk: matrix(f, &n("attn_k"), c.n_embd, kv_dim)?,
+                wv: matrix(f, &n("attn_v"), c.n_embd, kv_dim)?,
+                wo: matrix(f, &n("attn_output"), c.n_embd, c.n_embd)?,
+                ffn_norm: vector(f, &n("ffn_norm"), c.n_embd)?,
+                w_gate: matrix(f, &n("ffn_gate"), c.n_embd, c.n_ff)?,
+                w_up: matrix(f, &n("ffn_up"), c.n_embd, c.n_ff)?,
+                w_down: matrix(f, &n("ffn_down"), c.n_ff, c.n_embd)?,
+            });
+        }
+        let output = match f.tensor("output.weight") {
+            Ok(_) => Some(matrix(f, "output.weight", c.n_embd, c.vocab)?),
+            Err(_) => None,
+        };
+        Ok(LlamaWeights {
+            tok_embd: matrix(f, "token_embd.weight", c.n_embd, c.vocab)?,
+            layers,
+            out_norm: vector(f, "output_norm.weight", c.n_embd)?,
+            output,
+        })
+    }
+
+    pub fn output(&self) -> &QMatrix {
+        self.output.as_ref().unwrap_or(&self.tok_embd)
+    }
+}

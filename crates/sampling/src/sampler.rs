@@ -1,0 +1,506 @@
+//! The sampler: penalties -> top_k -> top_p -> min_p -> temperature -> draw.
+
+use std::cmp::Ordering;
+
+use crate::rng::{entropy_seed, Rng};
+use crate::{argmax, SamplingError, SamplingParams};
+
+/// One alternative token with its log-probability.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TopLogprob {
+    pub token: u32,
+    pub logprob: f32,
+}
+
+/// The outcome of one sampling step.
+///
+/// `logprob` and `top` come from `log_softmax` of the *raw* logits (before
+/// penalties, truncation and temperature), as OpenAI reports them. `top` holds
+/// `top_logprobs` entries (fewer if fewer tokens are unmasked), sorted by
+/// descending logprob, ties by lower id; masked (-inf) tokens never appear.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    pub token: u32,
+    pub logprob: f32,
+    pub top: Vec<TopLogprob>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Cand {
+    logit: f32,
+    id: u32,
+}
+
+/// The total order of candidates: higher logit first, then lower id.
+/// Logits are never NaN here, so `partial_cmp` is total (and -0 == +0, as in
+/// [`argmax`]).
+fn before(a: &Cand, b: &Cand) -> Ordering {
+    b.logit
+        .partial_cmp(&a.logit)
+        .unwrap_or(Ordering::Equal)
+        .then(a.id.cmp(&b.id))
+}
+
+/// Where the tokens that survived truncation are.
+enum Kept {
+    /// Temperature 0: this token, probability 1.
+    Greedy(u32),
+    /// `cand` holds them sorted by id.
+    ById,
+    /// Every token at or before `pivot` in [`before`] order is kept; walk the
+    /// logits row in id order (cheaper than sorting a large kept set).
+    UpTo(Cand),
+}
+
+/// Samples tokens for one sequence. Holds the RNG and reusable buffers, so a
+/// step allocates nothing but the returned `top` list.
+///
+/// The first `sample` fixes the vocabulary size; later rows of another length
+/// are rejected.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    seed: u64,
+    rng: Rng,
+    vocab: Option<usize>,
+    /// Penalised logits.
+    work: Vec<f32>,
+    /// Per-token scratch counters, all zero between calls.
+    counts: Vec<u32>,
+    cand: Vec<Cand>,
+}
+
+impl Sampler {
+    /// A sampler seeded from `params.seed()`, or from OS entropy when unset.
+    pub fn new(params: SamplingParams) -> Sampler {
+        let seed = params.seed().unwrap_or_else(entropy_seed);
+        Sampler {
+            params,
+            seed,
+            rng: Rng::seed_from_u64(seed),
+            vocab: None,
+            work: Vec::new(),
+            counts: Vec::new(),
+            cand: Vec::new(),
+        }
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// The seed in use (drawn from entropy when the params had none), so an
+    /// unseeded run can be logged and replayed.
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
+    /// The next token. `history` is every token generated so far for this
+    /// sequence: frequency/presence penalties count all of it,
+    /// `repetition_penalty` only the last `penalty_last_n` tokens.
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<Sampled, SamplingError> {
+        let lse = self.validate(logits, history)?;
+        let token = match self.truncate(logits, history)? {
+            Kept::Greedy(t) => t,
+            kept => self.draw(logits, &kept),
+        };
+        let logprob = lse.logprob(logits[token as usize]);
+        let top = top_alternatives(logits, lse, self.params.top_logprobs());
+        Ok(Sampled {
+            token,
+            logprob,
+            top,
+        })
+    }
+
+    /// The distribution `sample` would draw from for these inputs, as
+    /// `(token, probability)` in id order (after penalties, truncation and
+    /// temperature). Does not advance the RNG. For tests and debugging.
+    pub fn distribution(
+        &mut self,
+        logits: &[f32],
+        history: &[u32],
+    ) -> Result<Vec<(u32, f64)>, SamplingError> {
+        self.validate(logits, history)?;
+        let kept = self.truncate(logits, history)?;
+        if let Kept::Greedy(t) = kept {
+            return Ok(vec![(t, 1.0)]);
+        }
+        let mut out = Vec::new();
+        let row = self.row(logits);
+        let inv_t = 1.0 / f64::from(self.params.temperature());
+        let max = max_kept(&self.cand);
+        for_each_kept(row, &self.cand, &kept, |id, logit| {
+            out.push((id, weight(logit, max, inv_t)));
+            true
+        });
+        let total: f64 = out.iter().map(|(_, w)| w).sum();
+        for (_, w) in &mut out {
+            *w /= total;
+        }
+        Ok(out)
+    }
+
+    /// Checks shape and values; returns the raw log-sum-exp.
+    fn validate(&mut self, logits: &[f32], history: &[u32]) -> Result<Lse, SamplingError> {
+        if logits.is_empty() {
+            return Err(SamplingError::EmptyLogits);
+        }
+        if let Some(expected) = self.vocab {
+            if expected != logits.len() {
+                return Err(SamplingError::LengthMismatch {
+                    expected,
+                    got: logits.len(),
+                });
+            }
+        }
+        if u32::try_from(logits.len()).is_err() {
+            return Err(SamplingError::VocabTooLarge { len: logits.len() });
+        }
+        let mut max = f32::NEG_INFINITY;
+        for (index, &value) in logits.iter().enumerate() {
+            if value.is_nan() || value == f32::INFINITY {
+                return Err(SamplingError::InvalidLogit { index, value });
+            }
+            max = max.max(value);
+        }
+        if max == f32::NEG_INFINITY {
+            return Err(SamplingError::NoFiniteLogits);
+        }
+        if let Some(&token) = history.iter().find(|&&t| t as usize >= logits.len()) {
+            return Err(SamplingError::TokenOutOfRange {
+                token,
+                vocab: logits.len(),
+            });
+        }
+        self.vocab = Some(logits.len());
+        Ok(Lse::new(logits, max))
+    }
+
+    /// The row the chain works on: penalised copy or the raw logits.
+    fn row<'a>(&'a self, logits: &'a [f32]) -> &'a [f32] {
+        if !self.work.is_empty() {
+            &self.work
+        } else {
+            logits
+        }
+    }
+
+    /// Penalties, then top_k -> top_p -> min_p on `cand`.
+    fn truncate(&mut self, logits: &[f32], history: &[u32]) -> Result<Kept, SamplingError> {
+        let p = self.params;
+        self.work.clear();
+        if p.has_penalties() && !history.is_empty() {
+            apply_penalties(&p, logits, history, &mut self.work, &mut self.counts);
+        }
+        let row: &[f32] = if self.work.is_empty() { logits } else { &self.work };
+
+        if p.is_greedy() {
+            let t = argmax(row);
+            if row[t as usize] == f32::NEG_INFINITY {
+                return Err(SamplingError::NoFiniteLogits);
+            }
+            return Ok(Kept::Greedy(t));
+        }
+
+        let cand = &mut self.cand;
+        cand.clear();
+        cand.extend(
+            row.iter()
+                .enumerate()
+                .filter(|(_, &x)| x > f32::NEG_INFINITY)
+                .map(|(i, &logit)| Cand {
+                    logit,
+                    id: i as u32,
+                }),
+        );
+        if cand.is_empty() {
+            return Err(SamplingError::NoFiniteLogits);
+        }
+
+        // top_k: partial selection, then sort only the k survivors.
+        let k = p.top_k();
+        if k > 0 && k < cand.len() {
+            cand.select_nth_unstable_by(k - 1, before);
+            cand.truncate(k);
+            cand.sort_unstable_by(before);
+        }
+        let sorted = k > 0; // cand is fully sorted in `before` order
+        let max = max_kept(cand);
+
+        // top_p: smallest prefix with mass >= top_p (at least one token).
+        if p.top_p() < 1.0 {
+            let z: f64 = cand.iter().map(|c| weight(c.logit, max, 1.0)).sum();
+            let target = f64::from(p.top_p()) * z;
+            let mut cum = 0.0;
+            let mut done = 0;
+            let mut step = 64;
+            'outer: while done < cand.len() {
+                let take = step.min(cand.len() - done);
+                if !sorted {
+                    // Bring the next `take` best to the front of the rest, sort them.
+                    let rest = &mut cand[done..];
+                    if take < rest.len() {
+                        rest.select_nth_unstable_by(take - 1, before);
+                    }
+                    rest[..take].sort_unstable_by(before);
+                }
+                for i in done..done + take {
+                    cum += weight(cand[i].logit, max, 1.0);
+                    if cum >= target {
+                        cand.truncate(i + 1);
+                        break 'outer;
+                    }
+                }
+                done += take;
+                step *= 4;
+            }
+        }
+
+        // min_p: p / p_max >= min_p  <=>  logit - max >= ln(min_p).
+        if p.min_p() > 0.0 {
+            let threshold = f64::from(max) + f64::from(p.min_p()).ln();
+            cand.retain(|c| f64::from(c.logit) >= threshold);
+        }
+
+        // Now `cand` is a prefix of the `before` order. Pick how to walk it in id order.
+        if cand.len().saturating_mul(16) <= row.len() {
+            cand.sort_unstable_by_key(|c| c.id);
+            Ok(Kept::ById)
+        } else {
+            let pivot = cand
+                .iter()
+                .copied()
+                .max_by(before)
+                .unwrap_or(Cand { logit: max, id: 0 });
+            Ok(Kept::UpTo(pivot))
+        }
+    }
+
+    /// Draws from the kept tokens with temperature applied. The walk is in id
+    /// order, so the result depends only on the seed and the inputs.
+    fn draw(&mut self, logits: &[f32], kept: &Kept) -> u32 {
+        let inv_t = 1.0 / f64::from(self.params.temperature());
+        let u = self.rng.next_f64();
+        let row = self.row(logits);
+        let max = max_kept(&self.cand);
+        let mut total = 0.0;
+        for_each_kept(row, &self.cand, kept, |_, l| {
+            total += weight(l, max, inv_t);
+            true
+        });
+        let r = u * total;
+        let mut cum = 0.0;
+        let mut chosen = None;
+        let mut last = 0;
+        for_each_kept(row, &self.cand, kept, |id, l| {
+            cum += weight(l, max, inv_t);
+            last = id;
+            if r < cum {
+                chosen = Some(id);
+                return false;
+            }
+            true
+        });
+        chosen.unwrap_or(last)
+    }
+}
+
+/// `exp((logit - max) / t)` in f64; 1 for the best token, never overflows.
+fn weight(logit: f32, max: f32, inv_t: f64) -> f64 {
+    ((f64::from(logit) - f64::from(max)) * inv_t).exp()
+}
+
+/// The best logit among the kept candidates (they always include the row max).
+fn max_kept(cand: &[Cand]) -> f32 {
+    cand.iter().map(|c| c.logit).fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// Calls `f(id, logit)` for each kept token in id order until it returns false.
+fn for_each_kept(row: &[f32], cand: &[Cand], kept: &Kept, mut f: impl FnMut(u32, f32) -> bool) {
+    match kept {
+        Kept::Greedy(t) => {
+            f(*t, row[*t as usize]);
+        }
+        Kept::ById => {
+            for c in cand {
+                if !f(c.id, c.logit) {
+                    return;
+                }
+            }
+        }
+        Kept::UpTo(pivot) => {
+            for (i, &logit) in row.iter().enumerate() {
+                let c = Cand {
+                    logit,
+                    id: i as u32,
+                };
+                if logit > f32::NEG_INFINITY && before(&c, pivot) != Ordering::Greater && !f(c.id, logit) {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Repetition penalty over the last `penalty_last_n` tokens (each distinct
+/// token once: positive logits divided, negative multiplied), then OpenAI
+/// frequency/presence penalties over the whole history. Writes into `work`.
+fn apply_penalties(
+    p: &SamplingParams,
+    logits: &[f32],
+    history: &[u32],
+    work: &mut Vec<f32>,
+    counts: &mut Vec<u32>,
+) {
+    work.extend_from_slice(logits);
+    counts.resize(logits.len(), 0);
+    let rep = p.repetition_penalty();
+    if rep != 1.0 && p.penalty_last_n() > 0 {
+        let recent = &history[history.len().saturating_sub(p.penalty_last_n())..];
+        for &t in recent {
+            let t = t as usize;
+            if counts[t] == 0 {
+                counts[t] = 1;
+                let x = &mut work[t];
+                if *x > 0.0 {
+                    *x /= rep;
+                } else {
+                    *x *= rep;
+                }
+            }
+        }
+        for &t in recent {
+            counts[t as usize] = 0;
+        }
+    }
+    let (freq, presence) = (p.frequency_penalty(), p.presence_penalty());
+    if freq != 0.0 || presence != 0.0 {
+        for &t in history {
+            counts[t as usize] = counts[t as usize].saturating_add(1);
+        }
+        for &t in history {
+            let c = counts[t as usize];
+            if c > 0 {
+                work[t as usize] -= c as f32 * freq + presence;
+                counts[t as usize] = 0;
+            }
+        }
+    }
+}
+
+/// log-sum-exp kept as `max` and `ln(sum(exp(x - max)))`, so that
+/// `(x - max) - ln_sum` stays exact for huge logits.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Lse {
+    pub(crate) max: f64,
+    pub(crate) ln_sum: f64,
+}
+
+impl Lse {
+    /// `max` must be the row's maximum; the sum is accumulated in f64.
+    pub(crate) fn new(logits: &[f32], max: f32) -> Self {
+        let m = f64::from(max);
+        let sum: f64 = logits.iter().map(|&x| (f64::from(x) - m).exp()).sum();
+        Self { max: m, ln_sum: sum.ln() }
+    }
+
+    pub(crate) fn value(&self) -> f64 {
+        self.max + self.ln_sum
+    }
+
+    pub(crate) fn logprob(&self, x: f32) -> f32 {
+        ((f64::from(x) - self.max) - self.ln_sum) as f32
+    }
+}
+
+/// The `n` best raw logits as log-probabilities; -inf tokens are skipped.
+fn top_alternatives(logits: &[f32], lse: Lse, n: usize) -> Vec<TopLogprob> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let mut top: Vec<Cand> = Vec::with_capacity(n + 1);
+    for (i, &logit) in logits.iter().enumerate() {
+        if logit == f32::NEG_INFINITY {
+            continue;
+        }
+        if top.len() == n && top.last().is_some_and(|w| logit <= w.logit) {
+            continue;
+        }
+        // After every equal logit: lower ids were seen first and stay ahead.
+        let pos = top.partition_point(|c| c.logit >= logit);
+        top.insert(
+            pos,
+            Cand {
+                logit,
+                id: i as u32,
+            },
+        );
+        top.truncate(n);
+    }
+    top.iter()
+        .map(|c| TopLogprob {
+            token: c.id,
+            logprob: lse.logprob(c.logit),
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn penalised(p: SamplingParams, logits: &[f32], history: &[u32]) -> Vec<f32> {
+        let (mut work, mut counts) = (Vec::new(), Vec::new());
+        apply_penalties(&p, logits, history, &mut work, &mut counts);
+        assert!(counts.iter().all(|&c| c == 0), "scratch counters must be reset");
+        work
+    }
+
+    #[test]
+    fn repetition_penalty_divides_positive_and_multiplies_negative_logits_once_per_token() {
+        let p = SamplingParams::builder().repetition_penalty(2.0).build().unwrap();
+        let out = penalised(p, &[4.0, -4.0, 4.0, 0.0], &[0, 0, 0, 1, 3]);
+        assert_eq!(out, [2.0, -8.0, 4.0, 0.0]);
+    }
+
+    #[test]
+    fn repetition_penalty_only_sees_the_last_penalty_last_n_tokens() {
+        let p = SamplingParams::builder()
+            .repetition_penalty(2.0)
+            .penalty_last_n(2)
+            .build()
+            .unwrap();
+        let out = penalised(p, &[4.0, 4.0, 4.0], &[0, 1, 2, 2]);
+        assert_eq!(out, [4.0, 4.0, 2.0]);
+    }
+
+    #[test]
+    fn frequency_penalty_scales_with_count_and_presence_is_flat() {
+        let p = SamplingParams::builder()
+            .frequency_penalty(0.5)
+            .presence_penalty(1.0)
+            .build()
+            .unwrap();
+        let out = penalised(p, &[0.0; 4], &[1, 2, 2, 2]);
+        assert_eq!(out, [0.0, -1.5, -2.5, 0.0]);
+    }
+
+    #[test]
+    fn top_alternatives_break_ties_by_lower_id_and_skip_masked_tokens() {
+        let logits = [1.0, 3.0, 3.0, f32::NEG_INFINITY, 2.0];
+        let lse = Lse::new(&logits, 3.0);
+        let ids: Vec<u32> = top_alternatives(&logits, lse, 5).iter().map(|t| t.token).collect();
+        assert_eq!(ids, [1, 2, 4, 0]);
+    }
+
+    #[test]
+    fn candidate_order_is_higher_logit_then_lower_id() {
+        let a = Cand { logit: 2.0, id: 5 };
+        let b = Cand { logit: 1.0, id: 0 };
+        let c = Cand { logit: 2.0, id: 6 };
+        assert_eq!(before(&a, &b), Ordering::Less);
+        assert_eq!(before(&a, &c), Ordering::Less);
+        assert_eq!(before(&c, &a), Ordering::Greater);
+    }
+}

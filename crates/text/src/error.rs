@@ -1,0 +1,38 @@
+//! The one error type of the crate: every failure names what was wrong, so a caller can turn it
+//! into a precise message (an unsupported model at load time, a bad request at render time).
+
+/// Everything that can go wrong turning text into tokens, tokens into text, or chats into prompts.
+#[derive(Debug, thiserror::Error)]
+pub enum TextError {
+    /// `tokenizer.ggml.model` names a tokenizer family this crate does not implement.
+    #[error("unsupported tokenizer model {0:?} (tokenizer.ggml.model): only \"gpt2\" byte-level BPE is supported")]
+    UnsupportedModel(String),
+    /// `tokenizer.ggml.pre` names a pre-tokenizer (split regex) this crate does not implement.
+    #[error("unsupported pre-tokenizer {0:?} (tokenizer.ggml.pre): supported are \"smollm\", \"gpt2\", \"default\"")]
+    UnsupportedPre(String),
+    /// A required metadata key is missing or has the wrong type.
+    #[error("GGUF metadata: {0}")]
+    Metadata(#[from] gguf::GgufError),
+    /// The vocabulary metadata is present but inconsistent (ids out of range, bad merges, ...).
+    #[error("invalid tokenizer metadata: {0}")]
+    InvalidVocab(String),
+    /// A token id outside the vocabulary.
+    #[error("unknown token id {id} (vocabulary has {vocab_size} tokens)")]
+    UnknownToken { id: u32, vocab_size: usize },
+    /// The BPE engine failed on some input (not expected for valid vocabularies).
+    #[error("tokenization failed: {0}")]
+    Encode(String),
+    /// The GGUF file carries no `tokenizer.chat_template`.
+    #[error("the model has no chat template (GGUF key tokenizer.chat_template is missing)")]
+    MissingChatTemplate,
+    /// The chat template does not compile.
+    #[error("chat template does not compile: {0:#}")]
+    TemplateSyntax(#[source] minijinja::Error),
+    /// The template called `raise_exception(message)`, typically to reject the conversation
+    /// (for example roles that do not alternate).
+    #[error("chat template rejected the conversation: {0}")]
+    TemplateRaised(String),
+    /// Any other failure while rendering the template.
+    #[error("chat template failed to render: {0:#}")]
+    TemplateRender(#[source] minijinja::Error),
+}

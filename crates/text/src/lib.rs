@@ -1,0 +1,37 @@
+//! Text in and out of the model.
+//!
+//! A served prompt must become exactly the token ids the model was trained to read, and generated
+//! ids must become exactly the bytes the model meant: a tokenizer that disagrees with the
+//! reference (llama.cpp) by one id silently degrades every answer, and a prompt template that
+//! differs by one newline changes what the model does. This crate builds both from the model
+//! file itself, from GGUF metadata only, so there is no second source of truth to drift:
+//!
+//! * [`Tokenizer`]: byte-level BPE from `tokenizer.ggml.*`, matching llama.cpp's tokenization
+//!   (special-token parsing, pre-tokenizer splits, merge ranks) and decoding losslessly to bytes;
+//! * [`StreamDecoder`]: incremental detokenization that never emits half a UTF-8 character;
+//! * [`ChatTemplate`]: the model's own Jinja chat template (`tokenizer.chat_template`).
+//!
+//! Unsupported tokenizers are refused with a typed [`TextError`] at load time rather than
+//! approximated.
+
+mod chat;
+mod error;
+mod stream;
+mod tokenizer;
+
+pub use chat::{ChatMessage, ChatTemplate};
+pub use error::TextError;
+pub use stream::StreamDecoder;
+pub use tokenizer::Tokenizer;
+
+#[cfg(test)]
+mod tests {
+    fn assert_send_sync<T: Send + Sync>() {}
+
+    #[test]
+    fn shared_types_are_send_sync() {
+        assert_send_sync::<crate::Tokenizer>();
+        assert_send_sync::<crate::ChatTemplate>();
+        assert_send_sync::<crate::TextError>();
+    }
+}

@@ -1,0 +1,362 @@
+//! Byte-level BPE tokenizer built from GGUF metadata, matching llama.cpp's `llama_tokenize` with
+//! `add_special = false`.
+//!
+//! Encoding runs in two stages, as in llama.cpp: the text is first partitioned on special-token
+//! texts (control tokens only when `parse_special`, user-defined tokens always), then every plain
+//! fragment goes through the pre-tokenizer split and BPE merges of the `tokenizers` crate.
+//! Decoding never goes through `tokenizers`: each id maps to its exact bytes from a table built
+//! once, which makes decoding lossless for any sequence (even one that splits a UTF-8 character).
+
+use std::collections::HashMap;
+
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+
+use crate::TextError;
+
+/// GGUF `tokenizer.ggml.token_type` values (llama.cpp's `llama_token_type`).
+const TYPE_NORMAL: i64 = 1;
+const TYPE_UNKNOWN: i64 = 2;
+const TYPE_CONTROL: i64 = 3;
+const TYPE_USER_DEFINED: i64 = 4;
+const TYPE_BYTE: i64 = 6;
+
+/// A special token that the encoder recognises in raw text.
+#[derive(Debug, Clone)]
+struct SpecialText {
+    text: String,
+    id: u32,
+    /// User-defined tokens are matched even when `parse_special` is false (as in llama.cpp).
+    always: bool,
+}
+
+/// Text to token ids and back for one model's vocabulary. Cheap to share: `Send + Sync`.
+#[derive(Debug, Clone)]
+pub struct Tokenizer {
+    bpe: tokenizers::Tokenizer,
+    /// Exact bytes of each token, indexed by id.
+    pieces: Vec<Box<[u8]>>,
+    /// Control and unknown tokens: they mark structure and carry no text of their own.
+    special: Vec<bool>,
+    /// Texts split out before BPE, longest first.
+    special_texts: Vec<SpecialText>,
+    bos: Option<u32>,
+    eos: u32,
+    stop: Vec<u32>,
+}
+
+/// GPT-2's reversible map from bytes to printable characters.
+fn bytes_to_chars() -> [char; 256] {
+    let mut table = ['\0'; 256];
+    let mut extra = 0u32;
+    for b in 0..=255u8 {
+        let printable = matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        let cp = if printable {
+            u32::from(b)
+        } else {
+            extra += 1;
+            255 + extra
+        };
+        table[usize::from(b)] = char::from_u32(cp).unwrap_or('\0');
+    }
+    table
+}
+
+/// Bytes of a normal token: each byte-level character back to its byte; characters outside the
+/// byte-level alphabet (not produced by conversion tools, but possible) keep their UTF-8 bytes.
+fn byte_level_decode(text: &str, char_to_byte: &HashMap<char, u8>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(text.len());
+    for c in text.chars() {
+        match char_to_byte.get(&c) {
+            Some(&b) => out.push(b),
+            None => {
+                let mut buf = [0u8; 4];
+                out.extend_from_slice(c.encode_utf8(&mut buf).as_bytes());
+            }
+        }
+    }
+    out
+}
+
+/// `<0xAB>` to the byte 0xAB.
+fn parse_byte_token(text: &str) -> Option<u8> {
+    let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
+    if hex.len() != 2 {
+        return None;
+    }
+    u8::from_str_radix(hex, 16).ok()
+}
+
+fn optional_id(g: &gguf::Gguf, key: &str, n: usize) -> Result<Option<u32>, TextError> {
+    let Some(v) = g.get(key) else { return Ok(None) };
+    let id = match v.as_i64() {
+        Some(id) => id,
+        // An unsigned value beyond i64: the "none" sentinel of some converters.
+        None if v.as_u64().is_some() => return Ok(None),
+        None => return Err(TextError::InvalidVocab(format!("{key} is not an integer"))),
+    };
+    // Some converters write -1 (as an unsigned maximum or a signed value) for "none".
+    if id < 0 || id == i64::from(u32::MAX) {
+        return Ok(None);
+    }
+    match u32::try_from(id) {
+        Ok(id) if (id as usize) < n => Ok(Some(id)),
+        _ => Err(TextError::InvalidVocab(format!("{key} = {id} is outside the vocabulary of {n} tokens"))),
+    }
+}
+
+impl Tokenizer {
+    /// Builds the tokenizer from GGUF metadata (`tokenizer.ggml.*`).
+    pub fn from_gguf(g: &gguf::Gguf) -> Result<Tokenizer, TextError> {
+        let model = g.str("tokenizer.ggml.model")?;
+        if model != "gpt2" {
+            return Err(TextError::UnsupportedModel(model.to_string()));
+        }
+        // llama.cpp treats a missing pre-tokenizer key as "default".
+        let pre_name = match g.get("tokenizer.ggml.pre") {
+            None => "default",
+            Some(v) => v
+                .as_str()
+                .ok_or_else(|| TextError::InvalidVocab("tokenizer.ggml.pre is not a string".into()))?,
+        };
+        let byte_level = PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, true));
+        let pre = match pre_name {
+            "smollm" => {
+                PreTokenizerWrapper::Sequence(Sequence::new(vec![Digits::new(true).into(), byte_level]))
+            }
+            "gpt2" | "default" => byte_level,
+            other => return Err(TextError::UnsupportedPre(other.to_string())),
+        };
+
+        let tokens = g.str_array("tokenizer.ggml.tokens")?;
+        let n = tokens.len();
+        if n == 0 || u32::try_from(n).is_err() {
+            return Err(TextError::InvalidVocab(format!("vocabulary of {n} tokens")));
+        }
+        let types = match g.get("tokenizer.ggml.token_type") {
+            Some(_) => g.i64_array("tokenizer.ggml.token_type")?,
+            None => vec![TYPE_NORMAL; n],
+        };
+        if types.len() != n {
+            return Err(TextError::InvalidVocab(format!(
+                "{} token types for {n} tokens",
+                types.len()
+            )));
+        }
+
+        let to_char = bytes_to_chars();
+        let char_to_byte: HashMap<char, u8> =
+            to_char.iter().enumerate().map(|(b, &c)| (c, b as u8)).collect();
+
+        let mut vocab: HashMap<String, u32> = HashMap::with_capacity(n);
+        let mut pieces = Vec::with_capacity(n);
+        let mut special = Vec::with_capacity(n);
+        let mut special_texts = Vec::new();
+        for (id, (&text, &ty)) in tokens.iter().zip(&types).enumerate() {
+            let id = id as u32;
+            // Later duplicates win, as in llama.cpp's token_to_id map.
+            vocab.insert(text.to_string(), id);
+            let bytes = match ty {
+                TYPE_CONTROL | TYPE_UNKNOWN | TYPE_USER_DEFINED => text.as_bytes().to_vec(),
+                TYPE_BYTE => match parse_byte_token(text) {
+                    Some(b) => vec![b],
+                    None => byte_level_decode(text, &char_to_byte),
+                },
+                _ => byte_level_decode(text, &char_to_byte),
+            };
+            pieces.push(bytes.into_boxed_slice());
+            special.push(matches!(ty, TYPE_CONTROL | TYPE_UNKNOWN));
+            if matches!(ty, TYPE_CONTROL | TYPE_UNKNOWN | TYPE_USER_DEFINED) && !text.is_empty() {
+                special_texts.push(SpecialText { text: text.to_string(), id, always: ty == TYPE_USER_DEFINED });
+            }
+        }
+        // Longest first, so that a token whose text contains another's is matched whole.
+        special_texts.sort_by(|a, b| b.text.len().cmp(&a.text.len()).then(a.id.cmp(&b.id)));
+
+        let merges = match g.get("tokenizer.ggml.merges") {
+            Some(_) => g.str_array("tokenizer.ggml.merges")?,
+            None => Vec::new(),
+        };
+        let mut seen = std::collections::HashSet::with_capacity(merges.len());
+        let mut pairs = Vec::with_capacity(merges.len());
+        for m in merges {
+            // Split at the first space after the first character, as llama.cpp does: byte-level
+            // tokens never contain a raw space, but the first part may be a lone " ".
+            let split = m.char_indices().skip(1).find(|&(_, c)| c == ' ').map(|(i, _)| i);
+            let Some(i) = split else {
+                return Err(TextError::InvalidVocab(format!("merge {m:?} has no separating space")));
+            };
+            let (a, b) = (&m[..i], &m[i + 1..]);
+            // The first occurrence of a pair holds its rank (tokenizers would keep the last).
+            if seen.insert((a, b)) {
+                pairs.push((a.to_string(), b.to_string()));
+            }
+        }
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab.into_iter().collect::<Vocab>(), pairs)
+            .build()
+            .map_err(|e| TextError::InvalidVocab(format!("BPE merges: {e}")))?;
+        let mut hf = tokenizers::Tokenizer::new(bpe);
+        hf.with_pre_tokenizer(Some(pre));
+        hf.with_decoder(Some(ByteLevelDecoder::default()));
+
+        let bos = optional_id(g, "tokenizer.ggml.bos_token_id", n)?;
+        let find = |text: &str| tokens.iter().position(|&t| t == text).map(|i| i as u32);
+        let eos = match optional_id(g, "tokenizer.ggml.eos_token_id", n)? {
+            Some(id) => id,
+            None => find("<|endoftext|>").ok_or_else(|| {
+                TextError::InvalidVocab("no tokenizer.ggml.eos_token_id and no <|endoftext|> token".into())
+            })?,
+        };
+        let mut stop = vec![eos];
+        let extra = [
+            optional_id(g, "tokenizer.ggml.eot_token_id", n)?,
+            optional_id(g, "tokenizer.ggml.eom_token_id", n)?,
+            find("<|im_end|>"),
+            find("<|endoftext|>"),
+        ];
+        for id in extra.into_iter().flatten() {
+            if !stop.contains(&id) {
+                stop.push(id);
+            }
+        }
+
+        Ok(Tokenizer { bpe: hf, pieces, special, special_texts, bos, eos, stop })
+    }
+
+    /// Token ids of `text`, without BOS. With `parse_special`, control-token texts such as
+    /// `<|im_start|>` become their ids; without it they are tokenized as plain text.
+    pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TextError> {
+        let mut out = Vec::with_capacity(text.len() / 3 + 1);
+        for frag in self.partition(text, parse_special) {
+            match frag {
+                Fragment::Token(id) => out.push(id),
+                Fragment::Text(s) => self.encode_plain(s, &mut out)?,
+            }
+        }
+        Ok(out)
+    }
+
+    fn encode_plain(&self, text: &str, out: &mut Vec<u32>) -> Result<(), TextError> {
+        if text.is_empty() {
+            return Ok(());
+        }
+        let enc = self.bpe.encode_fast(text, false).map_err(|e| TextError::Encode(e.to_string()))?;
+        out.extend_from_slice(enc.get_ids());
+        Ok(())
+    }
+
+    /// llama.cpp's `tokenizer_st_partition`: for each special text, longest first, split every
+    /// remaining plain fragment at each of its occurrences.
+    fn partition<'t>(&self, text: &'t str, parse_special: bool) -> Vec<Fragment<'t>> {
+        let mut frags = vec![Fragment::Text(text)];
+        for st in &self.special_texts {
+            if !parse_special && !st.always {
+                continue;
+            }
+            if !frags.iter().any(|f| matches!(f, Fragment::Text(s) if s.contains(st.text.as_str()))) {
+                continue;
+            }
+            let mut next = Vec::with_capacity(frags.len() + 2);
+            for f in frags {
+                let Fragment::Text(mut s) = f else {
+                    next.push(f);
+                    continue;
+                };
+                while let Some(at) = s.find(st.text.as_str()) {
+                    if at > 0 {
+                        next.push(Fragment::Text(&s[..at]));
+                    }
+                    next.push(Fragment::Token(st.id));
+                    s = &s[at + st.text.len()..];
+                }
+                if !s.is_empty() {
+                    next.push(Fragment::Text(s));
+                }
+            }
+            frags = next;
+        }
+        frags
+    }
+
+    /// The exact bytes of the tokens concatenated (special tokens as their text).
+    pub fn decode_bytes(&self, ids: &[u32]) -> Result<Vec<u8>, TextError> {
+        let mut out = Vec::with_capacity(ids.len() * 4);
+        for &id in ids {
+            out.extend_from_slice(self.piece(id)?);
+        }
+        Ok(out)
+    }
+
+    /// The tokens as text; invalid UTF-8 (a sequence that splits a character) becomes U+FFFD.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TextError> {
+        let bytes = self.decode_bytes(ids)?;
+        Ok(match String::from_utf8(bytes) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        })
+    }
+
+    pub(crate) fn piece(&self, id: u32) -> Result<&[u8], TextError> {
+        self.token_bytes(id).ok_or(TextError::UnknownToken { id, vocab_size: self.pieces.len() })
+    }
+
+    /// The raw bytes of one token, `None` for an id outside the vocabulary.
+    pub fn token_bytes(&self, id: u32) -> Option<&[u8]> {
+        self.pieces.get(id as usize).map(|b| &b[..])
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.pieces.len()
+    }
+
+    pub fn bos(&self) -> Option<u32> {
+        self.bos
+    }
+
+    pub fn eos(&self) -> u32 {
+        self.eos
+    }
+
+    /// Control (and unknown) tokens: structure markers such as `<|im_start|>`, never user text.
+    pub fn is_special(&self, id: u32) -> bool {
+        self.special.get(id as usize).copied().unwrap_or(false)
+    }
+
+    /// Ids that end generation: EOS, EOT/EOM when the GGUF names them, and `<|im_end|>` /
+    /// `<|endoftext|>` when the vocabulary has them. EOS comes first; no duplicates.
+    pub fn stop_tokens(&self) -> Vec<u32> {
+        self.stop.clone()
+    }
+}
+
+enum Fragment<'t> {
+    Text(&'t str),
+    Token(u32),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_table_is_gpt2() {
+        let t = bytes_to_chars();
+        assert_eq!(t[usize::from(b' ')], 'Ġ');
+        assert_eq!(t[usize::from(b'\n')], 'Ċ');
+        assert_eq!(t[usize::from(b'a')], 'a');
+        let distinct: std::collections::HashSet<char> = t.iter().copied().collect();
+        assert_eq!(distinct.len(), 256);
+    }
+
+    #[test]
+    fn byte_tokens_parse() {
+        assert_eq!(parse_byte_token("<0x0A>"), Some(10));
+        assert_eq!(parse_byte_token("<0x0>"), None);
+        assert_eq!(parse_byte_token("0x0A"), None);
+    }
+}
