@@ -15,6 +15,7 @@ pub mod matmul;
 pub mod ops;
 pub mod qmatrix;
 pub mod quant;
+pub mod threads;
 pub mod tiny;
 pub mod weights;
 

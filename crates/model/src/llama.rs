@@ -8,7 +8,6 @@ use std::path::Path;
 
 use gguf::GgufFile;
 use kv::BlockTable;
-use rayon::prelude::*;
 
 use crate::attention::{attend_group, AttnInput, AttnShape};
 use crate::config::LlamaConfig;
@@ -18,6 +17,7 @@ use crate::matmul::matmul;
 use crate::ops;
 use crate::qmatrix::{quantize_for, QMatrix};
 use crate::quant::QuantActs;
+use crate::threads::ComputePool;
 use crate::weights::LlamaWeights;
 
 /// Which logits a sequence wants back from a step.
@@ -52,9 +52,13 @@ pub struct Llama {
     pub config: LlamaConfig,
     pub weights: LlamaWeights,
     isa: Isa,
-    pool: rayon::ThreadPool,
+    pool: ComputePool,
     /// llama.cpp rounds queries to f16 when its KV cache is f16; do the same for agreement.
     f16_queries: bool,
+}
+
+fn build_pool(threads: usize) -> Result<ComputePool, ModelError> {
+    ComputePool::new(threads).map_err(|e| ModelError::Config(format!("cannot start compute threads: {e}")))
 }
 
 /// Scratch of one quantized activation set and matmul buffer.
@@ -72,11 +76,7 @@ impl Llama {
     pub fn from_file(f: &GgufFile, opts: LoadOptions) -> Result<Llama, ModelError> {
         let config = LlamaConfig::from_gguf(f)?;
         let weights = LlamaWeights::load(f, &config)?;
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(opts.threads)
-            .thread_name(|i| format!("pw-compute-{i}"))
-            .build()
-            .map_err(|e| ModelError::Config(format!("cannot start compute threads: {e}")))?;
+        let pool = build_pool(opts.threads)?;
         Ok(Llama { config, weights, isa: Isa::detect(), pool, f16_queries: true })
     }
 
@@ -93,8 +93,14 @@ impl Llama {
         Ok(())
     }
 
+    /// Replaces the compute thread pool (0 = all cores).
+    pub fn set_threads(&mut self, threads: usize) -> Result<(), ModelError> {
+        self.pool = build_pool(threads)?;
+        Ok(())
+    }
+
     pub fn threads(&self) -> usize {
-        self.pool.current_num_threads()
+        self.pool.threads()
     }
 
     /// Dequantized embedding of `token`.
@@ -139,7 +145,7 @@ impl Llama {
     /// Runs one step. Returns, per sequence, its requested logits rows (`vocab` floats each).
     pub fn forward(&self, batch: &mut [SeqStep<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
         self.check(batch)?;
-        self.pool.install(|| self.forward_inner(batch))
+        self.forward_inner(batch)
     }
 
     fn forward_inner(&self, batch: &mut [SeqStep<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
@@ -161,20 +167,25 @@ impl Llama {
         }
         let mut sc = Scratch::default();
         let mut xn = vec![0f32; t * d];
+        let qkv_w = d + 2 * kv_dim;
+        let mut qkv = vec![0f32; t * qkv_w];
         let (mut q, mut k, mut v) = (vec![0f32; t * d], vec![0f32; t * kv_dim], vec![0f32; t * kv_dim]);
         let mut attn = vec![0f32; t * d];
         let mut proj = vec![0f32; t * d];
-        let (mut gate, mut up) = (vec![0f32; t * c.n_ff], vec![0f32; t * c.n_ff]);
+        let mut gate_up = vec![0f32; t * 2 * c.n_ff];
+        let mut hidden = vec![0f32; t * c.n_ff];
         let shape = AttnShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: hd };
         let group = c.n_heads / c.n_kv_heads;
 
         for (li, layer) in self.weights.layers.iter().enumerate() {
             ops::rms_norm(&x, &layer.attn_norm, c.rms_eps, &mut xn);
-            quantize_for(&layer.wq, &xn, t, &mut sc.acts);
-            matmul(self.isa, &layer.wq, &sc.acts, &mut q, &mut sc.tmp);
-            matmul(self.isa, &layer.wk, &sc.acts, &mut k, &mut sc.tmp);
-            matmul(self.isa, &layer.wv, &sc.acts, &mut v, &mut sc.tmp);
+            quantize_for(&layer.wqkv, &xn, t, &mut sc.acts);
+            matmul(&self.pool, self.isa, &layer.wqkv, &sc.acts, &mut qkv, &mut sc.tmp);
             for r in 0..t {
+                let row = &qkv[r * qkv_w..(r + 1) * qkv_w];
+                q[r * d..(r + 1) * d].copy_from_slice(&row[..d]);
+                k[r * kv_dim..(r + 1) * kv_dim].copy_from_slice(&row[d..d + kv_dim]);
+                v[r * kv_dim..(r + 1) * kv_dim].copy_from_slice(&row[d + kv_dim..]);
                 let tab = &ropes[r * hd / 2..(r + 1) * hd / 2];
                 ops::rope_apply(&mut q[r * d..(r + 1) * d], hd, tab);
                 ops::rope_apply(&mut k[r * kv_dim..(r + 1) * kv_dim], hd, tab);
@@ -192,10 +203,11 @@ impl Llama {
             }
             let tasks: Vec<(usize, usize)> =
                 (0..inputs.len()).flat_map(|si| (0..c.n_kv_heads).map(move |h| (si, h))).collect();
-            let results: Vec<Vec<f32>> = tasks
-                .par_iter()
-                .map(|&(si, h)| attend_group(&inputs[si], &shape, h, self.f16_queries))
-                .collect();
+            let mut results: Vec<Vec<f32>> = vec![Vec::new(); tasks.len()];
+            self.pool.for_each_chunk_mut(&mut results, 1, &|i, slot| {
+                let (si, h) = tasks[i];
+                slot[0] = attend_group(&inputs[si], &shape, h, self.f16_queries);
+            });
             for (&(si, h), res) in tasks.iter().zip(&results) {
                 let off = offsets[si];
                 for i in 0..inputs[si].n {
@@ -205,16 +217,20 @@ impl Llama {
             }
             drop(inputs);
             quantize_for(&layer.wo, &attn, t, &mut sc.acts);
-            matmul(self.isa, &layer.wo, &sc.acts, &mut proj, &mut sc.tmp);
+            matmul(&self.pool, self.isa, &layer.wo, &sc.acts, &mut proj, &mut sc.tmp);
             ops::add_in_place(&mut x, &proj);
 
             ops::rms_norm(&x, &layer.ffn_norm, c.rms_eps, &mut xn);
-            quantize_for(&layer.w_gate, &xn, t, &mut sc.acts);
-            matmul(self.isa, &layer.w_gate, &sc.acts, &mut gate, &mut sc.tmp);
-            matmul(self.isa, &layer.w_up, &sc.acts, &mut up, &mut sc.tmp);
-            ops::swiglu(&mut gate, &up);
-            quantize_for(&layer.w_down, &gate, t, &mut sc.acts);
-            matmul(self.isa, &layer.w_down, &sc.acts, &mut proj, &mut sc.tmp);
+            quantize_for(&layer.w_gate_up, &xn, t, &mut sc.acts);
+            matmul(&self.pool, self.isa, &layer.w_gate_up, &sc.acts, &mut gate_up, &mut sc.tmp);
+            for r in 0..t {
+                let row = &gate_up[r * 2 * c.n_ff..(r + 1) * 2 * c.n_ff];
+                let h = &mut hidden[r * c.n_ff..(r + 1) * c.n_ff];
+                h.copy_from_slice(&row[..c.n_ff]);
+                ops::swiglu(h, &row[c.n_ff..]);
+            }
+            quantize_for(&layer.w_down, &hidden, t, &mut sc.acts);
+            matmul(&self.pool, self.isa, &layer.w_down, &sc.acts, &mut proj, &mut sc.tmp);
             ops::add_in_place(&mut x, &proj);
         }
         self.logits(batch, &offsets, &x, &mut sc)
@@ -250,7 +266,7 @@ impl Llama {
         let w: &QMatrix = self.weights.output();
         let mut logits = vec![0f32; rows.len() * c.vocab];
         quantize_for(w, &normed, rows.len(), &mut sc.acts);
-        matmul(self.isa, w, &sc.acts, &mut logits, &mut sc.tmp);
+        matmul(&self.pool, self.isa, w, &sc.acts, &mut logits, &mut sc.tmp);
         let mut at = 0;
         for n in counts {
             out.push(logits[at * c.vocab..(at + n) * c.vocab].to_vec());

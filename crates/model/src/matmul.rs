@@ -1,24 +1,27 @@
 //! `out = x · Wᵀ` for a batch of tokens, parallel over groups of weight rows.
 
-use rayon::prelude::*;
-
 use crate::kernels::{self, Isa, TOKENS_PER_TILE};
+use crate::threads::ComputePool;
 use crate::qmatrix::{QMatrix, GROUP};
 use crate::quant::QuantActs;
 
 /// `out[t * w.rows + r]` for every token `t` of `a` and row `r` of `w`. `tmp` is scratch.
-pub fn matmul(isa: Isa, w: &QMatrix, a: &QuantActs, out: &mut [f32], tmp: &mut Vec<f32>) {
+pub fn matmul(pool: &ComputePool, isa: Isa, w: &QMatrix, a: &QuantActs, out: &mut [f32], tmp: &mut Vec<f32>) {
     let t = a.rows;
     assert_eq!(a.blocks_per_row, w.blocks(), "activation width does not match the matrix");
     assert!(out.len() >= t * w.rows);
     let per_group = t * GROUP;
     tmp.resize(w.groups() * per_group, 0.0);
-    // Small matrices at one token do not pay for fine-grained tasks.
-    let min_groups = (64 / t.max(1)).clamp(1, 8);
-    tmp.par_chunks_mut(per_group).with_min_len(min_groups).enumerate().for_each(|(g, chunk)| {
-        for t0 in (0..t).step_by(TOKENS_PER_TILE) {
-            let nt = TOKENS_PER_TILE.min(t - t0);
-            kernels::group_dot(isa, w, g, a, t0, nt, &mut chunk[t0 * GROUP..]);
+    // Enough tasks to balance the threads, few enough that each amortizes its dispatch.
+    let groups = w.groups();
+    let per_task = groups.div_ceil(pool.threads() * 4).max(1);
+    pool.for_each_chunk_mut(tmp, per_task * per_group, &|task, chunk| {
+        for (i, gchunk) in chunk.chunks_mut(per_group).enumerate() {
+            let g = task * per_task + i;
+            for t0 in (0..t).step_by(TOKENS_PER_TILE) {
+                let nt = TOKENS_PER_TILE.min(t - t0);
+                kernels::group_dot(isa, w, g, a, t0, nt, &mut gchunk[t0 * GROUP..]);
+            }
         }
     });
     for g in 0..w.groups() {
@@ -67,8 +70,9 @@ mod tests {
             crate::qmatrix::quantize_for(&w, &x, t, &mut a);
             let (mut want, mut got) = (vec![0.0; t * rows], vec![0.0; t * rows]);
             let mut tmp = Vec::new();
-            matmul(Isa::Scalar, &w, &a, &mut want, &mut tmp);
-            matmul(isa, &w, &a, &mut got, &mut tmp);
+            let pool = ComputePool::new(2).unwrap();
+            matmul(&pool, Isa::Scalar, &w, &a, &mut want, &mut tmp);
+            matmul(&pool, isa, &w, &a, &mut got, &mut tmp);
             assert_eq!(want, got, "{isa:?} {kind:?} {rows}x{cols} t={t}");
             // And the scalar kernel itself agrees with a dequantized float dot product.
             let mut row = vec![0.0; cols];

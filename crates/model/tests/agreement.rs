@@ -63,9 +63,8 @@ fn teacher_forced_logprobs_agree_with_llamacpp() {
     for (ci, case) in cases().iter().enumerate() {
         let seq: Vec<u32> = case.prompt.iter().chain(&case.output).copied().collect();
         let mut kv = pool.reserve(Owner { tenant: TenantId(1), request: RequestId(ci as u64) }, seq.len()).unwrap();
-        let logits = model.forward(&mut [SeqStep { tokens: &seq, start: 0, kv: &mut kv, logits: Logits::All }]).unwrap();
         let vocab = model.config.vocab;
-        let rows = &logits[0];
+        let rows = model.forward(&mut [SeqStep { tokens: &seq, start: 0, kv: &mut kv, logits: Logits::All }]).unwrap().remove(0);
         for (i, (&tok, (ref_lp, top))) in case.output.iter().zip(&case.ref_lp).enumerate() {
             let row = &rows[(case.prompt.len() - 1 + i) * vocab..][..vocab];
             let lp = log_softmax(row);

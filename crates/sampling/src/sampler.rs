@@ -57,7 +57,7 @@ enum Kept {
 ///
 /// The first `sample` fixes the vocabulary size; later rows of another length
 /// are rejected.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Sampler {
     params: SamplingParams,
     seed: u64,
@@ -68,6 +68,17 @@ pub struct Sampler {
     /// Per-token scratch counters, all zero between calls.
     counts: Vec<u32>,
     cand: Vec<Cand>,
+}
+
+impl std::fmt::Debug for Sampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Leave out the vocab-sized scratch buffers.
+        f.debug_struct("Sampler")
+            .field("params", &self.params)
+            .field("seed", &self.seed)
+            .field("vocab", &self.vocab)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Sampler {
@@ -128,10 +139,10 @@ impl Sampler {
         }
         let mut out = Vec::new();
         let row = self.row(logits);
-        let inv_t = 1.0 / f64::from(self.params.temperature());
+        let temp = self.params.temperature();
         let max = max_kept(&self.cand);
         for_each_kept(row, &self.cand, &kept, |id, logit| {
-            out.push((id, weight(logit, max, inv_t)));
+            out.push((id, weight(logit, max, temp)));
             true
         });
         let total: f64 = out.iter().map(|(_, w)| w).sum();
@@ -193,7 +204,11 @@ impl Sampler {
         if p.has_penalties() && !history.is_empty() {
             apply_penalties(&p, logits, history, &mut self.work, &mut self.counts);
         }
-        let row: &[f32] = if self.work.is_empty() { logits } else { &self.work };
+        let row: &[f32] = if self.work.is_empty() {
+            logits
+        } else {
+            &self.work
+        };
 
         if p.is_greedy() {
             let t = argmax(row);
@@ -203,34 +218,69 @@ impl Sampler {
             return Ok(Kept::Greedy(t));
         }
 
-        let cand = &mut self.cand;
-        cand.clear();
-        cand.extend(
-            row.iter()
-                .enumerate()
-                .filter(|(_, &x)| x > f32::NEG_INFINITY)
-                .map(|(i, &logit)| Cand {
-                    logit,
-                    id: i as u32,
-                }),
-        );
-        if cand.is_empty() {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        if max == f32::NEG_INFINITY {
             return Err(SamplingError::NoFiniteLogits);
         }
-
-        // top_k: partial selection, then sort only the k survivors.
+        let cand = &mut self.cand;
+        cand.clear();
         let k = p.top_k();
-        if k > 0 && k < cand.len() {
-            cand.select_nth_unstable_by(k - 1, before);
-            cand.truncate(k);
-            cand.sort_unstable_by(before);
+        let top_p_on = p.top_p() < 1.0;
+        // Sum of unnormalised temperature-1 weights of the top_k set, when known.
+        let mut z = None;
+        let sorted; // cand is fully sorted in `before` order
+        if k > 0 && k <= SMALL_TOP_K && k < row.len() {
+            // One pass keeping the best k sorted: O(V) compares, few inserts.
+            for (i, &logit) in row.iter().enumerate() {
+                if logit == f32::NEG_INFINITY
+                    || (cand.len() == k && cand.last().is_some_and(|w| logit <= w.logit))
+                {
+                    continue;
+                }
+                let pos = cand.partition_point(|c| c.logit >= logit);
+                cand.insert(
+                    pos,
+                    Cand {
+                        logit,
+                        id: i as u32,
+                    },
+                );
+                cand.truncate(k);
+            }
+            sorted = true;
+        } else {
+            // Without top_k, top_p's nucleus lies within {p >= (1 - top_p) / V}:
+            // the rest holds less than 1 - top_p of the mass. Filter before sorting.
+            let mut floor = f32::NEG_INFINITY;
+            if k == 0 && top_p_on {
+                let zf = block_sum(row, 0, max, 1.0, &KEEP_ALL);
+                let eps = (1.0 - f64::from(p.top_p())) / row.len() as f64;
+                // A little below the bound, so exp rounding never drops a needed token.
+                floor = (f64::from(max) + (zf * eps).ln() - 1e-3) as f32;
+                z = Some(zf);
+            }
+            cand.extend(
+                row.iter()
+                    .enumerate()
+                    .filter(|(_, &x)| x > f32::NEG_INFINITY && x >= floor)
+                    .map(|(i, &logit)| Cand {
+                        logit,
+                        id: i as u32,
+                    }),
+            );
+            if k > 0 && k < cand.len() {
+                cand.select_nth_unstable_by(k - 1, before);
+                cand.truncate(k);
+            }
+            if k > 0 {
+                cand.sort_unstable_by(before);
+            }
+            sorted = k > 0;
         }
-        let sorted = k > 0; // cand is fully sorted in `before` order
-        let max = max_kept(cand);
 
         // top_p: smallest prefix with mass >= top_p (at least one token).
-        if p.top_p() < 1.0 {
-            let z: f64 = cand.iter().map(|c| weight(c.logit, max, 1.0)).sum();
+        if top_p_on {
+            let z = z.unwrap_or_else(|| cand.iter().map(|c| weight(c.logit, max, 1.0)).sum());
             let target = f64::from(p.top_p()) * z;
             let mut cum = 0.0;
             let mut done = 0;
@@ -278,42 +328,148 @@ impl Sampler {
     }
 
     /// Draws from the kept tokens with temperature applied. The walk is in id
-    /// order, so the result depends only on the seed and the inputs.
+    /// order with fixed-lane sums, so the result depends only on the seed and
+    /// the inputs (not on std's sort/select or the platform's libm).
     fn draw(&mut self, logits: &[f32], kept: &Kept) -> u32 {
-        let inv_t = 1.0 / f64::from(self.params.temperature());
+        let temp = self.params.temperature();
         let u = self.rng.next_f64();
         let row = self.row(logits);
-        let max = max_kept(&self.cand);
-        let mut total = 0.0;
-        for_each_kept(row, &self.cand, kept, |_, l| {
-            total += weight(l, max, inv_t);
-            true
-        });
-        let r = u * total;
-        let mut cum = 0.0;
-        let mut chosen = None;
-        let mut last = 0;
-        for_each_kept(row, &self.cand, kept, |id, l| {
-            cum += weight(l, max, inv_t);
-            last = id;
-            if r < cum {
-                chosen = Some(id);
-                return false;
+        let cand = &self.cand;
+        let max = max_kept(cand);
+        let best = cand.iter().copied().min_by(before).map_or(0, |c| c.id);
+        match kept {
+            Kept::Greedy(t) => *t,
+            Kept::ById => {
+                let total: f64 = cand.iter().map(|c| weight(c.logit, max, temp)).sum();
+                let r = u * total;
+                let mut cum = 0.0;
+                for c in cand {
+                    cum += weight(c.logit, max, temp);
+                    if r < cum {
+                        return c.id;
+                    }
+                }
+                best
             }
-            true
-        });
-        chosen.unwrap_or(last)
+            Kept::UpTo(pivot) => {
+                let total = block_sum(row, 0, max, temp, pivot);
+                let r = u * total;
+                let mut cum = 0.0;
+                for (b, block) in row.chunks(DRAW_BLOCK).enumerate() {
+                    let base = b * DRAW_BLOCK;
+                    let s = block_sum(block, base, max, temp, pivot);
+                    if r >= cum + s {
+                        cum += s;
+                        continue;
+                    }
+                    for (j, &logit) in block.iter().enumerate() {
+                        cum += f64::from(kept_weight(logit, (base + j) as u32, max, temp, pivot));
+                        if r < cum {
+                            return (base + j) as u32;
+                        }
+                    }
+                }
+                best
+            }
+        }
     }
 }
 
-/// `exp((logit - max) / t)` in f64; 1 for the best token, never overflows.
-fn weight(logit: f32, max: f32, inv_t: f64) -> f64 {
-    ((f64::from(logit) - f64::from(max)) * inv_t).exp()
+/// Block size of the draw's skip-ahead walk.
+const DRAW_BLOCK: usize = 512;
+const LANES: usize = 8;
+/// A pivot that keeps every token (masked ones weigh 0 anyway).
+const KEEP_ALL: Cand = Cand {
+    logit: f32::NEG_INFINITY,
+    id: u32::MAX,
+};
+
+/// Weight of a token if it is at or before `pivot`, else 0. Branch-free.
+#[inline]
+fn kept_weight(logit: f32, id: u32, max: f32, temp: f32, pivot: &Cand) -> f32 {
+    let keep = logit > pivot.logit || (logit == pivot.logit && id <= pivot.id);
+    let w = fast_exp((logit - max) / temp);
+    if keep {
+        w
+    } else {
+        0.0
+    }
+}
+
+/// Sum of [`kept_weight`] over `block` (ids from `base`), in fixed lanes so
+/// it vectorises and always rounds the same way.
+fn block_sum(block: &[f32], base: usize, max: f32, temp: f32, pivot: &Cand) -> f64 {
+    let mut lanes = [0f64; LANES];
+    let mut chunks = block.chunks_exact(LANES);
+    for (c, chunk) in chunks.by_ref().enumerate() {
+        let id0 = (base + c * LANES) as u32;
+        for j in 0..LANES {
+            lanes[j] += f64::from(kept_weight(
+                chunk[j],
+                id0.wrapping_add(j as u32),
+                max,
+                temp,
+                pivot,
+            ));
+        }
+    }
+    let mut sum: f64 = lanes.iter().sum();
+    let id0 = base + block.len() - chunks.remainder().len();
+    for (j, &x) in chunks.remainder().iter().enumerate() {
+        sum += f64::from(kept_weight(x, (id0 + j) as u32, max, temp, pivot));
+    }
+    sum
+}
+
+/// `exp((logit - max) / t)`: 1 for the best token, never overflows, 0 for
+/// masked tokens. Plain f32 arithmetic ([`fast_exp`]), no libm, so every
+/// platform computes the same bits; widened to f64 for accumulation.
+fn weight(logit: f32, max: f32, temperature: f32) -> f64 {
+    f64::from(fast_exp((logit - max) / temperature))
+}
+
+/// Tokens for which top_k takes the single-pass insertion path.
+const SMALL_TOP_K: usize = 256;
+
+/// `exp(x)` for f32 (Cephes `expf` polynomial, about 1 ulp), branch-free so it
+/// vectorises, and bit-identical everywhere. Below -87 (and for -inf) it
+/// returns 0.
+pub(crate) fn fast_exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
+    let xc = x.clamp(-87.0, 88.0);
+    let shifted = xc * LOG2E + ROUND;
+    // The low mantissa bits of `shifted` hold n = round(x / ln 2) exactly.
+    let n = shifted - ROUND;
+    let r = xc - n * LN2_HI - n * LN2_LO;
+    let mut y = 1.987_569_2e-4_f32;
+    y = y * r + 1.398_199_9e-3;
+    y = y * r + 8.333_452e-3;
+    y = y * r + 4.166_579_6e-2;
+    y = y * r + 1.666_666_5e-1;
+    y = y * r + 0.5;
+    y = y * r * r + r + 1.0;
+    let scale = f32::from_bits(
+        shifted
+            .to_bits()
+            .wrapping_sub(ROUND.to_bits())
+            .wrapping_add(127)
+            << 23,
+    );
+    if x < -87.0 {
+        0.0
+    } else {
+        y * scale
+    }
 }
 
 /// The best logit among the kept candidates (they always include the row max).
 fn max_kept(cand: &[Cand]) -> f32 {
-    cand.iter().map(|c| c.logit).fold(f32::NEG_INFINITY, f32::max)
+    cand.iter()
+        .map(|c| c.logit)
+        .fold(f32::NEG_INFINITY, f32::max)
 }
 
 /// Calls `f(id, logit)` for each kept token in id order until it returns false.
@@ -335,7 +491,10 @@ fn for_each_kept(row: &[f32], cand: &[Cand], kept: &Kept, mut f: impl FnMut(u32,
                     logit,
                     id: i as u32,
                 };
-                if logit > f32::NEG_INFINITY && before(&c, pivot) != Ordering::Greater && !f(c.id, logit) {
+                if logit > f32::NEG_INFINITY
+                    && before(&c, pivot) != Ordering::Greater
+                    && !f(c.id, logit)
+                {
                     return;
                 }
             }
@@ -401,8 +560,11 @@ impl Lse {
     /// `max` must be the row's maximum; the sum is accumulated in f64.
     pub(crate) fn new(logits: &[f32], max: f32) -> Self {
         let m = f64::from(max);
-        let sum: f64 = logits.iter().map(|&x| (f64::from(x) - m).exp()).sum();
-        Self { max: m, ln_sum: sum.ln() }
+        let sum = block_sum(logits, 0, max, 1.0, &KEEP_ALL);
+        Self {
+            max: m,
+            ln_sum: sum.ln(),
+        }
     }
 
     pub(crate) fn value(&self) -> f64 {
@@ -453,13 +615,19 @@ mod tests {
     fn penalised(p: SamplingParams, logits: &[f32], history: &[u32]) -> Vec<f32> {
         let (mut work, mut counts) = (Vec::new(), Vec::new());
         apply_penalties(&p, logits, history, &mut work, &mut counts);
-        assert!(counts.iter().all(|&c| c == 0), "scratch counters must be reset");
+        assert!(
+            counts.iter().all(|&c| c == 0),
+            "scratch counters must be reset"
+        );
         work
     }
 
     #[test]
     fn repetition_penalty_divides_positive_and_multiplies_negative_logits_once_per_token() {
-        let p = SamplingParams::builder().repetition_penalty(2.0).build().unwrap();
+        let p = SamplingParams::builder()
+            .repetition_penalty(2.0)
+            .build()
+            .unwrap();
         let out = penalised(p, &[4.0, -4.0, 4.0, 0.0], &[0, 0, 0, 1, 3]);
         assert_eq!(out, [2.0, -8.0, 4.0, 0.0]);
     }
@@ -490,8 +658,28 @@ mod tests {
     fn top_alternatives_break_ties_by_lower_id_and_skip_masked_tokens() {
         let logits = [1.0, 3.0, 3.0, f32::NEG_INFINITY, 2.0];
         let lse = Lse::new(&logits, 3.0);
-        let ids: Vec<u32> = top_alternatives(&logits, lse, 5).iter().map(|t| t.token).collect();
+        let ids: Vec<u32> = top_alternatives(&logits, lse, 5)
+            .iter()
+            .map(|t| t.token)
+            .collect();
         assert_eq!(ids, [1, 2, 4, 0]);
+    }
+
+    #[test]
+    fn fast_exp_is_accurate_and_flushes_large_negatives_to_zero() {
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let want = f64::from(x).exp();
+            let got = f64::from(fast_exp(x));
+            assert!(
+                ((got - want) / want).abs() < 4e-7,
+                "exp({x}) = {got}, want {want}"
+            );
+            x += 0.0137;
+        }
+        assert_eq!(fast_exp(0.0), 1.0);
+        assert_eq!(fast_exp(-100.0), 0.0);
+        assert_eq!(fast_exp(f32::NEG_INFINITY), 0.0);
     }
 
     #[test]
