@@ -1,8 +1,8 @@
 //! Causal attention reading K and V from the paged pool only.
 //!
 //! For each (sequence, KV head) the pages are gathered once into f32 scratch, then every query
-//! head of the group and every query token of the chunk attends over it. Queries are rounded to
-//! f16 first, as llama.cpp does when its KV cache is f16, so scores agree with it.
+//! head of the group and every query token of the chunk attends over it. With an f16 pool the
+//! queries are rounded to f16 first, as llama.cpp does for an f16 KV cache, so scores agree.
 
 use half::slice::HalfFloatSliceExt;
 use kv::{KvSlice, LayerView};
@@ -23,7 +23,8 @@ pub struct AttnShape {
 }
 
 /// Attention output for one KV head group: `n` rows of `group * head_dim`.
-pub fn attend_group(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, f16_queries: bool) -> Vec<f32> {
+pub fn attend_group(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize) -> Vec<f32> {
+    let f16_queries = inp.view.chunks().next().is_some_and(|c| matches!(c.k, KvSlice::F16(_)));
     #[cfg(target_arch = "x86_64")]
     {
         if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
@@ -50,8 +51,10 @@ unsafe fn attend_avx2(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, f16q: 
     attend_impl(inp, shape, kvh, f16q)
 }
 
+/// The dot product attention uses: 16 lanes summed in a fixed order, so that the result is the
+/// same whatever vector width the compiler picks.
 #[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     let mut acc = [0f32; 16];
     let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
     let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y).sum();

@@ -53,8 +53,6 @@ pub struct Llama {
     pub weights: LlamaWeights,
     isa: Isa,
     pool: ComputePool,
-    /// llama.cpp rounds queries to f16 when its KV cache is f16; do the same for agreement.
-    f16_queries: bool,
 }
 
 fn build_pool(threads: usize) -> Result<ComputePool, ModelError> {
@@ -77,7 +75,7 @@ impl Llama {
         let config = LlamaConfig::from_gguf(f)?;
         let weights = LlamaWeights::load(f, &config)?;
         let pool = build_pool(opts.threads)?;
-        Ok(Llama { config, weights, isa: Isa::detect(), pool, f16_queries: true })
+        Ok(Llama { config, weights, isa: Isa::detect(), pool })
     }
 
     pub fn isa(&self) -> Isa {
@@ -206,7 +204,7 @@ impl Llama {
             let mut results: Vec<Vec<f32>> = vec![Vec::new(); tasks.len()];
             self.pool.for_each_chunk_mut(&mut results, 1, &|i, slot| {
                 let (si, h) = tasks[i];
-                slot[0] = attend_group(&inputs[si], &shape, h, self.f16_queries);
+                slot[0] = attend_group(&inputs[si], &shape, h);
             });
             for (&(si, h), res) in tasks.iter().zip(&results) {
                 let off = offsets[si];

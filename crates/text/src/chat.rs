@@ -19,7 +19,10 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self { role: role.into(), content: content.into() }
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
     }
 }
 
@@ -53,12 +56,17 @@ fn to_json(v: Value) -> Result<Value, Error> {
         .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))
 }
 
-fn str_arg<'a>(args: &'a [Value], i: usize) -> Option<&'a str> {
+fn str_arg(args: &[Value], i: usize) -> Option<&str> {
     args.get(i).and_then(|v| v.as_str())
 }
 
 /// The Python `str`/`dict` methods chat templates written for HF transformers commonly call.
-fn python_method(state: &State, value: &Value, method: &str, args: &[Value]) -> Result<Value, Error> {
+fn python_method(
+    state: &State,
+    value: &Value,
+    method: &str,
+    args: &[Value],
+) -> Result<Value, Error> {
     let unknown = || Err(Error::from(ErrorKind::UnknownMethod));
     match value.kind() {
         ValueKind::String => {
@@ -78,23 +86,33 @@ fn python_method(state: &State, value: &Value, method: &str, args: &[Value]) -> 
                 "lower" => Value::from(s.to_lowercase()),
                 "title" | "capitalize" | "replace" | "split" => state.apply_filter(
                     method,
-                    &std::iter::once(value.clone()).chain(args.iter().cloned()).collect::<Vec<_>>(),
+                    &std::iter::once(value.clone())
+                        .chain(args.iter().cloned())
+                        .collect::<Vec<_>>(),
                 )?,
-                "join" => state.apply_filter("join", &[args.first().cloned().unwrap_or_default(), value.clone()])?,
+                "join" => state.apply_filter(
+                    "join",
+                    &[args.first().cloned().unwrap_or_default(), value.clone()],
+                )?,
                 _ => return unknown(),
             })
         }
         ValueKind::Map => match method {
-            "items" => state.apply_filter("items", &[value.clone()]),
+            "items" => state.apply_filter("items", std::slice::from_ref(value)),
             "keys" => Ok(Value::from(value.try_iter()?.collect::<Vec<_>>())),
             "values" => {
-                let vals: Result<Vec<Value>, Error> = value.try_iter()?.map(|k| value.get_item(&k)).collect();
+                let vals: Result<Vec<Value>, Error> =
+                    value.try_iter()?.map(|k| value.get_item(&k)).collect();
                 Ok(Value::from(vals?))
             }
             "get" => {
                 let key = args.first().cloned().unwrap_or_default();
                 let v = value.get_item(&key)?;
-                Ok(if v.is_undefined() { args.get(1).cloned().unwrap_or(Value::from(())) } else { v })
+                Ok(if v.is_undefined() {
+                    args.get(1).cloned().unwrap_or(Value::from(()))
+                } else {
+                    v
+                })
             }
             _ => unknown(),
         },
@@ -121,7 +139,9 @@ impl ChatTemplate {
             Some(v) => v.as_str().ok_or(TextError::MissingChatTemplate)?,
         };
         let token_text = |key: &str| -> String {
-            let Some(id) = g.get(key).and_then(|v| v.as_u64()) else { return String::new() };
+            let Some(id) = g.get(key).and_then(|v| v.as_u64()) else {
+                return String::new();
+            };
             g.get("tokenizer.ggml.tokens")
                 .and_then(|v| v.as_array())
                 .and_then(|a| usize::try_from(id).ok().and_then(|i| a.get(i)))
@@ -146,14 +166,26 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_filter("tojson", to_json);
         env.set_unknown_method_callback(python_method);
-        env.add_template_owned(NAME, src.to_string()).map_err(TextError::TemplateSyntax)?;
-        Ok(ChatTemplate { env, bos: bos.to_string(), eos: eos.to_string() })
+        env.add_template_owned(NAME, src.to_string())
+            .map_err(TextError::TemplateSyntax)?;
+        Ok(ChatTemplate {
+            env,
+            bos: bos.to_string(),
+            eos: eos.to_string(),
+        })
     }
 
     /// The prompt for `messages`; with `add_generation_prompt` it ends where the assistant's
     /// reply begins.
-    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TextError> {
-        let tmpl = self.env.get_template(NAME).map_err(TextError::TemplateRender)?;
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TextError> {
+        let tmpl = self
+            .env
+            .get_template(NAME)
+            .map_err(TextError::TemplateRender)?;
         let ctx = context! {
             messages => Value::from_serialize(messages),
             add_generation_prompt => add_generation_prompt,

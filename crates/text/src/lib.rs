@@ -14,6 +14,7 @@
 //! Unsupported tokenizers are refused with a typed [`TextError`] at load time rather than
 //! approximated.
 
+mod bpe;
 mod chat;
 mod error;
 mod stream;

@@ -3,19 +3,25 @@
 //!
 //! Encoding runs in two stages, as in llama.cpp: the text is first partitioned on special-token
 //! texts (control tokens only when `parse_special`, user-defined tokens always), then every plain
-//! fragment goes through the pre-tokenizer split and BPE merges of the `tokenizers` crate.
+//! fragment is split into words by the pre-tokenizer regexes (run by the `tokenizers` crate) and
+//! each word is merged by BPE rank exactly as llama.cpp's `llm_tokenizer_bpe_session` does. The
+//! merge loop is our own because `tokenizers`' BPE silently skips characters that have no token
+//! and then merges their neighbours across the gap, where llama.cpp keeps the character as a
+//! barrier and drops it only at the end (SmolLM2 has no token for 21 byte values, U+0013 among them).
 //! Decoding never goes through `tokenizers`: each id maps to its exact bytes from a table built
 //! once, which makes decoding lossless for any sequence (even one that splits a UTF-8 character).
 
 use std::collections::HashMap;
 
-use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
-use tokenizers::models::bpe::{Vocab, BPE};
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::Split;
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::{
+    OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer, SplitDelimiterBehavior,
+};
 
+use crate::bpe::{self, Bpe};
 use crate::TextError;
 
 /// GGUF `tokenizer.ggml.token_type` values (llama.cpp's `llama_token_type`).
@@ -37,7 +43,10 @@ struct SpecialText {
 /// Text to token ids and back for one model's vocabulary. Cheap to share: `Send + Sync`.
 #[derive(Debug, Clone)]
 pub struct Tokenizer {
-    bpe: tokenizers::Tokenizer,
+    /// Splits plain text into words (pre-tokenizer regexes), on raw text.
+    pre: PreTokenizerWrapper,
+    /// Merge rules, applied to each word.
+    bpe: Bpe,
     /// Exact bytes of each token, indexed by id.
     pieces: Vec<Box<[u8]>>,
     /// Control and unknown tokens: they mark structure and carry no text of their own.
@@ -105,7 +114,9 @@ fn optional_id(g: &gguf::Gguf, key: &str, n: usize) -> Result<Option<u32>, TextE
     }
     match u32::try_from(id) {
         Ok(id) if (id as usize) < n => Ok(Some(id)),
-        _ => Err(TextError::InvalidVocab(format!("{key} = {id} is outside the vocabulary of {n} tokens"))),
+        _ => Err(TextError::InvalidVocab(format!(
+            "{key} = {id} is outside the vocabulary of {n} tokens"
+        ))),
     }
 }
 
@@ -119,16 +130,23 @@ impl Tokenizer {
         // llama.cpp treats a missing pre-tokenizer key as "default".
         let pre_name = match g.get("tokenizer.ggml.pre") {
             None => "default",
-            Some(v) => v
-                .as_str()
-                .ok_or_else(|| TextError::InvalidVocab("tokenizer.ggml.pre is not a string".into()))?,
+            Some(v) => v.as_str().ok_or_else(|| {
+                TextError::InvalidVocab("tokenizer.ggml.pre is not a string".into())
+            })?,
         };
-        let byte_level = PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, true));
+        let gpt2 = Split::new(
+            tokenizers::pre_tokenizers::split::SplitPattern::Regex(GPT2_REGEX.to_string()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map_err(|e| TextError::Encode(format!("pre-tokenizer regex: {e}")))?;
         let pre = match pre_name {
-            "smollm" => {
-                PreTokenizerWrapper::Sequence(Sequence::new(vec![Digits::new(true).into(), byte_level]))
-            }
-            "gpt2" | "default" => byte_level,
+            // llama.cpp: "\p{N}" then the GPT-2 regex; Digits uses char::is_numeric, i.e. \p{N}.
+            "smollm" => PreTokenizerWrapper::Sequence(Sequence::new(vec![
+                Digits::new(true).into(),
+                gpt2.into(),
+            ])),
+            "gpt2" | "default" => gpt2.into(),
             other => return Err(TextError::UnsupportedPre(other.to_string())),
         };
 
@@ -149,8 +167,11 @@ impl Tokenizer {
         }
 
         let to_char = bytes_to_chars();
-        let char_to_byte: HashMap<char, u8> =
-            to_char.iter().enumerate().map(|(b, &c)| (c, b as u8)).collect();
+        let char_to_byte: HashMap<char, u8> = to_char
+            .iter()
+            .enumerate()
+            .map(|(b, &c)| (c, b as u8))
+            .collect();
 
         let mut vocab: HashMap<String, u32> = HashMap::with_capacity(n);
         let mut pieces = Vec::with_capacity(n);
@@ -171,7 +192,11 @@ impl Tokenizer {
             pieces.push(bytes.into_boxed_slice());
             special.push(matches!(ty, TYPE_CONTROL | TYPE_UNKNOWN));
             if matches!(ty, TYPE_CONTROL | TYPE_UNKNOWN | TYPE_USER_DEFINED) && !text.is_empty() {
-                special_texts.push(SpecialText { text: text.to_string(), id, always: ty == TYPE_USER_DEFINED });
+                special_texts.push(SpecialText {
+                    text: text.to_string(),
+                    id,
+                    always: ty == TYPE_USER_DEFINED,
+                });
             }
         }
         // Longest first, so that a token whose text contains another's is matched whole.
@@ -181,35 +206,44 @@ impl Tokenizer {
             Some(_) => g.str_array("tokenizer.ggml.merges")?,
             None => Vec::new(),
         };
-        let mut seen = std::collections::HashSet::with_capacity(merges.len());
-        let mut pairs = Vec::with_capacity(merges.len());
-        for m in merges {
+        let mut merge_map = HashMap::with_capacity(merges.len());
+        for (rank, m) in merges.into_iter().enumerate() {
             // Split at the first space after the first character, as llama.cpp does: byte-level
             // tokens never contain a raw space, but the first part may be a lone " ".
-            let split = m.char_indices().skip(1).find(|&(_, c)| c == ' ').map(|(i, _)| i);
+            let split = m
+                .char_indices()
+                .skip(1)
+                .find(|&(_, c)| c == ' ')
+                .map(|(i, _)| i);
             let Some(i) = split else {
-                return Err(TextError::InvalidVocab(format!("merge {m:?} has no separating space")));
+                return Err(TextError::InvalidVocab(format!(
+                    "merge {m:?} has no separating space"
+                )));
             };
             let (a, b) = (&m[..i], &m[i + 1..]);
-            // The first occurrence of a pair holds its rank (tokenizers would keep the last).
-            if seen.insert((a, b)) {
-                pairs.push((a.to_string(), b.to_string()));
-            }
+            // A merge whose parts or result are not tokens can never produce a token: skipped.
+            let (Some(&l), Some(&r), Some(&merged)) =
+                (vocab.get(a), vocab.get(b), vocab.get(&format!("{a}{b}")))
+            else {
+                continue;
+            };
+            // The first occurrence of a pair holds its rank, as in llama.cpp.
+            merge_map.entry((l, r)).or_insert((rank as u32, merged));
         }
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab.into_iter().collect::<Vocab>(), pairs)
-            .build()
-            .map_err(|e| TextError::InvalidVocab(format!("BPE merges: {e}")))?;
-        let mut hf = tokenizers::Tokenizer::new(bpe);
-        hf.with_pre_tokenizer(Some(pre));
-        hf.with_decoder(Some(ByteLevelDecoder::default()));
+        let byte_token = std::array::from_fn(|b| {
+            vocab
+                .get(to_char[b].encode_utf8(&mut [0u8; 4]) as &str)
+                .copied()
+        });
 
         let bos = optional_id(g, "tokenizer.ggml.bos_token_id", n)?;
         let find = |text: &str| tokens.iter().position(|&t| t == text).map(|i| i as u32);
         let eos = match optional_id(g, "tokenizer.ggml.eos_token_id", n)? {
             Some(id) => id,
             None => find("<|endoftext|>").ok_or_else(|| {
-                TextError::InvalidVocab("no tokenizer.ggml.eos_token_id and no <|endoftext|> token".into())
+                TextError::InvalidVocab(
+                    "no tokenizer.ggml.eos_token_id and no <|endoftext|> token".into(),
+                )
             })?,
         };
         let mut stop = vec![eos];
@@ -225,7 +259,19 @@ impl Tokenizer {
             }
         }
 
-        Ok(Tokenizer { bpe: hf, pieces, special, special_texts, bos, eos, stop })
+        Ok(Tokenizer {
+            pre,
+            bpe: Bpe {
+                byte_token,
+                merges: merge_map,
+            },
+            pieces,
+            special,
+            special_texts,
+            bos,
+            eos,
+            stop,
+        })
     }
 
     /// Token ids of `text`, without BOS. With `parse_special`, control-token texts such as
@@ -245,8 +291,14 @@ impl Tokenizer {
         if text.is_empty() {
             return Ok(());
         }
-        let enc = self.bpe.encode_fast(text, false).map_err(|e| TextError::Encode(e.to_string()))?;
-        out.extend_from_slice(enc.get_ids());
+        let mut words = PreTokenizedString::from(text);
+        self.pre
+            .pre_tokenize(&mut words)
+            .map_err(|e| TextError::Encode(e.to_string()))?;
+        let mut scratch = bpe::Scratch::default();
+        for (word, _, _) in words.get_splits(OffsetReferential::Original, OffsetType::Byte) {
+            self.bpe.word(word.as_bytes(), &mut scratch, out);
+        }
         Ok(())
     }
 
@@ -258,7 +310,10 @@ impl Tokenizer {
             if !parse_special && !st.always {
                 continue;
             }
-            if !frags.iter().any(|f| matches!(f, Fragment::Text(s) if s.contains(st.text.as_str()))) {
+            if !frags
+                .iter()
+                .any(|f| matches!(f, Fragment::Text(s) if s.contains(st.text.as_str())))
+            {
                 continue;
             }
             let mut next = Vec::with_capacity(frags.len() + 2);
@@ -302,7 +357,10 @@ impl Tokenizer {
     }
 
     pub(crate) fn piece(&self, id: u32) -> Result<&[u8], TextError> {
-        self.token_bytes(id).ok_or(TextError::UnknownToken { id, vocab_size: self.pieces.len() })
+        self.token_bytes(id).ok_or(TextError::UnknownToken {
+            id,
+            vocab_size: self.pieces.len(),
+        })
     }
 
     /// The raw bytes of one token, `None` for an id outside the vocabulary.
@@ -333,6 +391,10 @@ impl Tokenizer {
         self.stop.clone()
     }
 }
+
+/// The GPT-2 split regex (llama.cpp's, with the trailing `\s+` its custom matcher implements).
+const GPT2_REGEX: &str =
+    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
 enum Fragment<'t> {
     Text(&'t str),

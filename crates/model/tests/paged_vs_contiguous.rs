@@ -1,0 +1,189 @@
+//! Paged attention equals a plain contiguous implementation on a tiny generated model, for any
+//! page size, any placement of pages in the pool, any chunking of the prompt, and any batch.
+
+use gguf::GgufFile;
+use kv::{BlockTable, Capacity, KvDtype, KvPool, Owner, PoolConfig, RequestId, ScrubPolicy, TenantId};
+use model::qmatrix::quantize_for;
+use model::quant::QuantActs;
+use model::threads::ComputePool;
+use model::tiny::{tiny_gguf, TinySpec};
+use model::attention::dot;
+use model::{matmul::matmul, ops, Llama, LoadOptions, Logits, SeqStep};
+use proptest::prelude::*;
+
+fn tiny() -> Llama {
+    let f = GgufFile::from_bytes(tiny_gguf(&TinySpec::default())).unwrap();
+    Llama::from_file(&f, LoadOptions { threads: 2 }).unwrap()
+}
+
+/// The whole forward pass written plainly: K and V in contiguous vectors, attention as loops.
+/// Shares the model's weights, matmul and element-wise ops, so only the KV path differs.
+fn contiguous_logits(m: &Llama, tokens: &[u32]) -> Vec<f32> {
+    let c = &m.config;
+    let (d, hd, t) = (c.n_embd, c.head_dim, tokens.len());
+    let kvd = c.n_kv_heads * hd;
+    let pool = ComputePool::new(1).unwrap();
+    let (mut acts, mut tmp) = (QuantActs::default(), Vec::new());
+    let mut x = vec![0f32; t * d];
+    for (i, &tok) in tokens.iter().enumerate() {
+        m.embed(tok, &mut x[i * d..(i + 1) * d]);
+    }
+    let mut xn = vec![0f32; t * d];
+    for layer in &m.weights.layers {
+        ops::rms_norm(&x, &layer.attn_norm, c.rms_eps, &mut xn);
+        let mut qkv = vec![0f32; t * (d + 2 * kvd)];
+        quantize_for(&layer.wqkv, &xn, t, &mut acts);
+        matmul(&pool, m.isa(), &layer.wqkv, &acts, &mut qkv, &mut tmp);
+        let (mut q, mut k, mut v) = (vec![], vec![], vec![]);
+        for i in 0..t {
+            let row = &qkv[i * (d + 2 * kvd)..(i + 1) * (d + 2 * kvd)];
+            let mut tab = vec![(0f32, 0f32); hd / 2];
+            ops::rope_table(i, hd, c.rope_base, &mut tab);
+            let (mut qi, mut ki) = (row[..d].to_vec(), row[d..d + kvd].to_vec());
+            ops::rope_apply(&mut qi, hd, &tab);
+            ops::rope_apply(&mut ki, hd, &tab);
+            q.extend(qi);
+            k.extend(ki);
+            v.extend_from_slice(&row[d + kvd..]);
+        }
+        let mut attn = vec![0f32; t * d];
+        let group = c.n_heads / c.n_kv_heads;
+        for i in 0..t {
+            for h in 0..c.n_heads {
+                let kh = h / group;
+                let qh = &q[i * d + h * hd..][..hd];
+                // Same arithmetic order as the model (the next matmul quantizes its input, so a
+                // one-ulp difference here could flip a rounding and show up as a whole step).
+                let scale = 1.0 / (hd as f32).sqrt();
+                let scores: Vec<f32> = (0..=i).map(|j| dot(qh, &k[j * kvd + kh * hd..][..hd]) * scale).collect();
+                let max = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let e: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
+                let sum: f32 = e.iter().sum();
+                let o = &mut attn[i * d + h * hd..][..hd];
+                for j in 0..=i {
+                    for dd in 0..hd {
+                        o[dd] += e[j] * v[j * kvd + kh * hd + dd];
+                    }
+                }
+                o.iter_mut().for_each(|x| *x *= 1.0 / sum);
+            }
+        }
+        let mut proj = vec![0f32; t * d];
+        quantize_for(&layer.wo, &attn, t, &mut acts);
+        matmul(&pool, m.isa(), &layer.wo, &acts, &mut proj, &mut tmp);
+        ops::add_in_place(&mut x, &proj);
+        ops::rms_norm(&x, &layer.ffn_norm, c.rms_eps, &mut xn);
+        let mut gu = vec![0f32; t * 2 * c.n_ff];
+        quantize_for(&layer.w_gate_up, &xn, t, &mut acts);
+        matmul(&pool, m.isa(), &layer.w_gate_up, &acts, &mut gu, &mut tmp);
+        let mut hidden = vec![0f32; t * c.n_ff];
+        for i in 0..t {
+            hidden[i * c.n_ff..(i + 1) * c.n_ff].copy_from_slice(&gu[i * 2 * c.n_ff..][..c.n_ff]);
+            ops::swiglu(&mut hidden[i * c.n_ff..(i + 1) * c.n_ff], &gu[i * 2 * c.n_ff + c.n_ff..][..c.n_ff]);
+        }
+        quantize_for(&layer.w_down, &hidden, t, &mut acts);
+        matmul(&pool, m.isa(), &layer.w_down, &acts, &mut proj, &mut tmp);
+        ops::add_in_place(&mut x, &proj);
+    }
+    let mut out = vec![0f32; t * d];
+    ops::rms_norm(&x, &m.weights.out_norm, c.rms_eps, &mut out);
+    let mut logits = vec![0f32; t * c.vocab];
+    quantize_for(m.weights.output(), &out, t, &mut acts);
+    matmul(&pool, m.isa(), m.weights.output(), &acts, &mut logits, &mut tmp);
+    logits
+}
+
+fn pool(m: &Llama, page_size: usize, dtype: KvDtype) -> KvPool {
+    let layout = m.config.kv_layout(page_size, dtype);
+    KvPool::new(PoolConfig { layout, capacity: Capacity::Tokens(4096), scrub: ScrubPolicy::OnFree }).unwrap()
+}
+
+fn owner(r: u64) -> Owner {
+    Owner { tenant: TenantId(r % 3), request: RequestId(r) }
+}
+
+/// Scatters the free list: reserve many single-page tables, free a pseudo-random subset.
+fn fragment(p: &KvPool, seed: u64) -> Vec<BlockTable> {
+    let ps = p.layout().page_size;
+    let mut held: Vec<BlockTable> = (0..p.total_pages().min(200)).map(|i| p.reserve(owner(1000 + i as u64), ps).unwrap()).collect();
+    let mut s = seed;
+    held.retain(|_| {
+        s = s.wrapping_mul(6364136223846793005).wrapping_add(1);
+        (s >> 60) % 2 == 0
+    });
+    held
+}
+
+/// Runs `tokens` through the paged model in the given chunk sizes; returns all logits rows.
+fn paged_logits(m: &Llama, p: &KvPool, tokens: &[u32], chunks: &[usize]) -> Vec<f32> {
+    let mut kv = p.reserve(owner(1), tokens.len()).unwrap();
+    let mut out = Vec::new();
+    let mut pos = 0;
+    let mut ci = 0;
+    while pos < tokens.len() {
+        let n = chunks[ci % chunks.len()].clamp(1, tokens.len() - pos);
+        ci += 1;
+        let mut step = [SeqStep { tokens: &tokens[pos..pos + n], start: pos, kv: &mut kv, logits: Logits::All }];
+        out.extend(m.forward(&mut step).unwrap().remove(0));
+        pos += n;
+    }
+    out
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+#[test]
+fn paged_attention_matches_contiguous_for_many_page_sizes_and_placements() {
+    let m = tiny();
+    let tokens: Vec<u32> = (0..70).map(|i| (i * 37 + 11) % m.config.vocab as u32).collect();
+    let want = contiguous_logits(&m, &tokens);
+    for page_size in [1, 2, 3, 5, 16, 64] {
+        let p = pool(&m, page_size, KvDtype::F32);
+        let _holes = fragment(&p, page_size as u64);
+        let got = paged_logits(&m, &p, &tokens, &[tokens.len()]);
+        let diff = max_diff(&want, &got);
+        assert!(diff <= 1e-5, "page size {page_size}: max |diff| {diff}");
+    }
+}
+
+#[test]
+fn batching_sequences_together_changes_no_logit() {
+    let m = tiny();
+    let p = pool(&m, 16, KvDtype::F16);
+    let a: Vec<u32> = (0..33).map(|i| (i * 5 + 1) % 80).collect();
+    let b: Vec<u32> = (0..9).map(|i| (i * 7 + 3) % 80).collect();
+    let alone_a = paged_logits(&m, &p, &a, &[a.len()]);
+    let alone_b = paged_logits(&m, &p, &b, &[b.len()]);
+    let (mut ka, mut kb) = (p.reserve(owner(2), a.len()).unwrap(), p.reserve(owner(3), b.len()).unwrap());
+    let mut steps = [
+        SeqStep { tokens: &a, start: 0, kv: &mut ka, logits: Logits::All },
+        SeqStep { tokens: &b, start: 0, kv: &mut kb, logits: Logits::All },
+    ];
+    let both = m.forward(&mut steps).unwrap();
+    assert_eq!(both[0], alone_a);
+    assert_eq!(both[1], alone_b);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+    #[test]
+    fn any_page_size_placement_and_chunking_matches_contiguous(
+        page_size in 1usize..40,
+        seed in any::<u64>(),
+        len in 1usize..60,
+        chunks in proptest::collection::vec(1usize..20, 1..5),
+    ) {
+        let m = tiny();
+        let tokens: Vec<u32> = (0..len as u64).map(|i| ((i * 31 + seed) % 80) as u32).collect();
+        let want = contiguous_logits(&m, &tokens);
+        let p = pool(&m, page_size, KvDtype::F32);
+        let _holes = fragment(&p, seed);
+        let got = paged_logits(&m, &p, &tokens, &chunks);
+        let diff = max_diff(&want, &got);
+        prop_assert!(diff <= 1e-5, "page size {} chunks {:?}: max |diff| {}", page_size, chunks, diff);
+    }
+}
+

@@ -1,0 +1,247 @@
+//! Typed errors, and the tokenizer and template rules checked on small GGUFs built in the test.
+
+#![allow(clippy::expect_used)] // test helpers outside #[test] fns
+
+use gguf::write::GgufWriter;
+use gguf::{Gguf, Value};
+use text::{ChatMessage, ChatTemplate, TextError, Tokenizer};
+
+fn s(v: &str) -> Value {
+    Value::String(v.to_string())
+}
+
+fn strs(v: &[&str]) -> Value {
+    Value::Array(v.iter().map(|x| s(x)).collect())
+}
+
+/// GPT-2 byte-level characters for all 256 bytes, in byte order.
+fn byte_chars() -> Vec<String> {
+    let mut extra = 0;
+    (0..=255u32)
+        .map(|b| {
+            let printable = (0x21..=0x7e).contains(&b)
+                || (0xa1..=0xac).contains(&b)
+                || (0xae..=0xff).contains(&b);
+            let cp = if printable {
+                b
+            } else {
+                extra += 1;
+                255 + extra
+            };
+            char::from_u32(cp).expect("char").to_string()
+        })
+        .collect()
+}
+
+/// A tiny vocabulary: 3 control-ish tokens, the 256 byte characters, then merged tokens.
+fn tiny(model: &str, pre: Option<&str>, extra: &[(&str, &str)]) -> Gguf {
+    let mut tokens: Vec<String> = vec!["<|endoftext|>".into(), "<|c|>".into(), "<u>".into()];
+    let mut types: Vec<Value> = vec![Value::I32(3), Value::I32(3), Value::I32(4)];
+    for c in byte_chars() {
+        tokens.push(c);
+        types.push(Value::I32(1));
+    }
+    for t in ["Ġa", "Ġab", "12"] {
+        tokens.push(t.into());
+        types.push(Value::I32(1));
+    }
+    let tok_refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    let mut w = GgufWriter::new();
+    w.meta("general.architecture", s("llama"))
+        .meta("tokenizer.ggml.model", s(model))
+        .meta("tokenizer.ggml.tokens", strs(&tok_refs))
+        .meta("tokenizer.ggml.token_type", Value::Array(types))
+        .meta("tokenizer.ggml.merges", strs(&["Ġ a", "Ġa b", "1 2"]))
+        .meta("tokenizer.ggml.eos_token_id", Value::U32(0));
+    if let Some(p) = pre {
+        w.meta("tokenizer.ggml.pre", s(p));
+    }
+    for (k, v) in extra {
+        w.meta(k, s(v));
+    }
+    Gguf::parse(&w.to_bytes()).expect("tiny gguf parses")
+}
+
+fn id_of(t: &Tokenizer, text: &str) -> u32 {
+    (0..t.vocab_size() as u32)
+        .find(|&i| t.token_bytes(i) == Some(text.as_bytes()))
+        .expect("token")
+}
+
+#[test]
+fn unsupported_tokenizer_model_is_named() {
+    let err = Tokenizer::from_gguf(&tiny("llama", Some("default"), &[])).expect_err("spm refused");
+    assert!(
+        matches!(&err, TextError::UnsupportedModel(m) if m == "llama"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("llama"));
+}
+
+#[test]
+fn unsupported_pre_tokenizer_is_named() {
+    let err = Tokenizer::from_gguf(&tiny("gpt2", Some("qwen2"), &[])).expect_err("pre refused");
+    assert!(
+        matches!(&err, TextError::UnsupportedPre(p) if p == "qwen2"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("qwen2"));
+}
+
+#[test]
+fn missing_tokenizer_metadata_is_typed() {
+    let mut w = GgufWriter::new();
+    w.meta("general.architecture", s("llama"));
+    let g = Gguf::parse(&w.to_bytes()).expect("parses");
+    assert!(matches!(
+        Tokenizer::from_gguf(&g),
+        Err(TextError::Metadata(_))
+    ));
+}
+
+#[test]
+fn missing_chat_template_is_typed() {
+    let err = ChatTemplate::from_gguf(&tiny("gpt2", Some("gpt2"), &[])).expect_err("no template");
+    assert!(matches!(err, TextError::MissingChatTemplate), "{err}");
+}
+
+#[test]
+fn unknown_token_id_is_typed() {
+    let t = Tokenizer::from_gguf(&tiny("gpt2", Some("smollm"), &[])).expect("builds");
+    let n = t.vocab_size() as u32;
+    let err = t.decode_bytes(&[3, n]).expect_err("unknown id");
+    assert!(
+        matches!(err, TextError::UnknownToken { id, vocab_size } if id == n && vocab_size == n as usize)
+    );
+    assert!(matches!(
+        t.decode(&[u32::MAX]),
+        Err(TextError::UnknownToken { .. })
+    ));
+    assert_eq!(t.token_bytes(n), None);
+    assert!(!t.is_special(n));
+}
+
+#[test]
+fn tiny_vocab_merges_and_special_rules() {
+    let t = Tokenizer::from_gguf(&tiny("gpt2", Some("smollm"), &[])).expect("builds");
+    let (c, u, ab) = (id_of(&t, "<|c|>"), id_of(&t, "<u>"), id_of(&t, " ab"));
+    assert_eq!(
+        t.encode(" ab", false).expect("encode"),
+        vec![ab],
+        "merges with Ġ apply"
+    );
+    // Control tokens parse only with parse_special; user-defined ones always (llama.cpp).
+    assert_eq!(t.encode("<|c|>", true).expect("encode"), vec![c]);
+    assert_ne!(t.encode("<|c|>", false).expect("encode"), vec![c]);
+    assert_eq!(t.encode("<u>", false).expect("encode"), vec![u]);
+    assert_eq!(
+        t.encode(" ab<u> ab", false).expect("encode"),
+        vec![ab, u, ab]
+    );
+    assert!(t.is_special(c) && !t.is_special(u));
+    assert_eq!(t.bos(), None);
+    assert_eq!(t.eos(), 0);
+    assert_eq!(t.stop_tokens(), vec![0]);
+    // smollm splits digits; gpt2 keeps them together so the "1 2" merge applies.
+    let twelve = id_of(&t, "12");
+    assert_ne!(t.encode("12", false).expect("encode"), vec![twelve]);
+    let g = Tokenizer::from_gguf(&tiny("gpt2", Some("gpt2"), &[])).expect("builds");
+    assert_eq!(g.encode("12", false).expect("encode"), vec![twelve]);
+    // A missing pre-tokenizer key means "default", as in llama.cpp.
+    assert!(Tokenizer::from_gguf(&tiny("gpt2", None, &[])).is_ok());
+}
+
+#[test]
+fn template_from_tiny_gguf_uses_vocab_texts() {
+    let g = tiny(
+        "gpt2",
+        Some("gpt2"),
+        &[(
+            "tokenizer.chat_template",
+            "{{ bos_token }}|{{ eos_token }}|{{ messages[0].content }}",
+        )],
+    );
+    let t = ChatTemplate::from_gguf(&g).expect("template");
+    assert_eq!(
+        t.render(&[ChatMessage::new("user", "x")], false)
+            .expect("render"),
+        "|<|endoftext|>|x"
+    );
+}
+
+#[test]
+fn template_syntax_error_is_typed() {
+    let err = ChatTemplate::from_source("{% for m in messages %}", "", "").expect_err("bad syntax");
+    assert!(matches!(err, TextError::TemplateSyntax(_)), "{err}");
+}
+
+#[test]
+fn raise_exception_is_typed_with_its_message() {
+    let t = ChatTemplate::from_source(
+        "{% if messages[0].role != 'user' %}{{ raise_exception('Conversation must start with user') }}{% endif %}ok",
+        "",
+        "",
+    )
+    .expect("compiles");
+    assert_eq!(
+        t.render(&[ChatMessage::new("user", "x")], true)
+            .expect("render"),
+        "ok"
+    );
+    let err = t
+        .render(&[ChatMessage::new("assistant", "x")], true)
+        .expect_err("raises");
+    assert!(
+        matches!(&err, TextError::TemplateRaised(m) if m == "Conversation must start with user"),
+        "{err}"
+    );
+}
+
+#[test]
+fn undefined_attribute_of_undefined_is_a_render_error() {
+    let t = ChatTemplate::from_source("{{ nothing.field }}", "", "").expect("compiles");
+    assert!(matches!(
+        t.render(&[], true),
+        Err(TextError::TemplateRender(_))
+    ));
+}
+
+/// Expected output produced by Python Jinja2 3.1 with HF transformers' settings
+/// (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks).
+#[test]
+fn template_renders_like_hf_jinja2() {
+    let src = "{{ bos_token }}\n{% for message in messages %}\n    {% if message['role'] not in ['system', 'user', 'assistant'] %}\n        {{ raise_exception('unknown role ' + message['role']) }}\n    {% endif %}\n    {% if loop.first and message.role == 'system' %}\n[SYS] {{ message['content'].strip() }}\n    {% elif message.content.startswith('!') %}\n<{{ message.role.upper() }}!>{{ message.content.lstrip('!') | trim }}{{ eos_token }}\n    {% else %}\n<{{ message.role }}>{{ message.content }}{% if message.name %} ({{ message.name }}){% endif %}{{ eos_token }}\n    {% endif %}\n{% endfor %}\n{% if add_generation_prompt %}\n<assistant>\n{% endif %}\n";
+    let t = ChatTemplate::from_source(src, "<s>", "</s>").expect("compiles");
+    let msgs = [
+        ChatMessage::new("system", "  Be brief.  "),
+        ChatMessage::new("user", "!! hello "),
+        ChatMessage::new("assistant", "Hi\nthere"),
+        ChatMessage::new("user", "x"),
+    ];
+    assert_eq!(
+        t.render(&msgs, true).expect("render"),
+        "<s>\n[SYS] Be brief.\n<USER!>hello</s>\n<assistant>Hi\nthere</s>\n<user>x</s>\n<assistant>\n"
+    );
+    assert_eq!(
+        t.render(&msgs, false).expect("render"),
+        "<s>\n[SYS] Be brief.\n<USER!>hello</s>\n<assistant>Hi\nthere</s>\n<user>x</s>\n"
+    );
+    let err = t
+        .render(&[ChatMessage::new("tool", "x")], true)
+        .expect_err("raises");
+    assert!(
+        matches!(&err, TextError::TemplateRaised(m) if m == "unknown role tool"),
+        "{err}"
+    );
+}
+
+#[test]
+fn chat_message_serde_shape() {
+    let m: ChatMessage =
+        serde_json::from_str(r#"{"role":"user","content":"hi"}"#).expect("deserialize");
+    assert_eq!(m, ChatMessage::new("user", "hi"));
+    assert_eq!(
+        serde_json::to_string(&m).expect("serialize"),
+        r#"{"role":"user","content":"hi"}"#
+    );
+}
