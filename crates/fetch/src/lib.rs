@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use sha2::{Digest, Sha256};
 
@@ -60,6 +60,10 @@ pub fn sha256_file(path: &Path) -> Result<String, FetchError> {
 /// The verified default model, fetched when missing. Idempotent; verified once per process.
 pub fn ensure_default_model() -> Result<PathBuf, FetchError> {
     static DONE: OnceLock<PathBuf> = OnceLock::new();
+    // Threads of one process (parallel tests) fetch once; separate processes each use their
+    // own work directory and an atomic rename, so they cannot corrupt each other either.
+    static FETCHING: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = FETCHING.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(p) = DONE.get() {
         return Ok(p.clone());
     }

