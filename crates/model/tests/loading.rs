@@ -1,0 +1,129 @@
+//! Loading refuses what it cannot run, by name, and never panics on a damaged file.
+
+use gguf::write::GgufWriter;
+use gguf::{Gguf, GgufFile, Value};
+use model::tiny::{tiny_gguf, TinySpec};
+use model::{Llama, LoadOptions, ModelError};
+use proptest::prelude::*;
+
+fn load(bytes: Vec<u8>) -> Result<Llama, ModelError> {
+    let f = GgufFile::from_bytes(bytes)?;
+    Llama::from_file(&f, LoadOptions { threads: 1 })
+}
+
+/// Rewrites a tiny model with `edit` applied to its metadata and tensor list.
+fn rewrite(edit: impl Fn(&str, &mut Option<Value>), drop_tensor: Option<&str>, reshape: Option<(&str, Vec<u64>)>) -> Vec<u8> {
+    let src = tiny_gguf(&TinySpec::default());
+    let g = Gguf::parse(&src).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in g.metadata() {
+        let mut v = Some(v.clone());
+        edit(k, &mut v);
+        if let Some(v) = v {
+            w.meta(k, v);
+        }
+    }
+    for t in g.tensors() {
+        if Some(t.name.as_str()) == drop_tensor {
+            continue;
+        }
+        let data = g.tensor_data(&src, &t.name).unwrap().1.to_vec();
+        let dims = match &reshape {
+            Some((n, d)) if *n == t.name => d.clone(),
+            _ => t.dims.clone(),
+        };
+        w.tensor(&t.name, &dims, t.ty, data);
+    }
+    w.to_bytes()
+}
+
+#[test]
+fn the_generated_tiny_model_loads() {
+    let m = load(tiny_gguf(&TinySpec::default())).unwrap();
+    assert_eq!(m.config.n_layers, 2);
+    assert_eq!(m.config.n_kv_heads, 2);
+}
+
+#[test]
+fn unsupported_architecture_is_named() {
+    let bytes = rewrite(
+        |k, v| {
+            if k == "general.architecture" {
+                *v = Some(Value::String("mamba".into()));
+            }
+        },
+        None,
+        None,
+    );
+    match load(bytes) {
+        Err(ModelError::UnsupportedArchitecture(a)) => assert_eq!(a, "mamba"),
+        other => panic!("expected UnsupportedArchitecture, got {:?}", other.err()),
+    }
+}
+
+#[test]
+fn missing_tensor_is_named() {
+    let bytes = rewrite(|_, _| {}, Some("blk.1.ffn_down.weight"), None);
+    let err = load(bytes).err().expect("must fail");
+    assert!(err.to_string().contains("blk.1.ffn_down.weight"), "{err}");
+}
+
+#[test]
+fn wrong_shape_is_named_with_both_shapes() {
+    let bytes = rewrite(|_, _| {}, None, Some(("blk.0.attn_norm.weight", vec![32, 2])));
+    match load(bytes) {
+        Err(ModelError::TensorShape { name, expected, found }) => {
+            assert_eq!(name, "blk.0.attn_norm.weight");
+            assert_eq!(expected, vec![64]);
+            assert_eq!(found, vec![32, 2]);
+        }
+        other => panic!("expected TensorShape, got {:?}", other.err()),
+    }
+}
+
+#[test]
+fn missing_hyperparameter_is_named() {
+    let bytes = rewrite(
+        |k, v| {
+            if k == "llama.block_count" {
+                *v = None;
+            }
+        },
+        None,
+        None,
+    );
+    let err = load(bytes).err().expect("must fail");
+    assert!(err.to_string().contains("llama.block_count"), "{err}");
+}
+
+#[test]
+fn inconsistent_head_counts_are_refused() {
+    let bytes = rewrite(
+        |k, v| {
+            if k == "llama.attention.head_count_kv" {
+                *v = Some(Value::U32(3));
+            }
+        },
+        None,
+        None,
+    );
+    assert!(matches!(load(bytes), Err(ModelError::Config(_))));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(300))]
+    #[test]
+    fn damaged_model_files_never_panic(flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..6), cut in any::<prop::sample::Index>()) {
+        let mut bytes = tiny_gguf(&TinySpec::default());
+        // Damage the header region most of the time: that is where parsing happens.
+        let header = 3000.min(bytes.len());
+        for (i, b) in flips {
+            let at = i.index(header);
+            bytes[at] = b;
+        }
+        let _ = load(bytes.clone());
+        let keep = cut.index(bytes.len());
+        bytes.truncate(keep);
+        let _ = load(bytes);
+    }
+}
