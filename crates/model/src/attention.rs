@@ -1,11 +1,15 @@
 //! Causal attention reading K and V from the paged pool only.
 //!
-//! For each (sequence, KV head) the pages are gathered once into f32 scratch, then every query
-//! head of the group and every query token of the chunk attends over it. With an f16 pool the
-//! queries are rounded to f16 first, as llama.cpp does for an f16 KV cache, so scores agree.
+//! For each (sequence, KV head) the pages are gathered once into f32 scratch (K transposed, so
+//! sixteen keys' scores are computed side by side with no horizontal sums), then every query
+//! head of the group attends over it, sharing each load of K. With an f16 pool the queries are
+//! rounded to f16 first, as llama.cpp does for an f16 KV cache, so scores agree with it.
 
 use half::slice::HalfFloatSliceExt;
 use kv::{KvSlice, LayerView};
+
+/// Keys scored together.
+const LANES: usize = 16;
 
 /// One sequence's share of a step: its queries (`n` rows of `n_heads * head_dim`, already
 /// rotated) at positions `start..start + n`, and a checked view of its KV at this layer.
@@ -22,110 +26,151 @@ pub struct AttnShape {
     pub head_dim: usize,
 }
 
+/// The score arithmetic, as a definition: fused multiply-adds in dimension order. The kernels
+/// below compute exactly this for each key, so results do not depend on vector width.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).fold(0.0, |acc, (x, y)| x.mul_add(*y, acc))
+}
+
 /// Attention output for one KV head group: `n` rows of `group * head_dim`.
 pub fn attend_group(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize) -> Vec<f32> {
-    let f16_queries = inp.view.chunks().next().is_some_and(|c| matches!(c.k, KvSlice::F16(_)));
     #[cfg(target_arch = "x86_64")]
     {
-        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
+        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx2") {
             // SAFETY: the features were just detected on this CPU.
-            return unsafe { attend_avx512(inp, shape, kvh, f16_queries) };
+            return unsafe { attend_avx512(inp, shape, kvh) };
         }
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c") {
             // SAFETY: as above.
-            return unsafe { attend_avx2(inp, shape, kvh, f16_queries) };
+            return unsafe { attend_avx2(inp, shape, kvh) };
         }
     }
-    attend_impl(inp, shape, kvh, f16_queries)
+    attend_impl(inp, shape, kvh)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn attend_avx512(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, f16q: bool) -> Vec<f32> {
-    attend_impl(inp, shape, kvh, f16q)
+unsafe fn attend_avx512(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize) -> Vec<f32> {
+    attend_impl(inp, shape, kvh)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn attend_avx2(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, f16q: bool) -> Vec<f32> {
-    attend_impl(inp, shape, kvh, f16q)
+unsafe fn attend_avx2(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize) -> Vec<f32> {
+    attend_impl(inp, shape, kvh)
 }
 
-/// The dot product attention uses: 16 lanes summed in a fixed order, so that the result is the
-/// same whatever vector width the compiler picks.
+/// Gathers head `kvh` of every position: K transposed into `kt[d * stride + pos]`, V as rows.
 #[inline(always)]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; 16];
-    let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
-    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(x, y)| x * y).sum();
-    for (x, y) in ac.zip(bc) {
-        for l in 0..16 {
-            acc[l] += x[l] * y[l];
-        }
-    }
-    acc.iter().sum::<f32>() + tail
-}
-
-#[inline(always)]
-fn gather(view: &LayerView<'_>, row_len: usize, kvh: usize, hd: usize, k: &mut [f32], v: &mut [f32]) {
-    let mut tmp = vec![0f32; row_len];
+fn gather(view: &LayerView<'_>, row_len: usize, kvh: usize, hd: usize, stride: usize, kt: &mut [f32], v: &mut [f32]) -> bool {
+    let mut tmp = vec![0f32; hd];
+    let mut f16 = false;
     for ch in view.chunks() {
         for s in 0..ch.len {
-            let dst = (ch.start + s) * hd;
-            for (src, out) in [(&ch.k, &mut *k), (&ch.v, &mut *v)] {
-                let row = s * row_len + kvh * hd;
-                match src {
-                    KvSlice::F16(x) => x[row..row + hd].convert_to_f32_slice(&mut tmp[..hd]),
-                    KvSlice::F32(x) => tmp[..hd].copy_from_slice(&x[row..row + hd]),
+            let pos = ch.start + s;
+            let row = s * row_len + kvh * hd;
+            match ch.k {
+                KvSlice::F16(x) => {
+                    f16 = true;
+                    x[row..row + hd].convert_to_f32_slice(&mut tmp);
                 }
-                out[dst..dst + hd].copy_from_slice(&tmp[..hd]);
+                KvSlice::F32(x) => tmp.copy_from_slice(&x[row..row + hd]),
+            }
+            for (d, &val) in tmp.iter().enumerate() {
+                kt[d * stride + pos] = val;
+            }
+            let dst = &mut v[pos * hd..(pos + 1) * hd];
+            match ch.v {
+                KvSlice::F16(x) => x[row..row + hd].convert_to_f32_slice(dst),
+                KvSlice::F32(x) => dst.copy_from_slice(&x[row..row + hd]),
+            }
+        }
+    }
+    f16
+}
+
+/// Scores of `G` queries against keys `[0, upto)`, sixteen keys at a time.
+#[inline(always)]
+fn scores_tile<const G: usize>(qs: [&[f32]; G], kt: &[f32], stride: usize, upto: usize, scale: f32, out: &mut [Vec<f32>]) {
+    let hd = qs[0].len();
+    for jb in (0..upto).step_by(LANES) {
+        let mut acc = [[0f32; LANES]; G];
+        for d in 0..hd {
+            let k: &[f32; LANES] = match kt[d * stride + jb..d * stride + jb + LANES].try_into() {
+                Ok(k) => k,
+                Err(_) => return,
+            };
+            for g in 0..G {
+                let qd = qs[g][d];
+                for l in 0..LANES {
+                    acc[g][l] = qd.mul_add(k[l], acc[g][l]);
+                }
+            }
+        }
+        for g in 0..G {
+            let n = LANES.min(upto - jb);
+            for l in 0..n {
+                out[g][jb + l] = acc[g][l] * scale;
             }
         }
     }
 }
 
 #[inline(always)]
-fn attend_impl(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, f16q: bool) -> Vec<f32> {
+fn softmax_weighted_sum(scores: &mut [f32], v: &[f32], hd: usize, o: &mut [f32]) {
+    let max = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let mut sum = 0f32;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        sum += *s;
+    }
+    for (j, &p) in scores.iter().enumerate() {
+        for (oo, &vv) in o.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
+            *oo += p * vv;
+        }
+    }
+    let inv = 1.0 / sum;
+    for oo in o.iter_mut() {
+        *oo *= inv;
+    }
+}
+
+#[inline(always)]
+fn attend_impl(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize) -> Vec<f32> {
     let hd = shape.head_dim;
     let group = shape.n_heads / shape.n_kv_heads;
     let len = inp.view.len();
+    let stride = len.div_ceil(LANES) * LANES;
     let row_len = shape.n_kv_heads * hd;
-    let (mut k, mut v) = (vec![0f32; len * hd], vec![0f32; len * hd]);
-    gather(&inp.view, row_len, kvh, hd, &mut k, &mut v);
+    let (mut kt, mut v) = (vec![0f32; hd * stride], vec![0f32; len * hd]);
+    let f16_queries = gather(&inp.view, row_len, kvh, hd, stride, &mut kt, &mut v);
     let scale = 1.0 / (hd as f32).sqrt();
     let mut out = vec![0f32; inp.n * group * hd];
-    let mut scores = vec![0f32; len];
-    let mut q = vec![0f32; hd];
+    let mut scores: Vec<Vec<f32>> = (0..group).map(|_| vec![0f32; stride]).collect();
+    let mut q = vec![0f32; group * hd];
     for i in 0..inp.n {
         let upto = inp.start + i + 1;
-        for gi in 0..group {
-            let h = kvh * group + gi;
-            q.copy_from_slice(&inp.q[i * shape.n_heads * hd + h * hd..][..hd]);
-            if f16q {
-                for x in q.iter_mut() {
-                    *x = half::f16::from_f32(*x).to_f32();
-                }
+        q.copy_from_slice(&inp.q[i * shape.n_heads * hd + kvh * group * hd..][..group * hd]);
+        if f16_queries {
+            for x in q.iter_mut() {
+                *x = half::f16::from_f32(*x).to_f32();
             }
-            let mut max = f32::NEG_INFINITY;
-            for (j, s) in scores[..upto].iter_mut().enumerate() {
-                *s = dot(&q, &k[j * hd..(j + 1) * hd]) * scale;
-                max = max.max(*s);
+        }
+        let mut g0 = 0;
+        while g0 < group {
+            let rest = &mut scores[g0..];
+            let qh = |g: usize| &q[(g0 + g) * hd..(g0 + g + 1) * hd];
+            match group - g0 {
+                1 => scores_tile::<1>([qh(0)], &kt, stride, upto, scale, rest),
+                2 => scores_tile::<2>([qh(0), qh(1)], &kt, stride, upto, scale, rest),
+                3 => scores_tile::<3>([qh(0), qh(1), qh(2)], &kt, stride, upto, scale, rest),
+                _ => scores_tile::<4>([qh(0), qh(1), qh(2), qh(3)], &kt, stride, upto, scale, rest),
             }
-            let mut sum = 0f32;
-            for s in scores[..upto].iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            let o = &mut out[(i * group + gi) * hd..][..hd];
-            for (j, &p) in scores[..upto].iter().enumerate() {
-                for (oo, &vv) in o.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
-                    *oo += p * vv;
-                }
-            }
-            let inv = 1.0 / sum;
-            for oo in o.iter_mut() {
-                *oo *= inv;
-            }
+            g0 += (group - g0).min(4);
+        }
+        for (g, s) in scores.iter_mut().enumerate() {
+            let o = &mut out[(i * group + g) * hd..][..hd];
+            softmax_weighted_sum(&mut s[..upto], &v, hd, o);
         }
     }
     out

@@ -59,11 +59,10 @@ fn build_pool(threads: usize) -> Result<ComputePool, ModelError> {
     ComputePool::new(threads).map_err(|e| ModelError::Config(format!("cannot start compute threads: {e}")))
 }
 
-/// Scratch of one quantized activation set and matmul buffer.
+/// Scratch: one quantized activation set.
 #[derive(Default)]
 struct Scratch {
     acts: QuantActs,
-    tmp: Vec<f32>,
 }
 
 impl Llama {
@@ -178,7 +177,7 @@ impl Llama {
         for (li, layer) in self.weights.layers.iter().enumerate() {
             ops::rms_norm(&x, &layer.attn_norm, c.rms_eps, &mut xn);
             quantize_for(&layer.wqkv, &xn, t, &mut sc.acts);
-            matmul(&self.pool, self.isa, &layer.wqkv, &sc.acts, &mut qkv, &mut sc.tmp);
+            matmul(&self.pool, self.isa, &layer.wqkv, &sc.acts, &mut qkv);
             for r in 0..t {
                 let row = &qkv[r * qkv_w..(r + 1) * qkv_w];
                 q[r * d..(r + 1) * d].copy_from_slice(&row[..d]);
@@ -215,12 +214,12 @@ impl Llama {
             }
             drop(inputs);
             quantize_for(&layer.wo, &attn, t, &mut sc.acts);
-            matmul(&self.pool, self.isa, &layer.wo, &sc.acts, &mut proj, &mut sc.tmp);
+            matmul(&self.pool, self.isa, &layer.wo, &sc.acts, &mut proj);
             ops::add_in_place(&mut x, &proj);
 
             ops::rms_norm(&x, &layer.ffn_norm, c.rms_eps, &mut xn);
             quantize_for(&layer.w_gate_up, &xn, t, &mut sc.acts);
-            matmul(&self.pool, self.isa, &layer.w_gate_up, &sc.acts, &mut gate_up, &mut sc.tmp);
+            matmul(&self.pool, self.isa, &layer.w_gate_up, &sc.acts, &mut gate_up);
             for r in 0..t {
                 let row = &gate_up[r * 2 * c.n_ff..(r + 1) * 2 * c.n_ff];
                 let h = &mut hidden[r * c.n_ff..(r + 1) * c.n_ff];
@@ -228,7 +227,7 @@ impl Llama {
                 ops::swiglu(h, &row[c.n_ff..]);
             }
             quantize_for(&layer.w_down, &hidden, t, &mut sc.acts);
-            matmul(&self.pool, self.isa, &layer.w_down, &sc.acts, &mut proj, &mut sc.tmp);
+            matmul(&self.pool, self.isa, &layer.w_down, &sc.acts, &mut proj);
             ops::add_in_place(&mut x, &proj);
         }
         self.logits(batch, &offsets, &x, &mut sc)
@@ -264,7 +263,7 @@ impl Llama {
         let w: &QMatrix = self.weights.output();
         let mut logits = vec![0f32; rows.len() * c.vocab];
         quantize_for(w, &normed, rows.len(), &mut sc.acts);
-        matmul(&self.pool, self.isa, w, &sc.acts, &mut logits, &mut sc.tmp);
+        matmul(&self.pool, self.isa, w, &sc.acts, &mut logits);
         let mut at = 0;
         for n in counts {
             out.push(logits[at * c.vocab..(at + n) * c.vocab].to_vec());

@@ -5,33 +5,47 @@ use crate::threads::ComputePool;
 use crate::qmatrix::{QMatrix, GROUP};
 use crate::quant::QuantActs;
 
-/// `out[t * w.rows + r]` for every token `t` of `a` and row `r` of `w`. `tmp` is scratch.
-pub fn matmul(pool: &ComputePool, isa: Isa, w: &QMatrix, a: &QuantActs, out: &mut [f32], tmp: &mut Vec<f32>) {
+/// `out[t * w.rows + r]` for every token `t` of `a` and row `r` of `w`.
+pub fn matmul(pool: &ComputePool, isa: Isa, w: &QMatrix, a: &QuantActs, out: &mut [f32]) {
     let t = a.rows;
+    let rows = w.rows;
     assert_eq!(a.blocks_per_row, w.blocks(), "activation width does not match the matrix");
-    assert!(out.len() >= t * w.rows);
-    let per_group = t * GROUP;
-    tmp.resize(w.groups() * per_group, 0.0);
+    assert!(out.len() >= t * rows);
     // Enough tasks to balance the threads, few enough that each amortizes its dispatch.
     let groups = w.groups();
     let per_task = groups.div_ceil(pool.threads() * 4).max(1);
-    pool.for_each_chunk_mut(tmp, per_task * per_group, &|task, chunk| {
-        for (i, gchunk) in chunk.chunks_mut(per_group).enumerate() {
-            let g = task * per_task + i;
+    let base = OutPtr(out.as_mut_ptr());
+    pool.run(groups.div_ceil(per_task), &|task| {
+        let base = &base;
+        for g in task * per_task..((task + 1) * per_task).min(groups) {
+            let valid = GROUP.min(rows - g * GROUP);
             for t0 in (0..t).step_by(TOKENS_PER_TILE) {
                 let nt = TOKENS_PER_TILE.min(t - t0);
-                kernels::group_dot(isa, w, g, a, t0, nt, &mut gchunk[t0 * GROUP..]);
+                if valid == GROUP {
+                    // SAFETY: rows t0..t0+nt, columns g*16..g*16+16 lie inside `out` (asserted
+                    // above) and belong to group g, which only this task computes.
+                    unsafe { kernels::group_dot(isa, w, g, a, t0, nt, base.0.add(t0 * rows + g * GROUP), rows) };
+                } else {
+                    // A partial last group goes through a buffer so its padding rows are never
+                    // stored into another task's columns.
+                    let mut buf = [0f32; GROUP * TOKENS_PER_TILE];
+                    // SAFETY: `buf` holds nt rows of 16.
+                    unsafe { kernels::group_dot(isa, w, g, a, t0, nt, buf.as_mut_ptr(), GROUP) };
+                    for tt in 0..nt {
+                        for r in 0..valid {
+                            // SAFETY: inside `out`, in this task's columns, as above.
+                            unsafe { base.0.add((t0 + tt) * rows + g * GROUP + r).write(buf[tt * GROUP + r]) };
+                        }
+                    }
+                }
             }
         }
     });
-    for g in 0..w.groups() {
-        let rows = GROUP.min(w.rows - g * GROUP);
-        for ti in 0..t {
-            let src = &tmp[g * per_group + ti * GROUP..][..rows];
-            out[ti * w.rows + g * GROUP..][..rows].copy_from_slice(src);
-        }
-    }
 }
+
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint column blocks of the output through it (see `matmul`).
+unsafe impl Sync for OutPtr {}
 
 #[cfg(test)]
 mod tests {
@@ -69,10 +83,9 @@ mod tests {
             let mut a = QuantActs::default();
             crate::qmatrix::quantize_for(&w, &x, t, &mut a);
             let (mut want, mut got) = (vec![0.0; t * rows], vec![0.0; t * rows]);
-            let mut tmp = Vec::new();
             let pool = ComputePool::new(2).unwrap();
-            matmul(&pool, Isa::Scalar, &w, &a, &mut want, &mut tmp);
-            matmul(&pool, isa, &w, &a, &mut got, &mut tmp);
+            matmul(&pool, Isa::Scalar, &w, &a, &mut want);
+            matmul(&pool, isa, &w, &a, &mut got);
             assert_eq!(want, got, "{isa:?} {kind:?} {rows}x{cols} t={t}");
             // And the scalar kernel itself agrees with a dequantized float dot product.
             let mut row = vec![0.0; cols];

@@ -131,7 +131,9 @@ fn stacked(f: &GgufFile, parts: &[(&str, usize)], cols: usize) -> Result<QMatrix
 impl LlamaWeights {
     pub fn load(f: &GgufFile, c: &LlamaConfig) -> Result<LlamaWeights, ModelError> {
         let kv_dim = c.n_kv_heads * c.head_dim;
-        let mut layers = Vec::with_capacity(c.n_layers);
+        // No capacity from metadata: a damaged count must fail on a missing tensor, not on an
+        // allocation.
+        let mut layers = Vec::new();
         for i in 0..c.n_layers {
             let n = |s: &str| format!("blk.{i}.{s}.weight");
             layers.push(Layer {

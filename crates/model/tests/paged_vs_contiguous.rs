@@ -23,7 +23,7 @@ fn contiguous_logits(m: &Llama, tokens: &[u32]) -> Vec<f32> {
     let (d, hd, t) = (c.n_embd, c.head_dim, tokens.len());
     let kvd = c.n_kv_heads * hd;
     let pool = ComputePool::new(1).unwrap();
-    let (mut acts, mut tmp) = (QuantActs::default(), Vec::new());
+    let mut acts = QuantActs::default();
     let mut x = vec![0f32; t * d];
     for (i, &tok) in tokens.iter().enumerate() {
         m.embed(tok, &mut x[i * d..(i + 1) * d]);
@@ -33,7 +33,7 @@ fn contiguous_logits(m: &Llama, tokens: &[u32]) -> Vec<f32> {
         ops::rms_norm(&x, &layer.attn_norm, c.rms_eps, &mut xn);
         let mut qkv = vec![0f32; t * (d + 2 * kvd)];
         quantize_for(&layer.wqkv, &xn, t, &mut acts);
-        matmul(&pool, m.isa(), &layer.wqkv, &acts, &mut qkv, &mut tmp);
+        matmul(&pool, m.isa(), &layer.wqkv, &acts, &mut qkv);
         let (mut q, mut k, mut v) = (vec![], vec![], vec![]);
         for i in 0..t {
             let row = &qkv[i * (d + 2 * kvd)..(i + 1) * (d + 2 * kvd)];
@@ -70,26 +70,26 @@ fn contiguous_logits(m: &Llama, tokens: &[u32]) -> Vec<f32> {
         }
         let mut proj = vec![0f32; t * d];
         quantize_for(&layer.wo, &attn, t, &mut acts);
-        matmul(&pool, m.isa(), &layer.wo, &acts, &mut proj, &mut tmp);
+        matmul(&pool, m.isa(), &layer.wo, &acts, &mut proj);
         ops::add_in_place(&mut x, &proj);
         ops::rms_norm(&x, &layer.ffn_norm, c.rms_eps, &mut xn);
         let mut gu = vec![0f32; t * 2 * c.n_ff];
         quantize_for(&layer.w_gate_up, &xn, t, &mut acts);
-        matmul(&pool, m.isa(), &layer.w_gate_up, &acts, &mut gu, &mut tmp);
+        matmul(&pool, m.isa(), &layer.w_gate_up, &acts, &mut gu);
         let mut hidden = vec![0f32; t * c.n_ff];
         for i in 0..t {
             hidden[i * c.n_ff..(i + 1) * c.n_ff].copy_from_slice(&gu[i * 2 * c.n_ff..][..c.n_ff]);
             ops::swiglu(&mut hidden[i * c.n_ff..(i + 1) * c.n_ff], &gu[i * 2 * c.n_ff + c.n_ff..][..c.n_ff]);
         }
         quantize_for(&layer.w_down, &hidden, t, &mut acts);
-        matmul(&pool, m.isa(), &layer.w_down, &acts, &mut proj, &mut tmp);
+        matmul(&pool, m.isa(), &layer.w_down, &acts, &mut proj);
         ops::add_in_place(&mut x, &proj);
     }
     let mut out = vec![0f32; t * d];
     ops::rms_norm(&x, &m.weights.out_norm, c.rms_eps, &mut out);
     let mut logits = vec![0f32; t * c.vocab];
     quantize_for(m.weights.output(), &out, t, &mut acts);
-    matmul(&pool, m.isa(), m.weights.output(), &acts, &mut logits, &mut tmp);
+    matmul(&pool, m.isa(), m.weights.output(), &acts, &mut logits);
     logits
 }
 

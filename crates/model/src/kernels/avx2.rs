@@ -17,9 +17,10 @@ unsafe fn load_f16x8(p: *const u16) -> __m256 {
 }
 
 /// # Safety
-/// The CPU must support avx2, fma and f16c; indices are checked by the caller.
+/// The CPU must support avx2, fma and f16c; indices are checked by the caller, which also
+/// vouches for `out` (see [`super::group_dot`]).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn q4_1(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: &mut [f32]) {
+pub unsafe fn q4_1(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
     let nb = w.blocks();
     let mask = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
@@ -52,7 +53,7 @@ pub unsafe fn q4_1(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, o
             }
         }
         for tt in 0..nt {
-            _mm256_storeu_ps(out.as_mut_ptr().add(tt * GROUP + h * 8), _mm256_add_ps(acc[tt], macc[tt]));
+            _mm256_storeu_ps(out.add(tt * stride + h * 8), _mm256_add_ps(acc[tt], macc[tt]));
         }
     }
 }
@@ -60,7 +61,7 @@ pub unsafe fn q4_1(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, o
 /// # Safety
 /// As for [`q4_1`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn q8_0(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: &mut [f32]) {
+pub unsafe fn q8_0(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
     let nb = w.blocks();
     let ones = _mm256_set1_epi16(1);
     for h in 0..2 {
@@ -90,7 +91,7 @@ pub unsafe fn q8_0(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, o
         }
         let zero = _mm256_setzero_ps();
         for (tt, acc) in acc.iter().enumerate().take(nt) {
-            _mm256_storeu_ps(out.as_mut_ptr().add(tt * GROUP + h * 8), _mm256_add_ps(*acc, zero));
+            _mm256_storeu_ps(out.add(tt * stride + h * 8), _mm256_add_ps(*acc, zero));
         }
     }
 }

@@ -17,26 +17,27 @@ unsafe fn bcast4(p: *const u8, j: usize) -> __m512i {
 }
 
 macro_rules! dispatch_nt {
-    ($f:ident, $w:expr, $g:expr, $a:expr, $t0:expr, $nt:expr, $out:expr) => {
+    ($f:ident, $w:expr, $g:expr, $a:expr, $t0:expr, $nt:expr, $out:expr, $stride:expr) => {
         match $nt {
-            4 => $f::<4>($w, $g, $a, $t0, $out),
-            3 => $f::<3>($w, $g, $a, $t0, $out),
-            2 => $f::<2>($w, $g, $a, $t0, $out),
-            1 => $f::<1>($w, $g, $a, $t0, $out),
+            4 => $f::<4>($w, $g, $a, $t0, $out, $stride),
+            3 => $f::<3>($w, $g, $a, $t0, $out, $stride),
+            2 => $f::<2>($w, $g, $a, $t0, $out, $stride),
+            1 => $f::<1>($w, $g, $a, $t0, $out, $stride),
             _ => {}
         }
     };
 }
 
 /// # Safety
-/// The CPU must support avx512f, avx512bw and avx512vnni; indices are checked by the caller.
+/// The CPU must support avx512f, avx512bw and avx512vnni; indices are checked by the caller,
+/// which also vouches for `out` (see [`super::group_dot`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
-pub unsafe fn q4_1(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: &mut [f32]) {
-    dispatch_nt!(q4_1_n, w, g, a, t0, nt, out)
+pub unsafe fn q4_1(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
+    dispatch_nt!(q4_1_n, w, g, a, t0, nt, out, stride)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
-unsafe fn q4_1_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, out: &mut [f32]) {
+unsafe fn q4_1_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, out: *mut f32, stride: usize) {
     let nb = w.blocks();
     let mask = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); NT];
@@ -71,19 +72,19 @@ unsafe fn q4_1_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usiz
         }
     }
     for tt in 0..NT {
-        _mm512_storeu_ps(out.as_mut_ptr().add(tt * GROUP), _mm512_add_ps(acc[tt], macc[tt]));
+        _mm512_storeu_ps(out.add(tt * stride), _mm512_add_ps(acc[tt], macc[tt]));
     }
 }
 
 /// # Safety
 /// As for [`q4_1`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
-pub unsafe fn q8_0(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: &mut [f32]) {
-    dispatch_nt!(q8_0_n, w, g, a, t0, nt, out)
+pub unsafe fn q8_0(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
+    dispatch_nt!(q8_0_n, w, g, a, t0, nt, out, stride)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
-unsafe fn q8_0_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, out: &mut [f32]) {
+unsafe fn q8_0_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, out: *mut f32, stride: usize) {
     let nb = w.blocks();
     let mut acc = [_mm512_setzero_ps(); NT];
     for b in 0..nb {
@@ -114,6 +115,6 @@ unsafe fn q8_0_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usiz
     let zero = _mm512_setzero_ps();
     for (tt, acc) in acc.iter().enumerate() {
         // Q8_0 has no minimum term; adding zero keeps the final rounding identical to scalar.
-        _mm512_storeu_ps(out.as_mut_ptr().add(tt * GROUP), _mm512_add_ps(*acc, zero));
+        _mm512_storeu_ps(out.add(tt * stride), _mm512_add_ps(*acc, zero));
     }
 }

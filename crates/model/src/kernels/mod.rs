@@ -69,31 +69,38 @@ impl Isa {
     }
 }
 
-/// `out[tt * 16 + r]` = dot(row `g*16 + r` of `w`, token `t0 + tt` of `a`) for `tt < nt`.
-/// `a` must be quantized in `w.kind.act_format()` with `w.cols` columns; `nt <= TOKENS_PER_TILE`.
-pub fn group_dot(isa: Isa, w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: &mut [f32]) {
+/// `*out.add(tt * stride + r)` = dot(row `g*16 + r` of `w`, token `t0 + tt` of `a`) for
+/// `tt < nt`, `r < 16`. `a` must be quantized in `w.kind.act_format()` with `w.cols` columns;
+/// `nt <= TOKENS_PER_TILE`.
+///
+/// # Safety
+/// `out` must be valid for writes at every `tt * stride + r` above, and no other thread may
+/// access those elements during the call. (Writes go through a pointer because parallel tasks
+/// fill disjoint columns of one row-major output.)
+pub unsafe fn group_dot(isa: Isa, w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
     assert!(nt <= TOKENS_PER_TILE && t0 + nt <= a.rows && a.blocks_per_row == w.blocks());
-    assert!(g < w.groups() && out.len() >= nt * GROUP);
+    assert!(g < w.groups() && stride >= GROUP);
     match isa {
-        Isa::Scalar => scalar::group_dot(w, g, a, t0, nt, out),
+        Isa::Scalar => scalar::group_dot(w, g, a, t0, nt, out, stride),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: Isa::Avx2 / Avx512 are only produced by `available()` after runtime detection
-        // of every feature the kernels enable; the asserts above bound every index they use.
+        // of every feature the kernels enable; the asserts above bound every index they read,
+        // and the caller vouches for `out`.
         Isa::Avx2 => unsafe {
             match w.kind {
-                QKind::Q4_1 => avx2::q4_1(w, g, a, t0, nt, out),
-                QKind::Q8_0 => avx2::q8_0(w, g, a, t0, nt, out),
+                QKind::Q4_1 => avx2::q4_1(w, g, a, t0, nt, out, stride),
+                QKind::Q8_0 => avx2::q8_0(w, g, a, t0, nt, out, stride),
             }
         },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         Isa::Avx512 => unsafe {
             match w.kind {
-                QKind::Q4_1 => avx512::q4_1(w, g, a, t0, nt, out),
-                QKind::Q8_0 => avx512::q8_0(w, g, a, t0, nt, out),
+                QKind::Q4_1 => avx512::q4_1(w, g, a, t0, nt, out, stride),
+                QKind::Q8_0 => avx512::q8_0(w, g, a, t0, nt, out, stride),
             }
         },
         #[cfg(not(target_arch = "x86_64"))]
-        _ => scalar::group_dot(w, g, a, t0, nt, out),
+        _ => scalar::group_dot(w, g, a, t0, nt, out, stride),
     }
 }

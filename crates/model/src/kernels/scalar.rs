@@ -17,7 +17,9 @@ fn weight(w: &QMatrix, tile: &[u8], r: usize, k: usize) -> i32 {
     }
 }
 
-pub fn group_dot(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: &mut [f32]) {
+/// # Safety
+/// As for [`super::group_dot`].
+pub unsafe fn group_dot(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
     let nb = w.blocks();
     let tb = w.kind.tile_bytes();
     for tt in 0..nt {
@@ -36,7 +38,7 @@ pub fn group_dot(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out
                     macc = m.mul_add(a.s[t * nb + b], macc);
                 }
             }
-            out[tt * GROUP + r] = acc + macc;
+            out.add(tt * stride + r).write(acc + macc);
         }
     }
 }
