@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use kv::{BlockTable, KvPool, Owner, RequestId, TenantId};
-use model::{Llama, Logits, SeqStep};
+use model::{Isa, Llama, Logits, SeqStep};
 use serde::Serialize;
 
 use crate::runtime;
@@ -33,6 +33,9 @@ pub struct ModelBench {
     prompt: usize,
     #[arg(long, default_value_t = 128)]
     decode: usize,
+    /// Kernel sets to compare side by side (scalar, avx2, avx512); default: the best available.
+    #[arg(long, value_delimiter = ',')]
+    isa: Vec<String>,
     /// Repetitions of each measurement (the median is reported).
     #[arg(long, default_value_t = 3)]
     reps: usize,
@@ -42,6 +45,7 @@ pub struct ModelBench {
 
 #[derive(Serialize)]
 struct Row {
+    kernels: &'static str,
     threads: usize,
     batch: usize,
     prefill_tokens_per_s: f64,
@@ -118,8 +122,11 @@ fn model_bench(b: &ModelBench) -> Result<()> {
     let mut model = runtime::load_model(&file, 1)?;
     let max_batch = b.batch.iter().copied().max().unwrap_or(1);
     let pool = runtime::pool_for(&model, max_batch * (b.prompt.max(b.decode) + 16))?;
+    let isas = parse_isas(&b.isa)?;
     let mut rows = Vec::new();
-    for &threads in &b.threads {
+    for &isa in &isas {
+      model.set_isa(isa)?;
+      for &threads in &b.threads {
         model.set_threads(threads)?;
         for &batch in &b.batch {
             // One untimed warm-up so page faults and thread start-up are not measured.
@@ -128,10 +135,15 @@ fn model_bench(b: &ModelBench) -> Result<()> {
             let dc = median((0..b.reps).map(|_| decode(&model, &pool, batch, b.decode)).collect::<Result<_>>()?);
             let threads = model.threads();
             if !b.json {
-                println!("threads {threads:>2}  batch {batch:>3}  prefill {pf:>8.1} tok/s  decode {dc:>8.1} tok/s");
+                println!(
+                    "{:<12} threads {threads:>2}  batch {batch:>3}  prefill {pf:>8.1} tok/s  decode {dc:>8.1} tok/s{}",
+                    isa.name(),
+                    reference_ratio(threads, batch, b.prompt, b.decode, pf, dc)
+                );
             }
-            rows.push(Row { threads, batch, prefill_tokens_per_s: pf, decode_tokens_per_s: dc });
+            rows.push(Row { kernels: isa.name(), threads, batch, prefill_tokens_per_s: pf, decode_tokens_per_s: dc });
         }
+      }
     }
     let (ns, page_bytes) = scrub_cost(&pool);
     let decode_token_ns = rows.first().map(|r| 1e9 / r.decode_tokens_per_s).unwrap_or(f64::NAN);
@@ -160,6 +172,41 @@ fn model_bench(b: &ModelBench) -> Result<()> {
         println!("kernels: {}", report.kernels);
     }
     Ok(())
+}
+
+fn parse_isas(names: &[String]) -> Result<Vec<Isa>> {
+    if names.is_empty() {
+        return Ok(vec![Isa::detect()]);
+    }
+    names
+        .iter()
+        .map(|n| {
+            let isa = match n.as_str() {
+                "scalar" => Isa::Scalar,
+                "avx2" => Isa::Avx2,
+                "avx512" | "avx512-vnni" => Isa::Avx512,
+                other => anyhow::bail!("unknown kernel set {other:?} (scalar, avx2, avx512)"),
+            };
+            if !Isa::available().contains(&isa) {
+                anyhow::bail!("{} kernels are not supported by this CPU", isa.name());
+            }
+            Ok(isa)
+        })
+        .collect()
+}
+
+/// llama.cpp's figures on this machine class (llama-bench, `../shared/reference`), for the
+/// shapes it measured: pp512 and tg128 at batch 1.
+fn reference_ratio(threads: usize, batch: usize, prompt: usize, decode: usize, pf: f64, dc: f64) -> String {
+    let (pp, tg) = match threads {
+        1 => (145.17, 53.51),
+        2 => (283.64, 124.27),
+        _ => return String::new(),
+    };
+    if batch != 1 || prompt != 512 || decode != 128 {
+        return String::new();
+    }
+    format!("   (x{:.2} and x{:.2} llama.cpp's pp512 {pp} / tg128 {tg})", pf / pp, dc / tg)
 }
 
 fn scrub_cost(pool: &KvPool) -> (f64, usize) {

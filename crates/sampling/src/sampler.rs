@@ -385,7 +385,7 @@ const KEEP_ALL: Cand = Cand {
 };
 
 /// Weight of a token if it is at or before `pivot`, else 0. Branch-free.
-#[inline]
+#[inline(always)]
 fn kept_weight(logit: f32, id: u32, max: f32, temp: f32, pivot: &Cand) -> f32 {
     let keep = logit > pivot.logit || (logit == pivot.logit && id <= pivot.id);
     let w = fast_exp((logit - max) / temp);
@@ -397,8 +397,38 @@ fn kept_weight(logit: f32, id: u32, max: f32, temp: f32, pivot: &Cand) -> f32 {
 }
 
 /// Sum of [`kept_weight`] over `block` (ids from `base`), in fixed lanes so
-/// it vectorises and always rounds the same way.
+/// it vectorises and always rounds the same way. This pass over the whole
+/// vocabulary is most of a step's cost, so it is compiled for the widest
+/// vectors the CPU has (the same operations in the same order: same bits).
 fn block_sum(block: &[f32], base: usize, max: f32, temp: f32, pivot: &Cand) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the feature was just detected.
+            return unsafe { block_sum_avx512(block, base, max, temp, pivot) };
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: as above.
+            return unsafe { block_sum_avx2(block, base, max, temp, pivot) };
+        }
+    }
+    block_sum_impl(block, base, max, temp, pivot)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2")]
+unsafe fn block_sum_avx512(block: &[f32], base: usize, max: f32, temp: f32, pivot: &Cand) -> f64 {
+    block_sum_impl(block, base, max, temp, pivot)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn block_sum_avx2(block: &[f32], base: usize, max: f32, temp: f32, pivot: &Cand) -> f64 {
+    block_sum_impl(block, base, max, temp, pivot)
+}
+
+#[inline(always)]
+fn block_sum_impl(block: &[f32], base: usize, max: f32, temp: f32, pivot: &Cand) -> f64 {
     let mut lanes = [0f64; LANES];
     let mut chunks = block.chunks_exact(LANES);
     for (c, chunk) in chunks.by_ref().enumerate() {
@@ -434,6 +464,7 @@ const SMALL_TOP_K: usize = 256;
 /// `exp(x)` for f32 (Cephes `expf` polynomial, about 1 ulp), branch-free so it
 /// vectorises, and bit-identical everywhere. Below -87 (and for -inf) it
 /// returns 0.
+#[inline(always)]
 pub(crate) fn fast_exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;

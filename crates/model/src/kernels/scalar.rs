@@ -22,23 +22,33 @@ fn weight(w: &QMatrix, tile: &[u8], r: usize, k: usize) -> i32 {
 pub unsafe fn group_dot(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
     let nb = w.blocks();
     let tb = w.kind.tile_bytes();
-    for tt in 0..nt {
-        let t = t0 + tt;
+    let mut acc = [[0f32; GROUP]; super::TOKENS_PER_TILE];
+    let mut macc = [[0f32; GROUP]; super::TOKENS_PER_TILE];
+    let mut row = [0i32; QK];
+    for b in 0..nb {
+        let gb = g * nb + b;
+        let tile = &w.qs[gb * tb..(gb + 1) * tb];
         for r in 0..GROUP {
-            let (mut acc, mut macc) = (0f32, 0f32);
-            for b in 0..nb {
-                let gb = g * nb + b;
-                let tile = &w.qs[gb * tb..(gb + 1) * tb];
-                let x = &a.qs[(t * nb + b) * QK..(t * nb + b + 1) * QK];
-                let isum: i32 = (0..QK).map(|k| weight(w, tile, r, k) * x[k] as i32).sum();
-                let dw = half::f16::from_bits(w.d[gb * GROUP + r]).to_f32();
-                acc = (isum as f32).mul_add(dw * a.d[t * nb + b], acc);
+            // Unpack the row's block once, then reuse it for every token of the tile.
+            for (k, v) in row.iter_mut().enumerate() {
+                *v = weight(w, tile, r, k);
+            }
+            let dw = half::f16::from_bits(w.d[gb * GROUP + r]).to_f32();
+            let m = if w.kind == QKind::Q4_1 { half::f16::from_bits(w.m[gb * GROUP + r]).to_f32() } else { 0.0 };
+            for tt in 0..nt {
+                let ti = (t0 + tt) * nb + b;
+                let x = &a.qs[ti * QK..(ti + 1) * QK];
+                let isum: i32 = row.iter().zip(x).map(|(&wv, &xv)| wv * xv as i32).sum();
+                acc[tt][r] = (isum as f32).mul_add(dw * a.d[ti], acc[tt][r]);
                 if w.kind == QKind::Q4_1 {
-                    let m = half::f16::from_bits(w.m[gb * GROUP + r]).to_f32();
-                    macc = m.mul_add(a.s[t * nb + b], macc);
+                    macc[tt][r] = m.mul_add(a.s[ti], macc[tt][r]);
                 }
             }
-            out.add(tt * stride + r).write(acc + macc);
+        }
+    }
+    for tt in 0..nt {
+        for r in 0..GROUP {
+            out.add(tt * stride + r).write(acc[tt][r] + macc[tt][r]);
         }
     }
 }
