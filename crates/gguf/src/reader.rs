@@ -92,10 +92,8 @@ impl<'a> Cursor<'a> {
         let len = self.count(1, what)?;
         let at = self.pos;
         let bytes = self.take(len, what)?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| GgufError::Malformed {
-            offset: at,
-            reason: format!("{what} is not valid UTF-8"),
-        })
+        String::from_utf8(bytes.to_vec())
+            .map_err(|_| GgufError::Malformed { offset: at, reason: format!("{what} is not valid UTF-8") })
     }
 
     fn value(&mut self, ty: u32, depth: usize) -> Result<Value, GgufError> {
@@ -113,9 +111,7 @@ impl<'a> Cursor<'a> {
                 match self.array::<1>(W)?[0] {
                     0 => Value::Bool(false),
                     1 => Value::Bool(true),
-                    b => {
-                        return Err(GgufError::Malformed { offset: at, reason: format!("bool byte {b}") })
-                    }
+                    b => return Err(GgufError::Malformed { offset: at, reason: format!("bool byte {b}") }),
                 }
             }
             8 => Value::String(self.string("string value")?),
@@ -291,10 +287,7 @@ impl Gguf {
     }
 
     pub fn tensor(&self, name: &str) -> Result<&TensorInfo, GgufError> {
-        self.tensor_index
-            .get(name)
-            .map(|&i| &self.tensors[i])
-            .ok_or_else(|| GgufError::MissingTensor(name.to_string()))
+        self.tensor_index.get(name).map(|&i| &self.tensors[i]).ok_or_else(|| GgufError::MissingTensor(name.to_string()))
     }
 
     /// The bytes of a tensor within `file` (the buffer this header was parsed from).
@@ -320,8 +313,7 @@ pub struct GgufFile {
 
 impl GgufFile {
     pub fn open(path: &Path) -> Result<GgufFile, GgufError> {
-        let bytes = std::fs::read(path)
-            .map_err(|source| GgufError::Io { path: path.display().to_string(), source })?;
+        let bytes = std::fs::read(path).map_err(|source| GgufError::Io { path: path.display().to_string(), source })?;
         Self::from_bytes(bytes)
     }
 

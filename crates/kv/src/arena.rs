@@ -42,29 +42,18 @@ impl<T: sealed::ZeroIsValid> RawBuf<T> {
         let bytes = len.saturating_mul(std::mem::size_of::<T>());
         let layout = Layout::array::<T>(len).map_err(|_| KvError::AllocationFailed { bytes })?;
         if layout.size() == 0 {
-            return Err(KvError::InvalidConfig {
-                field: "capacity",
-                detail: "pool would be empty".into(),
-            });
+            return Err(KvError::InvalidConfig { field: "capacity", detail: "pool would be empty".into() });
         }
         // SAFETY: the layout has a non-zero size (checked just above).
         let raw = unsafe { alloc_zeroed(layout) }.cast::<T>();
         let ptr = NonNull::new(raw).ok_or(KvError::AllocationFailed { bytes })?;
-        Ok(Self {
-            ptr,
-            len,
-            _owns: PhantomData,
-        })
+        Ok(Self { ptr, len, _owns: PhantomData })
     }
 
     /// Pointer to element `off`, after checking that `[off, off + n)` lies inside the buffer.
     fn range_ptr(&self, off: usize, n: usize) -> *mut T {
         let end = off.checked_add(n);
-        assert!(
-            end.is_some_and(|e| e <= self.len),
-            "arena range {off}+{n} outside {} elements",
-            self.len
-        );
+        assert!(end.is_some_and(|e| e <= self.len), "arena range {off}+{n} outside {} elements", self.len);
         // SAFETY: off <= len (asserted), so the result stays within (or one past) the allocation.
         unsafe { self.ptr.as_ptr().add(off) }
     }

@@ -7,17 +7,11 @@ use crate::Owner;
 pub enum KvError {
     /// The pool has fewer free pages than the reservation needs; nothing was reserved.
     #[error("KV pool exhausted: {requested_pages} pages requested, {free_pages} free")]
-    Exhausted {
-        requested_pages: usize,
-        free_pages: usize,
-    },
+    Exhausted { requested_pages: usize, free_pages: usize },
 
     /// The request could never fit in this pool, even when it is empty.
     #[error("{requested_tokens} tokens can never fit in a KV pool of {capacity_tokens} tokens")]
-    ExceedsPool {
-        requested_tokens: usize,
-        capacity_tokens: usize,
-    },
+    ExceedsPool { requested_tokens: usize, capacity_tokens: usize },
 
     /// The pool configuration (layout or capacity) is unusable.
     #[error("invalid KV pool configuration: {field}: {detail}")]
@@ -29,11 +23,7 @@ pub enum KvError {
 
     /// A layer or position index is out of range; valid indices are `< limit`.
     #[error("{what} {index} is out of range (must be < {limit})")]
-    OutOfRange {
-        what: &'static str,
-        index: usize,
-        limit: usize,
-    },
+    OutOfRange { what: &'static str, index: usize, limit: usize },
 
     /// A span of positions runs past the block table's capacity.
     #[error("{len} positions requested but the block table holds only {capacity}")]
@@ -45,25 +35,13 @@ pub enum KvError {
 
     /// The page was reallocated since this block table leased it.
     #[error("page {page} is at generation {found}, block table expects {expected}")]
-    StaleGeneration {
-        page: u32,
-        expected: u64,
-        found: u64,
-    },
+    StaleGeneration { page: u32, expected: u64, found: u64 },
 
     /// The page's recorded owner is not the block table's owner.
     #[error("page {page} belongs to {found:?}, not {expected:?}")]
-    WrongOwner {
-        page: u32,
-        expected: Owner,
-        found: Owner,
-    },
+    WrongOwner { page: u32, expected: Owner, found: Owner },
 
     /// An input or output buffer has the wrong number of elements.
     #[error("{what} has {got} elements, expected {expected}")]
-    LengthMismatch {
-        what: &'static str,
-        expected: usize,
-        got: usize,
-    },
+    LengthMismatch { what: &'static str, expected: usize, got: usize },
 }

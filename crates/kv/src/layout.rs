@@ -73,10 +73,7 @@ impl KvLayout {
         ];
         for (field, value) in nonzero {
             if value == 0 {
-                return Err(KvError::InvalidConfig {
-                    field,
-                    detail: "must be at least 1, got 0".into(),
-                });
+                return Err(KvError::InvalidConfig { field, detail: "must be at least 1, got 0".into() });
             }
         }
         let bytes = self
@@ -129,13 +126,7 @@ mod tests {
     use super::*;
 
     fn layout() -> KvLayout {
-        KvLayout {
-            n_layers: 30,
-            n_kv_heads: 3,
-            head_dim: 64,
-            page_size: 16,
-            dtype: KvDtype::F16,
-        }
+        KvLayout { n_layers: 30, n_kv_heads: 3, head_dim: 64, page_size: 16, dtype: KvDtype::F16 }
     }
 
     #[test]
@@ -182,12 +173,6 @@ mod tests {
     fn overflowing_layout_is_rejected() {
         let mut l = layout();
         l.head_dim = usize::MAX / 2;
-        assert!(matches!(
-            l.validate(),
-            Err(KvError::InvalidConfig {
-                field: "layout",
-                ..
-            })
-        ));
+        assert!(matches!(l.validate(), Err(KvError::InvalidConfig { field: "layout", .. })));
     }
 }

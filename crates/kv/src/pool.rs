@@ -6,10 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::arena::Arena;
-use crate::{
-    BlockTable, Capacity, KvError, KvLayout, Owner, PageRef, PoolConfig, RequestId, ScrubPolicy,
-    TenantId,
-};
+use crate::{BlockTable, Capacity, KvError, KvLayout, Owner, PageRef, PoolConfig, RequestId, ScrubPolicy, TenantId};
 
 /// Metadata of one page, read lock-free on every access to check the lease against it.
 struct PageMeta {
@@ -75,11 +72,7 @@ impl PoolInner {
         while s < to {
             let (w, b) = (s / 64, s % 64);
             let n = (64 - b).min(to - s);
-            let bits = if n == 64 {
-                u64::MAX
-            } else {
-                ((1u64 << n) - 1) << b
-            };
+            let bits = if n == 64 { u64::MAX } else { ((1u64 << n) - 1) << b };
             mask[w].fetch_or(bits, Ordering::Relaxed);
             s += n;
         }
@@ -90,11 +83,7 @@ impl PoolInner {
         let mask = self.mask(page, layer);
         for (w, word) in mask.iter().enumerate().take(n.div_ceil(64)) {
             let in_word = (n - w * 64).min(64);
-            let want = if in_word == 64 {
-                u64::MAX
-            } else {
-                (1u64 << in_word) - 1
-            };
+            let want = if in_word == 64 { u64::MAX } else { (1u64 << in_word) - 1 };
             let missing = !word.load(Ordering::Relaxed) & want;
             if missing != 0 {
                 return Some(w * 64 + missing.trailing_zeros() as usize);
@@ -115,31 +104,18 @@ impl PoolInner {
     }
 
     /// Checks that `page` is still at `generation` and owned by `owner`.
-    pub(crate) fn check_lease(
-        &self,
-        page: u32,
-        generation: u64,
-        owner: Owner,
-    ) -> Result<(), KvError> {
+    pub(crate) fn check_lease(&self, page: u32, generation: u64, owner: Owner) -> Result<(), KvError> {
         let meta = &self.meta[page as usize];
         let found = meta.generation.load(Ordering::Acquire);
         if found != generation {
-            return Err(KvError::StaleGeneration {
-                page,
-                expected: generation,
-                found,
-            });
+            return Err(KvError::StaleGeneration { page, expected: generation, found });
         }
         let found = Owner {
             tenant: TenantId(meta.tenant.load(Ordering::Acquire)),
             request: RequestId(meta.request.load(Ordering::Acquire)),
         };
         if found != owner {
-            return Err(KvError::WrongOwner {
-                page,
-                expected: owner,
-                found,
-            });
+            return Err(KvError::WrongOwner { page, expected: owner, found });
         }
         Ok(())
     }
@@ -149,29 +125,19 @@ impl PoolInner {
         // SAFETY: callers own the page exclusively: it is either being released by its dropped
         // lease (no borrow of the lease can outlive the drop), or was just popped from the free
         // list under the mutex and not yet handed out.
-        unsafe {
-            self.arena
-                .zero(page as usize * self.page_elems, self.page_elems)
-        };
+        unsafe { self.arena.zero(page as usize * self.page_elems, self.page_elems) };
         self.scrubbed.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Takes `n` pages for `owner`, all or nothing.
-    pub(crate) fn lease_pages(
-        self: &Arc<Self>,
-        owner: Owner,
-        n: usize,
-    ) -> Result<Vec<PageLease>, KvError> {
+    pub(crate) fn lease_pages(self: &Arc<Self>, owner: Owner, n: usize) -> Result<Vec<PageLease>, KvError> {
         if n == 0 {
             return Ok(Vec::new());
         }
         let pages = {
             let mut st = self.lock();
             if st.free.len() < n {
-                return Err(KvError::Exhausted {
-                    requested_pages: n,
-                    free_pages: st.free.len(),
-                });
+                return Err(KvError::Exhausted { requested_pages: n, free_pages: st.free.len() });
             }
             let at = st.free.len() - n;
             let pages = st.free.split_off(at);
@@ -181,11 +147,7 @@ impl PoolInner {
             *st.by_tenant.entry(owner.tenant).or_insert(0) += n;
             pages
         };
-        Ok(pages
-            .into_iter()
-            .rev()
-            .map(|page| self.hand_out(page, owner))
-            .collect())
+        Ok(pages.into_iter().rev().map(|page| self.hand_out(page, owner)).collect())
     }
 
     /// Prepares a page just taken off the free list: scrub (OnAlloc), reset written bits,
@@ -200,12 +162,7 @@ impl PoolInner {
         meta.tenant.store(owner.tenant.0, Ordering::Release);
         meta.request.store(owner.request.0, Ordering::Release);
         meta.generation.store(generation, Ordering::Release);
-        PageLease {
-            pool: Arc::clone(self),
-            page,
-            generation,
-            owner,
-        }
+        PageLease { pool: Arc::clone(self), page, generation, owner }
     }
 
     fn release(&self, page: u32, tenant: TenantId) {
@@ -230,10 +187,7 @@ impl PoolInner {
     /// Nobody may write the page during the call (the caller holds its lease by shared borrow).
     pub(crate) unsafe fn page_is_zero(&self, page: u32) -> bool {
         // SAFETY: no writer per the caller's contract.
-        unsafe {
-            self.arena
-                .is_zero(page as usize * self.page_elems, self.page_elems)
-        }
+        unsafe { self.arena.is_zero(page as usize * self.page_elems, self.page_elems) }
     }
 
     #[cfg(test)]
@@ -264,10 +218,7 @@ impl PageLease {
         self.owner
     }
     pub fn page_ref(&self) -> PageRef {
-        PageRef {
-            page: self.page,
-            generation: self.generation,
-        }
+        PageRef { page: self.page, generation: self.generation }
     }
 }
 
@@ -316,18 +267,12 @@ impl KvPool {
         };
         if pages == 0 {
             let detail = match cfg.capacity {
-                Capacity::Tokens(t) => format!(
-                    "{t} tokens is less than one page of {} tokens",
-                    layout.page_size
-                ),
+                Capacity::Tokens(t) => format!("{t} tokens is less than one page of {} tokens", layout.page_size),
                 Capacity::Bytes(b) => {
                     format!("{b} bytes is less than one page of {page_bytes} bytes")
                 }
             };
-            return Err(KvError::InvalidConfig {
-                field: "capacity",
-                detail,
-            });
+            return Err(KvError::InvalidConfig { field: "capacity", detail });
         }
         if pages > u32::MAX as usize {
             return Err(KvError::InvalidConfig {
@@ -336,21 +281,13 @@ impl KvPool {
             });
         }
         let page_elems = layout.page_elems();
-        let elems = pages
-            .checked_mul(page_elems)
-            .ok_or(KvError::AllocationFailed { bytes: usize::MAX })?;
+        let elems = pages.checked_mul(page_elems).ok_or(KvError::AllocationFailed { bytes: usize::MAX })?;
         let arena = Arena::zeroed(layout.dtype, elems)?;
         let mask_words = layout.page_size.div_ceil(64);
         let meta = (0..pages)
-            .map(|_| PageMeta {
-                generation: AtomicU64::new(0),
-                tenant: AtomicU64::new(0),
-                request: AtomicU64::new(0),
-            })
+            .map(|_| PageMeta { generation: AtomicU64::new(0), tenant: AtomicU64::new(0), request: AtomicU64::new(0) })
             .collect();
-        let written = (0..pages * layout.n_layers * mask_words)
-            .map(|_| AtomicU64::new(0))
-            .collect();
+        let written = (0..pages * layout.n_layers * mask_words).map(|_| AtomicU64::new(0)).collect();
         let state = FreeState {
             free: (0..pages as u32).rev().collect(),
             leased: vec![false; pages],
@@ -368,9 +305,7 @@ impl KvPool {
             state: Mutex::new(state),
             scrubbed: AtomicU64::new(0),
         };
-        Ok(KvPool {
-            inner: Arc::new(inner),
-        })
+        Ok(KvPool { inner: Arc::new(inner) })
     }
 
     pub fn layout(&self) -> &KvLayout {
@@ -400,12 +335,7 @@ impl KvPool {
 
     /// Pages currently leased by `tenant` (all its requests).
     pub fn pages_used_by(&self, tenant: TenantId) -> usize {
-        self.inner
-            .lock()
-            .by_tenant
-            .get(&tenant)
-            .copied()
-            .unwrap_or(0)
+        self.inner.lock().by_tenant.get(&tenant).copied().unwrap_or(0)
     }
 
     /// Pages zeroed so far (scrub cost accounting).
@@ -416,10 +346,7 @@ impl KvPool {
     /// `Err(ExceedsPool)` when `tokens` could never fit in this pool, even empty.
     pub fn check_fits(&self, tokens: usize) -> Result<(), KvError> {
         if self.inner.layout.pages_for(tokens) > self.inner.total_pages {
-            return Err(KvError::ExceedsPool {
-                requested_tokens: tokens,
-                capacity_tokens: self.capacity_tokens(),
-            });
+            return Err(KvError::ExceedsPool { requested_tokens: tokens, capacity_tokens: self.capacity_tokens() });
         }
         Ok(())
     }
@@ -459,22 +386,13 @@ impl KvPool {
         st.free.iter().all(|&p| {
             // SAFETY: a page on the free list is touched only by whoever pops it under the
             // mutex, which we hold for the whole check.
-            unsafe {
-                inner
-                    .arena
-                    .is_zero(p as usize * inner.page_elems, inner.page_elems)
-            }
+            unsafe { inner.arena.is_zero(p as usize * inner.page_elems, inner.page_elems) }
         })
     }
 
     /// Test support: whether `page` is currently off the free list.
     #[doc(hidden)]
     pub fn debug_is_leased(&self, page: u32) -> bool {
-        self.inner
-            .lock()
-            .leased
-            .get(page as usize)
-            .copied()
-            .unwrap_or(false)
+        self.inner.lock().leased.get(page as usize).copied().unwrap_or(false)
     }
 }

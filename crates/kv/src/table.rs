@@ -25,11 +25,7 @@ impl std::fmt::Debug for BlockTable {
 
 impl BlockTable {
     pub(crate) fn new(pool: Arc<PoolInner>, owner: Owner, leases: Vec<PageLease>) -> Self {
-        BlockTable {
-            pool,
-            owner,
-            leases,
-        }
+        BlockTable { pool, owner, leases }
     }
 
     pub fn owner(&self) -> Owner {
@@ -57,11 +53,7 @@ impl BlockTable {
 
     /// Ensures `capacity() >= tokens` by adding whole pages, all or nothing.
     pub fn grow(&mut self, tokens: usize) -> Result<(), KvError> {
-        let need = self
-            .pool
-            .layout
-            .pages_for(tokens)
-            .saturating_sub(self.leases.len());
+        let need = self.pool.layout.pages_for(tokens).saturating_sub(self.leases.len());
         let new = self.pool.lease_pages(self.owner, need)?;
         self.leases.extend(new);
         Ok(())
@@ -70,11 +62,7 @@ impl BlockTable {
     fn check_layer(&self, layer: usize) -> Result<(), KvError> {
         let n_layers = self.pool.layout.n_layers;
         if layer >= n_layers {
-            return Err(KvError::OutOfRange {
-                what: "layer",
-                index: layer,
-                limit: n_layers,
-            });
+            return Err(KvError::OutOfRange { what: "layer", index: layer, limit: n_layers });
         }
         Ok(())
     }
@@ -84,24 +72,15 @@ impl BlockTable {
         self.check_layer(layer)?;
         let ps = self.pool.layout.page_size;
         let Some(lease) = self.leases.get(pos / ps) else {
-            return Err(KvError::OutOfRange {
-                what: "position",
-                index: pos,
-                limit: self.capacity(),
-            });
+            return Err(KvError::OutOfRange { what: "position", index: pos, limit: self.capacity() });
         };
-        self.pool
-            .check_lease(lease.page(), lease.generation(), self.owner)?;
+        self.pool.check_lease(lease.page(), lease.generation(), self.owner)?;
         Ok((lease, pos % ps))
     }
 
     fn check_len(what: &'static str, expected: usize, got: usize) -> Result<(), KvError> {
         if expected != got {
-            return Err(KvError::LengthMismatch {
-                what,
-                expected,
-                got,
-            });
+            return Err(KvError::LengthMismatch { what, expected, got });
         }
         Ok(())
     }
@@ -128,13 +107,7 @@ impl BlockTable {
     /// Writes consecutive positions `[start, start + n)` at one layer, where `k` and `v` hold
     /// `n * row_len` elements each (`[pos][kv_head][head_dim]`). Validates everything first:
     /// on error nothing is written.
-    pub fn write_range(
-        &mut self,
-        layer: usize,
-        start: usize,
-        k: &[f32],
-        v: &[f32],
-    ) -> Result<(), KvError> {
+    pub fn write_range(&mut self, layer: usize, start: usize, k: &[f32], v: &[f32]) -> Result<(), KvError> {
         let row = self.pool.layout.row_len();
         let n = k.len() / row;
         Self::check_len("k", n * row, k.len())?;
@@ -142,16 +115,12 @@ impl BlockTable {
         self.check_layer(layer)?;
         let end = start.saturating_add(n);
         if end > self.capacity() {
-            return Err(KvError::BeyondCapacity {
-                len: end,
-                capacity: self.capacity(),
-            });
+            return Err(KvError::BeyondCapacity { len: end, capacity: self.capacity() });
         }
         let ps = self.pool.layout.page_size;
         let first = start / ps;
         for lease in self.leases.iter().take(end.div_ceil(ps)).skip(first) {
-            self.pool
-                .check_lease(lease.page(), lease.generation(), self.owner)?;
+            self.pool.check_lease(lease.page(), lease.generation(), self.owner)?;
         }
         let pool = &self.pool;
         let mut pos = start;
@@ -161,8 +130,7 @@ impl BlockTable {
             let src = (pos - start) * row..(pos - start + take) * row;
             // SAFETY: as in `write`: `&mut self` is the sole accessor of this table's pages.
             unsafe {
-                pool.arena
-                    .store(pool.k_offset(page, layer, slot), &k[src.clone()]);
+                pool.arena.store(pool.k_offset(page, layer, slot), &k[src.clone()]);
                 pool.arena.store(pool.v_offset(page, layer, slot), &v[src]);
             }
             pool.mark_written(page, layer, slot, slot + take);
@@ -176,21 +144,14 @@ impl BlockTable {
     pub fn layer(&self, layer: usize, len: usize) -> Result<LayerView<'_>, KvError> {
         self.check_layer(layer)?;
         if len > self.capacity() {
-            return Err(KvError::BeyondCapacity {
-                len,
-                capacity: self.capacity(),
-            });
+            return Err(KvError::BeyondCapacity { len, capacity: self.capacity() });
         }
         let ps = self.pool.layout.page_size;
         for (i, lease) in self.leases.iter().take(len.div_ceil(ps)).enumerate() {
-            self.pool
-                .check_lease(lease.page(), lease.generation(), self.owner)?;
+            self.pool.check_lease(lease.page(), lease.generation(), self.owner)?;
             let n = (len - i * ps).min(ps);
             if let Some(slot) = self.pool.first_unwritten(lease.page(), layer, n) {
-                return Err(KvError::Unwritten {
-                    layer,
-                    pos: i * ps + slot,
-                });
+                return Err(KvError::Unwritten { layer, pos: i * ps + slot });
             }
         }
         Ok(LayerView::new(self, layer, len))
@@ -206,18 +167,11 @@ impl BlockTable {
 
     /// Whether `(layer, pos)` was written in this lease (false when out of range or stale).
     pub fn is_written(&self, layer: usize, pos: usize) -> bool {
-        self.locate(layer, pos)
-            .is_ok_and(|(lease, slot)| self.pool.is_written(lease.page(), layer, slot))
+        self.locate(layer, pos).is_ok_and(|(lease, slot)| self.pool.is_written(lease.page(), layer, slot))
     }
 
     /// Reads back one slot as f32. Errors when the slot was not written in this lease.
-    pub fn read(
-        &self,
-        layer: usize,
-        pos: usize,
-        k_out: &mut [f32],
-        v_out: &mut [f32],
-    ) -> Result<(), KvError> {
+    pub fn read(&self, layer: usize, pos: usize, k_out: &mut [f32], v_out: &mut [f32]) -> Result<(), KvError> {
         let row = self.pool.layout.row_len();
         Self::check_len("k_out", row, k_out.len())?;
         Self::check_len("v_out", row, v_out.len())?;

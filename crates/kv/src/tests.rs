@@ -3,21 +3,11 @@
 use super::*;
 
 fn layout(dtype: KvDtype, page_size: usize) -> KvLayout {
-    KvLayout {
-        n_layers: 3,
-        n_kv_heads: 2,
-        head_dim: 4,
-        page_size,
-        dtype,
-    }
+    KvLayout { n_layers: 3, n_kv_heads: 2, head_dim: 4, page_size, dtype }
 }
 
 fn pool_with(dtype: KvDtype, page_size: usize, pages: usize, scrub: ScrubPolicy) -> KvPool {
-    let cfg = PoolConfig {
-        layout: layout(dtype, page_size),
-        capacity: Capacity::Tokens(pages * page_size),
-        scrub,
-    };
+    let cfg = PoolConfig { layout: layout(dtype, page_size), capacity: Capacity::Tokens(pages * page_size), scrub };
     match KvPool::new(cfg) {
         Ok(p) => p,
         Err(e) => panic!("pool: {e}"),
@@ -29,18 +19,14 @@ fn pool(pages: usize) -> KvPool {
 }
 
 fn owner(t: u64, r: u64) -> Owner {
-    Owner {
-        tenant: TenantId(t),
-        request: RequestId(r),
-    }
+    Owner { tenant: TenantId(t), request: RequestId(r) }
 }
 
 /// Values exact in f16, non-zero, distinct per owner / layer / position / element.
 fn row(o: Owner, layer: usize, pos: usize, is_v: bool) -> Vec<f32> {
     (0..8)
         .map(|i| {
-            let x = (o.tenant.0 * 97 + o.request.0 * 31 + layer as u64 * 13 + pos as u64 * 7 + i)
-                % 1000;
+            let x = (o.tenant.0 * 97 + o.request.0 * 31 + layer as u64 * 13 + pos as u64 * 7 + i) % 1000;
             x as f32 + 1.0 + if is_v { 0.5 } else { 0.0 }
         })
         .collect()
@@ -50,13 +36,7 @@ fn fill(t: &mut BlockTable, len: usize) {
     let o = t.owner();
     for layer in 0..3 {
         for pos in 0..len {
-            t.write(
-                layer,
-                pos,
-                &row(o, layer, pos, false),
-                &row(o, layer, pos, true),
-            )
-            .expect("write");
+            t.write(layer, pos, &row(o, layer, pos, false), &row(o, layer, pos, true)).expect("write");
         }
     }
 }
@@ -69,51 +49,17 @@ fn read(t: &BlockTable, layer: usize, pos: usize) -> Result<(Vec<f32>, Vec<f32>)
 #[test]
 fn invalid_configs_are_rejected_with_typed_errors_naming_the_numbers() {
     let mut l = layout(KvDtype::F16, 0);
-    let cfg = |l: KvLayout, capacity| PoolConfig {
-        layout: l,
-        capacity,
-        scrub: ScrubPolicy::OnFree,
-    };
+    let cfg = |l: KvLayout, capacity| PoolConfig { layout: l, capacity, scrub: ScrubPolicy::OnFree };
     let e = KvPool::new(cfg(l, Capacity::Tokens(64))).expect_err("page_size 0");
-    assert!(
-        matches!(
-            e,
-            KvError::InvalidConfig {
-                field: "page_size",
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, KvError::InvalidConfig { field: "page_size", .. }), "{e}");
     l.page_size = 16;
     l.head_dim = 0;
     let e = KvPool::new(cfg(l, Capacity::Tokens(64))).expect_err("head_dim 0");
-    assert!(
-        matches!(
-            e,
-            KvError::InvalidConfig {
-                field: "head_dim",
-                ..
-            }
-        ),
-        "{e}"
-    );
+    assert!(matches!(e, KvError::InvalidConfig { field: "head_dim", .. }), "{e}");
     l.head_dim = 4;
     let e = KvPool::new(cfg(l, Capacity::Tokens(15))).expect_err("under one page");
-    assert!(
-        matches!(
-            e,
-            KvError::InvalidConfig {
-                field: "capacity",
-                ..
-            }
-        ),
-        "{e}"
-    );
-    assert!(
-        e.to_string().contains("15") && e.to_string().contains("16"),
-        "{e}"
-    );
+    assert!(matches!(e, KvError::InvalidConfig { field: "capacity", .. }), "{e}");
+    assert!(e.to_string().contains("15") && e.to_string().contains("16"), "{e}");
     let e = KvPool::new(cfg(l, Capacity::Bytes(0))).expect_err("zero bytes");
     assert!(e.to_string().contains(&l.page_bytes().to_string()), "{e}");
 }
@@ -121,12 +67,8 @@ fn invalid_configs_are_rejected_with_typed_errors_naming_the_numbers() {
 #[test]
 fn capacity_rounds_down_to_whole_pages() {
     let l = layout(KvDtype::F32, 16);
-    let p = KvPool::new(PoolConfig {
-        layout: l,
-        capacity: Capacity::Tokens(100),
-        scrub: ScrubPolicy::OnFree,
-    })
-    .expect("pool");
+    let p = KvPool::new(PoolConfig { layout: l, capacity: Capacity::Tokens(100), scrub: ScrubPolicy::OnFree })
+        .expect("pool");
     assert_eq!((p.total_pages(), p.capacity_tokens()), (6, 96));
     let p = KvPool::new(PoolConfig {
         layout: l,
@@ -143,13 +85,7 @@ fn exhausted_pool_returns_typed_error_and_reserves_nothing() {
     let p = pool(4);
     let _a = p.reserve(owner(1, 1), 12).expect("3 pages");
     let e = p.reserve(owner(2, 1), 8).expect_err("needs 2, 1 free");
-    assert_eq!(
-        e,
-        KvError::Exhausted {
-            requested_pages: 2,
-            free_pages: 1
-        }
-    );
+    assert_eq!(e, KvError::Exhausted { requested_pages: 2, free_pages: 1 });
     assert!(e.to_string().contains('2') && e.to_string().contains('1'));
     assert_eq!((p.free_pages(), p.pages_used_by(TenantId(2))), (1, 0));
 }
@@ -162,10 +98,7 @@ fn reservation_is_all_or_nothing() {
     assert!(p.reserve(owner(1, 2), 12).is_err());
     assert_eq!(p.free_pages(), 2);
     let u = p.reserve(owner(1, 2), 8).expect("exactly the rest");
-    assert_eq!(
-        (p.free_pages(), p.used_pages(), p.pages_used_by(TenantId(1))),
-        (0, 5, 5)
-    );
+    assert_eq!((p.free_pages(), p.used_pages(), p.pages_used_by(TenantId(1))), (0, 5, 5));
     drop((t, u));
     assert_eq!(p.free_pages(), 5);
 }
@@ -182,13 +115,7 @@ fn reserving_zero_tokens_gives_an_empty_table() {
 fn check_fits_rejects_requests_larger_than_the_pool() {
     let p = pool(4);
     assert_eq!(p.check_fits(16), Ok(()));
-    assert_eq!(
-        p.check_fits(17),
-        Err(KvError::ExceedsPool {
-            requested_tokens: 17,
-            capacity_tokens: 16
-        })
-    );
+    assert_eq!(p.check_fits(17), Err(KvError::ExceedsPool { requested_tokens: 17, capacity_tokens: 16 }));
 }
 
 #[test]
@@ -201,13 +128,7 @@ fn grow_adds_whole_pages_or_none() {
     assert_eq!((t.pages(), t.capacity()), (2, 8));
     let before: Vec<_> = t.page_refs().collect();
     let e = t.grow(17).expect_err("needs 3 more, 2 free");
-    assert_eq!(
-        e,
-        KvError::Exhausted {
-            requested_pages: 3,
-            free_pages: 2
-        }
-    );
+    assert_eq!(e, KvError::Exhausted { requested_pages: 3, free_pages: 2 });
     assert_eq!(t.page_refs().collect::<Vec<_>>(), before);
     assert_eq!(p.free_pages(), 2);
 }
@@ -218,14 +139,8 @@ fn grown_table_keeps_earlier_data() {
     let mut t = p.reserve(owner(3, 4), 4).expect("1 page");
     fill(&mut t, 4);
     t.grow(8).expect("grow");
-    assert_eq!(
-        read(&t, 2, 3).expect("kept"),
-        (row(t.owner(), 2, 3, false), row(t.owner(), 2, 3, true))
-    );
-    assert!(matches!(
-        read(&t, 0, 4),
-        Err(KvError::Unwritten { layer: 0, pos: 4 })
-    ));
+    assert_eq!(read(&t, 2, 3).expect("kept"), (row(t.owner(), 2, 3, false), row(t.owner(), 2, 3, true)));
+    assert!(matches!(read(&t, 0, 4), Err(KvError::Unwritten { layer: 0, pos: 4 })));
 }
 
 #[test]
@@ -233,10 +148,7 @@ fn unwritten_slot_cannot_be_read() {
     let p = pool(2);
     let mut t = p.reserve(owner(1, 1), 8).expect("2 pages");
     assert_eq!(read(&t, 0, 0), Err(KvError::Unwritten { layer: 0, pos: 0 }));
-    assert!(matches!(
-        t.layer(0, 1),
-        Err(KvError::Unwritten { layer: 0, pos: 0 })
-    ));
+    assert!(matches!(t.layer(0, 1), Err(KvError::Unwritten { layer: 0, pos: 0 })));
     t.write(0, 0, &[1.0; 8], &[2.0; 8]).expect("write");
     assert!(read(&t, 0, 0).is_ok());
     assert!(t.is_written(0, 0) && !t.is_written(0, 1) && !t.is_written(1, 0));
@@ -257,18 +169,9 @@ fn layer_view_reports_the_first_unwritten_position_even_on_a_later_page() {
         u.write(1, pos, &[1.0; 8], &[1.0; 8]).expect("write");
     }
     assert_eq!(u.layer(1, 6).map(|v| v.len()), Ok(6));
-    assert!(matches!(
-        u.layer(1, 7),
-        Err(KvError::Unwritten { layer: 1, pos: 6 })
-    ));
-    assert!(matches!(
-        u.layer(1, 12),
-        Err(KvError::Unwritten { layer: 1, pos: 6 })
-    ));
-    assert!(matches!(
-        u.verify_written(1),
-        Err(KvError::Unwritten { layer: 0, pos: 0 })
-    ));
+    assert!(matches!(u.layer(1, 7), Err(KvError::Unwritten { layer: 1, pos: 6 })));
+    assert!(matches!(u.layer(1, 12), Err(KvError::Unwritten { layer: 1, pos: 6 })));
+    assert!(matches!(u.verify_written(1), Err(KvError::Unwritten { layer: 0, pos: 0 })));
 }
 
 #[test]
@@ -305,10 +208,7 @@ fn layer_view_chunks_follow_pages_and_match_writes() {
         let view = t.layer(2, 10).expect("view");
         assert_eq!((view.len(), view.layer()), (10, 2));
         let chunks: Vec<_> = view.chunks().collect();
-        assert_eq!(
-            chunks.iter().map(|c| (c.start, c.len)).collect::<Vec<_>>(),
-            [(0, 4), (4, 4), (8, 2)]
-        );
+        assert_eq!(chunks.iter().map(|c| (c.start, c.len)).collect::<Vec<_>>(), [(0, 4), (4, 4), (8, 2)]);
         for c in chunks {
             assert_eq!((c.k.len(), c.v.len()), (c.len * 8, c.len * 8));
             for s in 0..c.len {
@@ -320,9 +220,7 @@ fn layer_view_chunks_follow_pages_and_match_writes() {
             }
             let mut all_v = vec![0.0; c.len * 8];
             c.v.copy_to_f32(&mut all_v);
-            let want: Vec<f32> = (0..c.len)
-                .flat_map(|s| row(t.owner(), 2, c.start + s, true))
-                .collect();
+            let want: Vec<f32> = (0..c.len).flat_map(|s| row(t.owner(), 2, c.start + s, true)).collect();
             assert_eq!(all_v, want);
         }
     }
@@ -337,97 +235,37 @@ fn write_range_spans_pages_like_single_writes() {
     let v: Vec<f32> = (3..13).flat_map(|pos| row(o, 1, pos, true)).collect();
     t.write_range(1, 3, &k, &v).expect("write_range");
     for pos in 3..13 {
-        assert_eq!(
-            read(&t, 1, pos).expect("read"),
-            (row(o, 1, pos, false), row(o, 1, pos, true))
-        );
+        assert_eq!(read(&t, 1, pos).expect("read"), (row(o, 1, pos, false), row(o, 1, pos, true)));
     }
     assert_eq!(read(&t, 1, 2), Err(KvError::Unwritten { layer: 1, pos: 2 }));
-    assert_eq!(
-        read(&t, 1, 13),
-        Err(KvError::Unwritten { layer: 1, pos: 13 })
-    );
+    assert_eq!(read(&t, 1, 13), Err(KvError::Unwritten { layer: 1, pos: 13 }));
 }
 
 #[test]
 fn write_range_validates_before_writing_anything() {
     let p = pool(2);
     let mut t = p.reserve(owner(1, 1), 8).expect("2 pages");
-    let e = t
-        .write_range(0, 6, &[1.0; 24], &[1.0; 24])
-        .expect_err("3 positions from 6 > 8");
-    assert_eq!(
-        e,
-        KvError::BeyondCapacity {
-            len: 9,
-            capacity: 8
-        }
-    );
+    let e = t.write_range(0, 6, &[1.0; 24], &[1.0; 24]).expect_err("3 positions from 6 > 8");
+    assert_eq!(e, KvError::BeyondCapacity { len: 9, capacity: 8 });
     assert!(!t.is_written(0, 6) && !t.is_written(0, 7));
-    assert!(matches!(
-        t.write_range(0, 0, &[1.0; 9], &[1.0; 9]),
-        Err(KvError::LengthMismatch { .. })
-    ));
-    assert!(matches!(
-        t.write_range(0, 0, &[1.0; 8], &[1.0; 16]),
-        Err(KvError::LengthMismatch { .. })
-    ));
-    assert!(matches!(
-        t.write_range(3, 0, &[1.0; 8], &[1.0; 8]),
-        Err(KvError::OutOfRange { what: "layer", .. })
-    ));
+    assert!(matches!(t.write_range(0, 0, &[1.0; 9], &[1.0; 9]), Err(KvError::LengthMismatch { .. })));
+    assert!(matches!(t.write_range(0, 0, &[1.0; 8], &[1.0; 16]), Err(KvError::LengthMismatch { .. })));
+    assert!(matches!(t.write_range(3, 0, &[1.0; 8], &[1.0; 8]), Err(KvError::OutOfRange { what: "layer", .. })));
 }
 
 #[test]
 fn wrong_lengths_and_out_of_range_indices_are_rejected() {
     let p = pool(2);
     let mut t = p.reserve(owner(1, 1), 5).expect("2 pages");
-    assert_eq!(
-        t.write(0, 0, &[0.0; 7], &[0.0; 8]),
-        Err(KvError::LengthMismatch {
-            what: "k",
-            expected: 8,
-            got: 7
-        })
-    );
-    assert_eq!(
-        t.write(0, 0, &[0.0; 8], &[0.0; 9]),
-        Err(KvError::LengthMismatch {
-            what: "v",
-            expected: 8,
-            got: 9
-        })
-    );
-    assert_eq!(
-        t.write(3, 0, &[0.0; 8], &[0.0; 8]),
-        Err(KvError::OutOfRange {
-            what: "layer",
-            index: 3,
-            limit: 3
-        })
-    );
+    assert_eq!(t.write(0, 0, &[0.0; 7], &[0.0; 8]), Err(KvError::LengthMismatch { what: "k", expected: 8, got: 7 }));
+    assert_eq!(t.write(0, 0, &[0.0; 8], &[0.0; 9]), Err(KvError::LengthMismatch { what: "v", expected: 8, got: 9 }));
+    assert_eq!(t.write(3, 0, &[0.0; 8], &[0.0; 8]), Err(KvError::OutOfRange { what: "layer", index: 3, limit: 3 }));
     let e = t.write(0, 8, &[0.0; 8], &[0.0; 8]).expect_err("pos 8 of 8");
-    assert_eq!(
-        e,
-        KvError::OutOfRange {
-            what: "position",
-            index: 8,
-            limit: 8
-        }
-    );
+    assert_eq!(e, KvError::OutOfRange { what: "position", index: 8, limit: 8 });
     assert_eq!(e.to_string(), "position 8 is out of range (must be < 8)");
-    assert!(matches!(
-        t.layer(0, 9),
-        Err(KvError::BeyondCapacity {
-            len: 9,
-            capacity: 8
-        })
-    ));
+    assert!(matches!(t.layer(0, 9), Err(KvError::BeyondCapacity { len: 9, capacity: 8 })));
     let (mut k, mut v) = (vec![0.0; 8], vec![0.0; 3]);
-    assert!(matches!(
-        t.read(0, 0, &mut k, &mut v),
-        Err(KvError::LengthMismatch { what: "v_out", .. })
-    ));
+    assert!(matches!(t.read(0, 0, &mut k, &mut v), Err(KvError::LengthMismatch { what: "v_out", .. })));
 }
 
 fn freed_page_is_zeroed_before_reuse(scrub: ScrubPolicy) {
@@ -441,10 +279,7 @@ fn freed_page_is_zeroed_before_reuse(scrub: ScrubPolicy) {
             assert!(p.debug_free_pages_zeroed());
         }
         let u = p.reserve(owner(2, 1), 8).expect("same pages again");
-        assert!(
-            u.debug_pages_zeroed(),
-            "{scrub:?} {dtype:?}: new owner sees old bytes"
-        );
+        assert!(u.debug_pages_zeroed(), "{scrub:?} {dtype:?}: new owner sees old bytes");
         assert_eq!(read(&u, 0, 0), Err(KvError::Unwritten { layer: 0, pos: 0 }));
         assert!(p.pages_scrubbed() >= 2);
     }
@@ -479,11 +314,7 @@ fn stale_generation_is_detected_on_write_view_and_read() {
     fill(&mut t, 8);
     let r = t.page_refs().nth(1).expect("page 1");
     t.pool.tamper(r.page, r.generation + 1, t.owner());
-    let stale = KvError::StaleGeneration {
-        page: r.page,
-        expected: r.generation,
-        found: r.generation + 1,
-    };
+    let stale = KvError::StaleGeneration { page: r.page, expected: r.generation, found: r.generation + 1 };
     assert_eq!(read(&t, 0, 5), Err(stale.clone()));
     assert!(matches!(t.layer(0, 8), Err(ref e) if *e == stale));
     assert!(t.layer(0, 4).is_ok(), "the untouched page is still fine");
@@ -500,11 +331,7 @@ fn wrong_owner_is_detected_on_write_view_and_read() {
     fill(&mut t, 4);
     let r = t.page_refs().next().expect("page");
     t.pool.tamper(r.page, r.generation, owner(9, 9));
-    let wrong = KvError::WrongOwner {
-        page: r.page,
-        expected: owner(1, 1),
-        found: owner(9, 9),
-    };
+    let wrong = KvError::WrongOwner { page: r.page, expected: owner(1, 1), found: owner(9, 9) };
     assert_eq!(read(&t, 0, 0), Err(wrong.clone()));
     assert!(matches!(t.layer(0, 1), Err(ref e) if *e == wrong));
     assert_eq!(t.write(0, 0, &[0.0; 8], &[0.0; 8]), Err(wrong));
@@ -516,28 +343,14 @@ fn dropping_tables_returns_pages_and_tenant_usage() {
     let a = p.reserve(owner(1, 1), 5).expect("2");
     let b = p.reserve(owner(1, 2), 4).expect("1");
     let c = p.reserve(owner(2, 1), 9).expect("3");
-    assert_eq!(
-        (
-            p.pages_used_by(TenantId(1)),
-            p.pages_used_by(TenantId(2)),
-            p.pages_used_by(TenantId(3))
-        ),
-        (3, 3, 0)
-    );
+    assert_eq!((p.pages_used_by(TenantId(1)), p.pages_used_by(TenantId(2)), p.pages_used_by(TenantId(3))), (3, 3, 0));
     for r in a.page_refs().chain(b.page_refs()).chain(c.page_refs()) {
         assert!(p.debug_is_leased(r.page));
     }
     drop(a);
     assert_eq!((p.pages_used_by(TenantId(1)), p.used_pages()), (1, 4));
     drop((b, c));
-    assert_eq!(
-        (
-            p.pages_used_by(TenantId(1)),
-            p.pages_used_by(TenantId(2)),
-            p.free_pages()
-        ),
-        (0, 0, 6)
-    );
+    assert_eq!((p.pages_used_by(TenantId(1)), p.pages_used_by(TenantId(2)), p.free_pages()), (0, 0, 6));
 }
 
 #[test]
@@ -547,10 +360,7 @@ fn scrub_one_page_for_bench_zeroes_a_free_page_and_returns_it() {
     fill(&mut t, 4);
     assert!(!p.scrub_one_page_for_bench(), "no free page");
     drop(t);
-    assert!(
-        !p.debug_free_pages_zeroed(),
-        "OnAlloc leaves freed pages dirty until reuse"
-    );
+    assert!(!p.debug_free_pages_zeroed(), "OnAlloc leaves freed pages dirty until reuse");
     assert!(p.scrub_one_page_for_bench());
     assert!(p.debug_free_pages_zeroed());
     assert_eq!(p.free_pages(), 1);
@@ -564,15 +374,9 @@ fn page_size_over_64_tracks_written_slots_across_mask_words() {
     let k: Vec<f32> = (0..170).flat_map(|pos| row(o, 0, pos, false)).collect();
     t.write_range(0, 0, &k, &k).expect("write");
     assert!(t.layer(0, 170).is_ok());
-    assert!(matches!(
-        t.layer(0, 171),
-        Err(KvError::Unwritten { layer: 0, pos: 170 })
-    ));
+    assert!(matches!(t.layer(0, 171), Err(KvError::Unwritten { layer: 0, pos: 170 })));
     t.write(0, 199, &[1.0; 8], &[1.0; 8]).expect("write last");
-    assert!(matches!(
-        t.layer(0, 200),
-        Err(KvError::Unwritten { layer: 0, pos: 170 })
-    ));
+    assert!(matches!(t.layer(0, 200), Err(KvError::Unwritten { layer: 0, pos: 170 })));
     assert_eq!(read(&t, 0, 127).expect("read").0, row(o, 0, 127, false));
 }
 
@@ -608,9 +412,8 @@ fn concurrent_owners_on_threads_only_see_their_own_data() {
                             }
                         }
                     }
-                    let moved = std::thread::spawn(move || read(&t, 2, 0).map(|kv| kv.0))
-                        .join()
-                        .expect("reader thread");
+                    let moved =
+                        std::thread::spawn(move || read(&t, 2, 0).map(|kv| kv.0)).join().expect("reader thread");
                     assert_eq!(moved, Ok(row(o, 2, 0, false)));
                 }
             })

@@ -86,33 +86,15 @@ impl<'a> LayerView<'a> {
         let pool = &*table.pool;
         let ps = pool.layout.page_size;
         let row = pool.layout.row_len();
-        table
-            .leases
-            .iter()
-            .take(len.div_ceil(ps))
-            .enumerate()
-            .map(move |(i, lease)| {
-                let start = i * ps;
-                let n = (len - start).min(ps);
-                let (k_off, v_off) = (
-                    pool.k_offset(lease.page(), layer, 0),
-                    pool.v_offset(lease.page(), layer, 0),
-                );
-                // SAFETY: the view borrows the table for 'a, so neither `&mut BlockTable` (the only
-                // writer of these pages) nor its drop (the only path to scrub and reuse) can happen
-                // during 'a; lease uniqueness means no other table holds these pages.
-                let (k, v) = unsafe {
-                    (
-                        pool.arena.view(k_off, n * row),
-                        pool.arena.view(v_off, n * row),
-                    )
-                };
-                KvChunk {
-                    start,
-                    len: n,
-                    k,
-                    v,
-                }
-            })
+        table.leases.iter().take(len.div_ceil(ps)).enumerate().map(move |(i, lease)| {
+            let start = i * ps;
+            let n = (len - start).min(ps);
+            let (k_off, v_off) = (pool.k_offset(lease.page(), layer, 0), pool.v_offset(lease.page(), layer, 0));
+            // SAFETY: the view borrows the table for 'a, so neither `&mut BlockTable` (the only
+            // writer of these pages) nor its drop (the only path to scrub and reuse) can happen
+            // during 'a; lease uniqueness means no other table holds these pages.
+            let (k, v) = unsafe { (pool.arena.view(k_off, n * row), pool.arena.view(v_off, n * row)) };
+            KvChunk { start, len: n, k, v }
+        })
     }
 }

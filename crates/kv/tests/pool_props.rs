@@ -14,27 +14,15 @@ const LAYERS: usize = 2;
 const POOL_PAGES: usize = 8;
 
 fn new_pool(dtype: KvDtype, page_size: usize, scrub: ScrubPolicy) -> KvPool {
-    let layout = KvLayout {
-        n_layers: LAYERS,
-        n_kv_heads: 1,
-        head_dim: ROW,
-        page_size,
-        dtype,
-    };
-    KvPool::new(PoolConfig {
-        layout,
-        capacity: Capacity::Tokens(POOL_PAGES * page_size),
-        scrub,
-    })
-    .expect("pool")
+    let layout = KvLayout { n_layers: LAYERS, n_kv_heads: 1, head_dim: ROW, page_size, dtype };
+    KvPool::new(PoolConfig { layout, capacity: Capacity::Tokens(POOL_PAGES * page_size), scrub }).expect("pool")
 }
 
 /// Owner- and position-derived values, non-zero and exact in f16.
 fn row(o: Owner, layer: usize, pos: usize, is_v: bool) -> Vec<f32> {
     (0..ROW as u64)
         .map(|i| {
-            let x = (o.tenant.0 * 131 + o.request.0 * 37 + layer as u64 * 11 + pos as u64 * 5 + i)
-                % 1000;
+            let x = (o.tenant.0 * 131 + o.request.0 * 37 + layer as u64 * 11 + pos as u64 * 5 + i) % 1000;
             x as f32 + 1.0 + if is_v { 0.5 } else { 0.0 }
         })
         .collect()
@@ -42,38 +30,13 @@ fn row(o: Owner, layer: usize, pos: usize, is_v: bool) -> Vec<f32> {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Reserve {
-        tenant: u64,
-        tokens: usize,
-    },
-    Grow {
-        slot: usize,
-        tokens: usize,
-    },
-    Write {
-        slot: usize,
-        layer: usize,
-        pos: usize,
-    },
-    WriteRange {
-        slot: usize,
-        layer: usize,
-        start: usize,
-        n: usize,
-    },
-    Read {
-        slot: usize,
-        layer: usize,
-        pos: usize,
-    },
-    View {
-        slot: usize,
-        layer: usize,
-        len: usize,
-    },
-    Drop {
-        slot: usize,
-    },
+    Reserve { tenant: u64, tokens: usize },
+    Grow { slot: usize, tokens: usize },
+    Write { slot: usize, layer: usize, pos: usize },
+    WriteRange { slot: usize, layer: usize, start: usize, n: usize },
+    Read { slot: usize, layer: usize, pos: usize },
+    View { slot: usize, layer: usize, len: usize },
+    Drop { slot: usize },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -105,22 +68,14 @@ struct Live {
 
 fn write_one(l: &mut Live, layer: usize, pos: usize) -> Result<(), KvError> {
     let o = l.table.owner();
-    l.table.write(
-        layer,
-        pos,
-        &row(o, layer, pos, false),
-        &row(o, layer, pos, true),
-    )
+    l.table.write(layer, pos, &row(o, layer, pos, false), &row(o, layer, pos, true))
 }
 
 fn check_accounting(pool: &KvPool, live: &[Live]) {
     let mut seen = HashSet::new();
     let mut by_tenant: HashMap<TenantId, usize> = HashMap::new();
     for l in live {
-        assert_eq!(
-            l.table.capacity(),
-            l.table.pages() * pool.layout().page_size
-        );
+        assert_eq!(l.table.capacity(), l.table.pages() * pool.layout().page_size);
         for r in l.table.page_refs() {
             assert!(seen.insert(r.page), "page {} in two live tables", r.page);
             assert!(pool.debug_is_leased(r.page));
@@ -131,10 +86,7 @@ fn check_accounting(pool: &KvPool, live: &[Live]) {
     assert_eq!(pool.free_pages() + pool.used_pages(), pool.total_pages());
     for t in 0..4 {
         let t = TenantId(t);
-        assert_eq!(
-            pool.pages_used_by(t),
-            by_tenant.get(&t).copied().unwrap_or(0)
-        );
+        assert_eq!(pool.pages_used_by(t), by_tenant.get(&t).copied().unwrap_or(0));
     }
 }
 
@@ -142,23 +94,11 @@ fn check_read(l: &Live, layer: usize, pos: usize) {
     let (mut k, mut v) = (vec![0.0; ROW], vec![0.0; ROW]);
     let got = l.table.read(layer, pos, &mut k, &mut v);
     if pos >= l.table.capacity() {
-        assert!(
-            matches!(
-                got,
-                Err(KvError::OutOfRange {
-                    what: "position",
-                    ..
-                })
-            ),
-            "{got:?}"
-        );
+        assert!(matches!(got, Err(KvError::OutOfRange { what: "position", .. })), "{got:?}");
     } else if l.written.contains(&(layer, pos)) {
         assert_eq!(got, Ok(()));
         let o = l.table.owner();
-        assert_eq!(
-            (k, v),
-            (row(o, layer, pos, false), row(o, layer, pos, true))
-        );
+        assert_eq!((k, v), (row(o, layer, pos, false), row(o, layer, pos, true)));
     } else {
         assert_eq!(got, Err(KvError::Unwritten { layer, pos }));
     }
@@ -171,9 +111,7 @@ fn check_view(l: &Live, layer: usize, len: usize) {
         return;
     }
     if let Some(pos) = (0..len).find(|&p| !l.written.contains(&(layer, p))) {
-        assert!(
-            matches!(got, Err(KvError::Unwritten { layer: a, pos: b }) if a == layer && b == pos)
-        );
+        assert!(matches!(got, Err(KvError::Unwritten { layer: a, pos: b }) if a == layer && b == pos));
         return;
     }
     let view = got.expect("fully written prefix");
@@ -185,14 +123,8 @@ fn check_view(l: &Live, layer: usize, len: usize) {
         c.k.copy_to_f32(&mut k);
         c.v.copy_to_f32(&mut v);
         for s in 0..c.len {
-            assert_eq!(
-                k[s * ROW..(s + 1) * ROW],
-                row(o, layer, c.start + s, false)[..]
-            );
-            assert_eq!(
-                v[s * ROW..(s + 1) * ROW],
-                row(o, layer, c.start + s, true)[..]
-            );
+            assert_eq!(k[s * ROW..(s + 1) * ROW], row(o, layer, c.start + s, false)[..]);
+            assert_eq!(v[s * ROW..(s + 1) * ROW], row(o, layer, c.start + s, true)[..]);
         }
         next += c.len;
     }

@@ -62,7 +62,15 @@ unsafe fn attend_avx2(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize) -> Vec
 
 /// Gathers head `kvh` of every position: K transposed into `kt[d * stride + pos]`, V as rows.
 #[inline(always)]
-fn gather(view: &LayerView<'_>, row_len: usize, kvh: usize, hd: usize, stride: usize, kt: &mut [f32], v: &mut [f32]) -> bool {
+fn gather(
+    view: &LayerView<'_>,
+    row_len: usize,
+    kvh: usize,
+    hd: usize,
+    stride: usize,
+    kt: &mut [f32],
+    v: &mut [f32],
+) -> bool {
     let mut tmp = vec![0f32; hd];
     let mut f16 = false;
     for ch in view.chunks() {
@@ -91,7 +99,14 @@ fn gather(view: &LayerView<'_>, row_len: usize, kvh: usize, hd: usize, stride: u
 
 /// Scores of `G` queries against keys `[0, upto)`, sixteen keys at a time.
 #[inline(always)]
-fn scores_tile<const G: usize>(qs: [&[f32]; G], kt: &[f32], stride: usize, upto: usize, scale: f32, out: &mut [Vec<f32>]) {
+fn scores_tile<const G: usize>(
+    qs: [&[f32]; G],
+    kt: &[f32],
+    stride: usize,
+    upto: usize,
+    scale: f32,
+    out: &mut [Vec<f32>],
+) {
     let hd = qs[0].len();
     for jb in (0..upto).step_by(LANES) {
         let mut acc = [[0f32; LANES]; G];

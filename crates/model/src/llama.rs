@@ -189,7 +189,12 @@ impl Llama {
             }
             for (s, &off) in batch.iter_mut().zip(&offsets) {
                 let n = s.tokens.len();
-                s.kv.write_range(li, s.start, &k[off * kv_dim..(off + n) * kv_dim], &v[off * kv_dim..(off + n) * kv_dim])?;
+                s.kv.write_range(
+                    li,
+                    s.start,
+                    &k[off * kv_dim..(off + n) * kv_dim],
+                    &v[off * kv_dim..(off + n) * kv_dim],
+                )?;
             }
             // Attention: one task per (sequence, KV head).
             let mut inputs = Vec::with_capacity(batch.len());
@@ -233,7 +238,13 @@ impl Llama {
         self.logits(batch, &offsets, &x, &mut sc)
     }
 
-    fn logits(&self, batch: &[SeqStep<'_>], offsets: &[usize], x: &[f32], sc: &mut Scratch) -> Result<Vec<Vec<f32>>, ModelError> {
+    fn logits(
+        &self,
+        batch: &[SeqStep<'_>],
+        offsets: &[usize],
+        x: &[f32],
+        sc: &mut Scratch,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
         let c = &self.config;
         let d = c.n_embd;
         // Gather only the rows someone asked for: the vocabulary projection is the largest

@@ -1,9 +1,9 @@
 //! `out = x · Wᵀ` for a batch of tokens, parallel over groups of weight rows.
 
 use crate::kernels::{self, Isa, TOKENS_PER_TILE};
-use crate::threads::ComputePool;
 use crate::qmatrix::{QMatrix, GROUP};
 use crate::quant::QuantActs;
+use crate::threads::ComputePool;
 
 /// `out[t * w.rows + r]` for every token `t` of `a` and row `r` of `w`.
 pub fn matmul(pool: &ComputePool, isa: Isa, w: &QMatrix, a: &QuantActs, out: &mut [f32]) {

@@ -163,4 +163,3 @@ impl QMatrix {
 pub fn quantize_for(w: &QMatrix, x: &[f32], t: usize, acts: &mut QuantActs) {
     acts.quantize(x, t, w.cols, w.kind.act_format());
 }
-

@@ -71,7 +71,8 @@ impl ComputePool {
             (0..n_tasks).for_each(f);
             return;
         }
-        let job = Job { f, n_tasks, next: AtomicUsize::new(0), done: AtomicUsize::new(0), panicked: AtomicBool::new(false) };
+        let job =
+            Job { f, n_tasks, next: AtomicUsize::new(0), done: AtomicUsize::new(0), panicked: AtomicBool::new(false) };
         let s = &*self.shared;
         // SAFETY: the pointer is only dereferenced by workers registered in `active`, and this
         // function does not return until it has nulled the pointer and seen `active == 0`.

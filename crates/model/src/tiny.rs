@@ -90,9 +90,8 @@ pub fn tiny_gguf(spec: &TinySpec) -> Vec<u8> {
     for (name, dims, ty, data) in &tensors {
         w.tensor(name, dims, *ty, data.clone());
     }
-    let norm = |rng: &mut Lcg| -> Vec<u8> {
-        (0..spec.n_embd).flat_map(|_| (1.0 + 0.2 * rng.next()).to_le_bytes()).collect()
-    };
+    let norm =
+        |rng: &mut Lcg| -> Vec<u8> { (0..spec.n_embd).flat_map(|_| (1.0 + 0.2 * rng.next()).to_le_bytes()).collect() };
     for i in 0..spec.n_layers {
         w.tensor(&format!("blk.{i}.attn_norm.weight"), &[spec.n_embd as u64], GgmlType::F32, norm(&mut rng));
         w.tensor(&format!("blk.{i}.ffn_norm.weight"), &[spec.n_embd as u64], GgmlType::F32, norm(&mut rng));

@@ -29,7 +29,11 @@ pub struct LlamaWeights {
 
 fn check_shape(t: &TensorInfo, expected: &[u64]) -> Result<(), ModelError> {
     if t.dims != expected {
-        return Err(ModelError::TensorShape { name: t.name.clone(), expected: expected.to_vec(), found: t.dims.clone() });
+        return Err(ModelError::TensorShape {
+            name: t.name.clone(),
+            expected: expected.to_vec(),
+            found: t.dims.clone(),
+        });
     }
     Ok(())
 }
@@ -138,7 +142,11 @@ impl LlamaWeights {
             let n = |s: &str| format!("blk.{i}.{s}.weight");
             layers.push(Layer {
                 attn_norm: vector(f, &n("attn_norm"), c.n_embd)?,
-                wqkv: stacked(f, &[(&n("attn_q"), c.n_embd), (&n("attn_k"), kv_dim), (&n("attn_v"), kv_dim)], c.n_embd)?,
+                wqkv: stacked(
+                    f,
+                    &[(&n("attn_q"), c.n_embd), (&n("attn_k"), kv_dim), (&n("attn_v"), kv_dim)],
+                    c.n_embd,
+                )?,
                 wo: matrix(f, &n("attn_output"), c.n_embd, c.n_embd)?,
                 ffn_norm: vector(f, &n("ffn_norm"), c.n_embd)?,
                 w_gate_up: stacked(f, &[(&n("ffn_gate"), c.n_ff), (&n("ffn_up"), c.n_ff)], c.n_embd)?,

@@ -12,7 +12,11 @@ fn load(bytes: Vec<u8>) -> Result<Llama, ModelError> {
 }
 
 /// Rewrites a tiny model with `edit` applied to its metadata and tensor list.
-fn rewrite(edit: impl Fn(&str, &mut Option<Value>), drop_tensor: Option<&str>, reshape: Option<(&str, Vec<u64>)>) -> Vec<u8> {
+fn rewrite(
+    edit: impl Fn(&str, &mut Option<Value>),
+    drop_tensor: Option<&str>,
+    reshape: Option<(&str, Vec<u64>)>,
+) -> Vec<u8> {
     let src = tiny_gguf(&TinySpec::default());
     let g = Gguf::parse(&src).unwrap();
     let mut w = GgufWriter::new();

@@ -3,11 +3,11 @@
 
 use gguf::GgufFile;
 use kv::{BlockTable, Capacity, KvDtype, KvPool, Owner, PoolConfig, RequestId, ScrubPolicy, TenantId};
+use model::attention::dot;
 use model::qmatrix::quantize_for;
 use model::quant::QuantActs;
 use model::threads::ComputePool;
 use model::tiny::{tiny_gguf, TinySpec};
-use model::attention::dot;
 use model::{matmul::matmul, ops, Llama, LoadOptions, Logits, SeqStep};
 use proptest::prelude::*;
 
@@ -105,7 +105,8 @@ fn owner(r: u64) -> Owner {
 /// Scatters the free list: reserve many single-page tables, free a pseudo-random subset.
 fn fragment(p: &KvPool, seed: u64) -> Vec<BlockTable> {
     let ps = p.layout().page_size;
-    let mut held: Vec<BlockTable> = (0..p.total_pages().min(200)).map(|i| p.reserve(owner(1000 + i as u64), ps).unwrap()).collect();
+    let mut held: Vec<BlockTable> =
+        (0..p.total_pages().min(200)).map(|i| p.reserve(owner(1000 + i as u64), ps).unwrap()).collect();
     let mut s = seed;
     held.retain(|_| {
         s = s.wrapping_mul(6364136223846793005).wrapping_add(1);
@@ -186,4 +187,3 @@ proptest! {
         prop_assert!(diff <= 1e-5, "page size {} chunks {:?}: max |diff| {}", page_size, chunks, diff);
     }
 }
-

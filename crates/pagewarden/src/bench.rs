@@ -82,9 +82,7 @@ fn tokens(n: usize, vocab: usize, salt: usize) -> Vec<u32> {
 }
 
 fn reserve_all(pool: &KvPool, batch: usize, len: usize) -> Result<Vec<BlockTable>> {
-    (0..batch)
-        .map(|i| Ok(pool.reserve(Owner { tenant: TenantId(1), request: RequestId(i as u64) }, len)?))
-        .collect()
+    (0..batch).map(|i| Ok(pool.reserve(Owner { tenant: TenantId(1), request: RequestId(i as u64) }, len)?)).collect()
 }
 
 fn prefill(model: &Llama, pool: &KvPool, batch: usize, n: usize) -> Result<f64> {
@@ -125,25 +123,31 @@ fn model_bench(b: &ModelBench) -> Result<()> {
     let isas = parse_isas(&b.isa)?;
     let mut rows = Vec::new();
     for &isa in &isas {
-      model.set_isa(isa)?;
-      for &threads in &b.threads {
-        model.set_threads(threads)?;
-        for &batch in &b.batch {
-            // One untimed warm-up so page faults and thread start-up are not measured.
-            decode(&model, &pool, batch, 4)?;
-            let pf = median((0..b.reps).map(|_| prefill(&model, &pool, batch, b.prompt)).collect::<Result<_>>()?);
-            let dc = median((0..b.reps).map(|_| decode(&model, &pool, batch, b.decode)).collect::<Result<_>>()?);
-            let threads = model.threads();
-            if !b.json {
-                println!(
+        model.set_isa(isa)?;
+        for &threads in &b.threads {
+            model.set_threads(threads)?;
+            for &batch in &b.batch {
+                // One untimed warm-up so page faults and thread start-up are not measured.
+                decode(&model, &pool, batch, 4)?;
+                let pf = median((0..b.reps).map(|_| prefill(&model, &pool, batch, b.prompt)).collect::<Result<_>>()?);
+                let dc = median((0..b.reps).map(|_| decode(&model, &pool, batch, b.decode)).collect::<Result<_>>()?);
+                let threads = model.threads();
+                if !b.json {
+                    println!(
                     "{:<12} threads {threads:>2}  batch {batch:>3}  prefill {pf:>8.1} tok/s  decode {dc:>8.1} tok/s{}",
                     isa.name(),
                     reference_ratio(threads, batch, b.prompt, b.decode, pf, dc)
                 );
+                }
+                rows.push(Row {
+                    kernels: isa.name(),
+                    threads,
+                    batch,
+                    prefill_tokens_per_s: pf,
+                    decode_tokens_per_s: dc,
+                });
             }
-            rows.push(Row { kernels: isa.name(), threads, batch, prefill_tokens_per_s: pf, decode_tokens_per_s: dc });
         }
-      }
     }
     let (ns, page_bytes) = scrub_cost(&pool);
     let decode_token_ns = rows.first().map(|r| 1e9 / r.decode_tokens_per_s).unwrap_or(f64::NAN);

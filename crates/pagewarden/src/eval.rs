@@ -63,7 +63,13 @@ fn log_prob(row: &[f32], target: u32) -> f64 {
     (row[target as usize] - max) as f64 - sum.ln()
 }
 
-pub fn perplexity(m: &ModelArgs, path: &PathBuf, ctx: usize, max_chunks: Option<usize>, progress: bool) -> Result<PerplexityReport> {
+pub fn perplexity(
+    m: &ModelArgs,
+    path: &PathBuf,
+    ctx: usize,
+    max_chunks: Option<usize>,
+    progress: bool,
+) -> Result<PerplexityReport> {
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let file = runtime::open(m)?;
     let tok = runtime::tokenizer(&file)?;
@@ -93,7 +99,8 @@ pub fn perplexity(m: &ModelArgs, path: &PathBuf, ctx: usize, max_chunks: Option<
             }
         }
         let mut kv = pool.reserve(Owner { tenant: TenantId(0), request: RequestId(c as u64) }, ctx)?;
-        let logits = model.forward(&mut [SeqStep { tokens: &chunk, start: 0, kv: &mut kv, logits: Logits::All }])?.remove(0);
+        let logits =
+            model.forward(&mut [SeqStep { tokens: &chunk, start: 0, kv: &mut kv, logits: Logits::All }])?.remove(0);
         for j in first..ctx - 1 {
             let lp = log_prob(&logits[j * vocab..(j + 1) * vocab], chunk[j + 1]);
             nll -= lp;

@@ -81,7 +81,8 @@ struct TokenLogprob {
 fn messages(a: &GenerateArgs) -> Result<Option<Vec<ChatMessage>>> {
     if let Some(path) = &a.messages {
         let raw = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let msgs: Vec<ChatMessage> = serde_json::from_str(&raw).context("messages must be [{\"role\", \"content\"}, ...]")?;
+        let msgs: Vec<ChatMessage> =
+            serde_json::from_str(&raw).context("messages must be [{\"role\", \"content\"}, ...]")?;
         return Ok(Some(msgs));
     }
     if !(a.chat || a.system.is_some()) {
@@ -148,7 +149,11 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
         logprobs: g
             .sampled
             .iter()
-            .map(|s| TokenLogprob { token: s.token, logprob: s.logprob, top: s.top.iter().map(|t| (t.token, t.logprob)).collect() })
+            .map(|s| TokenLogprob {
+                token: s.token,
+                logprob: s.logprob,
+                top: s.top.iter().map(|t| (t.token, t.logprob)).collect(),
+            })
             .collect(),
         decode_tokens_per_s: if decode_s > 0.0 { g.tokens.len() as f64 / decode_s } else { 0.0 },
         tokens: g.tokens,

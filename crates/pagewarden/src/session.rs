@@ -77,7 +77,8 @@ pub fn generate(
         }
         let pos = prompt.len() + tokens.len() - 1;
         let step = [tok];
-        logits = model.forward(&mut [SeqStep { tokens: &step, start: pos, kv: &mut kv, logits: Logits::Last }])?.remove(0);
+        logits =
+            model.forward(&mut [SeqStep { tokens: &step, start: pos, kv: &mut kv, logits: Logits::Last }])?.remove(0);
     }
     Ok(Generation { tokens, sampled, finish, prefill, decode: t1.elapsed() })
 }

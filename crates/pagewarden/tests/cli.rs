@@ -40,7 +40,8 @@ fn greedy_generation_starts_like_llamacpp_and_is_repeatable() {
     let r = reference("raw_greedy.json");
     let case = &r["cases"][0];
     let prompt = case["prompt"].as_str().unwrap();
-    let run = || -> Value { serde_json::from_str(&ok_stdout(&["generate", prompt, "--max-tokens", "8", "--json"])).unwrap() };
+    let run =
+        || -> Value { serde_json::from_str(&ok_stdout(&["generate", prompt, "--max-tokens", "8", "--json"])).unwrap() };
     let (a, b) = (run(), run());
     assert_eq!(a["tokens"], b["tokens"], "greedy generation must be deterministic");
     assert_eq!(a["finish_reason"], "length");
@@ -52,7 +53,9 @@ fn greedy_generation_starts_like_llamacpp_and_is_repeatable() {
 
 #[test]
 fn seeded_sampling_is_reproducible_and_seed_sensitive() {
-    let args = |seed: &'static str| ["generate", "Once upon a time", "--temperature", "1.0", "--seed", seed, "--max-tokens", "16", "--json"];
+    let args = |seed: &'static str| {
+        ["generate", "Once upon a time", "--temperature", "1.0", "--seed", seed, "--max-tokens", "16", "--json"]
+    };
     let a: Value = serde_json::from_str(&ok_stdout(&args("7"))).unwrap();
     let b: Value = serde_json::from_str(&ok_stdout(&args("7"))).unwrap();
     let c: Value = serde_json::from_str(&ok_stdout(&args("8"))).unwrap();
@@ -62,7 +65,8 @@ fn seeded_sampling_is_reproducible_and_seed_sensitive() {
 
 #[test]
 fn chat_generation_stops_at_the_end_of_turn() {
-    let out: Value = serde_json::from_str(&ok_stdout(&["generate", "--chat", "Say hi.", "--max-tokens", "200", "--json"])).unwrap();
+    let out: Value =
+        serde_json::from_str(&ok_stdout(&["generate", "--chat", "Say hi.", "--max-tokens", "200", "--json"])).unwrap();
     assert_eq!(out["finish_reason"], "stop", "{out}");
     assert!(!out["text"].as_str().unwrap().contains("<|im_end|>"));
 }
@@ -86,7 +90,13 @@ fn bad_sampling_parameter_is_a_clear_error() {
 #[test]
 fn perplexity_of_gpl3_is_within_one_percent_of_llamacpp() {
     let out: Value = serde_json::from_str(&ok_stdout(&[
-        "eval", "perplexity", "--file", "/usr/share/common-licenses/GPL-3", "--ctx", "512", "--json",
+        "eval",
+        "perplexity",
+        "--file",
+        "/usr/share/common-licenses/GPL-3",
+        "--ctx",
+        "512",
+        "--json",
     ]))
     .unwrap();
     let ppl = out["perplexity"].as_f64().unwrap();
@@ -97,7 +107,19 @@ fn perplexity_of_gpl3_is_within_one_percent_of_llamacpp() {
 #[test]
 fn model_bench_reports_every_figure() {
     let out: Value = serde_json::from_str(&ok_stdout(&[
-        "bench", "model", "--threads", "1", "--batch", "1,2", "--prompt", "32", "--decode", "4", "--reps", "1", "--json",
+        "bench",
+        "model",
+        "--threads",
+        "1",
+        "--batch",
+        "1,2",
+        "--prompt",
+        "32",
+        "--decode",
+        "4",
+        "--reps",
+        "1",
+        "--json",
     ]))
     .unwrap();
     let rows = out["rows"].as_array().unwrap();

@@ -16,9 +16,7 @@ pub mod rng;
 mod sampler;
 
 pub use error::SamplingError;
-pub use params::{
-    RawSamplingParams, SamplingParams, SamplingParamsBuilder, MAX_TOP_LOGPROBS, PENALTY_LAST_N,
-};
+pub use params::{RawSamplingParams, SamplingParams, SamplingParamsBuilder, MAX_TOP_LOGPROBS, PENALTY_LAST_N};
 pub use rng::Rng;
 pub use sampler::{Sampled, Sampler, TopLogprob};
 
@@ -29,11 +27,7 @@ pub use sampler::{Sampled, Sampler, TopLogprob};
 /// # Panics
 /// If `out.len() != logits.len()`.
 pub fn log_softmax(logits: &[f32], out: &mut [f32]) {
-    assert_eq!(
-        logits.len(),
-        out.len(),
-        "log_softmax: output length must match input"
-    );
+    assert_eq!(logits.len(), out.len(), "log_softmax: output length must match input");
     let Some(lse) = lse_parts(logits) else {
         out.fill(f32::NAN);
         return;

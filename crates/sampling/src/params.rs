@@ -86,20 +86,11 @@ impl Default for SamplingParams {
 }
 
 fn invalid(field: &'static str, value: impl ToString, allowed: &'static str) -> SamplingError {
-    SamplingError::InvalidParam {
-        field,
-        value: value.to_string(),
-        allowed,
-    }
+    SamplingError::InvalidParam { field, value: value.to_string(), allowed }
 }
 
 /// `ok` is written so that NaN fails it.
-fn check(
-    field: &'static str,
-    v: f32,
-    ok: bool,
-    allowed: &'static str,
-) -> Result<(), SamplingError> {
+fn check(field: &'static str, v: f32, ok: bool, allowed: &'static str) -> Result<(), SamplingError> {
     if ok && !v.is_nan() {
         Ok(())
     } else {
@@ -124,12 +115,7 @@ impl SamplingParams {
         let f = raw.frequency_penalty;
         check("frequency_penalty", f, (-2.0..=2.0).contains(&f), "[-2, 2]")?;
         let pr = raw.presence_penalty;
-        check(
-            "presence_penalty",
-            pr,
-            (-2.0..=2.0).contains(&pr),
-            "[-2, 2]",
-        )?;
+        check("presence_penalty", pr, (-2.0..=2.0).contains(&pr), "[-2, 2]")?;
         if !(0..=MAX_TOP_LOGPROBS as i64).contains(&raw.top_logprobs) {
             return Err(invalid("top_logprobs", raw.top_logprobs, "0..=20"));
         }
@@ -307,10 +293,7 @@ mod tests {
         assert_eq!(p.top_logprobs(), 20);
         assert_eq!(p.seed(), Some(3));
         assert_eq!(SamplingParams::new(p.to_raw()), Ok(p));
-        assert!(SamplingParams::builder()
-            .top_p(f32::MIN_POSITIVE)
-            .build()
-            .is_ok());
+        assert!(SamplingParams::builder().top_p(f32::MIN_POSITIVE).build().is_ok());
     }
 
     #[test]
@@ -325,11 +308,7 @@ mod tests {
             (b().min_p(-0.5), "min_p", "[0, 1]"),
             (b().min_p(1.01), "min_p", "[0, 1]"),
             (b().repetition_penalty(0.0), "repetition_penalty", "(0, 10]"),
-            (
-                b().repetition_penalty(10.5),
-                "repetition_penalty",
-                "(0, 10]",
-            ),
+            (b().repetition_penalty(10.5), "repetition_penalty", "(0, 10]"),
             (b().frequency_penalty(-2.5), "frequency_penalty", "[-2, 2]"),
             (b().presence_penalty(3.0), "presence_penalty", "[-2, 2]"),
             (b().top_logprobs(21), "top_logprobs", "0..=20"),
@@ -365,13 +344,7 @@ mod tests {
 
     #[test]
     fn infinities_are_rejected() {
-        assert!(SamplingParams::builder()
-            .temperature(f32::INFINITY)
-            .build()
-            .is_err());
-        assert!(SamplingParams::builder()
-            .frequency_penalty(f32::NEG_INFINITY)
-            .build()
-            .is_err());
+        assert!(SamplingParams::builder().temperature(f32::INFINITY).build().is_err());
+        assert!(SamplingParams::builder().frequency_penalty(f32::NEG_INFINITY).build().is_err());
     }
 }

@@ -35,10 +35,7 @@ struct Cand {
 /// Logits are never NaN here, so `partial_cmp` is total (and -0 == +0, as in
 /// [`argmax`]).
 fn before(a: &Cand, b: &Cand) -> Ordering {
-    b.logit
-        .partial_cmp(&a.logit)
-        .unwrap_or(Ordering::Equal)
-        .then(a.id.cmp(&b.id))
+    b.logit.partial_cmp(&a.logit).unwrap_or(Ordering::Equal).then(a.id.cmp(&b.id))
 }
 
 /// Where the tokens that survived truncation are.
@@ -117,21 +114,13 @@ impl Sampler {
         };
         let logprob = lse.logprob(logits[token as usize]);
         let top = top_alternatives(logits, lse, self.params.top_logprobs());
-        Ok(Sampled {
-            token,
-            logprob,
-            top,
-        })
+        Ok(Sampled { token, logprob, top })
     }
 
     /// The distribution `sample` would draw from for these inputs, as
     /// `(token, probability)` in id order (after penalties, truncation and
     /// temperature). Does not advance the RNG. For tests and debugging.
-    pub fn distribution(
-        &mut self,
-        logits: &[f32],
-        history: &[u32],
-    ) -> Result<Vec<(u32, f64)>, SamplingError> {
+    pub fn distribution(&mut self, logits: &[f32], history: &[u32]) -> Result<Vec<(u32, f64)>, SamplingError> {
         self.validate(logits, history)?;
         let kept = self.truncate(logits, history)?;
         if let Kept::Greedy(t) = kept {
@@ -159,10 +148,7 @@ impl Sampler {
         }
         if let Some(expected) = self.vocab {
             if expected != logits.len() {
-                return Err(SamplingError::LengthMismatch {
-                    expected,
-                    got: logits.len(),
-                });
+                return Err(SamplingError::LengthMismatch { expected, got: logits.len() });
             }
         }
         if u32::try_from(logits.len()).is_err() {
@@ -179,10 +165,7 @@ impl Sampler {
             return Err(SamplingError::NoFiniteLogits);
         }
         if let Some(&token) = history.iter().find(|&&t| t as usize >= logits.len()) {
-            return Err(SamplingError::TokenOutOfRange {
-                token,
-                vocab: logits.len(),
-            });
+            return Err(SamplingError::TokenOutOfRange { token, vocab: logits.len() });
         }
         self.vocab = Some(logits.len());
         Ok(Lse::new(logits, max))
@@ -204,11 +187,7 @@ impl Sampler {
         if p.has_penalties() && !history.is_empty() {
             apply_penalties(&p, logits, history, &mut self.work, &mut self.counts);
         }
-        let row: &[f32] = if self.work.is_empty() {
-            logits
-        } else {
-            &self.work
-        };
+        let row: &[f32] = if self.work.is_empty() { logits } else { &self.work };
 
         if p.is_greedy() {
             let t = argmax(row);
@@ -232,19 +211,11 @@ impl Sampler {
         if k > 0 && k <= SMALL_TOP_K && k < row.len() {
             // One pass keeping the best k sorted: O(V) compares, few inserts.
             for (i, &logit) in row.iter().enumerate() {
-                if logit == f32::NEG_INFINITY
-                    || (cand.len() == k && cand.last().is_some_and(|w| logit <= w.logit))
-                {
+                if logit == f32::NEG_INFINITY || (cand.len() == k && cand.last().is_some_and(|w| logit <= w.logit)) {
                     continue;
                 }
                 let pos = cand.partition_point(|c| c.logit >= logit);
-                cand.insert(
-                    pos,
-                    Cand {
-                        logit,
-                        id: i as u32,
-                    },
-                );
+                cand.insert(pos, Cand { logit, id: i as u32 });
                 cand.truncate(k);
             }
             sorted = true;
@@ -263,10 +234,7 @@ impl Sampler {
                 row.iter()
                     .enumerate()
                     .filter(|(_, &x)| x > f32::NEG_INFINITY && x >= floor)
-                    .map(|(i, &logit)| Cand {
-                        logit,
-                        id: i as u32,
-                    }),
+                    .map(|(i, &logit)| Cand { logit, id: i as u32 }),
             );
             if k > 0 && k < cand.len() {
                 cand.select_nth_unstable_by(k - 1, before);
@@ -318,11 +286,7 @@ impl Sampler {
             cand.sort_unstable_by_key(|c| c.id);
             Ok(Kept::ById)
         } else {
-            let pivot = cand
-                .iter()
-                .copied()
-                .max_by(before)
-                .unwrap_or(Cand { logit: max, id: 0 });
+            let pivot = cand.iter().copied().max_by(before).unwrap_or(Cand { logit: max, id: 0 });
             Ok(Kept::UpTo(pivot))
         }
     }
@@ -379,10 +343,7 @@ impl Sampler {
 const DRAW_BLOCK: usize = 512;
 const LANES: usize = 8;
 /// A pivot that keeps every token (masked ones weigh 0 anyway).
-const KEEP_ALL: Cand = Cand {
-    logit: f32::NEG_INFINITY,
-    id: u32::MAX,
-};
+const KEEP_ALL: Cand = Cand { logit: f32::NEG_INFINITY, id: u32::MAX };
 
 /// Weight of a token if it is at or before `pivot`, else 0. Branch-free.
 #[inline(always)]
@@ -434,13 +395,7 @@ fn block_sum_impl(block: &[f32], base: usize, max: f32, temp: f32, pivot: &Cand)
     for (c, chunk) in chunks.by_ref().enumerate() {
         let id0 = (base + c * LANES) as u32;
         for j in 0..LANES {
-            lanes[j] += f64::from(kept_weight(
-                chunk[j],
-                id0.wrapping_add(j as u32),
-                max,
-                temp,
-                pivot,
-            ));
+            lanes[j] += f64::from(kept_weight(chunk[j], id0.wrapping_add(j as u32), max, temp, pivot));
         }
     }
     let mut sum: f64 = lanes.iter().sum();
@@ -482,13 +437,7 @@ pub(crate) fn fast_exp(x: f32) -> f32 {
     y = y * r + 1.666_666_5e-1;
     y = y * r + 0.5;
     y = y * r * r + r + 1.0;
-    let scale = f32::from_bits(
-        shifted
-            .to_bits()
-            .wrapping_sub(ROUND.to_bits())
-            .wrapping_add(127)
-            << 23,
-    );
+    let scale = f32::from_bits(shifted.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127) << 23);
     if x < -87.0 {
         0.0
     } else {
@@ -498,9 +447,7 @@ pub(crate) fn fast_exp(x: f32) -> f32 {
 
 /// The best logit among the kept candidates (they always include the row max).
 fn max_kept(cand: &[Cand]) -> f32 {
-    cand.iter()
-        .map(|c| c.logit)
-        .fold(f32::NEG_INFINITY, f32::max)
+    cand.iter().map(|c| c.logit).fold(f32::NEG_INFINITY, f32::max)
 }
 
 /// Calls `f(id, logit)` for each kept token in id order until it returns false.
@@ -518,14 +465,8 @@ fn for_each_kept(row: &[f32], cand: &[Cand], kept: &Kept, mut f: impl FnMut(u32,
         }
         Kept::UpTo(pivot) => {
             for (i, &logit) in row.iter().enumerate() {
-                let c = Cand {
-                    logit,
-                    id: i as u32,
-                };
-                if logit > f32::NEG_INFINITY
-                    && before(&c, pivot) != Ordering::Greater
-                    && !f(c.id, logit)
-                {
+                let c = Cand { logit, id: i as u32 };
+                if logit > f32::NEG_INFINITY && before(&c, pivot) != Ordering::Greater && !f(c.id, logit) {
                     return;
                 }
             }
@@ -536,13 +477,7 @@ fn for_each_kept(row: &[f32], cand: &[Cand], kept: &Kept, mut f: impl FnMut(u32,
 /// Repetition penalty over the last `penalty_last_n` tokens (each distinct
 /// token once: positive logits divided, negative multiplied), then OpenAI
 /// frequency/presence penalties over the whole history. Writes into `work`.
-fn apply_penalties(
-    p: &SamplingParams,
-    logits: &[f32],
-    history: &[u32],
-    work: &mut Vec<f32>,
-    counts: &mut Vec<u32>,
-) {
+fn apply_penalties(p: &SamplingParams, logits: &[f32], history: &[u32], work: &mut Vec<f32>, counts: &mut Vec<u32>) {
     work.extend_from_slice(logits);
     counts.resize(logits.len(), 0);
     let rep = p.repetition_penalty();
@@ -592,10 +527,7 @@ impl Lse {
     pub(crate) fn new(logits: &[f32], max: f32) -> Self {
         let m = f64::from(max);
         let sum = block_sum(logits, 0, max, 1.0, &KEEP_ALL);
-        Self {
-            max: m,
-            ln_sum: sum.ln(),
-        }
+        Self { max: m, ln_sum: sum.ln() }
     }
 
     pub(crate) fn value(&self) -> f64 {
@@ -622,21 +554,10 @@ fn top_alternatives(logits: &[f32], lse: Lse, n: usize) -> Vec<TopLogprob> {
         }
         // After every equal logit: lower ids were seen first and stay ahead.
         let pos = top.partition_point(|c| c.logit >= logit);
-        top.insert(
-            pos,
-            Cand {
-                logit,
-                id: i as u32,
-            },
-        );
+        top.insert(pos, Cand { logit, id: i as u32 });
         top.truncate(n);
     }
-    top.iter()
-        .map(|c| TopLogprob {
-            token: c.id,
-            logprob: lse.logprob(c.logit),
-        })
-        .collect()
+    top.iter().map(|c| TopLogprob { token: c.id, logprob: lse.logprob(c.logit) }).collect()
 }
 
 #[cfg(test)]
@@ -646,41 +567,27 @@ mod tests {
     fn penalised(p: SamplingParams, logits: &[f32], history: &[u32]) -> Vec<f32> {
         let (mut work, mut counts) = (Vec::new(), Vec::new());
         apply_penalties(&p, logits, history, &mut work, &mut counts);
-        assert!(
-            counts.iter().all(|&c| c == 0),
-            "scratch counters must be reset"
-        );
+        assert!(counts.iter().all(|&c| c == 0), "scratch counters must be reset");
         work
     }
 
     #[test]
     fn repetition_penalty_divides_positive_and_multiplies_negative_logits_once_per_token() {
-        let p = SamplingParams::builder()
-            .repetition_penalty(2.0)
-            .build()
-            .unwrap();
+        let p = SamplingParams::builder().repetition_penalty(2.0).build().unwrap();
         let out = penalised(p, &[4.0, -4.0, 4.0, 0.0], &[0, 0, 0, 1, 3]);
         assert_eq!(out, [2.0, -8.0, 4.0, 0.0]);
     }
 
     #[test]
     fn repetition_penalty_only_sees_the_last_penalty_last_n_tokens() {
-        let p = SamplingParams::builder()
-            .repetition_penalty(2.0)
-            .penalty_last_n(2)
-            .build()
-            .unwrap();
+        let p = SamplingParams::builder().repetition_penalty(2.0).penalty_last_n(2).build().unwrap();
         let out = penalised(p, &[4.0, 4.0, 4.0], &[0, 1, 2, 2]);
         assert_eq!(out, [4.0, 4.0, 2.0]);
     }
 
     #[test]
     fn frequency_penalty_scales_with_count_and_presence_is_flat() {
-        let p = SamplingParams::builder()
-            .frequency_penalty(0.5)
-            .presence_penalty(1.0)
-            .build()
-            .unwrap();
+        let p = SamplingParams::builder().frequency_penalty(0.5).presence_penalty(1.0).build().unwrap();
         let out = penalised(p, &[0.0; 4], &[1, 2, 2, 2]);
         assert_eq!(out, [0.0, -1.5, -2.5, 0.0]);
     }
@@ -689,10 +596,7 @@ mod tests {
     fn top_alternatives_break_ties_by_lower_id_and_skip_masked_tokens() {
         let logits = [1.0, 3.0, 3.0, f32::NEG_INFINITY, 2.0];
         let lse = Lse::new(&logits, 3.0);
-        let ids: Vec<u32> = top_alternatives(&logits, lse, 5)
-            .iter()
-            .map(|t| t.token)
-            .collect();
+        let ids: Vec<u32> = top_alternatives(&logits, lse, 5).iter().map(|t| t.token).collect();
         assert_eq!(ids, [1, 2, 4, 0]);
     }
 
@@ -702,10 +606,7 @@ mod tests {
         while x < 88.0 {
             let want = f64::from(x).exp();
             let got = f64::from(fast_exp(x));
-            assert!(
-                ((got - want) / want).abs() < 4e-7,
-                "exp({x}) = {got}, want {want}"
-            );
+            assert!(((got - want) / want).abs() < 4e-7, "exp({x}) = {got}, want {want}");
             x += 0.0137;
         }
         assert_eq!(fast_exp(0.0), 1.0);

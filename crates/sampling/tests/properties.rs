@@ -8,18 +8,13 @@ use sampling::{argmax, log_softmax, Sampler, SamplingParams};
 /// Brute-force oracle of the allowed set for top_k -> top_p -> min_p, with
 /// a little slack at the top_p and min_p boundaries for float rounding.
 fn allowed(logits: &[f32], top_k: usize, top_p: f32, min_p: f32) -> Vec<bool> {
-    let mut order: Vec<usize> = (0..logits.len())
-        .filter(|&i| logits[i] > f32::NEG_INFINITY)
-        .collect();
+    let mut order: Vec<usize> = (0..logits.len()).filter(|&i| logits[i] > f32::NEG_INFINITY).collect();
     order.sort_by(|&a, &b| logits[b].partial_cmp(&logits[a]).unwrap().then(a.cmp(&b)));
     if top_k > 0 {
         order.truncate(top_k);
     }
     let max = logits[order[0]] as f64;
-    let w: Vec<f64> = order
-        .iter()
-        .map(|&i| (logits[i] as f64 - max).exp())
-        .collect();
+    let w: Vec<f64> = order.iter().map(|&i| (logits[i] as f64 - max).exp()).collect();
     let z: f64 = w.iter().sum();
     let mut ok = vec![false; logits.len()];
     let mut before = 0.0;
@@ -33,11 +28,7 @@ fn allowed(logits: &[f32], top_k: usize, top_p: f32, min_p: f32) -> Vec<bool> {
 }
 
 fn logits_strategy() -> impl Strategy<Value = Vec<f32>> {
-    prop::collection::vec(
-        prop_oneof![9 => -15.0f32..15.0, 1 => Just(f32::NEG_INFINITY)],
-        1..300,
-    )
-    .prop_map(|mut v| {
+    prop::collection::vec(prop_oneof![9 => -15.0f32..15.0, 1 => Just(f32::NEG_INFINITY)], 1..300).prop_map(|mut v| {
         if v.iter().all(|x| *x == f32::NEG_INFINITY) {
             v[0] = 0.0;
         }

@@ -2,9 +2,7 @@
 
 #![allow(clippy::unwrap_used)] // test helpers
 
-use sampling::{
-    argmax, log_softmax, Sampler, SamplingError, SamplingParams, SamplingParamsBuilder,
-};
+use sampling::{argmax, log_softmax, Sampler, SamplingError, SamplingParams, SamplingParamsBuilder};
 
 fn params(b: SamplingParamsBuilder) -> SamplingParams {
     b.build().unwrap()
@@ -12,10 +10,7 @@ fn params(b: SamplingParamsBuilder) -> SamplingParams {
 
 fn softmax(logits: &[f32], temperature: f64) -> Vec<f64> {
     let m = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let w: Vec<f64> = logits
-        .iter()
-        .map(|&x| ((x as f64 - m) / temperature).exp())
-        .collect();
+    let w: Vec<f64> = logits.iter().map(|&x| ((x as f64 - m) / temperature).exp()).collect();
     let z: f64 = w.iter().sum();
     w.iter().map(|x| x / z).collect()
 }
@@ -23,9 +18,7 @@ fn softmax(logits: &[f32], temperature: f64) -> Vec<f64> {
 /// Pseudo-random logits without a rand dependency.
 fn logits(n: usize, seed: u64) -> Vec<f32> {
     let mut r = sampling::Rng::seed_from_u64(seed);
-    (0..n)
-        .map(|_| (r.next_f64() * 20.0 - 10.0) as f32)
-        .collect()
+    (0..n).map(|_| (r.next_f64() * 20.0 - 10.0) as f32).collect()
 }
 
 fn counts(sampler: &mut Sampler, logits: &[f32], draws: usize) -> Vec<usize> {
@@ -44,10 +37,7 @@ fn assert_frequencies_match(c: &[usize], p: &[f64]) {
     for (i, (&ci, &pi)) in c.iter().zip(p).enumerate() {
         let f = ci as f64 / n as f64;
         let se = (pi * (1.0 - pi) / n as f64).sqrt();
-        assert!(
-            (f - pi).abs() <= 5.0 * se + 1e-3,
-            "token {i}: frequency {f:.4} vs probability {pi:.4} (counts {c:?})"
-        );
+        assert!((f - pi).abs() <= 5.0 * se + 1e-3, "token {i}: frequency {f:.4} vs probability {pi:.4} (counts {c:?})");
     }
 }
 
@@ -65,12 +55,8 @@ fn greedy_picks_the_argmax_with_ties_to_the_lowest_id() {
 #[test]
 fn greedy_ignores_the_seed() {
     let l = logits(500, 3);
-    let a = Sampler::new(params(SamplingParams::builder().seed(1)))
-        .sample(&l, &[])
-        .unwrap();
-    let b = Sampler::new(params(SamplingParams::builder().seed(2)))
-        .sample(&l, &[])
-        .unwrap();
+    let a = Sampler::new(params(SamplingParams::builder().seed(1))).sample(&l, &[]).unwrap();
+    let b = Sampler::new(params(SamplingParams::builder().seed(2))).sample(&l, &[]).unwrap();
     assert_eq!(a, b);
 }
 
@@ -81,10 +67,7 @@ fn top_k_1_equals_greedy_at_any_temperature() {
         let mut greedy = Sampler::new(SamplingParams::default());
         for seed in 0..50 {
             let l = logits(300, seed);
-            assert_eq!(
-                k1.sample(&l, &[]).unwrap().token,
-                greedy.sample(&l, &[]).unwrap().token
-            );
+            assert_eq!(k1.sample(&l, &[]).unwrap().token, greedy.sample(&l, &[]).unwrap().token);
         }
         // Ties too.
         assert_eq!(k1.sample(&[5.0; 300], &[]).unwrap().token, 0);
@@ -170,18 +153,10 @@ fn frequencies_match_softmax_at_other_temperatures() {
 #[test]
 fn frequencies_match_the_reported_truncated_distribution() {
     let l = logits(400, 8).iter().map(|x| x * 0.4).collect::<Vec<_>>();
-    let p = SamplingParams::builder()
-        .temperature(0.8)
-        .top_k(30)
-        .top_p(0.8)
-        .min_p(0.05)
-        .seed(3);
+    let p = SamplingParams::builder().temperature(0.8).top_k(30).top_p(0.8).min_p(0.05).seed(3);
     let mut s = Sampler::new(params(p));
     let dist = s.distribution(&l, &[]).unwrap();
-    assert!(
-        dist.len() > 2,
-        "distribution should keep several tokens: {dist:?}"
-    );
+    assert!(dist.len() > 2, "distribution should keep several tokens: {dist:?}");
     let mut p_full = vec![0.0; l.len()];
     for &(id, p) in &dist {
         p_full[id as usize] = p;
@@ -199,10 +174,7 @@ fn large_vocab_top_p_keeps_the_smallest_head_and_draws_match_it() {
         l[i] = v;
     }
     // Full-softmax cumulative mass of the head: 0.474, 0.761, 0.935, ...
-    let p = SamplingParams::builder()
-        .temperature(1.0)
-        .top_p(0.9)
-        .seed(4);
+    let p = SamplingParams::builder().temperature(1.0).top_p(0.9).seed(4);
     let mut s = Sampler::new(params(p));
     let dist = s.distribution(&l, &[]).unwrap();
     let ids: Vec<u32> = dist.iter().map(|d| d.0).collect();
@@ -220,22 +192,13 @@ fn large_vocab_top_p_keeps_the_smallest_head_and_draws_match_it() {
 }
 
 fn max_prob(s: &mut Sampler, l: &[f32]) -> f64 {
-    s.distribution(l, &[])
-        .unwrap()
-        .iter()
-        .map(|d| d.1)
-        .fold(0.0, f64::max)
+    s.distribution(l, &[]).unwrap().iter().map(|d| d.1).fold(0.0, f64::max)
 }
 
 #[test]
 fn lower_temperature_sharpens_and_higher_flattens() {
     let l = [1.0f32, 0.0, 2.0, -1.0, 0.5];
-    let at = |t: f32| {
-        max_prob(
-            &mut Sampler::new(params(SamplingParams::builder().temperature(t))),
-            &l,
-        )
-    };
+    let at = |t: f32| max_prob(&mut Sampler::new(params(SamplingParams::builder().temperature(t))), &l);
     let (cold, unit, hot) = (at(0.3), at(1.0), at(2.0));
     assert!(cold > unit + 0.1 && unit > hot + 0.1, "{cold} {unit} {hot}");
     // And in draws: the argmax comes up more often when cold.
@@ -249,20 +212,12 @@ fn lower_temperature_sharpens_and_higher_flattens() {
 
 fn prob_of(p: SamplingParams, l: &[f32], history: &[u32], token: u32) -> f64 {
     let mut s = Sampler::new(p);
-    s.distribution(l, history)
-        .unwrap()
-        .iter()
-        .find(|d| d.0 == token)
-        .map_or(0.0, |d| d.1)
+    s.distribution(l, history).unwrap().iter().find(|d| d.0 == token).map_or(0.0, |d| d.1)
 }
 
 #[test]
 fn repetition_penalty_lowers_the_probability_of_repeated_tokens() {
-    let p = params(
-        SamplingParams::builder()
-            .temperature(1.0)
-            .repetition_penalty(1.5),
-    );
+    let p = params(SamplingParams::builder().temperature(1.0).repetition_penalty(1.5));
     for l in [[2.0f32, 1.0, 0.0], [-0.5, -1.0, -2.0]] {
         let fresh = prob_of(p, &l, &[1], 0);
         let repeated = prob_of(p, &l, &[0, 1], 0);
@@ -273,11 +228,7 @@ fn repetition_penalty_lowers_the_probability_of_repeated_tokens() {
 #[test]
 fn frequency_penalty_scales_with_count() {
     let l = [1.0f32, 1.0, 1.0];
-    let p = params(
-        SamplingParams::builder()
-            .temperature(1.0)
-            .frequency_penalty(0.5),
-    );
+    let p = params(SamplingParams::builder().temperature(1.0).frequency_penalty(0.5));
     let p0 = prob_of(p, &l, &[], 0);
     let p1 = prob_of(p, &l, &[0], 0);
     let p3 = prob_of(p, &l, &[0, 0, 0], 0);
@@ -290,11 +241,7 @@ fn frequency_penalty_scales_with_count() {
 #[test]
 fn presence_penalty_does_not_scale_with_count() {
     let l = [1.0f32, 1.0, 1.0];
-    let p = params(
-        SamplingParams::builder()
-            .temperature(1.0)
-            .presence_penalty(0.8),
-    );
+    let p = params(SamplingParams::builder().temperature(1.0).presence_penalty(0.8));
     let p0 = prob_of(p, &l, &[], 0);
     let p1 = prob_of(p, &l, &[0], 0);
     let p3 = prob_of(p, &l, &[0, 0, 0], 0);
@@ -305,12 +252,7 @@ fn presence_penalty_does_not_scale_with_count() {
 #[test]
 fn negative_penalties_raise_the_probability_of_repeated_tokens() {
     let l = [1.0f32, 1.0];
-    let p = params(
-        SamplingParams::builder()
-            .temperature(1.0)
-            .frequency_penalty(-1.0)
-            .presence_penalty(-1.0),
-    );
+    let p = params(SamplingParams::builder().temperature(1.0).frequency_penalty(-1.0).presence_penalty(-1.0));
     assert!(prob_of(p, &l, &[0], 0) > 0.8);
 }
 
@@ -359,12 +301,7 @@ fn masked_tokens_are_never_sampled() {
     let mut l = vec![f32::NEG_INFINITY; 100];
     l[37] = -50.0;
     l[80] = -51.0;
-    let mut s = Sampler::new(params(
-        SamplingParams::builder()
-            .temperature(2.0)
-            .seed(2)
-            .top_logprobs(5),
-    ));
+    let mut s = Sampler::new(params(SamplingParams::builder().temperature(2.0).seed(2).top_logprobs(5)));
     for _ in 0..500 {
         let out = s.sample(&l, &[]).unwrap();
         assert!(out.token == 37 || out.token == 80);
@@ -376,31 +313,13 @@ fn masked_tokens_are_never_sampled() {
 fn bad_logits_are_errors_not_panics() {
     let mut s = Sampler::new(params(SamplingParams::builder().temperature(1.0).top_k(3)));
     assert_eq!(s.sample(&[], &[]), Err(SamplingError::EmptyLogits));
-    assert_eq!(
-        s.sample(&[f32::NEG_INFINITY; 4], &[]),
-        Err(SamplingError::NoFiniteLogits)
-    );
-    assert!(matches!(
-        s.sample(&[0.0, f32::NAN], &[]),
-        Err(SamplingError::InvalidLogit { index: 1, .. })
-    ));
-    assert!(matches!(
-        s.sample(&[f32::INFINITY, 0.0], &[]),
-        Err(SamplingError::InvalidLogit { index: 0, .. })
-    ));
-    assert!(matches!(
-        s.sample(&[0.0, 1.0], &[2]),
-        Err(SamplingError::TokenOutOfRange { token: 2, vocab: 2 })
-    ));
+    assert_eq!(s.sample(&[f32::NEG_INFINITY; 4], &[]), Err(SamplingError::NoFiniteLogits));
+    assert!(matches!(s.sample(&[0.0, f32::NAN], &[]), Err(SamplingError::InvalidLogit { index: 1, .. })));
+    assert!(matches!(s.sample(&[f32::INFINITY, 0.0], &[]), Err(SamplingError::InvalidLogit { index: 0, .. })));
+    assert!(matches!(s.sample(&[0.0, 1.0], &[2]), Err(SamplingError::TokenOutOfRange { token: 2, vocab: 2 })));
     // The first good row fixes the vocabulary; the sampler stays usable after errors.
     assert!(s.sample(&[0.0, 1.0, 2.0], &[]).is_ok());
-    assert_eq!(
-        s.sample(&[0.0, 1.0], &[]),
-        Err(SamplingError::LengthMismatch {
-            expected: 3,
-            got: 2
-        })
-    );
+    assert_eq!(s.sample(&[0.0, 1.0], &[]), Err(SamplingError::LengthMismatch { expected: 3, got: 2 }));
     assert!(s.sample(&[0.0, 1.0, 2.0], &[0, 1, 2]).is_ok());
     let msg = SamplingError::NoFiniteLogits.to_string();
     assert!(msg.contains("-inf"));
@@ -409,21 +328,13 @@ fn bad_logits_are_errors_not_panics() {
 #[test]
 fn greedy_on_fully_masked_row_is_an_error() {
     let mut s = Sampler::new(SamplingParams::default());
-    assert_eq!(
-        s.sample(&[f32::NEG_INFINITY], &[]),
-        Err(SamplingError::NoFiniteLogits)
-    );
+    assert_eq!(s.sample(&[f32::NEG_INFINITY], &[]), Err(SamplingError::NoFiniteLogits));
 }
 
 #[test]
 fn extreme_logits_do_not_overflow() {
     let l = [f32::MAX, -f32::MAX, 0.0, f32::MAX];
-    let mut s = Sampler::new(params(
-        SamplingParams::builder()
-            .temperature(0.01)
-            .top_logprobs(3)
-            .seed(0),
-    ));
+    let mut s = Sampler::new(params(SamplingParams::builder().temperature(0.01).top_logprobs(3).seed(0)));
     for _ in 0..50 {
         let out = s.sample(&l, &[]).unwrap();
         assert!(out.token == 0 || out.token == 3);
@@ -435,18 +346,10 @@ fn extreme_logits_do_not_overflow() {
 fn full_vocab_sampling_is_fast_enough() {
     let l = logits(49_152, 1);
     let cases = [
-        SamplingParams::builder()
-            .temperature(0.8)
-            .top_k(40)
-            .top_p(0.95)
-            .min_p(0.05),
+        SamplingParams::builder().temperature(0.8).top_k(40).top_p(0.95).min_p(0.05),
         SamplingParams::builder().temperature(1.0).top_p(0.9),
         SamplingParams::builder().temperature(1.0),
-        SamplingParams::builder()
-            .temperature(0.7)
-            .repetition_penalty(1.1)
-            .frequency_penalty(0.2)
-            .top_logprobs(5),
+        SamplingParams::builder().temperature(0.7).repetition_penalty(1.1).frequency_penalty(0.2).top_logprobs(5),
     ];
     let history: Vec<u32> = (0..500).map(|i| (i * 97) % 49_152).collect();
     for b in cases {

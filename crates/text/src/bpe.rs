@@ -29,11 +29,7 @@ impl Bpe {
         s.queue.clear();
         let n = word.len();
         for (i, &b) in word.iter().enumerate() {
-            s.syms.push(Sym {
-                id: self.byte_token[usize::from(b)],
-                prev: i.wrapping_sub(1),
-                next: i + 1,
-            });
+            s.syms.push(Sym { id: self.byte_token[usize::from(b)], prev: i.wrapping_sub(1), next: i + 1 });
         }
         for i in 1..n {
             self.push_bigram(s, i - 1, i);

@@ -19,10 +19,7 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
-        Self {
-            role: role.into(),
-            content: content.into(),
-        }
+        Self { role: role.into(), content: content.into() }
     }
 }
 
@@ -61,12 +58,7 @@ fn str_arg(args: &[Value], i: usize) -> Option<&str> {
 }
 
 /// The Python `str`/`dict` methods chat templates written for HF transformers commonly call.
-fn python_method(
-    state: &State,
-    value: &Value,
-    method: &str,
-    args: &[Value],
-) -> Result<Value, Error> {
+fn python_method(state: &State, value: &Value, method: &str, args: &[Value]) -> Result<Value, Error> {
     let unknown = || Err(Error::from(ErrorKind::UnknownMethod));
     match value.kind() {
         ValueKind::String => {
@@ -86,14 +78,9 @@ fn python_method(
                 "lower" => Value::from(s.to_lowercase()),
                 "title" | "capitalize" | "replace" | "split" => state.apply_filter(
                     method,
-                    &std::iter::once(value.clone())
-                        .chain(args.iter().cloned())
-                        .collect::<Vec<_>>(),
+                    &std::iter::once(value.clone()).chain(args.iter().cloned()).collect::<Vec<_>>(),
                 )?,
-                "join" => state.apply_filter(
-                    "join",
-                    &[args.first().cloned().unwrap_or_default(), value.clone()],
-                )?,
+                "join" => state.apply_filter("join", &[args.first().cloned().unwrap_or_default(), value.clone()])?,
                 _ => return unknown(),
             })
         }
@@ -101,18 +88,13 @@ fn python_method(
             "items" => state.apply_filter("items", std::slice::from_ref(value)),
             "keys" => Ok(Value::from(value.try_iter()?.collect::<Vec<_>>())),
             "values" => {
-                let vals: Result<Vec<Value>, Error> =
-                    value.try_iter()?.map(|k| value.get_item(&k)).collect();
+                let vals: Result<Vec<Value>, Error> = value.try_iter()?.map(|k| value.get_item(&k)).collect();
                 Ok(Value::from(vals?))
             }
             "get" => {
                 let key = args.first().cloned().unwrap_or_default();
                 let v = value.get_item(&key)?;
-                Ok(if v.is_undefined() {
-                    args.get(1).cloned().unwrap_or(Value::from(()))
-                } else {
-                    v
-                })
+                Ok(if v.is_undefined() { args.get(1).cloned().unwrap_or(Value::from(())) } else { v })
             }
             _ => unknown(),
         },
@@ -166,26 +148,14 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_filter("tojson", to_json);
         env.set_unknown_method_callback(python_method);
-        env.add_template_owned(NAME, src.to_string())
-            .map_err(TextError::TemplateSyntax)?;
-        Ok(ChatTemplate {
-            env,
-            bos: bos.to_string(),
-            eos: eos.to_string(),
-        })
+        env.add_template_owned(NAME, src.to_string()).map_err(TextError::TemplateSyntax)?;
+        Ok(ChatTemplate { env, bos: bos.to_string(), eos: eos.to_string() })
     }
 
     /// The prompt for `messages`; with `add_generation_prompt` it ends where the assistant's
     /// reply begins.
-    pub fn render(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String, TextError> {
-        let tmpl = self
-            .env
-            .get_template(NAME)
-            .map_err(TextError::TemplateRender)?;
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TextError> {
+        let tmpl = self.env.get_template(NAME).map_err(TextError::TemplateRender)?;
         let ctx = context! {
             messages => Value::from_serialize(messages),
             add_generation_prompt => add_generation_prompt,

@@ -30,9 +30,7 @@ impl StreamDecoder {
                 }
                 Err(e) => {
                     let valid = e.valid_up_to();
-                    out.push_str(&String::from_utf8_lossy(
-                        &self.pending[start..start + valid],
-                    ));
+                    out.push_str(&String::from_utf8_lossy(&self.pending[start..start + valid]));
                     start += valid;
                     match e.error_len() {
                         // Invalid whatever follows: release it as one replacement character.

@@ -17,9 +17,7 @@ use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::Split;
 use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::{
-    OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer, SplitDelimiterBehavior,
-};
+use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer, SplitDelimiterBehavior};
 
 use crate::bpe::{self, Bpe};
 use crate::TextError;
@@ -114,9 +112,7 @@ fn optional_id(g: &gguf::Gguf, key: &str, n: usize) -> Result<Option<u32>, TextE
     }
     match u32::try_from(id) {
         Ok(id) if (id as usize) < n => Ok(Some(id)),
-        _ => Err(TextError::InvalidVocab(format!(
-            "{key} = {id} is outside the vocabulary of {n} tokens"
-        ))),
+        _ => Err(TextError::InvalidVocab(format!("{key} = {id} is outside the vocabulary of {n} tokens"))),
     }
 }
 
@@ -130,9 +126,9 @@ impl Tokenizer {
         // llama.cpp treats a missing pre-tokenizer key as "default".
         let pre_name = match g.get("tokenizer.ggml.pre") {
             None => "default",
-            Some(v) => v.as_str().ok_or_else(|| {
-                TextError::InvalidVocab("tokenizer.ggml.pre is not a string".into())
-            })?,
+            Some(v) => {
+                v.as_str().ok_or_else(|| TextError::InvalidVocab("tokenizer.ggml.pre is not a string".into()))?
+            }
         };
         let gpt2 = Split::new(
             tokenizers::pre_tokenizers::split::SplitPattern::Regex(GPT2_REGEX.to_string()),
@@ -142,10 +138,7 @@ impl Tokenizer {
         .map_err(|e| TextError::Encode(format!("pre-tokenizer regex: {e}")))?;
         let pre = match pre_name {
             // llama.cpp: "\p{N}" then the GPT-2 regex; Digits uses char::is_numeric, i.e. \p{N}.
-            "smollm" => PreTokenizerWrapper::Sequence(Sequence::new(vec![
-                Digits::new(true).into(),
-                gpt2.into(),
-            ])),
+            "smollm" => PreTokenizerWrapper::Sequence(Sequence::new(vec![Digits::new(true).into(), gpt2.into()])),
             "gpt2" | "default" => gpt2.into(),
             other => return Err(TextError::UnsupportedPre(other.to_string())),
         };
@@ -160,18 +153,11 @@ impl Tokenizer {
             None => vec![TYPE_NORMAL; n],
         };
         if types.len() != n {
-            return Err(TextError::InvalidVocab(format!(
-                "{} token types for {n} tokens",
-                types.len()
-            )));
+            return Err(TextError::InvalidVocab(format!("{} token types for {n} tokens", types.len())));
         }
 
         let to_char = bytes_to_chars();
-        let char_to_byte: HashMap<char, u8> = to_char
-            .iter()
-            .enumerate()
-            .map(|(b, &c)| (c, b as u8))
-            .collect();
+        let char_to_byte: HashMap<char, u8> = to_char.iter().enumerate().map(|(b, &c)| (c, b as u8)).collect();
 
         let mut vocab: HashMap<String, u32> = HashMap::with_capacity(n);
         let mut pieces = Vec::with_capacity(n);
@@ -192,11 +178,7 @@ impl Tokenizer {
             pieces.push(bytes.into_boxed_slice());
             special.push(matches!(ty, TYPE_CONTROL | TYPE_UNKNOWN));
             if matches!(ty, TYPE_CONTROL | TYPE_UNKNOWN | TYPE_USER_DEFINED) && !text.is_empty() {
-                special_texts.push(SpecialText {
-                    text: text.to_string(),
-                    id,
-                    always: ty == TYPE_USER_DEFINED,
-                });
+                special_texts.push(SpecialText { text: text.to_string(), id, always: ty == TYPE_USER_DEFINED });
             }
         }
         // Longest first, so that a token whose text contains another's is matched whole.
@@ -210,40 +192,27 @@ impl Tokenizer {
         for (rank, m) in merges.into_iter().enumerate() {
             // Split at the first space after the first character, as llama.cpp does: byte-level
             // tokens never contain a raw space, but the first part may be a lone " ".
-            let split = m
-                .char_indices()
-                .skip(1)
-                .find(|&(_, c)| c == ' ')
-                .map(|(i, _)| i);
+            let split = m.char_indices().skip(1).find(|&(_, c)| c == ' ').map(|(i, _)| i);
             let Some(i) = split else {
-                return Err(TextError::InvalidVocab(format!(
-                    "merge {m:?} has no separating space"
-                )));
+                return Err(TextError::InvalidVocab(format!("merge {m:?} has no separating space")));
             };
             let (a, b) = (&m[..i], &m[i + 1..]);
             // A merge whose parts or result are not tokens can never produce a token: skipped.
-            let (Some(&l), Some(&r), Some(&merged)) =
-                (vocab.get(a), vocab.get(b), vocab.get(&format!("{a}{b}")))
+            let (Some(&l), Some(&r), Some(&merged)) = (vocab.get(a), vocab.get(b), vocab.get(&format!("{a}{b}")))
             else {
                 continue;
             };
             // The first occurrence of a pair holds its rank, as in llama.cpp.
             merge_map.entry((l, r)).or_insert((rank as u32, merged));
         }
-        let byte_token = std::array::from_fn(|b| {
-            vocab
-                .get(to_char[b].encode_utf8(&mut [0u8; 4]) as &str)
-                .copied()
-        });
+        let byte_token = std::array::from_fn(|b| vocab.get(to_char[b].encode_utf8(&mut [0u8; 4]) as &str).copied());
 
         let bos = optional_id(g, "tokenizer.ggml.bos_token_id", n)?;
         let find = |text: &str| tokens.iter().position(|&t| t == text).map(|i| i as u32);
         let eos = match optional_id(g, "tokenizer.ggml.eos_token_id", n)? {
             Some(id) => id,
             None => find("<|endoftext|>").ok_or_else(|| {
-                TextError::InvalidVocab(
-                    "no tokenizer.ggml.eos_token_id and no <|endoftext|> token".into(),
-                )
+                TextError::InvalidVocab("no tokenizer.ggml.eos_token_id and no <|endoftext|> token".into())
             })?,
         };
         let mut stop = vec![eos];
@@ -261,10 +230,7 @@ impl Tokenizer {
 
         Ok(Tokenizer {
             pre,
-            bpe: Bpe {
-                byte_token,
-                merges: merge_map,
-            },
+            bpe: Bpe { byte_token, merges: merge_map },
             pieces,
             special,
             special_texts,
@@ -292,9 +258,7 @@ impl Tokenizer {
             return Ok(());
         }
         let mut words = PreTokenizedString::from(text);
-        self.pre
-            .pre_tokenize(&mut words)
-            .map_err(|e| TextError::Encode(e.to_string()))?;
+        self.pre.pre_tokenize(&mut words).map_err(|e| TextError::Encode(e.to_string()))?;
         let mut scratch = bpe::Scratch::default();
         for (word, _, _) in words.get_splits(OffsetReferential::Original, OffsetType::Byte) {
             self.bpe.word(word.as_bytes(), &mut scratch, out);
@@ -310,10 +274,7 @@ impl Tokenizer {
             if !parse_special && !st.always {
                 continue;
             }
-            if !frags
-                .iter()
-                .any(|f| matches!(f, Fragment::Text(s) if s.contains(st.text.as_str())))
-            {
+            if !frags.iter().any(|f| matches!(f, Fragment::Text(s) if s.contains(st.text.as_str()))) {
                 continue;
             }
             let mut next = Vec::with_capacity(frags.len() + 2);
@@ -357,10 +318,7 @@ impl Tokenizer {
     }
 
     pub(crate) fn piece(&self, id: u32) -> Result<&[u8], TextError> {
-        self.token_bytes(id).ok_or(TextError::UnknownToken {
-            id,
-            vocab_size: self.pieces.len(),
-        })
+        self.token_bytes(id).ok_or(TextError::UnknownToken { id, vocab_size: self.pieces.len() })
     }
 
     /// The raw bytes of one token, `None` for an id outside the vocabulary.
@@ -393,8 +351,7 @@ impl Tokenizer {
 }
 
 /// The GPT-2 split regex (llama.cpp's, with the trailing `\s+` its custom matcher implements).
-const GPT2_REGEX: &str =
-    r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
+const GPT2_REGEX: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
 enum Fragment<'t> {
     Text(&'t str),

@@ -21,11 +21,7 @@ fn hf() -> &'static tokenizers::Tokenizer {
         let path = fetch::ensure_default_model().expect("model");
         let file = gguf::GgufFile::open(&path).expect("parses");
         let tokens = file.str_array("tokenizer.ggml.tokens").expect("tokens");
-        let vocab: Vocab = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.to_string(), i as u32))
-            .collect();
+        let vocab: Vocab = tokens.iter().enumerate().map(|(i, t)| (t.to_string(), i as u32)).collect();
         let merges = file
             .str_array("tokenizer.ggml.merges")
             .expect("merges")
@@ -35,10 +31,7 @@ fn hf() -> &'static tokenizers::Tokenizer {
                 (a.to_string(), b.to_string())
             })
             .collect();
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .expect("bpe");
+        let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().expect("bpe");
         let mut t = tokenizers::Tokenizer::new(bpe);
         t.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(Sequence::new(vec![
             Digits::new(true).into(),
@@ -50,11 +43,7 @@ fn hf() -> &'static tokenizers::Tokenizer {
 
 fn check(s: &str) -> Result<(), TestCaseError> {
     let ours = common::tok().encode(s, false).expect("encode");
-    let theirs = hf()
-        .encode_fast(s, false)
-        .expect("hf encode")
-        .get_ids()
-        .to_vec();
+    let theirs = hf().encode_fast(s, false).expect("hf encode").get_ids().to_vec();
     prop_assert_eq!(ours, theirs, "{:?}", s);
     Ok(())
 }

@@ -19,9 +19,7 @@ fn byte_chars() -> Vec<String> {
     let mut extra = 0;
     (0..=255u32)
         .map(|b| {
-            let printable = (0x21..=0x7e).contains(&b)
-                || (0xa1..=0xac).contains(&b)
-                || (0xae..=0xff).contains(&b);
+            let printable = (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
             let cp = if printable {
                 b
             } else {
@@ -63,28 +61,20 @@ fn tiny(model: &str, pre: Option<&str>, extra: &[(&str, &str)]) -> Gguf {
 }
 
 fn id_of(t: &Tokenizer, text: &str) -> u32 {
-    (0..t.vocab_size() as u32)
-        .find(|&i| t.token_bytes(i) == Some(text.as_bytes()))
-        .expect("token")
+    (0..t.vocab_size() as u32).find(|&i| t.token_bytes(i) == Some(text.as_bytes())).expect("token")
 }
 
 #[test]
 fn unsupported_tokenizer_model_is_named() {
     let err = Tokenizer::from_gguf(&tiny("llama", Some("default"), &[])).expect_err("spm refused");
-    assert!(
-        matches!(&err, TextError::UnsupportedModel(m) if m == "llama"),
-        "{err}"
-    );
+    assert!(matches!(&err, TextError::UnsupportedModel(m) if m == "llama"), "{err}");
     assert!(err.to_string().contains("llama"));
 }
 
 #[test]
 fn unsupported_pre_tokenizer_is_named() {
     let err = Tokenizer::from_gguf(&tiny("gpt2", Some("qwen2"), &[])).expect_err("pre refused");
-    assert!(
-        matches!(&err, TextError::UnsupportedPre(p) if p == "qwen2"),
-        "{err}"
-    );
+    assert!(matches!(&err, TextError::UnsupportedPre(p) if p == "qwen2"), "{err}");
     assert!(err.to_string().contains("qwen2"));
 }
 
@@ -93,10 +83,7 @@ fn missing_tokenizer_metadata_is_typed() {
     let mut w = GgufWriter::new();
     w.meta("general.architecture", s("llama"));
     let g = Gguf::parse(&w.to_bytes()).expect("parses");
-    assert!(matches!(
-        Tokenizer::from_gguf(&g),
-        Err(TextError::Metadata(_))
-    ));
+    assert!(matches!(Tokenizer::from_gguf(&g), Err(TextError::Metadata(_))));
 }
 
 #[test]
@@ -110,13 +97,8 @@ fn unknown_token_id_is_typed() {
     let t = Tokenizer::from_gguf(&tiny("gpt2", Some("smollm"), &[])).expect("builds");
     let n = t.vocab_size() as u32;
     let err = t.decode_bytes(&[3, n]).expect_err("unknown id");
-    assert!(
-        matches!(err, TextError::UnknownToken { id, vocab_size } if id == n && vocab_size == n as usize)
-    );
-    assert!(matches!(
-        t.decode(&[u32::MAX]),
-        Err(TextError::UnknownToken { .. })
-    ));
+    assert!(matches!(err, TextError::UnknownToken { id, vocab_size } if id == n && vocab_size == n as usize));
+    assert!(matches!(t.decode(&[u32::MAX]), Err(TextError::UnknownToken { .. })));
     assert_eq!(t.token_bytes(n), None);
     assert!(!t.is_special(n));
 }
@@ -125,19 +107,12 @@ fn unknown_token_id_is_typed() {
 fn tiny_vocab_merges_and_special_rules() {
     let t = Tokenizer::from_gguf(&tiny("gpt2", Some("smollm"), &[])).expect("builds");
     let (c, u, ab) = (id_of(&t, "<|c|>"), id_of(&t, "<u>"), id_of(&t, " ab"));
-    assert_eq!(
-        t.encode(" ab", false).expect("encode"),
-        vec![ab],
-        "merges with Ġ apply"
-    );
+    assert_eq!(t.encode(" ab", false).expect("encode"), vec![ab], "merges with Ġ apply");
     // Control tokens parse only with parse_special; user-defined ones always (llama.cpp).
     assert_eq!(t.encode("<|c|>", true).expect("encode"), vec![c]);
     assert_ne!(t.encode("<|c|>", false).expect("encode"), vec![c]);
     assert_eq!(t.encode("<u>", false).expect("encode"), vec![u]);
-    assert_eq!(
-        t.encode(" ab<u> ab", false).expect("encode"),
-        vec![ab, u, ab]
-    );
+    assert_eq!(t.encode(" ab<u> ab", false).expect("encode"), vec![ab, u, ab]);
     assert!(t.is_special(c) && !t.is_special(u));
     assert_eq!(t.bos(), None);
     assert_eq!(t.eos(), 0);
@@ -156,17 +131,10 @@ fn template_from_tiny_gguf_uses_vocab_texts() {
     let g = tiny(
         "gpt2",
         Some("gpt2"),
-        &[(
-            "tokenizer.chat_template",
-            "{{ bos_token }}|{{ eos_token }}|{{ messages[0].content }}",
-        )],
+        &[("tokenizer.chat_template", "{{ bos_token }}|{{ eos_token }}|{{ messages[0].content }}")],
     );
     let t = ChatTemplate::from_gguf(&g).expect("template");
-    assert_eq!(
-        t.render(&[ChatMessage::new("user", "x")], false)
-            .expect("render"),
-        "|<|endoftext|>|x"
-    );
+    assert_eq!(t.render(&[ChatMessage::new("user", "x")], false).expect("render"), "|<|endoftext|>|x");
 }
 
 #[test]
@@ -183,27 +151,15 @@ fn raise_exception_is_typed_with_its_message() {
         "",
     )
     .expect("compiles");
-    assert_eq!(
-        t.render(&[ChatMessage::new("user", "x")], true)
-            .expect("render"),
-        "ok"
-    );
-    let err = t
-        .render(&[ChatMessage::new("assistant", "x")], true)
-        .expect_err("raises");
-    assert!(
-        matches!(&err, TextError::TemplateRaised(m) if m == "Conversation must start with user"),
-        "{err}"
-    );
+    assert_eq!(t.render(&[ChatMessage::new("user", "x")], true).expect("render"), "ok");
+    let err = t.render(&[ChatMessage::new("assistant", "x")], true).expect_err("raises");
+    assert!(matches!(&err, TextError::TemplateRaised(m) if m == "Conversation must start with user"), "{err}");
 }
 
 #[test]
 fn undefined_attribute_of_undefined_is_a_render_error() {
     let t = ChatTemplate::from_source("{{ nothing.field }}", "", "").expect("compiles");
-    assert!(matches!(
-        t.render(&[], true),
-        Err(TextError::TemplateRender(_))
-    ));
+    assert!(matches!(t.render(&[], true), Err(TextError::TemplateRender(_))));
 }
 
 /// Expected output produced by Python Jinja2 3.1 with HF transformers' settings
@@ -226,22 +182,13 @@ fn template_renders_like_hf_jinja2() {
         t.render(&msgs, false).expect("render"),
         "<s>\n[SYS] Be brief.\n<USER!>hello</s>\n<assistant>Hi\nthere</s>\n<user>x</s>\n"
     );
-    let err = t
-        .render(&[ChatMessage::new("tool", "x")], true)
-        .expect_err("raises");
-    assert!(
-        matches!(&err, TextError::TemplateRaised(m) if m == "unknown role tool"),
-        "{err}"
-    );
+    let err = t.render(&[ChatMessage::new("tool", "x")], true).expect_err("raises");
+    assert!(matches!(&err, TextError::TemplateRaised(m) if m == "unknown role tool"), "{err}");
 }
 
 #[test]
 fn chat_message_serde_shape() {
-    let m: ChatMessage =
-        serde_json::from_str(r#"{"role":"user","content":"hi"}"#).expect("deserialize");
+    let m: ChatMessage = serde_json::from_str(r#"{"role":"user","content":"hi"}"#).expect("deserialize");
     assert_eq!(m, ChatMessage::new("user", "hi"));
-    assert_eq!(
-        serde_json::to_string(&m).expect("serialize"),
-        r#"{"role":"user","content":"hi"}"#
-    );
+    assert_eq!(serde_json::to_string(&m).expect("serialize"), r#"{"role":"user","content":"hi"}"#);
 }

@@ -19,11 +19,7 @@ fn tokenizer_reference_cases_match_llama_cpp() {
         let text = case["text"].as_str().expect("text");
         // The hex is the ground truth for the bytes of the text.
         let hex: String = text.bytes().map(|b| format!("{b:02x}")).collect();
-        assert_eq!(
-            hex,
-            case["utf8_hex"].as_str().expect("utf8_hex"),
-            "{id}: text bytes"
-        );
+        assert_eq!(hex, case["utf8_hex"].as_str().expect("utf8_hex"), "{id}: text bytes");
 
         let with = tok().encode(text, true).expect("encode");
         let without = tok().encode(text, false).expect("encode");
@@ -34,14 +30,8 @@ fn tokenizer_reference_cases_match_llama_cpp() {
             failures.push(format!("{id} no_parse_special: got {without:?}"));
         }
 
-        let round = tok()
-            .decode(&ids(&case["token_ids_parse_special"]))
-            .expect("decode");
-        assert_eq!(
-            round,
-            case["detokenize_roundtrip"].as_str().expect("roundtrip"),
-            "{id}: detokenize"
-        );
+        let round = tok().decode(&ids(&case["token_ids_parse_special"])).expect("decode");
+        assert_eq!(round, case["detokenize_roundtrip"].as_str().expect("roundtrip"), "{id}: detokenize");
         if case["roundtrip_exact"] == true {
             assert_eq!(round, text, "{id}: exact round trip");
         }
@@ -53,25 +43,16 @@ fn tokenizer_reference_cases_match_llama_cpp() {
                 let pid = u32::try_from(p["id"].as_u64().expect("piece id")).expect("u32");
                 let want: Vec<u8> = match &p["piece"] {
                     serde_json::Value::String(s) => s.as_bytes().to_vec(),
-                    serde_json::Value::Array(a) => a
-                        .iter()
-                        .map(|b| u8::try_from(b.as_u64().expect("byte")).expect("u8"))
-                        .collect(),
+                    serde_json::Value::Array(a) => {
+                        a.iter().map(|b| u8::try_from(b.as_u64().expect("byte")).expect("u8")).collect()
+                    }
                     other => panic!("{id}: piece {other}"),
                 };
-                assert_eq!(
-                    tok().token_bytes(pid),
-                    Some(&want[..]),
-                    "{id}: piece of token {pid}"
-                );
+                assert_eq!(tok().token_bytes(pid), Some(&want[..]), "{id}: piece of token {pid}");
             }
         }
     }
-    assert!(
-        failures.is_empty(),
-        "mismatches with llama.cpp:\n{}",
-        failures.join("\n")
-    );
+    assert!(failures.is_empty(), "mismatches with llama.cpp:\n{}", failures.join("\n"));
 }
 
 #[test]
@@ -85,18 +66,10 @@ fn chat_reference_cases_render_and_tokenize_like_llama_cpp() {
         let messages: Vec<ChatMessage> =
             serde_json::from_value(case["messages"].clone()).expect("messages deserialize");
         let prompt = model().template.render(&messages, true).expect("render");
-        assert_eq!(
-            prompt,
-            case["templated_prompt"].as_str().expect("templated_prompt"),
-            "{id}: prompt text"
-        );
+        assert_eq!(prompt, case["templated_prompt"].as_str().expect("templated_prompt"), "{id}: prompt text");
         let got = tok().encode(&prompt, true).expect("encode");
         assert_eq!(got, ids(&case["prompt_token_ids"]), "{id}: prompt ids");
-        assert_eq!(
-            got.len() as u64,
-            case["n_prompt_tokens"].as_u64().expect("n"),
-            "{id}: prompt length"
-        );
+        assert_eq!(got.len() as u64, case["n_prompt_tokens"].as_u64().expect("n"), "{id}: prompt length");
     }
 }
 
@@ -111,10 +84,7 @@ fn reference_template_from_server_props_matches_gguf_template() {
     )
     .expect("compiles");
     let msgs = [ChatMessage::new("user", "hi")];
-    assert_eq!(
-        tmpl.render(&msgs, true).expect("render"),
-        model().template.render(&msgs, true).expect("render")
-    );
+    assert_eq!(tmpl.render(&msgs, true).expect("render"), model().template.render(&msgs, true).expect("render"));
 }
 
 #[test]
@@ -122,33 +92,16 @@ fn metadata_matches_reference() {
     let r = reference("model_metadata.json");
     let hp = &r["hyperparameters"];
     let t = tok();
-    assert_eq!(
-        t.vocab_size() as u64,
-        hp["vocab_size_tokens"].as_u64().expect("vocab")
-    );
+    assert_eq!(t.vocab_size() as u64, hp["vocab_size_tokens"].as_u64().expect("vocab"));
     assert_eq!(t.bos().map(u64::from), hp["bos_token_id"].as_u64());
-    assert_eq!(
-        u64::from(t.eos()),
-        hp["eos_token_id"].as_u64().expect("eos")
-    );
-    for nt in r["non_normal_tokens"]
-        .as_array()
-        .expect("non_normal_tokens")
-    {
+    assert_eq!(u64::from(t.eos()), hp["eos_token_id"].as_u64().expect("eos"));
+    for nt in r["non_normal_tokens"].as_array().expect("non_normal_tokens") {
         let id = u32::try_from(nt["id"].as_u64().expect("id")).expect("u32");
         let text = nt["text"].as_str().expect("text");
         assert_eq!(t.token_bytes(id), Some(text.as_bytes()));
         assert_eq!(t.is_special(id), nt["type"] == 3, "token {id}");
-        assert_eq!(
-            t.encode(text, true).expect("encode"),
-            vec![id],
-            "{text} parses as one token"
-        );
-        assert_ne!(
-            t.encode(text, false).expect("encode"),
-            vec![id],
-            "{text} stays text without parse_special"
-        );
+        assert_eq!(t.encode(text, true).expect("encode"), vec![id], "{text} parses as one token");
+        assert_ne!(t.encode(text, false).expect("encode"), vec![id], "{text} stays text without parse_special");
     }
     assert!(!t.is_special(38699));
     // eos <|im_end|> = 2, <|endoftext|> = 0.

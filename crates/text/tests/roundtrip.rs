@@ -41,16 +41,8 @@ fn extra_strings_round_trip_exactly() {
     for s in EXTRA {
         for parse_special in [false, true] {
             let ids = tok().encode(s, parse_special).expect("encode");
-            assert_eq!(
-                tok().decode_bytes(&ids).expect("decode_bytes"),
-                s.as_bytes(),
-                "{s:?} ({parse_special})"
-            );
-            assert_eq!(
-                tok().decode(&ids).expect("decode"),
-                *s,
-                "{s:?} ({parse_special})"
-            );
+            assert_eq!(tok().decode_bytes(&ids).expect("decode_bytes"), s.as_bytes(), "{s:?} ({parse_special})");
+            assert_eq!(tok().decode(&ids).expect("decode"), *s, "{s:?} ({parse_special})");
         }
     }
 }
@@ -64,22 +56,14 @@ fn digits_are_split_one_per_token() {
     }
     // Digits split off the words around them too.
     let ids = tok().encode("abc123def", false).expect("encode");
-    let pieces: Vec<&[u8]> = ids
-        .iter()
-        .map(|&i| tok().token_bytes(i).expect("piece"))
-        .collect();
-    assert!(
-        pieces.contains(&&b"1"[..]) && pieces.contains(&&b"2"[..]) && pieces.contains(&&b"3"[..])
-    );
+    let pieces: Vec<&[u8]> = ids.iter().map(|&i| tok().token_bytes(i).expect("piece")).collect();
+    assert!(pieces.contains(&&b"1"[..]) && pieces.contains(&&b"2"[..]) && pieces.contains(&&b"3"[..]));
 }
 
 #[test]
 fn contractions_split_like_gpt2() {
     let ids = tok().encode("don't", false).expect("encode");
-    let pieces: Vec<&[u8]> = ids
-        .iter()
-        .map(|&i| tok().token_bytes(i).expect("piece"))
-        .collect();
+    let pieces: Vec<&[u8]> = ids.iter().map(|&i| tok().token_bytes(i).expect("piece")).collect();
     assert_eq!(pieces.last(), Some(&&b"'t"[..]), "{pieces:?}");
 }
 
@@ -110,18 +94,12 @@ fn token_sequences_that_split_characters_decode_byte_exactly() {
     // 17097 = " \xe6", 241 = "\x97", 115 = "\xa5": " 日" spread over three tokens.
     assert_eq!(tok().decode_bytes(&[17097]).expect("bytes"), b" \xe6");
     assert_eq!(tok().decode_bytes(&[241, 115]).expect("bytes"), b"\x97\xa5");
-    assert_eq!(
-        tok().decode_bytes(&[17097, 241, 115]).expect("bytes"),
-        " 日".as_bytes()
-    );
+    assert_eq!(tok().decode_bytes(&[17097, 241, 115]).expect("bytes"), " 日".as_bytes());
     // Alone they are invalid UTF-8: decode_bytes stays exact, decode is lossy.
     assert_eq!(tok().decode(&[241]).expect("decode"), "\u{fffd}");
     assert_eq!(tok().decode(&[17097, 241]).expect("decode"), " \u{fffd}");
     // Out of order: still byte exact.
-    assert_eq!(
-        tok().decode_bytes(&[115, 241, 17097]).expect("bytes"),
-        b"\xa5\x97 \xe6"
-    );
+    assert_eq!(tok().decode_bytes(&[115, 241, 17097]).expect("bytes"), b"\xa5\x97 \xe6");
 }
 
 /// The bytes that have no single-byte token in SmolLM2's vocabulary.
@@ -138,9 +116,7 @@ fn missing_bytes() -> Vec<u8> {
 fn representable(c: char) -> bool {
     let mut buf = [0u8; 4];
     let missing = missing_bytes_cached();
-    c.encode_utf8(&mut buf)
-        .bytes()
-        .all(|b| !missing.contains(&b))
+    c.encode_utf8(&mut buf).bytes().all(|b| !missing.contains(&b))
 }
 
 fn missing_bytes_cached() -> &'static [u8] {
@@ -158,26 +134,13 @@ fn bytes_without_tokens_are_dropped_like_llama_cpp() {
     expect.extend(0xf5..=0xff);
     assert_eq!(missing_bytes(), expect);
     // U+0013 has no token: dropped, the text around it kept.
-    assert_eq!(
-        tok()
-            .decode(&tok().encode("a\u{13}b", false).expect("encode"))
-            .expect("decode"),
-        "ab"
-    );
-    assert_eq!(
-        tok()
-            .decode(&tok().encode("a\rb", false).expect("encode"))
-            .expect("decode"),
-        "a\rb"
-    );
+    assert_eq!(tok().decode(&tok().encode("a\u{13}b", false).expect("encode")).expect("decode"), "ab");
+    assert_eq!(tok().decode(&tok().encode("a\rb", false).expect("encode")).expect("decode"), "a\rb");
     // The dropped byte is a barrier: the two "!" around it are not merged into "!!".
     let bang = tok().encode("!", false).expect("encode");
     let bangs = tok().encode("!!", false).expect("encode");
     assert_eq!(bangs.len(), 1, "\"!!\" is a token");
-    assert_eq!(
-        tok().encode("!\u{4}!", false).expect("encode"),
-        [bang.clone(), bang].concat()
-    );
+    assert_eq!(tok().encode("!\u{4}!", false).expect("encode"), [bang.clone(), bang].concat());
 }
 
 #[test]
@@ -213,10 +176,7 @@ fn stream_decoder_holds_back_partial_characters() {
 fn stream_decoder_rejects_unknown_ids() {
     let mut dec = StreamDecoder::new();
     let err = dec.push(tok(), u32::MAX).expect_err("unknown id");
-    assert!(
-        matches!(err, text::TextError::UnknownToken { id: u32::MAX, .. }),
-        "{err}"
-    );
+    assert!(matches!(err, text::TextError::UnknownToken { id: u32::MAX, .. }), "{err}");
 }
 
 #[test]
@@ -229,21 +189,12 @@ fn encoding_ten_thousand_tokens_is_fast() {
         n = tok().encode(&text, false).expect("encode").len();
     }
     // Distinct words, so the BPE word cache does not make this trivial.
-    let text: String = text
-        .split(' ')
-        .enumerate()
-        .map(|(i, w)| format!("{w}{}", i % 997))
-        .collect::<Vec<_>>()
-        .join(" ");
+    let text: String =
+        text.split(' ').enumerate().map(|(i, w)| format!("{w}{}", i % 997)).collect::<Vec<_>>().join(" ");
     let t = std::time::Instant::now();
     let ids = tok().encode(&text, true).expect("encode");
     let dt = t.elapsed();
-    eprintln!(
-        "encoded {} bytes into {} tokens in {:?}",
-        text.len(),
-        ids.len(),
-        dt
-    );
+    eprintln!("encoded {} bytes into {} tokens in {:?}", text.len(), ids.len(), dt);
     assert!(ids.len() >= 10_000);
     assert_eq!(tok().decode(&ids).expect("decode"), text);
     // Generous bound for a shared, loaded CI machine; release measures well under 100 ms.

@@ -9,11 +9,11 @@ use std::sync::OnceLock;
 use crate::qmatrix::{QKind, QMatrix, GROUP};
 use crate::quant::QuantActs;
 
-mod scalar;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod scalar;
 
 /// Tokens per kernel call: enough to reuse each unpacked weight block several times while the
 /// accumulators stay in registers.
@@ -77,7 +77,16 @@ impl Isa {
 /// `out` must be valid for writes at every `tt * stride + r` above, and no other thread may
 /// access those elements during the call. (Writes go through a pointer because parallel tasks
 /// fill disjoint columns of one row-major output.)
-pub unsafe fn group_dot(isa: Isa, w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
+pub unsafe fn group_dot(
+    isa: Isa,
+    w: &QMatrix,
+    g: usize,
+    a: &QuantActs,
+    t0: usize,
+    nt: usize,
+    out: *mut f32,
+    stride: usize,
+) {
     assert!(nt <= TOKENS_PER_TILE && t0 + nt <= a.rows && a.blocks_per_row == w.blocks());
     assert!(g < w.groups() && stride >= GROUP);
     match isa {
