@@ -1,0 +1,18 @@
+//! The engine: one thread that owns the model and the KV pool and runs the step loop.
+//!
+//! Requests are checked at the door ([`EngineHandle::submit`]) against the same rule as
+//! everywhere else (prompt + max tokens within the context window and within the pool) before
+//! anything is queued or reserved. Admitted requests wait in per-tenant queues; each step the
+//! scheduler admits round-robin across tenants while the pool can hold a request's whole
+//! sequence (reserved up front, all or nothing, so a running request can never run out of
+//! pages), then runs one forward pass over every running sequence: one token for each decoding
+//! sequence plus prefill chunks, within a token budget. A dropped [`RequestStream`] cancels its
+//! request, whose pages are freed before the next step.
+
+mod error;
+mod request;
+mod scheduler;
+
+pub use error::{AdmissionError, EngineError};
+pub use request::{Event, FinishReason, GenRequest, RequestStream, TokenEvent, Usage};
+pub use scheduler::{Engine, EngineConfig, EngineHandle, EngineStats};

@@ -1,0 +1,498 @@
+//! The step loop: admission, continuous batching, chunked prefill, sampling, cancellation.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use kv::{BlockTable, KvError, KvPool, Owner, TenantId};
+use model::{Llama, Logits, SeqStep};
+use sampling::Sampler;
+use tokio::sync::mpsc as tmpsc;
+
+use crate::{AdmissionError, EngineError, Event, FinishReason, GenRequest, RequestStream, TokenEvent, Usage};
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Tokens per forward step: one per decoding sequence, the rest for prefill chunks. Bounds
+    /// the latency a long prompt adds to everyone else's next token.
+    pub max_batch_tokens: usize,
+    /// Sequences running (prefilling or decoding) at once.
+    pub max_running: usize,
+    /// Requests waiting for pages, across all tenants.
+    pub max_queued: usize,
+    /// How long a request may wait for pages before it is refused.
+    pub queue_timeout: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig { max_batch_tokens: 512, max_running: 64, max_queued: 256, queue_timeout: Duration::from_secs(30) }
+    }
+}
+
+/// A snapshot for metrics and tests.
+#[derive(Debug, Clone, Default)]
+pub struct EngineStats {
+    pub queued: usize,
+    pub running: usize,
+    pub pages_total: usize,
+    pub pages_used: usize,
+    pub pages_by_tenant: Vec<(TenantId, usize)>,
+    pub steps: u64,
+    pub prefill_tokens: u64,
+    pub decode_tokens: u64,
+}
+
+struct Shared {
+    queued: AtomicUsize,
+    stopping: AtomicBool,
+    stats: Mutex<EngineStats>,
+}
+
+enum Msg {
+    Submit(Box<Pending>),
+    Shutdown,
+}
+
+struct Pending {
+    req: GenRequest,
+    tx: tmpsc::UnboundedSender<Event>,
+    enqueued: Instant,
+}
+
+/// A cheap, cloneable door to the engine.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: mpsc::Sender<Msg>,
+    shared: Arc<Shared>,
+    pool: KvPool,
+    context: usize,
+    vocab: usize,
+    max_queued: usize,
+}
+
+pub struct Engine {
+    handle: EngineHandle,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Engine {
+    /// Starts the engine thread. The pool must have been built for this model's layout.
+    pub fn start(model: Llama, pool: KvPool, cfg: EngineConfig) -> Engine {
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared {
+            queued: AtomicUsize::new(0),
+            stopping: AtomicBool::new(false),
+            stats: Mutex::new(EngineStats::default()),
+        });
+        let handle = EngineHandle {
+            tx,
+            shared: shared.clone(),
+            pool: pool.clone(),
+            context: model.config.context,
+            vocab: model.config.vocab,
+            max_queued: cfg.max_queued,
+        };
+        let mut lp = Loop {
+            model,
+            pool,
+            cfg,
+            rx,
+            shared,
+            queues: HashMap::new(),
+            rotation: VecDeque::new(),
+            running: Vec::new(),
+            prefill_cursor: 0,
+            stats: EngineStats::default(),
+        };
+        let thread = std::thread::Builder::new().name("pw-engine".into()).spawn(move || lp.run()).ok();
+        Engine { handle, thread }
+    }
+
+    pub fn handle(&self) -> EngineHandle {
+        self.handle.clone()
+    }
+}
+
+impl Drop for Engine {
+    /// Fails whatever is still queued or running (their pages are freed) and stops the thread.
+    fn drop(&mut self) {
+        self.handle.shared.stopping.store(true, Ordering::SeqCst);
+        let _ = self.handle.tx.send(Msg::Shutdown);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl EngineHandle {
+    pub fn context_window(&self) -> usize {
+        self.context
+    }
+
+    pub fn pool(&self) -> &KvPool {
+        &self.pool
+    }
+
+    /// The door check, shared with every other door: nothing is queued, reserved or computed
+    /// for a request that fails it.
+    pub fn check(&self, prompt: &[u32], max_tokens: usize) -> Result<(), AdmissionError> {
+        if prompt.is_empty() {
+            return Err(AdmissionError::EmptyPrompt);
+        }
+        if max_tokens == 0 {
+            return Err(AdmissionError::ZeroMaxTokens);
+        }
+        let needed = prompt.len().saturating_add(max_tokens);
+        if needed > self.context {
+            return Err(AdmissionError::ContextLengthExceeded {
+                prompt: prompt.len(),
+                max_tokens,
+                needed,
+                context: self.context,
+            });
+        }
+        let capacity = self.pool.capacity_tokens();
+        if needed > capacity {
+            return Err(AdmissionError::ExceedsPool { needed, capacity });
+        }
+        if let Some(&id) = prompt.iter().find(|&&t| t as usize >= self.vocab) {
+            return Err(AdmissionError::InvalidToken { id, vocab: self.vocab });
+        }
+        Ok(())
+    }
+
+    pub fn submit(&self, req: GenRequest) -> Result<RequestStream, AdmissionError> {
+        self.check(&req.prompt, req.max_tokens)?;
+        if self.shared.stopping.load(Ordering::SeqCst) {
+            return Err(AdmissionError::ShuttingDown);
+        }
+        let q = &self.shared.queued;
+        if q.fetch_add(1, Ordering::SeqCst) >= self.max_queued {
+            q.fetch_sub(1, Ordering::SeqCst);
+            return Err(AdmissionError::QueueFull { limit: self.max_queued });
+        }
+        let (tx, rx) = tmpsc::unbounded_channel();
+        let id = req.id;
+        if self.tx.send(Msg::Submit(Box::new(Pending { req, tx, enqueued: Instant::now() }))).is_err() {
+            q.fetch_sub(1, Ordering::SeqCst);
+            return Err(AdmissionError::ShuttingDown);
+        }
+        Ok(RequestStream { rx, id })
+    }
+
+    /// Stops admitting; queued and running requests continue (see `Engine`'s drop for the end).
+    pub fn stop_admitting(&self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        let mut s = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        s.pages_total = self.pool.total_pages();
+        s.pages_used = self.pool.used_pages();
+        s
+    }
+}
+
+struct Running {
+    req: GenRequest,
+    tx: tmpsc::UnboundedSender<Event>,
+    kv: BlockTable,
+    sampler: Sampler,
+    prefilled: usize,
+    generated: Vec<u32>,
+    /// The last sampled token, fed at the next decode step.
+    input: [u32; 1],
+}
+
+impl Running {
+    fn decoding(&self) -> bool {
+        self.prefilled == self.req.prompt.len()
+    }
+}
+
+struct Loop {
+    model: Llama,
+    pool: KvPool,
+    cfg: EngineConfig,
+    rx: mpsc::Receiver<Msg>,
+    shared: Arc<Shared>,
+    queues: HashMap<TenantId, VecDeque<Pending>>,
+    /// Tenants with waiting requests, in admission order (round-robin).
+    rotation: VecDeque<TenantId>,
+    running: Vec<Running>,
+    prefill_cursor: usize,
+    stats: EngineStats,
+}
+
+impl Loop {
+    fn run(&mut self) {
+        loop {
+            if !self.receive() {
+                break;
+            }
+            self.expire();
+            self.admit();
+            if !self.running.is_empty() {
+                self.step();
+            }
+            self.publish();
+        }
+        self.fail_all(EngineError::ShuttingDown);
+        self.publish();
+    }
+
+    fn idle(&self) -> bool {
+        self.running.is_empty() && self.rotation.is_empty()
+    }
+
+    /// Takes new requests; blocks only when there is nothing to do. False on shutdown.
+    fn receive(&mut self) -> bool {
+        loop {
+            let msg = if self.idle() {
+                match self.rx.recv_timeout(Duration::from_millis(200)) {
+                    Ok(m) => m,
+                    Err(mpsc::RecvTimeoutError::Timeout) => return true,
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return false,
+                }
+            } else {
+                match self.rx.try_recv() {
+                    Ok(m) => m,
+                    Err(mpsc::TryRecvError::Empty) => return true,
+                    Err(mpsc::TryRecvError::Disconnected) => return false,
+                }
+            };
+            match msg {
+                Msg::Shutdown => return false,
+                Msg::Submit(p) => {
+                    let t = p.req.tenant;
+                    let q = self.queues.entry(t).or_default();
+                    if q.is_empty() {
+                        self.rotation.push_back(t);
+                    }
+                    q.push_back(*p);
+                }
+            }
+        }
+    }
+
+    /// Drops cancelled requests and fails expired ones, freeing their pages.
+    fn expire(&mut self) {
+        let now = Instant::now();
+        let timeout = self.cfg.queue_timeout;
+        let mut left = 0;
+        for q in self.queues.values_mut() {
+            q.retain(|p| {
+                let verdict = if p.tx.is_closed() {
+                    Some(None)
+                } else if p.req.deadline.is_some_and(|d| now >= d) {
+                    Some(Some(EngineError::DeadlineExceeded))
+                } else if now.duration_since(p.enqueued) >= timeout {
+                    Some(Some(EngineError::QueueTimeout))
+                } else {
+                    None
+                };
+                match verdict {
+                    None => true,
+                    Some(err) => {
+                        if let Some(e) = err {
+                            let _ = p.tx.send(Event::Failed(e));
+                        }
+                        left += 1;
+                        false
+                    }
+                }
+            });
+        }
+        self.shared.queued.fetch_sub(left, Ordering::SeqCst);
+        self.rotation.retain(|t| self.queues.get(t).is_some_and(|q| !q.is_empty()));
+        self.running.retain(|r| {
+            if r.tx.is_closed() {
+                return false;
+            }
+            if r.req.deadline.is_some_and(|d| now >= d) {
+                let _ = r.tx.send(Event::Failed(EngineError::DeadlineExceeded));
+                return false;
+            }
+            true
+        });
+    }
+
+    /// Round-robin across tenants: each turn admits one request of the next tenant whose head
+    /// fits in the pool. A tenant whose head does not fit does not block the others.
+    fn admit(&mut self) {
+        let mut misses = 0;
+        while self.running.len() < self.cfg.max_running && misses < self.rotation.len() {
+            let Some(tenant) = self.rotation.pop_front() else { break };
+            let Some(q) = self.queues.get_mut(&tenant) else { continue };
+            let Some(head) = q.front() else { continue };
+            let owner = Owner { tenant, request: head.req.id };
+            match self.pool.reserve(owner, head.req.prompt.len() + head.req.max_tokens) {
+                Ok(kv) => {
+                    misses = 0;
+                    let Some(p) = q.pop_front() else { continue };
+                    if !q.is_empty() {
+                        self.rotation.push_back(tenant);
+                    }
+                    self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+                    let _ = p.tx.send(Event::Started);
+                    let sampler = Sampler::new(p.req.sampling.clone());
+                    self.running.push(Running {
+                        req: p.req,
+                        tx: p.tx,
+                        kv,
+                        sampler,
+                        prefilled: 0,
+                        generated: Vec::new(),
+                        input: [0],
+                    });
+                }
+                Err(KvError::Exhausted { .. }) => {
+                    misses += 1;
+                    self.rotation.push_back(tenant);
+                }
+                Err(e) => {
+                    // Not a capacity problem: fail this request, keep serving the others.
+                    if let Some(p) = q.pop_front() {
+                        self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+                        let _ = p.tx.send(Event::Failed(EngineError::Internal(e.to_string())));
+                    }
+                    if !q.is_empty() {
+                        self.rotation.push_back(tenant);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One forward pass over every running sequence, then sampling.
+    fn step(&mut self) {
+        // Which sequences take part, with how many tokens, in running order.
+        let mut plan: Vec<(usize, usize)> = Vec::new();
+        let mut budget = self.cfg.max_batch_tokens.max(1);
+        for (i, r) in self.running.iter().enumerate() {
+            if r.decoding() {
+                plan.push((i, 1));
+                budget = budget.saturating_sub(1);
+            }
+        }
+        let n = self.running.len();
+        for k in 0..n {
+            if budget == 0 {
+                break;
+            }
+            let i = (self.prefill_cursor + k) % n;
+            let r = &self.running[i];
+            if !r.decoding() {
+                let take = budget.min(r.req.prompt.len() - r.prefilled);
+                plan.push((i, take));
+                budget -= take;
+            }
+        }
+        self.prefill_cursor = self.prefill_cursor.wrapping_add(1);
+        if plan.is_empty() {
+            return;
+        }
+        plan.sort_unstable();
+        let mut steps = Vec::with_capacity(plan.len());
+        let mut rest: &mut [Running] = &mut self.running;
+        let mut base = 0;
+        for &(i, take) in &plan {
+            let (_, tail) = rest.split_at_mut(i - base);
+            let Some((r, tail)) = tail.split_first_mut() else { break };
+            rest = tail;
+            base = i + 1;
+            let (tokens, start, logits) = if r.decoding() {
+                (&r.input[..], r.req.prompt.len() + r.generated.len() - 1, Logits::Last)
+            } else {
+                let end = r.prefilled + take;
+                let want = if end == r.req.prompt.len() { Logits::Last } else { Logits::None };
+                (&r.req.prompt[r.prefilled..end], r.prefilled, want)
+            };
+            steps.push(SeqStep { tokens, start, kv: &mut r.kv, logits });
+        }
+        let result = self.model.forward(&mut steps);
+        drop(steps);
+        let outputs = match result {
+            Ok(o) => o,
+            Err(e) => {
+                let msg = e.to_string();
+                for &(i, _) in plan.iter().rev() {
+                    let r = self.running.remove(i);
+                    let _ = r.tx.send(Event::Failed(EngineError::Internal(msg.clone())));
+                }
+                return;
+            }
+        };
+        self.stats.steps += 1;
+        let mut done = Vec::new();
+        for (&(i, take), logits) in plan.iter().zip(outputs) {
+            let r = &mut self.running[i];
+            if r.decoding() {
+                self.stats.decode_tokens += 1;
+            } else {
+                r.prefilled += take;
+                self.stats.prefill_tokens += take as u64;
+            }
+            if logits.is_empty() {
+                continue;
+            }
+            if let Some(end) = sample_into(r, &logits) {
+                done.push((i, end));
+            }
+        }
+        for (i, end) in done.into_iter().rev() {
+            let r = self.running.remove(i);
+            let _ = r.tx.send(end);
+        }
+    }
+
+    fn fail_all(&mut self, e: EngineError) {
+        for r in self.running.drain(..) {
+            let _ = r.tx.send(Event::Failed(e.clone()));
+        }
+        for (_, q) in self.queues.drain() {
+            for p in q {
+                let _ = p.tx.send(Event::Failed(e.clone()));
+            }
+        }
+        self.rotation.clear();
+        self.shared.queued.store(0, Ordering::SeqCst);
+    }
+
+    fn publish(&mut self) {
+        let mut by_tenant: HashMap<TenantId, usize> = HashMap::new();
+        for r in &self.running {
+            *by_tenant.entry(r.req.tenant).or_default() += r.kv.pages();
+        }
+        let mut s = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
+        s.queued = self.shared.queued.load(Ordering::SeqCst);
+        s.running = self.running.len();
+        s.pages_by_tenant = by_tenant.into_iter().collect();
+        s.pages_by_tenant.sort_by_key(|(t, _)| t.0);
+        s.steps = self.stats.steps;
+        s.prefill_tokens = self.stats.prefill_tokens;
+        s.decode_tokens = self.stats.decode_tokens;
+    }
+}
+
+/// Samples the next token of `r`; returns the final event when the request is complete.
+fn sample_into(r: &mut Running, logits: &[f32]) -> Option<Event> {
+    let usage = |r: &Running| Usage { prompt_tokens: r.req.prompt.len(), completion_tokens: r.generated.len() };
+    let s = match r.sampler.sample(logits, &r.generated) {
+        Ok(s) => s,
+        Err(e) => return Some(Event::Failed(EngineError::Internal(e.to_string()))),
+    };
+    if r.req.stop_tokens.contains(s.token) {
+        return Some(Event::Finished { reason: FinishReason::Stop, usage: usage(r) });
+    }
+    r.generated.push(s.token);
+    r.input = [s.token];
+    let _ = r.tx.send(Event::Token(TokenEvent { token: s.token, logprob: s.logprob, top: s.top }));
+    if r.generated.len() >= r.req.max_tokens {
+        return Some(Event::Finished { reason: FinishReason::Length, usage: usage(r) });
+    }
+    None
+}
