@@ -17,6 +17,9 @@ pub enum BenchCmd {
     /// Model speed: prefill tokens/s (512-token prompt), decode tokens/s (128 tokens), batch 1
     /// and 16, and the cost of zeroing a KV page.
     Model(ModelBench),
+    /// Streaming chat load against an OpenAI-compatible server: output tokens/s, time to first
+    /// token and inter-token latency at each concurrency.
+    Serve(crate::bench_serve::ServeBench),
 }
 
 #[derive(Args)]
@@ -68,6 +71,7 @@ struct Report {
 pub fn run(cmd: &BenchCmd) -> Result<()> {
     match cmd {
         BenchCmd::Model(b) => model_bench(b),
+        BenchCmd::Serve(b) => crate::bench_serve::run(b),
     }
 }
 

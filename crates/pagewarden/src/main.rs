@@ -2,6 +2,7 @@
 //! default model, tokenizing, generating, measuring perplexity and benchmarking.
 
 mod bench;
+mod bench_serve;
 mod eval;
 mod generate;
 mod runtime;

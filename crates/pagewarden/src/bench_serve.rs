@@ -1,0 +1,205 @@
+//! `pagewarden bench serve`: streaming chat load against any OpenAI-compatible server.
+//!
+//! C clients each send streaming chat requests back to back, with a fixed number of output
+//! tokens (`ignore_eos`, understood by llama-server and pagewarden). Reported per concurrency:
+//! output tokens/s over the wall time, time to first token and inter-token latency (p50/p99).
+
+use std::io::{BufRead, BufReader};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+#[derive(Args)]
+pub struct ServeBench {
+    /// Base URL of the server, e.g. http://127.0.0.1:8080
+    #[arg(long)]
+    url: String,
+    /// API key (sent as `Authorization: Bearer KEY`).
+    #[arg(long, default_value = "")]
+    key: String,
+    /// Concurrent clients, comma separated.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1, 4, 16])]
+    concurrency: Vec<usize>,
+    /// Requests per client at each concurrency.
+    #[arg(long, default_value_t = 4)]
+    requests: usize,
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    /// Model name to send (default: the first of /v1/models).
+    #[arg(long)]
+    model: Option<String>,
+    /// Per-request time limit in seconds.
+    #[arg(long, default_value_t = 300)]
+    timeout: u64,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Level {
+    concurrency: usize,
+    requests: usize,
+    errors: usize,
+    output_tokens: usize,
+    wall_s: f64,
+    output_tokens_per_s: f64,
+    ttft_p50_ms: f64,
+    ttft_p99_ms: f64,
+    ttft_mean_ms: f64,
+    itl_p50_ms: f64,
+    itl_p99_ms: f64,
+}
+
+/// Prompts of a few shapes, so requests are not all identical.
+const PROMPTS: [&str; 4] = [
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain how a refrigerator works to a ten year old.",
+    "List some practical tips for learning a new language as an adult.",
+    "Describe the water cycle and why it matters for agriculture.",
+];
+
+struct Sample {
+    ttft: Duration,
+    gaps: Vec<Duration>,
+    tokens: usize,
+}
+
+fn agent(timeout: Duration) -> ureq::Agent {
+    ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(timeout)).build().into()
+}
+
+fn model_name(agent: &ureq::Agent, b: &ServeBench) -> Result<String> {
+    if let Some(m) = &b.model {
+        return Ok(m.clone());
+    }
+    let mut resp = agent
+        .get(format!("{}/v1/models", b.url))
+        .header("Authorization", format!("Bearer {}", b.key))
+        .call()
+        .context("GET /v1/models")?;
+    let body: Value = serde_json::from_str(&resp.body_mut().read_to_string()?)?;
+    body["data"][0]["id"].as_str().map(str::to_string).context("no model in /v1/models")
+}
+
+/// One streaming request; token count from the usage chunk, else from content chunks.
+fn one(agent: &ureq::Agent, b: &ServeBench, model: &str, prompt: &str) -> Result<Sample> {
+    let body = json!({
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": b.max_tokens,
+        "temperature": 0,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+        "ignore_eos": true,
+    });
+    let t0 = Instant::now();
+    let resp = agent
+        .post(format!("{}/v1/chat/completions", b.url))
+        .header("Authorization", format!("Bearer {}", b.key))
+        .header("Content-Type", "application/json")
+        .send(body.to_string().as_bytes())?;
+    if resp.status() != 200 {
+        bail!("HTTP {}", resp.status());
+    }
+    let reader = BufReader::new(resp.into_body().into_reader());
+    let (mut first, mut last) = (None, t0);
+    let (mut gaps, mut chunks, mut usage) = (Vec::new(), 0usize, None);
+    for line in reader.lines() {
+        let line = line?;
+        let Some(data) = line.strip_prefix("data: ") else { continue };
+        if data == "[DONE]" {
+            break;
+        }
+        let v: Value = serde_json::from_str(data)?;
+        if v.get("error").is_some() {
+            bail!("error event: {}", v["error"]["message"]);
+        }
+        if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+            usage = Some(n as usize);
+        }
+        let has_content = v["choices"][0]["delta"]["content"].as_str().is_some_and(|c| !c.is_empty());
+        if has_content {
+            let now = Instant::now();
+            match first {
+                None => first = Some(now - t0),
+                Some(_) => gaps.push(now - last),
+            }
+            last = now;
+            chunks += 1;
+        }
+    }
+    let ttft = first.context("no content in the stream")?;
+    Ok(Sample { ttft, gaps, tokens: usage.unwrap_or(chunks) })
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+fn level(b: &ServeBench, model: &str, c: usize) -> Level {
+    let samples = Mutex::new(Vec::new());
+    let errors = Mutex::new(0usize);
+    let t0 = Instant::now();
+    std::thread::scope(|s| {
+        for client in 0..c {
+            let (samples, errors) = (&samples, &errors);
+            s.spawn(move || {
+                let agent = agent(Duration::from_secs(b.timeout));
+                for r in 0..b.requests {
+                    match one(&agent, b, model, PROMPTS[(client + r) % PROMPTS.len()]) {
+                        Ok(x) => samples.lock().unwrap_or_else(|e| e.into_inner()).push(x),
+                        Err(e) => {
+                            eprintln!("request failed: {e:#}");
+                            *errors.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let wall = t0.elapsed().as_secs_f64();
+    let samples = samples.into_inner().unwrap_or_else(|e| e.into_inner());
+    let tokens: usize = samples.iter().map(|s| s.tokens).sum();
+    let mut ttft: Vec<f64> = samples.iter().map(|s| s.ttft.as_secs_f64() * 1e3).collect();
+    let mut itl: Vec<f64> = samples.iter().flat_map(|s| s.gaps.iter().map(|g| g.as_secs_f64() * 1e3)).collect();
+    Level {
+        concurrency: c,
+        requests: samples.len(),
+        errors: errors.into_inner().unwrap_or_else(|e| e.into_inner()),
+        output_tokens: tokens,
+        wall_s: wall,
+        output_tokens_per_s: tokens as f64 / wall,
+        ttft_mean_ms: ttft.iter().sum::<f64>() / ttft.len().max(1) as f64,
+        ttft_p50_ms: pct(&mut ttft, 0.5),
+        ttft_p99_ms: pct(&mut ttft, 0.99),
+        itl_p50_ms: pct(&mut itl, 0.5),
+        itl_p99_ms: pct(&mut itl, 0.99),
+    }
+}
+
+pub fn run(b: &ServeBench) -> Result<()> {
+    let model = model_name(&agent(Duration::from_secs(30)), b)?;
+    let mut levels = Vec::new();
+    for &c in &b.concurrency {
+        let l = level(b, &model, c);
+        if !b.json {
+            println!(
+                "concurrency {:>3}: {:>7.1} output tok/s  ttft p50 {:>7.1} ms p99 {:>7.1} ms (mean {:>7.1})  itl p50 {:>6.1} ms p99 {:>6.1} ms  {} ok, {} errors",
+                l.concurrency, l.output_tokens_per_s, l.ttft_p50_ms, l.ttft_p99_ms, l.ttft_mean_ms, l.itl_p50_ms, l.itl_p99_ms, l.requests, l.errors
+            );
+        }
+        levels.push(l);
+    }
+    if b.json {
+        println!("{}", serde_json::to_string_pretty(&json!({ "url": b.url, "model": model, "max_tokens": b.max_tokens, "levels": levels }))?);
+    }
+    Ok(())
+}
