@@ -5,6 +5,8 @@
 //! head of the group attends over it, sharing each load of K. With an f16 pool the queries are
 //! rounded to f16 first, as llama.cpp does for an f16 KV cache, so scores agree with it.
 
+use std::ops::Range;
+
 use half::slice::HalfFloatSliceExt;
 use kv::{KvSlice, LayerView};
 
@@ -32,38 +34,41 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).fold(0.0, |acc, (x, y)| x.mul_add(*y, acc))
 }
 
-/// Attention output for one KV head group: `n` rows of `group * head_dim`.
-pub fn attend_group(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize) -> Vec<f32> {
+/// Attention output of KV head `kvh`'s query heads for the queries `rows` of `inp`:
+/// `rows.len()` rows of `group * head_dim`.
+pub fn attend_group(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, rows: Range<usize>) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
     {
         if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx2") {
             // SAFETY: the features were just detected on this CPU.
-            return unsafe { attend_avx512(inp, shape, kvh) };
+            return unsafe { attend_avx512(inp, shape, kvh, rows) };
         }
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c") {
             // SAFETY: as above.
-            return unsafe { attend_avx2(inp, shape, kvh) };
+            return unsafe { attend_avx2(inp, shape, kvh, rows) };
         }
     }
-    attend_impl(inp, shape, kvh)
+    attend_impl(inp, shape, kvh, rows)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn attend_avx512(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize) -> Vec<f32> {
-    attend_impl(inp, shape, kvh)
+unsafe fn attend_avx512(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, rows: Range<usize>) -> Vec<f32> {
+    attend_impl(inp, shape, kvh, rows)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn attend_avx2(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize) -> Vec<f32> {
-    attend_impl(inp, shape, kvh)
+unsafe fn attend_avx2(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, rows: Range<usize>) -> Vec<f32> {
+    attend_impl(inp, shape, kvh, rows)
 }
 
-/// Gathers head `kvh` of every position: K transposed into `kt[d * stride + pos]`, V as rows.
+/// Gathers head `kvh` of positions `[0, len)`: K transposed into `kt[d * stride + pos]`, V as rows.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn gather(
     view: &LayerView<'_>,
+    len: usize,
     row_len: usize,
     kvh: usize,
     hd: usize,
@@ -74,7 +79,10 @@ fn gather(
     let mut tmp = vec![0f32; hd];
     let mut f16 = false;
     for ch in view.chunks() {
-        for s in 0..ch.len {
+        if ch.start >= len {
+            break;
+        }
+        for s in 0..ch.len.min(len - ch.start) {
             let pos = ch.start + s;
             let row = s * row_len + kvh * hd;
             match ch.k {
@@ -151,19 +159,20 @@ fn softmax_weighted_sum(scores: &mut [f32], v: &[f32], hd: usize, o: &mut [f32])
 }
 
 #[inline(always)]
-fn attend_impl(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize) -> Vec<f32> {
+fn attend_impl(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, rows: Range<usize>) -> Vec<f32> {
     let hd = shape.head_dim;
     let group = shape.n_heads / shape.n_kv_heads;
-    let len = inp.view.len();
+    // Keys up to the last query of these rows are all that is needed.
+    let len = (inp.start + rows.end).min(inp.view.len());
     let stride = len.div_ceil(LANES) * LANES;
     let row_len = shape.n_kv_heads * hd;
     let (mut kt, mut v) = (vec![0f32; hd * stride], vec![0f32; len * hd]);
-    let f16_queries = gather(&inp.view, row_len, kvh, hd, stride, &mut kt, &mut v);
+    let f16_queries = gather(&inp.view, len, row_len, kvh, hd, stride, &mut kt, &mut v);
     let scale = 1.0 / (hd as f32).sqrt();
-    let mut out = vec![0f32; inp.n * group * hd];
+    let mut out = vec![0f32; rows.len() * group * hd];
     let mut scores: Vec<Vec<f32>> = (0..group).map(|_| vec![0f32; stride]).collect();
     let mut q = vec![0f32; group * hd];
-    for i in 0..inp.n {
+    for (oi, i) in rows.enumerate() {
         let upto = inp.start + i + 1;
         q.copy_from_slice(&inp.q[i * shape.n_heads * hd + kvh * group * hd..][..group * hd]);
         if f16_queries {
@@ -184,7 +193,7 @@ fn attend_impl(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize) -> Vec<f32> {
             g0 += (group - g0).min(4);
         }
         for (g, s) in scores.iter_mut().enumerate() {
-            let o = &mut out[(i * group + g) * hd..][..hd];
+            let o = &mut out[(oi * group + g) * hd..][..hd];
             softmax_weighted_sum(&mut s[..upto], &v, hd, o);
         }
     }

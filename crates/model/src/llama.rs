@@ -20,6 +20,10 @@ use crate::quant::QuantActs;
 use crate::threads::ComputePool;
 use crate::weights::LlamaWeights;
 
+/// Query rows per attention task: small enough to balance threads on a long prefill, large
+/// enough that gathering the keys is amortized.
+const ATTN_ROWS_PER_TASK: usize = 128;
+
 /// Which logits a sequence wants back from a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Logits {
@@ -196,24 +200,31 @@ impl Llama {
                     &v[off * kv_dim..(off + n) * kv_dim],
                 )?;
             }
-            // Attention: one task per (sequence, KV head).
+            // Attention: one task per (sequence, KV head, block of queries), so long prefills
+            // spread over every thread.
             let mut inputs = Vec::with_capacity(batch.len());
             for (s, &off) in batch.iter().zip(&offsets) {
                 let n = s.tokens.len();
                 let view = s.kv.layer(li, s.start + n)?;
                 inputs.push(AttnInput { q: &q[off * d..(off + n) * d], start: s.start, n, view });
             }
-            let tasks: Vec<(usize, usize)> =
-                (0..inputs.len()).flat_map(|si| (0..c.n_kv_heads).map(move |h| (si, h))).collect();
+            let mut tasks: Vec<(usize, usize, std::ops::Range<usize>)> = Vec::new();
+            for (si, inp) in inputs.iter().enumerate() {
+                for h in 0..c.n_kv_heads {
+                    for r0 in (0..inp.n).step_by(ATTN_ROWS_PER_TASK) {
+                        tasks.push((si, h, r0..(r0 + ATTN_ROWS_PER_TASK).min(inp.n)));
+                    }
+                }
+            }
             let mut results: Vec<Vec<f32>> = vec![Vec::new(); tasks.len()];
             self.pool.for_each_chunk_mut(&mut results, 1, &|i, slot| {
-                let (si, h) = tasks[i];
-                slot[0] = attend_group(&inputs[si], &shape, h);
+                let (si, h, ref rows) = tasks[i];
+                slot[0] = attend_group(&inputs[si], &shape, h, rows.clone());
             });
-            for (&(si, h), res) in tasks.iter().zip(&results) {
-                let off = offsets[si];
-                for i in 0..inputs[si].n {
-                    let src = &res[i * group * hd..(i + 1) * group * hd];
+            for ((si, h, rows), res) in tasks.iter().zip(&results) {
+                let off = offsets[*si];
+                for (k, i) in rows.clone().enumerate() {
+                    let src = &res[k * group * hd..(k + 1) * group * hd];
                     attn[(off + i) * d + h * group * hd..][..group * hd].copy_from_slice(src);
                 }
             }
