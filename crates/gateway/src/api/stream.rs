@@ -1,0 +1,351 @@
+//! From engine events to text: detokenization, stop strings, and the SSE body.
+//!
+//! [`Generation`] turns a request's [`RequestStream`] into [`Step`]s: text (UTF-8 safe, stop
+//! strings cut and never emitted, text that could begin a stop string held back), then exactly
+//! one `Done` or `Error`. Dropping it drops the `RequestStream`, which cancels the request in the
+//! engine (its pages are freed within one step).
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::body::{Body, Bytes};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::Response;
+use engine::{Event, RequestStream};
+use serde_json::Value;
+use text::StreamDecoder;
+use tokio::sync::mpsc;
+
+use super::types::{finish_reason, logprobs_json, ResponseMeta, TokenLogprob, Usage};
+use super::RequestLog;
+use crate::error::ApiError;
+use crate::limits::Permit;
+use crate::server::AppState;
+
+/// Cuts text at the first stop string; holds back a tail that could be the start of one.
+#[derive(Debug, Default)]
+pub struct StopMatcher {
+    stops: Vec<String>,
+    held: String,
+}
+
+impl StopMatcher {
+    pub fn new(stops: Vec<String>) -> Self {
+        StopMatcher { stops, held: String::new() }
+    }
+
+    /// Adds text; returns what may be emitted now and whether a stop string was found (then
+    /// nothing after it is ever emitted).
+    pub fn push(&mut self, text: &str) -> (String, bool) {
+        self.held.push_str(text);
+        let hit = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min();
+        if let Some(at) = hit {
+            let out = self.held[..at].to_string();
+            self.held.clear();
+            return (out, true);
+        }
+        let keep = self.holdback();
+        let cut = self.held.len() - keep;
+        let out: String = self.held.drain(..cut).collect();
+        (out, false)
+    }
+
+    /// Length of the longest tail of `held` that is a proper prefix of a stop string.
+    fn holdback(&self) -> usize {
+        let mut best = 0;
+        for s in &self.stops {
+            for (k, _) in s.char_indices().skip(1) {
+                if k > best && self.held.ends_with(&s[..k]) {
+                    best = k;
+                }
+            }
+        }
+        best
+    }
+
+    /// The end of generation: whatever was held back is plain text.
+    pub fn finish(&mut self) -> String {
+        std::mem::take(&mut self.held)
+    }
+}
+
+/// One unit of output.
+#[derive(Debug)]
+pub enum Step {
+    Text { text: String, logprobs: Vec<TokenLogprob> },
+    Done { reason: &'static str, usage: Usage },
+    Error(ApiError),
+}
+
+/// A running request, seen as text.
+pub struct Generation {
+    st: Arc<AppState>,
+    rs: Option<RequestStream>,
+    permit: Permit,
+    dec: StreamDecoder,
+    stop: StopMatcher,
+    want_logprobs: bool,
+    prompt_tokens: usize,
+    max_tokens: usize,
+    completion_tokens: usize,
+    arrived: Instant,
+    last_token: Option<Instant>,
+    pub(crate) ttft: Option<Duration>,
+    out: VecDeque<Step>,
+}
+
+impl Generation {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        st: Arc<AppState>,
+        rs: RequestStream,
+        permit: Permit,
+        stops: Vec<String>,
+        want_logprobs: bool,
+        prompt_tokens: usize,
+        max_tokens: usize,
+        arrived: Instant,
+    ) -> Self {
+        Generation {
+            st,
+            rs: Some(rs),
+            permit,
+            dec: StreamDecoder::new(),
+            stop: StopMatcher::new(stops),
+            want_logprobs,
+            prompt_tokens,
+            max_tokens,
+            completion_tokens: 0,
+            arrived,
+            last_token: None,
+            ttft: None,
+            out: VecDeque::new(),
+        }
+    }
+
+    pub fn completion_tokens(&self) -> usize {
+        self.completion_tokens
+    }
+
+    /// Ends the request in the engine (cancels it if still running) and settles the limits.
+    fn end(&mut self) {
+        self.rs = None;
+        self.permit.refund(self.max_tokens.saturating_sub(self.completion_tokens));
+    }
+
+    /// The next step; `None` after `Done` or `Error`.
+    pub async fn next(&mut self) -> Option<Step> {
+        loop {
+            if let Some(s) = self.out.pop_front() {
+                return Some(s);
+            }
+            let rs = self.rs.as_mut()?;
+            let Some(ev) = rs.next().await else {
+                self.end();
+                return Some(Step::Error(ApiError::internal("the engine ended the request without a result")));
+            };
+            match ev {
+                Event::Started => self.permit.started(),
+                Event::Token(t) => {
+                    let now = Instant::now();
+                    match self.last_token {
+                        None => {
+                            let d = now.duration_since(self.arrived);
+                            self.ttft = Some(d);
+                            self.st.metrics.time_to_first_token(d);
+                        }
+                        Some(prev) => self.st.metrics.inter_token_latency(now.duration_since(prev)),
+                    }
+                    self.last_token = Some(now);
+                    self.completion_tokens += 1;
+                    let piece = match self.dec.push(&self.st.tokenizer, t.token) {
+                        Ok(p) => p,
+                        Err(e) => {
+                            self.end();
+                            return Some(Step::Error(ApiError::internal(format!("detokenization failed: {e}"))));
+                        }
+                    };
+                    let logprobs = if self.want_logprobs {
+                        vec![TokenLogprob { token: t.token, logprob: t.logprob, top: t.top }]
+                    } else {
+                        Vec::new()
+                    };
+                    let (text, hit) = self.stop.push(&piece);
+                    if !text.is_empty() || !logprobs.is_empty() {
+                        self.out.push_back(Step::Text { text, logprobs });
+                    }
+                    if hit {
+                        let usage =
+                            Usage { prompt_tokens: self.prompt_tokens, completion_tokens: self.completion_tokens };
+                        self.out.push_back(Step::Done { reason: "stop", usage });
+                        self.end();
+                    }
+                }
+                Event::Finished { reason, usage } => {
+                    let tail = std::mem::take(&mut self.dec).finish();
+                    let (mut text, hit) = self.stop.push(&tail);
+                    let reason = if hit {
+                        "stop"
+                    } else {
+                        text.push_str(&self.stop.finish());
+                        finish_reason(reason)
+                    };
+                    if !text.is_empty() {
+                        self.out.push_back(Step::Text { text, logprobs: Vec::new() });
+                    }
+                    let usage =
+                        Usage { prompt_tokens: usage.prompt_tokens, completion_tokens: usage.completion_tokens };
+                    self.completion_tokens = usage.completion_tokens;
+                    self.out.push_back(Step::Done { reason, usage });
+                    self.end();
+                }
+                Event::Failed(e) => {
+                    self.end();
+                    self.out.push_back(Step::Error(ApiError::engine(&e)));
+                }
+            }
+        }
+    }
+}
+
+/// The SSE body: a channel of frames.
+struct Frames(mpsc::Receiver<Bytes>);
+
+impl futures_core::Stream for Frames {
+    type Item = Result<Bytes, Infallible>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx).map(|o| o.map(Ok))
+    }
+}
+
+fn frame(v: &Value) -> Bytes {
+    Bytes::from(format!("data: {v}\n\n"))
+}
+
+/// Streams `gen` as server-sent events, starting with `first` (already taken, so that errors
+/// before the first token were proper HTTP errors). Client disconnect drops the generation,
+/// which cancels the request.
+pub fn sse_response(
+    st: Arc<AppState>,
+    mut gen: Generation,
+    first: Step,
+    meta: ResponseMeta,
+    include_usage: bool,
+    log: RequestLog,
+) -> Response {
+    let (tx, rx) = mpsc::channel::<Bytes>(64);
+    tokio::spawn(async move {
+        // Move the whole log (and with it the in-flight count) into the task: an `async move`
+        // block would otherwise capture only copies of the fields it assigns.
+        let mut log = log;
+        let mut pending = Some(first);
+        let mut first_chunk = true;
+        let mut offset = 0usize;
+        log.status = 200;
+        loop {
+            let step = match pending.take() {
+                Some(s) => Some(s),
+                None => tokio::select! {
+                    s = gen.next() => s,
+                    _ = tx.closed() => { log.outcome = "cancelled"; break; }
+                },
+            };
+            let frames: Vec<Bytes> = match step {
+                None => break,
+                Some(Step::Text { text, logprobs }) => {
+                    let lp =
+                        (!logprobs.is_empty()).then(|| logprobs_json(meta.endpoint, &st.tokenizer, &logprobs, offset));
+                    offset += text.len();
+                    let c = meta.chunk(&text, first_chunk, None, lp, include_usage);
+                    first_chunk = false;
+                    vec![frame(&c)]
+                }
+                Some(Step::Done { reason, usage }) => {
+                    let mut v = Vec::new();
+                    if first_chunk {
+                        v.push(frame(&meta.chunk("", true, None, None, include_usage)));
+                    }
+                    v.push(frame(&meta.chunk("", false, Some(reason), None, include_usage)));
+                    if include_usage {
+                        v.push(frame(&meta.usage_chunk(usage)));
+                    }
+                    v.push(Bytes::from_static(b"data: [DONE]\n\n"));
+                    log.prompt_tokens = usage.prompt_tokens;
+                    log.completion_tokens = usage.completion_tokens;
+                    log.outcome = reason;
+                    v
+                }
+                Some(Step::Error(e)) => {
+                    // Streaming began: the failure is an error event, and no [DONE] follows.
+                    log.outcome = "error";
+                    log.error = Some(e.reason);
+                    vec![frame(&e.body())]
+                }
+            };
+            let mut closed = false;
+            for f in frames {
+                if tx.send(f).await.is_err() {
+                    closed = true;
+                    break;
+                }
+            }
+            if closed {
+                log.outcome = "cancelled";
+                break;
+            }
+        }
+        log.completion_tokens = log.completion_tokens.max(gen.completion_tokens());
+        log.ttft = gen.ttft;
+        drop(gen);
+    });
+    let mut resp = Response::new(Body::from_stream(Frames(rx)));
+    *resp.status_mut() = StatusCode::OK;
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StopMatcher;
+
+    fn run(stops: &[&str], pieces: &[&str]) -> (String, bool) {
+        let mut m = StopMatcher::new(stops.iter().map(|s| s.to_string()).collect());
+        let mut out = String::new();
+        for p in pieces {
+            let (t, hit) = m.push(p);
+            out.push_str(&t);
+            if hit {
+                return (out, true);
+            }
+        }
+        out.push_str(&m.finish());
+        (out, false)
+    }
+
+    #[test]
+    fn stop_string_split_across_pieces_is_cut_and_not_emitted() {
+        assert_eq!(run(&["END"], &["hello E", "N", "D more"]), ("hello ".into(), true));
+        assert_eq!(run(&["\n\n"], &["a\n", "\nb"]), ("a".into(), true));
+    }
+
+    #[test]
+    fn held_text_that_is_not_a_stop_is_released() {
+        let mut m = StopMatcher::new(vec!["END".into()]);
+        assert_eq!(m.push("abc E"), ("abc ".into(), false));
+        assert_eq!(m.push("X"), ("EX".into(), false));
+        assert_eq!(m.push("EN"), ("".into(), false));
+        assert_eq!(m.finish(), "EN");
+    }
+
+    #[test]
+    fn earliest_of_several_stops_wins_and_multibyte_is_safe() {
+        assert_eq!(run(&["zz", "é!"], &["aé", "! zz"]), ("a".into(), true));
+        assert_eq!(run(&["éa"], &["xé"]), ("xé".into(), false));
+    }
+}

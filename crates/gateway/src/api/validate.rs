@@ -1,0 +1,308 @@
+//! From request bytes to a [`Validated`] request, which only [`validate`] can build: JSON
+//! parsed here (a malformed body or a bad field is a 400 naming the field, never a 422),
+//! parameters range-checked, the prompt rendered and tokenized, and the door check of the
+//! engine applied (invariant 1: nothing is reserved or computed for a request that fails).
+
+use sampling::SamplingParams;
+use serde_json::{Map, Value};
+use text::ChatMessage;
+
+use crate::error::ApiError;
+use crate::server::AppState;
+
+/// Which API a request came through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+}
+
+impl Endpoint {
+    fn prompt_param(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "messages",
+            Endpoint::Completions => "prompt",
+        }
+    }
+}
+
+/// Stop strings a request may give (OpenAI's limit).
+pub const MAX_STOP_STRINGS: usize = 4;
+/// The longest stop string accepted, in bytes.
+pub const MAX_STOP_LEN: usize = 256;
+
+/// Proof that a request passed validation: a private field keeps every other module from
+/// building one.
+#[derive(Debug)]
+pub struct Sealed(());
+
+/// A request that passed every check; it may be submitted as is.
+#[derive(Debug)]
+pub struct Validated {
+    pub endpoint: Endpoint,
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// `Some(n)`: report log-probabilities with `n` alternatives per token.
+    pub logprobs: Option<usize>,
+    /// llama.cpp's extension: generate until `max_tokens` even past end-of-turn (load tests use
+    /// it for a fixed output length).
+    pub ignore_eos: bool,
+    _sealed: Sealed,
+}
+
+type Obj = Map<String, Value>;
+
+/// A field, `None` when absent or null.
+fn field<'a>(o: &'a Obj, name: &str) -> Option<&'a Value> {
+    o.get(name).filter(|v| !v.is_null())
+}
+
+fn type_error(name: &str, want: &str) -> ApiError {
+    ApiError::invalid_param(name, format!("`{name}` must be {want}"))
+}
+
+fn get_bool(o: &Obj, name: &str) -> Result<Option<bool>, ApiError> {
+    field(o, name).map(|v| v.as_bool().ok_or_else(|| type_error(name, "a boolean"))).transpose()
+}
+
+fn get_f32(o: &Obj, name: &str) -> Result<Option<f32>, ApiError> {
+    field(o, name).map(|v| v.as_f64().map(|x| x as f32).ok_or_else(|| type_error(name, "a number"))).transpose()
+}
+
+fn get_i64(o: &Obj, name: &str) -> Result<Option<i64>, ApiError> {
+    field(o, name)
+        .map(|v| match v {
+            Value::Number(n) => n
+                .as_i64()
+                .or_else(|| n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 9e15).map(|f| f as i64))
+                .ok_or_else(|| type_error(name, "an integer")),
+            _ => Err(type_error(name, "an integer")),
+        })
+        .transpose()
+}
+
+fn get_str<'a>(o: &'a Obj, name: &str) -> Result<Option<&'a str>, ApiError> {
+    field(o, name).map(|v| v.as_str().ok_or_else(|| type_error(name, "a string"))).transpose()
+}
+
+fn stop_strings(o: &Obj) -> Result<Vec<String>, ApiError> {
+    let list: Vec<String> = match field(o, "stop") {
+        None => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| {
+                v.as_str().map(str::to_string).ok_or_else(|| type_error("stop", "a string or an array of strings"))
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(type_error("stop", "a string or an array of strings")),
+    };
+    if list.len() > MAX_STOP_STRINGS {
+        return Err(ApiError::invalid_param("stop", format!("at most {MAX_STOP_STRINGS} stop strings are allowed")));
+    }
+    if list.iter().any(|s| s.is_empty() || s.len() > MAX_STOP_LEN) {
+        return Err(ApiError::invalid_param("stop", format!("stop strings must be 1 to {MAX_STOP_LEN} bytes long")));
+    }
+    Ok(list)
+}
+
+fn chat_messages(o: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
+    let Some(Value::Array(items)) = field(o, "messages") else {
+        return Err(type_error("messages", "a non-empty array of messages"));
+    };
+    if items.is_empty() {
+        return Err(type_error("messages", "a non-empty array of messages"));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let p = |f: &str| format!("messages[{i}].{f}");
+            let Value::Object(m) = m else {
+                return Err(ApiError::invalid_param(&format!("messages[{i}]"), "each message must be an object"));
+            };
+            let role = match m.get("role").and_then(Value::as_str) {
+                Some(r @ ("system" | "user" | "assistant")) => r,
+                Some("developer") => "system",
+                _ => {
+                    return Err(ApiError::invalid_param(
+                        &p("role"),
+                        "role must be one of system, developer, user, assistant",
+                    ))
+                }
+            };
+            let content = match m.get("content") {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(parts)) => {
+                    let mut s = String::new();
+                    for part in parts {
+                        match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
+                            (Some("text"), Some(t)) => s.push_str(t),
+                            _ => {
+                                return Err(ApiError::invalid_param(
+                                    &p("content"),
+                                    "only text content parts are supported",
+                                ))
+                            }
+                        }
+                    }
+                    s
+                }
+                Some(Value::Null) | None if role == "assistant" => String::new(),
+                _ => return Err(ApiError::invalid_param(&p("content"), "content must be a string")),
+            };
+            Ok(ChatMessage::new(role, content))
+        })
+        .collect()
+}
+
+/// Validates `body` for `endpoint` against the server's model, limits and engine door.
+pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Validated, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::malformed(format!("the request body is not valid JSON: {e}")))?;
+    let Value::Object(o) = value else {
+        return Err(ApiError::malformed("the request body must be a JSON object"));
+    };
+
+    match get_str(&o, "model")? {
+        None => return Err(ApiError::invalid_param("model", "`model` is required")),
+        Some(m) if m != st.config.model_name => return Err(ApiError::model_not_found(m)),
+        Some(_) => {}
+    }
+    if let Some(n) = get_i64(&o, "n")? {
+        if n != 1 {
+            return Err(ApiError::invalid_param("n", format!("only n = 1 is supported, got {n}")));
+        }
+    }
+    let stream = get_bool(&o, "stream")?.unwrap_or(false);
+    let include_usage = match field(&o, "stream_options") {
+        None => false,
+        Some(Value::Object(so)) => get_bool(so, "include_usage")
+            .map_err(|_| type_error("stream_options.include_usage", "a boolean"))?
+            .unwrap_or(false),
+        Some(_) => return Err(type_error("stream_options", "an object")),
+    };
+
+    let mut max_tokens = None;
+    for name in ["max_completion_tokens", "max_tokens"] {
+        if let Some(v) = get_i64(&o, name)? {
+            if v < 1 {
+                return Err(ApiError::invalid_param(name, format!("`{name}` must be at least 1, got {v}")));
+            }
+            max_tokens = Some(usize::try_from(v).unwrap_or(usize::MAX));
+        }
+    }
+
+    // Log-probabilities: chat has `logprobs: bool` + `top_logprobs: int`; completions has
+    // `logprobs: int` (the number of alternatives).
+    let logprobs = match endpoint {
+        Endpoint::Chat => {
+            let on = get_bool(&o, "logprobs")?.unwrap_or(false);
+            let top = get_i64(&o, "top_logprobs")?;
+            if top.is_some_and(|t| t > 0) && !on {
+                return Err(ApiError::invalid_param("top_logprobs", "`top_logprobs` requires `logprobs` to be true"));
+            }
+            on.then_some(top.unwrap_or(0))
+        }
+        Endpoint::Completions => get_i64(&o, "logprobs")?,
+    };
+    let top_param = match endpoint {
+        Endpoint::Chat => "top_logprobs",
+        Endpoint::Completions => "logprobs",
+    };
+    if let Some(t) = logprobs {
+        if !(0..=sampling::MAX_TOP_LOGPROBS as i64).contains(&t) {
+            return Err(ApiError::invalid_param(
+                top_param,
+                format!("`{top_param}` must be between 0 and {}, got {t}", sampling::MAX_TOP_LOGPROBS),
+            ));
+        }
+    }
+
+    let mut b = SamplingParams::builder().temperature(1.0);
+    if let Some(v) = get_f32(&o, "temperature")? {
+        b = b.temperature(v);
+    }
+    if let Some(v) = get_f32(&o, "top_p")? {
+        b = b.top_p(v);
+    }
+    if let Some(v) = get_i64(&o, "top_k")? {
+        b = b.top_k(v);
+    }
+    if let Some(v) = get_f32(&o, "min_p")? {
+        b = b.min_p(v);
+    }
+    if let Some(v) = get_f32(&o, "presence_penalty")? {
+        b = b.presence_penalty(v);
+    }
+    if let Some(v) = get_f32(&o, "frequency_penalty")? {
+        b = b.frequency_penalty(v);
+    }
+    if let Some(v) = get_f32(&o, "repetition_penalty")? {
+        b = b.repetition_penalty(v);
+    }
+    if let Some(v) = get_i64(&o, "seed")? {
+        b = b.seed(v as u64);
+    }
+    b = b.top_logprobs(logprobs.unwrap_or(0));
+    let sampling = b.build().map_err(|e| match e {
+        sampling::SamplingError::InvalidParam { field, .. } => {
+            let field = if field == "top_logprobs" { top_param } else { field };
+            ApiError::invalid_param(field, e.to_string())
+        }
+        other => ApiError::invalid_param("sampling", other.to_string()),
+    })?;
+    let stop = stop_strings(&o)?;
+    let ignore_eos = get_bool(&o, "ignore_eos")?.unwrap_or(false);
+
+    let prompt = match endpoint {
+        Endpoint::Chat => {
+            let messages = chat_messages(&o)?;
+            let rendered = st.template.render(&messages, true).map_err(|e| {
+                ApiError::invalid_param("messages", format!("the chat template refused the messages: {e}"))
+            })?;
+            // As llama.cpp does, the rendered template is tokenized with special-token parsing on,
+            // so its markers (<|im_start|> ...) become control tokens. This also means control-token
+            // text inside a user's message becomes a control token (prompt-structure injection: a user
+            // can close their turn and forge another). It is the behaviour clients expect from
+            // llama.cpp-compatible servers; the model, not the server, is the trust boundary here.
+            st.tokenizer
+                .encode(&rendered, true)
+                .map_err(|e| ApiError::invalid_param("messages", format!("cannot tokenize the messages: {e}")))?
+        }
+        Endpoint::Completions => {
+            let text = match field(&o, "prompt") {
+                Some(Value::String(s)) => s.as_str(),
+                Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default(),
+                _ => return Err(type_error("prompt", "a string")),
+            };
+            // Raw text: control-token texts stay plain text.
+            st.tokenizer
+                .encode(text, false)
+                .map_err(|e| ApiError::invalid_param("prompt", format!("cannot tokenize the prompt: {e}")))?
+        }
+    };
+
+    // Default: what is left of the context window, at most the configured default (at least 1,
+    // so that a prompt that fills the window is reported as too long, not as max_tokens = 0).
+    let max_tokens = max_tokens
+        .unwrap_or_else(|| st.config.limits.max_tokens_default.min(st.context.saturating_sub(prompt.len())).max(1));
+    st.engine.check(&prompt, max_tokens).map_err(|e| ApiError::admission(&e, endpoint.prompt_param()))?;
+
+    Ok(Validated {
+        endpoint,
+        prompt,
+        max_tokens,
+        sampling,
+        stop,
+        stream,
+        include_usage,
+        logprobs: logprobs.map(|t| t as usize),
+        ignore_eos,
+        _sealed: Sealed(()),
+    })
+}

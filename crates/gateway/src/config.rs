@@ -1,0 +1,406 @@
+//! The server's TOML configuration, validated at start-up. Every error names the field.
+//!
+//! Two checks need the model (its context window and KV layout) and run in [`crate::server`]
+//! once the model file is open: `context_window` may not exceed the model's, and the pool must
+//! hold at least one request of the context window ([`check_pool`], invariant 2).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kv::{KvDtype, ScrubPolicy};
+use serde::Deserialize;
+
+/// A configuration that failed to load or validate.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("config file {path} is not valid: {message}")]
+    Parse { path: String, message: String },
+    #[error("config field `{field}`: {message}")]
+    Invalid { field: String, message: String },
+}
+
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid { field: field.into(), message: message.into() }
+}
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+pub const DEFAULT_MODEL_NAME: &str = "SmolLM2-135M-Instruct";
+
+/// The file as written. Unknown fields are errors (a typo must not be silently ignored).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    listen: Option<String>,
+    model: Option<PathBuf>,
+    model_name: Option<String>,
+    threads: Option<usize>,
+    context_window: Option<usize>,
+    #[serde(default)]
+    pool: RawPool,
+    #[serde(default)]
+    engine: RawEngine,
+    #[serde(default)]
+    limits: RawLimits,
+    #[serde(default)]
+    tenants: Vec<RawTenant>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPool {
+    tokens: Option<usize>,
+    bytes: Option<usize>,
+    page_size: Option<usize>,
+    dtype: Option<String>,
+    scrub: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEngine {
+    max_batch_tokens: Option<usize>,
+    max_running: Option<usize>,
+    max_queued: Option<usize>,
+    queue_timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    max_body_bytes: Option<usize>,
+    request_timeout_s: Option<u64>,
+    drain_timeout_s: Option<u64>,
+    max_tokens_default: Option<usize>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTenant {
+    name: String,
+    key_sha256: String,
+    max_concurrent: Option<usize>,
+    max_queued: Option<usize>,
+    tokens_per_minute: Option<u64>,
+}
+
+/// Pool size as configured; `None` in [`PoolSettings::size`] means the default, 2x the context
+/// window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PoolSize {
+    Tokens(usize),
+    Bytes(usize),
+}
+
+#[derive(Debug, Clone)]
+pub struct PoolSettings {
+    pub size: Option<PoolSize>,
+    pub page_size: usize,
+    pub dtype: KvDtype,
+    pub scrub: ScrubPolicy,
+}
+
+#[derive(Debug, Clone)]
+pub struct EngineSettings {
+    pub max_batch_tokens: usize,
+    pub max_running: usize,
+    pub max_queued: usize,
+    pub queue_timeout: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct Limits {
+    pub max_body_bytes: usize,
+    pub request_timeout: Duration,
+    pub drain_timeout: Duration,
+    pub max_tokens_default: usize,
+}
+
+/// One tenant: its name (logs, metrics), the SHA-256 digest of its key, and its limits.
+#[derive(Clone)]
+pub struct TenantConfig {
+    pub name: String,
+    pub key_sha256: [u8; 32],
+    pub max_concurrent: usize,
+    pub max_queued: usize,
+    /// 0 = unlimited.
+    pub tokens_per_minute: u64,
+}
+
+impl std::fmt::Debug for TenantConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TenantConfig")
+            .field("name", &self.name)
+            .field("max_concurrent", &self.max_concurrent)
+            .field("max_queued", &self.max_queued)
+            .field("tokens_per_minute", &self.tokens_per_minute)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub listen: SocketAddr,
+    /// `None`: the fetched default model.
+    pub model: Option<PathBuf>,
+    pub model_name: String,
+    /// 0 = all cores.
+    pub threads: usize,
+    /// `None`: the model's.
+    pub context_window: Option<usize>,
+    pub pool: PoolSettings,
+    pub engine: EngineSettings,
+    pub limits: Limits,
+    /// Empty: one development tenant (see [`crate::tenants::dev_tenant`]).
+    pub tenants: Vec<TenantConfig>,
+}
+
+impl Default for Config {
+    /// The same values as an empty config file.
+    fn default() -> Self {
+        builtin_defaults()
+    }
+}
+
+fn builtin_defaults() -> Config {
+    Config {
+        listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+        model: None,
+        model_name: DEFAULT_MODEL_NAME.into(),
+        threads: 0,
+        context_window: None,
+        pool: PoolSettings { size: None, page_size: 16, dtype: KvDtype::F16, scrub: ScrubPolicy::OnFree },
+        engine: EngineSettings {
+            max_batch_tokens: 512,
+            max_running: 64,
+            max_queued: 256,
+            queue_timeout: Duration::from_millis(30_000),
+        },
+        limits: Limits {
+            max_body_bytes: 1 << 20,
+            request_timeout: Duration::from_secs(300),
+            drain_timeout: Duration::from_secs(30),
+            max_tokens_default: 256,
+        },
+        tenants: Vec::new(),
+    }
+}
+
+fn positive(field: &str, v: Option<usize>, default: usize) -> Result<usize, ConfigError> {
+    match v {
+        Some(0) => Err(invalid(field, "must be at least 1, got 0")),
+        Some(v) => Ok(v),
+        None => Ok(default),
+    }
+}
+
+fn positive_u64(field: &str, v: Option<u64>, default: u64) -> Result<u64, ConfigError> {
+    match v {
+        Some(0) => Err(invalid(field, "must be at least 1, got 0")),
+        Some(v) => Ok(v),
+        None => Ok(default),
+    }
+}
+
+/// Parses a 64-digit hex SHA-256 digest.
+pub fn parse_digest(hex: &str) -> Option<[u8; 32]> {
+    let hex = hex.trim();
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, byte) in out.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Tenant names appear in logs and metric labels: keep them plain.
+pub fn valid_tenant_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    /// Validates a config given as TOML text.
+    pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
+        Self::parse(text, "<string>")
+    }
+
+    fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text)
+            .map_err(|e| ConfigError::Parse { path: origin.to_string(), message: e.to_string() })?;
+        Self::validate(raw)
+    }
+
+    fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
+        let listen_text = raw.listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+        let listen: SocketAddr = listen_text
+            .parse()
+            .map_err(|_| invalid("listen", format!("`{listen_text}` is not an address such as {DEFAULT_LISTEN}")))?;
+        let model_name = raw.model_name.unwrap_or_else(|| DEFAULT_MODEL_NAME.to_string());
+        if model_name.trim().is_empty() {
+            return Err(invalid("model_name", "must not be empty"));
+        }
+        if raw.context_window == Some(0) {
+            return Err(invalid("context_window", "must be at least 1, got 0"));
+        }
+
+        let p = raw.pool;
+        let size = match (p.tokens, p.bytes) {
+            (Some(_), Some(_)) => return Err(invalid("pool", "set either `tokens` or `bytes`, not both")),
+            (Some(0), None) => return Err(invalid("pool.tokens", "must be at least 1, got 0")),
+            (None, Some(0)) => return Err(invalid("pool.bytes", "must be at least 1, got 0")),
+            (Some(t), None) => Some(PoolSize::Tokens(t)),
+            (None, Some(b)) => Some(PoolSize::Bytes(b)),
+            (None, None) => None,
+        };
+        let dtype = match p.dtype.as_deref() {
+            None | Some("f16") => KvDtype::F16,
+            Some("f32") => KvDtype::F32,
+            Some(other) => return Err(invalid("pool.dtype", format!("`{other}` is not one of \"f16\", \"f32\""))),
+        };
+        let scrub = match p.scrub.as_deref() {
+            None | Some("on_free") => ScrubPolicy::OnFree,
+            Some("on_alloc") => ScrubPolicy::OnAlloc,
+            Some(other) => {
+                return Err(invalid("pool.scrub", format!("`{other}` is not one of \"on_free\", \"on_alloc\"")))
+            }
+        };
+        let pool = PoolSettings { size, page_size: positive("pool.page_size", p.page_size, 16)?, dtype, scrub };
+
+        let e = raw.engine;
+        let engine = EngineSettings {
+            max_batch_tokens: positive("engine.max_batch_tokens", e.max_batch_tokens, 512)?,
+            max_running: positive("engine.max_running", e.max_running, 64)?,
+            max_queued: positive("engine.max_queued", e.max_queued, 256)?,
+            queue_timeout: Duration::from_millis(positive_u64("engine.queue_timeout_ms", e.queue_timeout_ms, 30_000)?),
+        };
+
+        let l = raw.limits;
+        let limits = Limits {
+            max_body_bytes: positive("limits.max_body_bytes", l.max_body_bytes, 1 << 20)?,
+            request_timeout: Duration::from_secs(positive_u64("limits.request_timeout_s", l.request_timeout_s, 300)?),
+            drain_timeout: Duration::from_secs(l.drain_timeout_s.unwrap_or(30)),
+            max_tokens_default: positive("limits.max_tokens_default", l.max_tokens_default, 256)?,
+        };
+
+        let mut tenants: Vec<TenantConfig> = Vec::with_capacity(raw.tenants.len());
+        for (i, t) in raw.tenants.into_iter().enumerate() {
+            let field = |f: &str| format!("tenants[{i}].{f}");
+            if !valid_tenant_name(&t.name) {
+                return Err(invalid(
+                    field("name"),
+                    format!("`{}` must be 1-64 characters of A-Z a-z 0-9 - _ .", t.name),
+                ));
+            }
+            if tenants.iter().any(|o| o.name == t.name) {
+                return Err(invalid(field("name"), format!("`{}` appears twice", t.name)));
+            }
+            let key_sha256 = parse_digest(&t.key_sha256)
+                .ok_or_else(|| invalid(field("key_sha256"), "must be 64 hexadecimal digits (a SHA-256 digest)"))?;
+            if tenants.iter().any(|o| o.key_sha256 == key_sha256) {
+                return Err(invalid(field("key_sha256"), "the same key digest is given to two tenants"));
+            }
+            tenants.push(TenantConfig {
+                name: t.name,
+                key_sha256,
+                max_concurrent: positive(&field("max_concurrent"), t.max_concurrent, 8)?,
+                max_queued: positive(&field("max_queued"), t.max_queued, 32)?,
+                tokens_per_minute: t.tokens_per_minute.unwrap_or(0),
+            });
+        }
+
+        Ok(Config {
+            listen,
+            model: raw.model,
+            model_name,
+            threads: raw.threads.unwrap_or(0),
+            context_window: raw.context_window,
+            pool,
+            engine,
+            limits,
+            tenants,
+        })
+    }
+}
+
+/// The context window to serve: the configured one, at most the model's.
+pub fn effective_context(configured: Option<usize>, model_context: usize) -> Result<usize, ConfigError> {
+    match configured {
+        None => Ok(model_context),
+        Some(c) if c > model_context => Err(invalid(
+            "context_window",
+            format!("{c} is larger than the model's context window of {model_context} tokens"),
+        )),
+        Some(c) => Ok(c),
+    }
+}
+
+/// Invariant 2: a pool that cannot hold one request of the context window refuses to start.
+/// `capacity_tokens` is what the pool really holds (whole pages).
+pub fn check_pool(capacity_tokens: usize, context_window: usize) -> Result<(), ConfigError> {
+    if capacity_tokens < context_window {
+        let field = "pool";
+        return Err(invalid(
+            field,
+            format!(
+                "the KV pool holds {capacity_tokens} tokens, less than one request of the context window \
+                 ({context_window} tokens); raise pool.tokens (recommended: at least 2x the context window, \
+                 {}) or lower context_window",
+                context_window.saturating_mul(2)
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Token slots a pool of `size` really holds (rounded down to whole pages).
+pub fn pool_capacity_tokens(size: PoolSize, page_size: usize, page_bytes: usize) -> usize {
+    match size {
+        PoolSize::Tokens(t) => t / page_size.max(1) * page_size,
+        PoolSize::Bytes(b) => b / page_bytes.max(1) * page_size,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_config_gives_the_defaults() {
+        let c = Config::from_toml_str("").unwrap();
+        assert_eq!(c.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(c.model_name, DEFAULT_MODEL_NAME);
+        assert_eq!(c.pool.page_size, 16);
+        assert_eq!(c.engine.max_running, 64);
+        assert_eq!(c.limits.max_body_bytes, 1 << 20);
+        assert!(c.tenants.is_empty());
+        let d = Config::default();
+        assert_eq!((d.listen, d.limits.max_tokens_default), (c.listen, c.limits.max_tokens_default));
+    }
+
+    #[test]
+    fn digests_parse_only_as_64_hex_digits() {
+        assert!(parse_digest(&"ab".repeat(32)).is_some());
+        assert!(parse_digest(&"ab".repeat(31)).is_none());
+        assert!(parse_digest(&"zz".repeat(32)).is_none());
+    }
+
+    #[test]
+    fn pool_capacity_rounds_down_to_pages() {
+        assert_eq!(pool_capacity_tokens(PoolSize::Tokens(40), 16, 100), 32);
+        assert_eq!(pool_capacity_tokens(PoolSize::Bytes(250), 16, 100), 32);
+    }
+}

@@ -1,0 +1,48 @@
+//! The gateway: pagewarden's OpenAI-compatible HTTP server.
+//!
+//! A request's path: [`api`] authenticates the key ([`tenants`], constant-time digest lookup),
+//! reads the body (size-limited), parses and validates it into a request only the validator
+//! can build ([`api::validate`]: bad JSON or a bad field is a 400 naming it; the engine's door
+//! check runs there, so a request that cannot be served whole is refused before any page is
+//! reserved), takes the tenant's [`limits`], submits to the engine, and waits for the first
+//! result before answering, so that errors up to then are proper HTTP errors built by one
+//! function ([`error::ApiError::response`]). Streams are server-sent events in OpenAI's chunk
+//! format; a failure after streaming began ends with an error event and no `[DONE]`. A client
+//! that disconnects drops its `RequestStream`, which cancels the request in the engine.
+//!
+//! Entry points for the binary: [`run_serve_cli`] (`pagewarden serve`) and
+//! [`run_tenant_add_cli`] (`pagewarden tenant add NAME`). Tests and embedders use
+//! [`server::serve`] with their own shutdown future.
+
+pub mod api;
+pub mod config;
+pub mod error;
+pub mod limits;
+pub mod metrics;
+pub mod server;
+pub mod tenants;
+
+use std::path::Path;
+
+pub use config::{Config, ConfigError};
+pub use server::{run_serve_cli, serve, ServeError};
+pub use tenants::{add_tenant, TenantError};
+
+/// The config file `pagewarden tenant add` writes when `--config` is not given.
+pub const DEFAULT_CONFIG_FILE: &str = "pagewarden.toml";
+
+/// `pagewarden tenant add NAME [--config FILE]`: adds the tenant to the config file (default
+/// [`DEFAULT_CONFIG_FILE`], created if missing) and prints its new key once, on stdout. Only the
+/// key's SHA-256 digest is stored.
+pub fn run_tenant_add_cli(config_path: Option<&Path>, name: &str) -> Result<(), TenantError> {
+    let path = config_path.unwrap_or(Path::new(DEFAULT_CONFIG_FILE));
+    let key = add_tenant(path, name)?;
+    println!("{key}");
+    eprintln!(
+        "tenant `{name}` added to {}; the key above is shown only this once (only its SHA-256 digest is stored). \
+         Start the server with: pagewarden serve --config {}",
+        path.display(),
+        path.display()
+    );
+    Ok(())
+}

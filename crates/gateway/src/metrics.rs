@@ -1,0 +1,203 @@
+//! Prometheus metrics in the text exposition format. Every metric name is a constant of this
+//! module; nothing else spells one.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use engine::EngineStats;
+
+pub const REQUESTS_TOTAL: &str = "pagewarden_requests_total";
+pub const TIME_TO_FIRST_TOKEN: &str = "pagewarden_time_to_first_token_seconds";
+pub const INTER_TOKEN_LATENCY: &str = "pagewarden_inter_token_latency_seconds";
+pub const QUEUE_DEPTH: &str = "pagewarden_queue_depth";
+pub const RUNNING_SEQUENCES: &str = "pagewarden_running_sequences";
+pub const KV_PAGES_TOTAL: &str = "pagewarden_kv_pages_total";
+pub const KV_PAGES_USED: &str = "pagewarden_kv_pages_used";
+pub const REJECTIONS_TOTAL: &str = "pagewarden_rejections_total";
+pub const ISOLATION_VIOLATIONS_TOTAL: &str = "pagewarden_isolation_violations_total";
+pub const ENGINE_STEPS_TOTAL: &str = "pagewarden_engine_steps_total";
+pub const PREFILL_TOKENS_TOTAL: &str = "pagewarden_prefill_tokens_total";
+pub const DECODE_TOKENS_TOTAL: &str = "pagewarden_decode_tokens_total";
+
+/// Kinds of isolation violation, always exported (0 until one happens).
+pub const ISOLATION_KINDS: [&str; 4] = ["generation_mismatch", "unwritten_read", "owner_mismatch", "transfer"];
+
+const TTFT_BUCKETS: [f64; 12] = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+const ITL_BUCKETS: [f64; 12] = [0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 5.0];
+
+#[derive(Debug)]
+struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<AtomicU64>,
+    sum_micros: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            counts: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            sum_micros: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    fn observe(&self, d: Duration) {
+        let secs = d.as_secs_f64();
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            if secs <= *b {
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.sum_micros.fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {}", c.load(Ordering::Relaxed));
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {count}");
+        let _ = writeln!(out, "{name}_sum {}", self.sum_micros.load(Ordering::Relaxed) as f64 / 1e6);
+        let _ = writeln!(out, "{name}_count {count}");
+    }
+}
+
+/// The server's metrics.
+#[derive(Debug)]
+pub struct Metrics {
+    requests: Mutex<BTreeMap<u16, u64>>,
+    rejections: Mutex<BTreeMap<&'static str, u64>>,
+    violations: Mutex<BTreeMap<&'static str, u64>>,
+    ttft: Histogram,
+    itl: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            requests: Mutex::default(),
+            rejections: Mutex::default(),
+            violations: Mutex::new(ISOLATION_KINDS.iter().map(|k| (*k, 0)).collect()),
+            ttft: Histogram::new(&TTFT_BUCKETS),
+            itl: Histogram::new(&ITL_BUCKETS),
+        }
+    }
+}
+
+fn bump<K: Ord>(m: &Mutex<BTreeMap<K, u64>>, k: K) {
+    *m.lock().unwrap_or_else(|e| e.into_inner()).entry(k).or_default() += 1;
+}
+
+/// Escapes a label value.
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+impl Metrics {
+    pub fn request(&self, status: u16) {
+        bump(&self.requests, status);
+    }
+
+    pub fn rejection(&self, reason: &'static str) {
+        bump(&self.rejections, reason);
+    }
+
+    /// Invariant 10: an ownership or integrity violation.
+    pub fn isolation_violation(&self, kind: &'static str) {
+        bump(&self.violations, kind);
+    }
+
+    pub fn time_to_first_token(&self, d: Duration) {
+        self.ttft.observe(d);
+    }
+
+    pub fn inter_token_latency(&self, d: Duration) {
+        self.itl.observe(d);
+    }
+
+    /// The exposition text; `tenant_name` names engine tenants in the KV pages label.
+    pub fn render(&self, stats: &EngineStats, tenant_name: impl Fn(kv::TenantId) -> String) -> String {
+        let mut out = String::new();
+        let counter_map = |out: &mut String, name: &str, help: &str, key: &str, rows: Vec<(String, u64)>| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (k, v) in rows {
+                let _ = writeln!(out, "{name}{{{key}=\"{}\"}} {v}", label(&k));
+            }
+        };
+        let snapshot = |m: &Mutex<BTreeMap<&'static str, u64>>| -> Vec<(String, u64)> {
+            m.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (k.to_string(), *v)).collect()
+        };
+        let requests: Vec<(String, u64)> =
+            self.requests.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        counter_map(&mut out, REQUESTS_TOTAL, "API requests by HTTP status.", "status", requests);
+        counter_map(&mut out, REJECTIONS_TOTAL, "Refused requests by reason.", "reason", snapshot(&self.rejections));
+        counter_map(
+            &mut out,
+            ISOLATION_VIOLATIONS_TOTAL,
+            "Ownership or integrity violations (each failed its request).",
+            "kind",
+            snapshot(&self.violations),
+        );
+        self.ttft.render(&mut out, TIME_TO_FIRST_TOKEN, "Time from request arrival to the first token.");
+        self.itl.render(&mut out, INTER_TOKEN_LATENCY, "Time between consecutive tokens of a request.");
+        let gauge = |out: &mut String, name: &str, help: &str, v: u64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        };
+        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        };
+        gauge(&mut out, QUEUE_DEPTH, "Requests waiting for KV pages.", stats.queued as u64);
+        gauge(&mut out, RUNNING_SEQUENCES, "Sequences prefilling or decoding.", stats.running as u64);
+        gauge(&mut out, KV_PAGES_TOTAL, "Pages in the KV pool.", stats.pages_total as u64);
+        let _ = writeln!(out, "# HELP {KV_PAGES_USED} KV pages leased, by tenant.\n# TYPE {KV_PAGES_USED} gauge");
+        for (t, pages) in &stats.pages_by_tenant {
+            let _ = writeln!(out, "{KV_PAGES_USED}{{tenant=\"{}\"}} {pages}", label(&tenant_name(*t)));
+        }
+        counter(&mut out, ENGINE_STEPS_TOTAL, "Forward steps run.", stats.steps);
+        counter(&mut out, PREFILL_TOKENS_TOTAL, "Prompt tokens prefilled.", stats.prefill_tokens);
+        counter(&mut out, DECODE_TOKENS_TOTAL, "Tokens decoded.", stats.decode_tokens);
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_is_rendered() {
+        let m = Metrics::default();
+        m.request(200);
+        m.rejection("invalid_request");
+        m.time_to_first_token(Duration::from_millis(30));
+        let stats = EngineStats { pages_by_tenant: vec![(kv::TenantId(1), 3)], ..Default::default() };
+        let text = m.render(&stats, |t| format!("tenant-{}", t.0));
+        for name in [
+            REQUESTS_TOTAL,
+            TIME_TO_FIRST_TOKEN,
+            INTER_TOKEN_LATENCY,
+            QUEUE_DEPTH,
+            RUNNING_SEQUENCES,
+            KV_PAGES_TOTAL,
+            KV_PAGES_USED,
+            REJECTIONS_TOTAL,
+            ISOLATION_VIOLATIONS_TOTAL,
+            ENGINE_STEPS_TOTAL,
+            PREFILL_TOKENS_TOTAL,
+            DECODE_TOKENS_TOTAL,
+        ] {
+            assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
+        }
+        assert!(text.contains("pagewarden_requests_total{status=\"200\"} 1"));
+        assert!(text.contains("pagewarden_kv_pages_used{tenant=\"tenant-1\"} 3"));
+        assert!(text.contains("pagewarden_isolation_violations_total{kind=\"generation_mismatch\"} 0"));
+        assert!(text.contains("pagewarden_time_to_first_token_seconds_bucket{le=\"0.05\"} 1"));
+    }
+}

@@ -1,0 +1,287 @@
+//! The HTTP API against one real server (default model) shared by the tests of this file.
+
+mod common;
+
+use std::sync::OnceLock;
+
+use common::*;
+use serde_json::{json, Value};
+
+fn server() -> &'static Server {
+    static S: OnceLock<Server> = OnceLock::new();
+    S.get_or_init(|| start(test_config()))
+}
+
+fn chat_url() -> String {
+    server().url("/v1/chat/completions")
+}
+
+fn completions_url() -> String {
+    server().url("/v1/completions")
+}
+
+fn hello(extra: Value) -> Value {
+    let mut body = json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 8,
+        "temperature": 0,
+    });
+    if let (Some(b), Value::Object(e)) = (body.as_object_mut(), extra) {
+        b.extend(e);
+    }
+    body
+}
+
+#[test]
+fn chat_completion_has_openai_shape_and_usage() {
+    let r = post_json(&chat_url(), Some(ALICE), &hello(json!({})));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert!(v["id"].as_str().is_some_and(|s| s.starts_with("chatcmpl-")), "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["model"], MODEL);
+    assert!(v["created"].as_u64().is_some());
+    let c = &v["choices"][0];
+    assert_eq!(c["index"], 0);
+    assert_eq!(c["message"]["role"], "assistant");
+    assert!(!c["message"]["content"].as_str().unwrap_or_default().is_empty(), "{v}");
+    assert!(c["finish_reason"] == "stop" || c["finish_reason"] == "length");
+    assert!(c.get("logprobs").is_some());
+    let u = &v["usage"];
+    let (p, n) = (u["prompt_tokens"].as_u64().unwrap(), u["completion_tokens"].as_u64().unwrap());
+    assert!(p > 5 && (1..=8).contains(&n), "{u}");
+    assert_eq!(u["total_tokens"].as_u64(), Some(p + n));
+}
+
+#[test]
+fn greedy_chat_is_deterministic_and_logprobs_are_reported() {
+    let body = hello(json!({"logprobs": true, "top_logprobs": 2}));
+    let a = post_json(&chat_url(), Some(ALICE), &body).json();
+    let b = post_json(&chat_url(), Some(BOB), &body).json();
+    assert_eq!(a["choices"][0]["message"], b["choices"][0]["message"]);
+    let content = a["choices"][0]["logprobs"]["content"].as_array().expect("logprobs.content").clone();
+    assert_eq!(content.len() as u64, a["usage"]["completion_tokens"].as_u64().unwrap());
+    assert!(content[0]["logprob"].as_f64().unwrap() <= 0.0);
+    assert_eq!(content[0]["top_logprobs"].as_array().map(Vec::len), Some(2));
+}
+
+#[test]
+fn streaming_chat_ends_with_done_and_carries_role_content_finish_and_usage() {
+    let r =
+        post_json(&chat_url(), Some(ALICE), &hello(json!({"stream": true, "stream_options": {"include_usage": true}})));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.header("content-type").is_some_and(|c| c.starts_with("text/event-stream")));
+    let events = r.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{}", r.body);
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String =
+        chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect::<Vec<_>>().concat();
+    assert!(!text.is_empty());
+    let finals: Vec<&Value> = chunks.iter().filter(|c| !c["choices"][0]["finish_reason"].is_null()).collect();
+    assert_eq!(finals.len(), 1, "{}", r.body);
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert!(usage["usage"]["completion_tokens"].as_u64().unwrap() >= 1);
+    // Streaming and not give the same text for the same greedy request.
+    let full = post_json(&chat_url(), Some(ALICE), &hello(json!({}))).json();
+    assert_eq!(full["choices"][0]["message"]["content"].as_str(), Some(text.as_str()));
+}
+
+#[test]
+fn streaming_without_include_usage_has_no_usage_chunk() {
+    let r = post_json(&chat_url(), Some(BOB), &hello(json!({"stream": true, "max_tokens": 3})));
+    let events = r.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    for e in &events[..events.len() - 1] {
+        let c: Value = serde_json::from_str(e).unwrap();
+        assert!(c.get("usage").is_none(), "{e}");
+        assert_eq!(c["choices"].as_array().map(Vec::len), Some(1));
+    }
+}
+
+#[test]
+fn completions_endpoint_returns_text_completion() {
+    let body =
+        json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 5, "temperature": 0, "logprobs": 1});
+    let r = post_json(&completions_url(), Some(ALICE), &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert!(v["id"].as_str().is_some_and(|s| s.starts_with("cmpl-")));
+    assert_eq!(v["object"], "text_completion");
+    assert!(v["choices"][0]["text"].as_str().is_some());
+    assert_eq!(v["choices"][0]["logprobs"]["tokens"].as_array().map(Vec::len), Some(5));
+    assert_eq!(v["usage"]["completion_tokens"], 5);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+
+    let s = post_json(
+        &completions_url(),
+        Some(ALICE),
+        &json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 5, "temperature": 0, "stream": true}),
+    );
+    let events = s.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let text: String = events[..events.len() - 1]
+        .iter()
+        .map(|e| {
+            serde_json::from_str::<Value>(e).unwrap()["choices"][0]["text"].as_str().unwrap_or_default().to_string()
+        })
+        .collect();
+    assert_eq!(Some(text.as_str()), v["choices"][0]["text"].as_str());
+}
+
+#[test]
+fn models_lists_the_served_model() {
+    let r = get(&server().url("/v1/models"), Some(ALICE));
+    assert_eq!(r.status, 200);
+    let v = r.json();
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"][0]["id"], MODEL);
+    assert_eq!(v["data"][0]["object"], "model");
+}
+
+#[test]
+fn wrong_key_and_missing_key_are_401_in_the_envelope() {
+    let wrong = post_json(&chat_url(), Some("not-a-key"), &hello(json!({})));
+    assert_eq!(wrong.status, 401);
+    assert_eq!(wrong.error()["code"], "invalid_api_key");
+    let missing = post_json(&chat_url(), None, &hello(json!({})));
+    assert_eq!(missing.status, 401);
+    missing.error();
+    assert_eq!(get(&server().url("/v1/models"), None).status, 401);
+}
+
+#[test]
+fn unknown_model_is_404() {
+    let r = post_json(&chat_url(), Some(ALICE), &hello(json!({"model": "gpt-5"})));
+    assert_eq!(r.status, 404, "{}", r.body);
+    let e = r.error();
+    assert_eq!(e["param"], "model");
+    assert_eq!(e["code"], "model_not_found");
+}
+
+#[test]
+fn wrong_method_is_405_and_unknown_route_404_in_the_envelope() {
+    let r = get(&chat_url(), Some(ALICE));
+    assert_eq!(r.status, 405, "{}", r.body);
+    assert_eq!(r.error()["type"], "invalid_request_error");
+    let r = get(&server().url("/v1/nothing-here"), Some(ALICE));
+    assert_eq!(r.status, 404);
+    r.error();
+}
+
+#[test]
+fn malformed_json_is_400_not_422() {
+    let r = post(&chat_url(), Some(ALICE), "{\"model\": ");
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.error()["type"], "invalid_request_error");
+    let r = post(&chat_url(), Some(ALICE), "[1, 2]");
+    assert_eq!(r.status, 400);
+}
+
+#[test]
+fn bad_field_is_400_naming_the_param() {
+    let r = post_json(&chat_url(), Some(ALICE), &hello(json!({"temperature": 9})));
+    assert_eq!(r.status, 400, "{}", r.body);
+    let e = r.error();
+    assert_eq!(e["param"], "temperature");
+    assert!(e["message"].as_str().unwrap().contains("[0, 2]"));
+    let r = post_json(&chat_url(), Some(ALICE), &hello(json!({"max_tokens": "many"})));
+    assert_eq!((r.status, r.error()["param"].clone()), (400, json!("max_tokens")));
+    let r = post_json(&chat_url(), Some(ALICE), &hello(json!({"stop": ["a", "b", "c", "d", "e"]})));
+    assert_eq!((r.status, r.error()["param"].clone()), (400, json!("stop")));
+    let r =
+        post_json(&chat_url(), Some(ALICE), &json!({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}));
+    assert_eq!((r.status, r.error()["param"].clone()), (400, json!("messages[0].role")));
+}
+
+#[test]
+fn n_other_than_one_is_400() {
+    let r = post_json(&chat_url(), Some(ALICE), &hello(json!({"n": 2})));
+    assert_eq!(r.status, 400);
+    assert_eq!(r.error()["param"], "n");
+    assert_eq!(post_json(&chat_url(), Some(ALICE), &hello(json!({"n": 1}))).status, 200);
+}
+
+#[test]
+fn unknown_fields_and_user_are_ignored() {
+    let r = post_json(
+        &chat_url(),
+        Some(ALICE),
+        &hello(json!({"user": "u1", "some_future_field": {"x": 1}, "max_tokens": 2})),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+#[test]
+fn body_too_large_is_413() {
+    let big = "x".repeat(70_000);
+    let r =
+        post_json(&chat_url(), Some(ALICE), &json!({"model": MODEL, "messages": [{"role": "user", "content": big}]}));
+    assert_eq!(r.status, 413, "{}", r.body);
+    r.error();
+}
+
+#[test]
+fn prompt_over_the_context_window_is_400_context_length_exceeded() {
+    let long = "hello ".repeat(1100);
+    let r = post_json(&completions_url(), Some(BOB), &json!({"model": MODEL, "prompt": long, "max_tokens": 4}));
+    assert_eq!(r.status, 400, "{}", r.body);
+    let e = r.error();
+    assert_eq!(e["code"], "context_length_exceeded");
+    let msg = e["message"].as_str().unwrap();
+    assert!(msg.contains("1024"), "{msg}");
+}
+
+#[test]
+fn stop_string_cuts_output_and_is_not_emitted() {
+    // Greedy continuation of a count: find a stop string that really occurs in the output.
+    let base = json!({"model": MODEL, "prompt": "1, 2, 3, 4, 5, 6,", "max_tokens": 12, "temperature": 0});
+    let free = post_json(&completions_url(), Some(ALICE), &base).json();
+    let text = free["choices"][0]["text"].as_str().unwrap().to_string();
+    assert!(text.contains(" 9"), "expected the count to continue: {text:?}");
+    let expected = &text[..text.find(" 9").unwrap()];
+
+    let mut with_stop = base.clone();
+    with_stop["stop"] = json!([" 9", "never-happens"]);
+    let v = post_json(&completions_url(), Some(ALICE), &with_stop).json();
+    assert_eq!(v["choices"][0]["text"].as_str(), Some(expected), "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+
+    with_stop["stream"] = json!(true);
+    let r = post_json(&completions_url(), Some(ALICE), &with_stop);
+    let events = r.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    let streamed: String = chunks.iter().filter_map(|c| c["choices"][0]["text"].as_str()).collect::<Vec<_>>().concat();
+    assert_eq!(streamed, expected);
+    assert!(!streamed.contains(" 9"));
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "stop");
+}
+
+#[test]
+fn health_ready_and_metrics_are_served() {
+    assert_eq!(get(&server().url("/health"), None).status, 200);
+    assert_eq!(get(&server().url("/ready"), None).status, 200);
+    let m = get(&server().url("/metrics"), None);
+    assert_eq!(m.status, 200);
+    for name in [
+        "pagewarden_requests_total",
+        "pagewarden_time_to_first_token_seconds",
+        "pagewarden_inter_token_latency_seconds",
+        "pagewarden_queue_depth",
+        "pagewarden_running_sequences",
+        "pagewarden_kv_pages_total",
+        "pagewarden_kv_pages_used",
+        "pagewarden_rejections_total",
+        "pagewarden_isolation_violations_total",
+        "pagewarden_engine_steps_total",
+        "pagewarden_prefill_tokens_total",
+        "pagewarden_decode_tokens_total",
+    ] {
+        assert!(m.body.contains(&format!("# TYPE {name} ")), "{name} missing");
+    }
+    assert_eq!(metric(&m.body, "pagewarden_kv_pages_total"), 128.0);
+}

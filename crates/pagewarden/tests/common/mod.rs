@@ -1,0 +1,112 @@
+//! A real `pagewarden serve` process on a free loopback port, with its own config and tenant.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const MODEL_NAME: &str = "SmolLM2-135M-Instruct";
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_pagewarden")
+}
+
+pub struct Server {
+    pub url: String,
+    pub key: String,
+    pub dir: PathBuf,
+    child: Child,
+}
+
+impl Server {
+    /// Starts a server whose config holds one tenant (`extra_tenant_lines` appended to it).
+    pub fn start(extra_tenant_lines: &[&str]) -> Server {
+        fetch::ensure_default_model().expect("default model");
+        let dir = std::env::temp_dir().join(format!(
+            "pw-serve-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let config = dir.join("pagewarden.toml");
+        std::fs::write(&config, "[pool]\ntokens = 32768\n").unwrap();
+        let out = Command::new(bin()).args(["tenant", "add", "tester", "--config"]).arg(&config).output().unwrap();
+        assert!(out.status.success(), "tenant add: {}", String::from_utf8_lossy(&out.stderr));
+        let key = String::from_utf8(out.stdout).unwrap().lines().next().unwrap().trim().to_string();
+        let mut cfg = std::fs::read_to_string(&config).unwrap();
+        for l in extra_tenant_lines {
+            cfg.push_str(l);
+            cfg.push('\n');
+        }
+        std::fs::write(&config, cfg).unwrap();
+        let mut child = Command::new(bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&config)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if let Some(url) = line.strip_prefix("listening on ") {
+                    let _ = tx.send(url.to_string());
+                }
+            }
+        });
+        let url = rx.recv_timeout(Duration::from_secs(120)).expect("server did not report its address");
+        let s = Server { url, key, dir, child };
+        s.wait_ready();
+        s
+    }
+
+    fn wait_ready(&self) {
+        let t0 = Instant::now();
+        loop {
+            if let Ok(r) = ureq::get(format!("{}/ready", self.url)).call() {
+                if r.status() == 200 {
+                    return;
+                }
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "server never became ready");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn agent(&self) -> ureq::Agent {
+        ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(120)))
+            .build()
+            .into()
+    }
+
+    /// POSTs JSON to `path`; returns (status, body).
+    pub fn post(&self, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
+        let mut r = self
+            .agent()
+            .post(format!("{}{path}", self.url))
+            .header("Authorization", format!("Bearer {}", self.key))
+            .header("Content-Type", "application/json")
+            .send(body.to_string().as_bytes())
+            .unwrap();
+        let status = r.status().as_u16();
+        let text = r.body_mut().read_to_string().unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
+    }
+
+    pub fn metrics(&self) -> String {
+        self.agent().get(format!("{}/metrics", self.url)).call().unwrap().body_mut().read_to_string().unwrap()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
