@@ -31,6 +31,52 @@ pub enum EngineError {
     DeadlineExceeded,
     #[error("the engine is shutting down")]
     ShuttingDown,
+    /// A page ownership or integrity check failed (invariant 10): the request is failed and
+    /// its pages freed; `kind` names the check for metrics.
+    #[error("isolation check failed ({kind}); the request was stopped")]
+    IsolationViolation { kind: &'static str },
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+impl EngineError {
+    /// Classifies a failed forward pass: KV ownership and written-slot checks are isolation
+    /// violations, anything else is internal.
+    pub fn from_model(e: &model::ModelError) -> EngineError {
+        use kv::KvError;
+        match e {
+            model::ModelError::Kv(KvError::StaleGeneration { .. }) => {
+                EngineError::IsolationViolation { kind: "generation_mismatch" }
+            }
+            model::ModelError::Kv(KvError::WrongOwner { .. }) => {
+                EngineError::IsolationViolation { kind: "owner_mismatch" }
+            }
+            model::ModelError::Kv(KvError::Unwritten { .. }) => {
+                EngineError::IsolationViolation { kind: "unwritten_read" }
+            }
+            other => EngineError::Internal(other.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kv::{KvError, Owner, RequestId, TenantId};
+    use model::ModelError;
+
+    #[test]
+    fn ownership_and_written_slot_failures_are_isolation_violations() {
+        let o = |t| Owner { tenant: TenantId(t), request: RequestId(t) };
+        let cases = [
+            (KvError::StaleGeneration { page: 3, expected: 1, found: 2 }, "generation_mismatch"),
+            (KvError::WrongOwner { page: 3, expected: o(1), found: o(2) }, "owner_mismatch"),
+            (KvError::Unwritten { layer: 0, pos: 5 }, "unwritten_read"),
+        ];
+        for (e, kind) in cases {
+            assert_eq!(EngineError::from_model(&ModelError::Kv(e)), EngineError::IsolationViolation { kind });
+        }
+        let other = ModelError::Input("x".into());
+        assert!(matches!(EngineError::from_model(&other), EngineError::Internal(_)));
+    }
 }

@@ -418,10 +418,11 @@ impl Loop {
         let outputs = match result {
             Ok(o) => o,
             Err(e) => {
-                let msg = e.to_string();
+                // Fail closed: every sequence of the step is stopped and its pages freed.
+                let err = EngineError::from_model(&e);
                 for &(i, _) in plan.iter().rev() {
                     let r = self.running.remove(i);
-                    let _ = r.tx.send(Event::Failed(EngineError::Internal(msg.clone())));
+                    let _ = r.tx.send(Event::Failed(err.clone()));
                 }
                 return;
             }

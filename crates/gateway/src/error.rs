@@ -128,7 +128,7 @@ impl ApiError {
                 err.code = Some("timeout");
                 err
             }
-            EngineError::Internal(_) => Self::internal(e.to_string()),
+            EngineError::IsolationViolation { .. } | EngineError::Internal(_) => Self::internal(e.to_string()),
         }
     }
 

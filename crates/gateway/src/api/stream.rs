@@ -204,6 +204,9 @@ impl Generation {
                     self.end();
                 }
                 Event::Failed(e) => {
+                    if let engine::EngineError::IsolationViolation { kind } = e {
+                        self.st.metrics.isolation_violation(kind);
+                    }
                     self.end();
                     self.out.push_back(Step::Error(ApiError::engine(&e)));
                 }
