@@ -205,6 +205,10 @@ struct Running {
     generated: Vec<u32>,
     /// The last sampled token, fed at the next decode step.
     input: [u32; 1],
+    /// This step's logits, when the step produced some for this sequence.
+    logits: Vec<f32>,
+    /// Set when the request is complete (finished or failed) after this step.
+    end: Option<Event>,
 }
 
 impl Running {
@@ -347,6 +351,8 @@ impl Loop {
                         prefilled: 0,
                         generated: Vec::new(),
                         input: [0],
+                        logits: Vec::new(),
+                        end: None,
                     });
                 }
                 Err(KvError::Exhausted { .. }) => {
@@ -428,7 +434,6 @@ impl Loop {
             }
         };
         self.stats.steps += 1;
-        let mut done = Vec::new();
         for (&(i, take), logits) in plan.iter().zip(outputs) {
             let r = &mut self.running[i];
             if r.decoding() {
@@ -437,16 +442,23 @@ impl Loop {
                 r.prefilled += take;
                 self.stats.prefill_tokens += take as u64;
             }
-            if logits.is_empty() {
-                continue;
-            }
-            if let Some(end) = sample_into(r, &logits) {
-                done.push((i, end));
-            }
+            r.logits = logits;
         }
-        for (i, end) in done.into_iter().rev() {
-            let r = self.running.remove(i);
-            let _ = r.tx.send(end);
+        // Sampling is a pass over the vocabulary per sequence: spread it over the compute
+        // threads. Each sequence has its own sampler, so the result does not depend on how.
+        self.model.compute_pool().for_each_chunk_mut(&mut self.running, 1, &|_, rs| {
+            for r in rs {
+                if !r.logits.is_empty() {
+                    let logits = std::mem::take(&mut r.logits);
+                    r.end = sample_into(r, &logits);
+                }
+            }
+        });
+        for i in (0..self.running.len()).rev() {
+            if let Some(end) = self.running[i].end.take() {
+                let r = self.running.remove(i);
+                let _ = r.tx.send(end);
+            }
         }
     }
 

@@ -104,6 +104,12 @@ impl Llama {
         self.pool.threads()
     }
 
+    /// The compute threads, for per-sequence work around a step (sampling) that should not
+    /// run on one core while the others wait.
+    pub fn compute_pool(&self) -> &ComputePool {
+        &self.pool
+    }
+
     /// Dequantized embedding of `token`.
     pub fn embed(&self, token: u32, out: &mut [f32]) {
         self.weights.tok_embd.row_f32(token as usize, out);
