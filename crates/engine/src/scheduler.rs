@@ -342,7 +342,7 @@ impl Loop {
                     }
                     self.shared.queued.fetch_sub(1, Ordering::SeqCst);
                     let _ = p.tx.send(Event::Started);
-                    let sampler = Sampler::new(p.req.sampling.clone());
+                    let sampler = Sampler::new(p.req.sampling);
                     self.running.push(Running {
                         req: p.req,
                         tx: p.tx,

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The engine on a generated tiny model: real forward passes, real pool, real threads.
 
 use std::time::{Duration, Instant};

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Admission, limits, cancellation and drain, each on its own server (their counters must not
 //! be disturbed by other tests).
 

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The HTTP API against one real server (default model) shared by the tests of this file.
 
 mod common;

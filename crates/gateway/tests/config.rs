@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Start-up validation: errors name the field; a pool too small for one request refuses to
 //! start naming both numbers and the fix.
 

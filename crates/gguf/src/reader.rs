@@ -140,7 +140,7 @@ fn min_value_bytes(ty: u32) -> Result<usize, GgufError> {
     Ok(match ty {
         0 | 1 | 7 => 1,
         2 | 3 => 2,
-        4 | 5 | 6 => 4,
+        4..=6 => 4,
         8 | 10 | 11 | 12 => 8,
         9 => 12,
         other => return Err(GgufError::UnknownValueType(other)),

@@ -48,7 +48,7 @@ impl GgmlType {
     /// Bytes for `n` elements, or None when `n` is not a whole number of blocks or overflows.
     pub fn bytes_for(self, n: u64) -> Option<u64> {
         let (be, bb) = self.block();
-        if n % be as u64 != 0 {
+        if !n.is_multiple_of(be as u64) {
             return None;
         }
         (n / be as u64).checked_mul(bb as u64)

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 use gguf::write::GgufWriter;
 use gguf::{GgmlType, Gguf, GgufError, Value};
 use proptest::prelude::*;

@@ -43,7 +43,7 @@ impl LlamaConfig {
             n_kv_heads,
             n_embd,
             n_ff: u("feed_forward_length")?,
-            head_dim: if n_heads > 0 { n_embd / n_heads } else { 0 },
+            head_dim: n_embd.checked_div(n_heads).unwrap_or(0),
             vocab,
             context: u("context_length")?,
             rope_base,
@@ -66,13 +66,13 @@ impl LlamaConfig {
         if self.n_layers == 0 || self.n_heads == 0 || self.n_kv_heads == 0 || self.vocab == 0 || self.context == 0 {
             return bad(format!("zero-sized dimension in {self:?}"));
         }
-        if self.n_embd != self.n_heads * self.head_dim || self.head_dim % 2 != 0 {
+        if self.n_embd != self.n_heads * self.head_dim || !self.head_dim.is_multiple_of(2) {
             return bad(format!("embedding {} is not heads {} x even head dim", self.n_embd, self.n_heads));
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(format!("{} heads do not divide into {} KV heads", self.n_heads, self.n_kv_heads));
         }
-        if self.n_embd % 32 != 0 || self.n_ff % 32 != 0 {
+        if !self.n_embd.is_multiple_of(32) || !self.n_ff.is_multiple_of(32) {
             return bad(format!("embedding {} and FFN {} must be multiples of 32", self.n_embd, self.n_ff));
         }
         if !(self.rms_eps > 0.0 && self.rope_base > 0.0) {

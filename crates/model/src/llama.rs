@@ -41,15 +41,10 @@ pub struct SeqStep<'a> {
     pub logits: Logits,
 }
 
+#[derive(Default)]
 pub struct LoadOptions {
     /// Compute threads; 0 = all cores.
     pub threads: usize,
-}
-
-impl Default for LoadOptions {
-    fn default() -> Self {
-        LoadOptions { threads: 0 }
-    }
 }
 
 pub struct Llama {

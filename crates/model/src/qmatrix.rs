@@ -64,7 +64,7 @@ impl QMatrix {
     /// Repacks ggml rows (`rows` rows of `cols` elements, ggml block encoding) into groups.
     /// Missing rows of the last group are zero (scale 0), so they compute to 0 and are not stored.
     pub fn from_ggml(kind: QKind, rows: usize, cols: usize, data: &[u8]) -> Result<QMatrix, ModelError> {
-        if cols % QK != 0 || rows == 0 {
+        if !cols.is_multiple_of(QK) || rows == 0 {
             return Err(ModelError::Shape(format!("matrix {rows}x{cols}: columns must be a positive multiple of 32")));
         }
         let nb = cols / QK;

@@ -144,7 +144,7 @@ fn worker(s: &Shared) {
             }
             std::hint::spin_loop();
             spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 && started.elapsed() > SPIN {
+            if spins.is_multiple_of(1024) && started.elapsed() > SPIN {
                 let mut g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
                 s.sleepers.fetch_add(1, SeqCst);
                 while s.epoch.load(SeqCst) == seen && !s.shutdown.load(SeqCst) {

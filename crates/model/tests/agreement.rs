@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Teacher-forced agreement with llama.cpp on the default model, from the reference outputs
 //! measured with llama.cpp on this machine class (../shared/reference).
 

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Loading refuses what it cannot run, by name, and never panics on a damaged file.
 
 use gguf::write::GgufWriter;

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Paged attention equals a plain contiguous implementation on a tiny generated model, for any
 //! page size, any placement of pages in the pool, any chunking of the prompt, and any batch.
 
@@ -110,7 +111,7 @@ fn fragment(p: &KvPool, seed: u64) -> Vec<BlockTable> {
     let mut s = seed;
     held.retain(|_| {
         s = s.wrapping_mul(6364136223846793005).wrapping_add(1);
-        (s >> 60) % 2 == 0
+        (s >> 60).is_multiple_of(2)
     });
     held
 }

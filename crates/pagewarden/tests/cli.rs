@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The command-line tools, run as a user runs them: the real binary on the real default model.
 
 use std::process::{Command, Output};

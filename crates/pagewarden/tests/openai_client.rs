@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The official `openai` Python package (installed with pip into a private venv) against the
 //! real server binary on a loopback port: chat, streaming, completions, log-probs, a wrong key,
 //! an over-long prompt and an unknown model.

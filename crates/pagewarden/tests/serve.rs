@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! `pagewarden serve` as a separate process, driven over HTTP like a client would.
 
 mod common;

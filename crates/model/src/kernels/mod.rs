@@ -77,6 +77,7 @@ impl Isa {
 /// `out` must be valid for writes at every `tt * stride + r` above, and no other thread may
 /// access those elements during the call. (Writes go through a pointer because parallel tasks
 /// fill disjoint columns of one row-major output.)
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn group_dot(
     isa: Isa,
     w: &QMatrix,

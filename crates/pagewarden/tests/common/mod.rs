@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! A real `pagewarden serve` process on a free loopback port, with its own config and tenant.
 
 #![allow(dead_code)]
