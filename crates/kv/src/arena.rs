@@ -126,6 +126,62 @@ impl Arena {
         }
     }
 
+    /// Stores `src[i]` (converted) at `off + i * stride`.
+    ///
+    /// # Safety
+    /// The caller has exclusive access to every element written.
+    pub(crate) unsafe fn store_strided(&self, off: usize, stride: usize, src: &[f32]) {
+        if src.is_empty() {
+            return;
+        }
+        let span = (src.len() - 1) * stride + 1;
+        // SAFETY: exclusive per the caller's contract; bounds checked by `slice_mut`.
+        unsafe {
+            match self {
+                Arena::F16(b) => {
+                    let dst = b.slice_mut(off, span);
+                    for (i, &x) in src.iter().enumerate() {
+                        dst[i * stride] = f16::from_f32(x);
+                    }
+                }
+                Arena::F32(b) => {
+                    let dst = b.slice_mut(off, span);
+                    for (i, &x) in src.iter().enumerate() {
+                        dst[i * stride] = x;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Loads `dst[i]` from `off + i * stride` as f32.
+    ///
+    /// # Safety
+    /// Nobody writes those elements during the call.
+    pub(crate) unsafe fn load_strided(&self, off: usize, stride: usize, dst: &mut [f32]) {
+        if dst.is_empty() {
+            return;
+        }
+        let span = (dst.len() - 1) * stride + 1;
+        // SAFETY: no concurrent writer per the caller's contract; bounds checked by `slice`.
+        unsafe {
+            match self {
+                Arena::F16(b) => {
+                    let src = b.slice(off, span);
+                    for (i, d) in dst.iter_mut().enumerate() {
+                        *d = src[i * stride].to_f32();
+                    }
+                }
+                Arena::F32(b) => {
+                    let src = b.slice(off, span);
+                    for (i, d) in dst.iter_mut().enumerate() {
+                        *d = src[i * stride];
+                    }
+                }
+            }
+        }
+    }
+
     /// Loads `[off, off + dst.len())` into `dst` as f32.
     ///
     /// # Safety

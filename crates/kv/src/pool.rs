@@ -46,14 +46,17 @@ impl PoolInner {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Offset of slot `slot`'s K row at `layer` in page `page`; its V row is `page_size * row_len` further.
-    pub(crate) fn k_offset(&self, page: u32, layer: usize, slot: usize) -> usize {
+    /// Offset of `layer`'s K block in page `page`. K is stored transposed, `[row element][slot]`
+    /// (element `i` of slot `s` at `i * page_size + s`), so attention reads the same element of
+    /// consecutive keys contiguously; V follows as rows, `[slot][row element]`.
+    pub(crate) fn k_offset(&self, page: u32, layer: usize) -> usize {
         let row = self.layout.row_len();
-        page as usize * self.page_elems + layer * 2 * self.layout.page_size * row + slot * row
+        page as usize * self.page_elems + layer * 2 * self.layout.page_size * row
     }
 
     pub(crate) fn v_offset(&self, page: u32, layer: usize, slot: usize) -> usize {
-        self.k_offset(page, layer, slot) + self.layout.page_size * self.layout.row_len()
+        let row = self.layout.row_len();
+        self.k_offset(page, layer) + self.layout.page_size * row + slot * row
     }
 
     fn mask(&self, page: u32, layer: usize) -> &[AtomicU64] {

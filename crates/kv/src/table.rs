@@ -97,7 +97,7 @@ impl BlockTable {
         // SAFETY: `&mut self` is the only writer of this table's pages and excludes every reader
         // (readers borrow the table); lease uniqueness means no other table holds `page`.
         unsafe {
-            pool.arena.store(pool.k_offset(page, layer, slot), k);
+            pool.arena.store_strided(pool.k_offset(page, layer) + slot, pool.layout.page_size, k);
             pool.arena.store(pool.v_offset(page, layer, slot), v);
         }
         pool.mark_written(page, layer, slot, slot + 1);
@@ -130,7 +130,10 @@ impl BlockTable {
             let src = (pos - start) * row..(pos - start + take) * row;
             // SAFETY: as in `write`: `&mut self` is the sole accessor of this table's pages.
             unsafe {
-                pool.arena.store(pool.k_offset(page, layer, slot), &k[src.clone()]);
+                for t in 0..take {
+                    let krow = &k[src.start + t * row..src.start + (t + 1) * row];
+                    pool.arena.store_strided(pool.k_offset(page, layer) + slot + t, ps, krow);
+                }
                 pool.arena.store(pool.v_offset(page, layer, slot), &v[src]);
             }
             pool.mark_written(page, layer, slot, slot + take);
@@ -184,7 +187,7 @@ impl BlockTable {
         // SAFETY: `&self` excludes the only writer of this table's pages (`&mut BlockTable`),
         // and lease uniqueness means no other table holds `page`.
         unsafe {
-            pool.arena.load(pool.k_offset(page, layer, slot), k_out);
+            pool.arena.load_strided(pool.k_offset(page, layer) + slot, pool.layout.page_size, k_out);
             pool.arena.load(pool.v_offset(page, layer, slot), v_out);
         }
         Ok(())

@@ -210,11 +210,12 @@ fn layer_view_chunks_follow_pages_and_match_writes() {
         let chunks: Vec<_> = view.chunks().collect();
         assert_eq!(chunks.iter().map(|c| (c.start, c.len)).collect::<Vec<_>>(), [(0, 4), (4, 4), (8, 2)]);
         for c in chunks {
-            assert_eq!((c.k.len(), c.v.len()), (c.len * 8, c.len * 8));
+            assert_eq!((c.k_run(0).len(), c.v.len()), (c.len, c.len * 8));
             for s in 0..c.len {
                 let mut got = vec![0.0; 8];
                 for (i, g) in got.iter_mut().enumerate() {
-                    *g = c.k.get(s * 8 + i);
+                    *g = c.k_at(s, i);
+                    assert_eq!(*g, c.k_run(i).get(s));
                 }
                 assert_eq!(got, row(t.owner(), 2, c.start + s, false));
             }
@@ -407,7 +408,7 @@ fn concurrent_owners_on_threads_only_see_their_own_data() {
                         let view = t.layer(layer, len).expect("all written");
                         for c in view.chunks() {
                             for s in 0..c.len {
-                                let got: Vec<f32> = (0..8).map(|i| c.k.get(s * 8 + i)).collect();
+                                let got: Vec<f32> = (0..8).map(|i| c.k_at(s, i)).collect();
                                 assert_eq!(got, row(o, layer, c.start + s, false));
                             }
                         }
@@ -423,4 +424,19 @@ fn concurrent_owners_on_threads_only_see_their_own_data() {
         t.join().expect("thread");
     }
     assert_eq!(p.free_pages(), 16);
+}
+
+#[test]
+fn chunk_k_runs_never_reach_a_pages_unwritten_tail() {
+    let p = pool_with(KvDtype::F16, 4, 3, ScrubPolicy::OnFree);
+    let mut t = p.reserve(owner(1, 1), 12).expect("3 pages");
+    fill(&mut t, 10);
+    let view = t.layer(0, 10).expect("view");
+    let last = view.chunks().last().expect("a chunk");
+    assert_eq!((last.start, last.len), (8, 2));
+    for i in 0..8 {
+        assert_eq!(last.k_run(i).len(), 2);
+    }
+    let out_of_chunk = std::panic::catch_unwind(|| last.k_at(2, 0));
+    assert!(out_of_chunk.is_err(), "slot 10 was never written and must not be readable");
 }

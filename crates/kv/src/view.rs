@@ -4,7 +4,7 @@ use half::f16;
 
 use crate::BlockTable;
 
-/// K or V rows of a chunk: `[slot][kv_head][head_dim]` row-major, in the pool's dtype.
+/// Elements of a page in the pool's dtype (V rows, or a run of one K element across slots).
 #[derive(Debug, Clone, Copy)]
 pub enum KvSlice<'a> {
     F16(&'a [f16]),
@@ -31,6 +31,14 @@ impl<'a> KvSlice<'a> {
         }
     }
 
+    /// `len` elements from `start`.
+    pub fn sub(&self, start: usize, len: usize) -> KvSlice<'a> {
+        match *self {
+            KvSlice::F16(s) => KvSlice::F16(&s[start..start + len]),
+            KvSlice::F32(s) => KvSlice::F32(&s[start..start + len]),
+        }
+    }
+
     /// Copies the elements into `dst` as f32 (`dst.len()` must equal `self.len()`).
     pub fn copy_to_f32(&self, dst: &mut [f32]) {
         use half::slice::HalfFloatSliceExt;
@@ -48,10 +56,26 @@ pub struct KvChunk<'a> {
     pub start: usize,
     /// Positions in the chunk.
     pub len: usize,
-    /// `len * row_len` elements.
-    pub k: KvSlice<'a>,
-    /// `len * row_len` elements.
+    /// V rows, `[slot][row element]`: `len * row_len` elements.
     pub v: KvSlice<'a>,
+    /// The page's K block, transposed (`[row element][page_size]`). Private: only the runs of
+    /// written slots (`k_run`, `k_at`) are reachable, never the page's unwritten tail.
+    k: KvSlice<'a>,
+    page_size: usize,
+}
+
+impl<'a> KvChunk<'a> {
+    /// Element `i` of the K rows of the chunk's slots, for slots `0..len`: contiguous, so a
+    /// score can be computed for consecutive keys at once.
+    pub fn k_run(&self, i: usize) -> KvSlice<'a> {
+        self.k.sub(i * self.page_size, self.len)
+    }
+
+    /// Element `i` of slot `slot`'s K row (`slot < len`).
+    pub fn k_at(&self, slot: usize, i: usize) -> f32 {
+        assert!(slot < self.len, "slot {slot} outside the chunk's {} written slots", self.len);
+        self.k.get(i * self.page_size + slot)
+    }
 }
 
 /// Checked view of one layer over positions `[0, len)`; created by [`BlockTable::layer`].
@@ -89,12 +113,12 @@ impl<'a> LayerView<'a> {
         table.leases.iter().take(len.div_ceil(ps)).enumerate().map(move |(i, lease)| {
             let start = i * ps;
             let n = (len - start).min(ps);
-            let (k_off, v_off) = (pool.k_offset(lease.page(), layer, 0), pool.v_offset(lease.page(), layer, 0));
+            let (k_off, v_off) = (pool.k_offset(lease.page(), layer), pool.v_offset(lease.page(), layer, 0));
             // SAFETY: the view borrows the table for 'a, so neither `&mut BlockTable` (the only
             // writer of these pages) nor its drop (the only path to scrub and reuse) can happen
             // during 'a; lease uniqueness means no other table holds these pages.
-            let (k, v) = unsafe { (pool.arena.view(k_off, n * row), pool.arena.view(v_off, n * row)) };
-            KvChunk { start, len: n, k, v }
+            let (k, v) = unsafe { (pool.arena.view(k_off, ps * row), pool.arena.view(v_off, n * row)) };
+            KvChunk { start, len: n, v, k, page_size: ps }
         })
     }
 }

@@ -120,7 +120,11 @@ fn check_view(l: &Live, layer: usize, len: usize) {
     for c in view.chunks() {
         assert_eq!(c.start, next);
         let (mut k, mut v) = (vec![0.0; c.len * ROW], vec![0.0; c.len * ROW]);
-        c.k.copy_to_f32(&mut k);
+        for s in 0..c.len {
+            for i in 0..ROW {
+                k[s * ROW + i] = c.k_at(s, i);
+            }
+        }
         c.v.copy_to_f32(&mut v);
         for s in 0..c.len {
             assert_eq!(k[s * ROW..(s + 1) * ROW], row(o, layer, c.start + s, false)[..]);

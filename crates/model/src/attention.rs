@@ -1,13 +1,13 @@
 //! Causal attention reading K and V from the paged pool only.
 //!
-//! For each (sequence, KV head) the pages are gathered once into f32 scratch (K transposed, so
-//! sixteen keys' scores are computed side by side with no horizontal sums), then every query
+//! For each (sequence, KV head) the pages are gathered once into f32 scratch (K transposed, as
+//! the pool stores it, so sixteen keys' scores are computed side by side with no horizontal
+//! sums and the gather is contiguous runs), then every query
 //! head of the group attends over it, sharing each load of K. With an f16 pool the queries are
 //! rounded to f16 first, as llama.cpp does for an f16 KV cache, so scores agree with it.
 
 use std::ops::Range;
 
-use half::slice::HalfFloatSliceExt;
 use kv::{KvSlice, LayerView};
 
 /// Keys scored together.
@@ -39,7 +39,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 pub fn attend_group(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, rows: Range<usize>) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
     {
-        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx2") {
+        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c") {
             // SAFETY: the features were just detected on this CPU.
             return unsafe { attend_avx512(inp, shape, kvh, rows) };
         }
@@ -48,25 +48,76 @@ pub fn attend_group(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, rows: Ra
             return unsafe { attend_avx2(inp, shape, kvh, rows) };
         }
     }
-    attend_impl(inp, shape, kvh, rows)
+    attend_impl::<Portable>(inp, shape, kvh, rows)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn attend_avx512(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, rows: Range<usize>) -> Vec<f32> {
-    attend_impl(inp, shape, kvh, rows)
+    attend_impl::<F16c>(inp, shape, kvh, rows)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn attend_avx2(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, rows: Range<usize>) -> Vec<f32> {
-    attend_impl(inp, shape, kvh, rows)
+    attend_impl::<F16c>(inp, shape, kvh, rows)
 }
 
-/// Gathers head `kvh` of positions `[0, len)`: K transposed into `kt[d * stride + pos]`, V as rows.
+/// f16 to f32 for runs of elements, as wide as the CPU allows. Inlined into the
+/// feature-enabled attention entry points, so the intrinsics compile with those features.
+trait Widen {
+    fn run(src: &[half::f16], dst: &mut [f32]);
+}
+
+struct Portable;
+
+impl Widen for Portable {
+    #[inline(always)]
+    fn run(src: &[half::f16], dst: &mut [f32]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = s.to_f32();
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+struct F16c;
+
+#[cfg(target_arch = "x86_64")]
+impl Widen for F16c {
+    #[inline(always)]
+    fn run(src: &[half::f16], dst: &mut [f32]) {
+        use std::arch::x86_64::{_mm256_cvtph_ps, _mm256_storeu_ps, _mm_loadu_si128};
+        let n = src.len().min(dst.len());
+        let mut i = 0;
+        while i + 8 <= n {
+            // SAFETY: only reached from `attend_avx2` / `attend_avx512`, which run after
+            // detecting f16c; `i + 8 <= n` keeps both accesses in bounds.
+            unsafe {
+                let h = _mm_loadu_si128(src.as_ptr().add(i) as *const _);
+                _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+            }
+            i += 8;
+        }
+        Portable::run(&src[i..n], &mut dst[i..n]);
+    }
+}
+
+/// Copies a run of the pool's elements into f32.
+#[inline(always)]
+fn widen<W: Widen>(src: KvSlice<'_>, dst: &mut [f32]) {
+    match src {
+        KvSlice::F16(x) => W::run(x, dst),
+        KvSlice::F32(x) => dst.copy_from_slice(x),
+    }
+}
+
+/// Gathers head `kvh` of positions `[0, len)`: K transposed into `kt[d * stride + pos]` (the
+/// pool already stores K transposed per page, so each element is a contiguous run), V as rows.
+/// Returns whether the pool is f16.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn gather(
+fn gather<W: Widen>(
     view: &LayerView<'_>,
     len: usize,
     row_len: usize,
@@ -76,30 +127,20 @@ fn gather(
     kt: &mut [f32],
     v: &mut [f32],
 ) -> bool {
-    let mut tmp = vec![0f32; hd];
     let mut f16 = false;
     for ch in view.chunks() {
         if ch.start >= len {
             break;
         }
-        for s in 0..ch.len.min(len - ch.start) {
+        let n = ch.len.min(len - ch.start);
+        f16 = matches!(ch.v, KvSlice::F16(_));
+        for d in 0..hd {
+            let run = ch.k_run(kvh * hd + d).sub(0, n);
+            widen::<W>(run, &mut kt[d * stride + ch.start..d * stride + ch.start + n]);
+        }
+        for s in 0..n {
             let pos = ch.start + s;
-            let row = s * row_len + kvh * hd;
-            match ch.k {
-                KvSlice::F16(x) => {
-                    f16 = true;
-                    x[row..row + hd].convert_to_f32_slice(&mut tmp);
-                }
-                KvSlice::F32(x) => tmp.copy_from_slice(&x[row..row + hd]),
-            }
-            for (d, &val) in tmp.iter().enumerate() {
-                kt[d * stride + pos] = val;
-            }
-            let dst = &mut v[pos * hd..(pos + 1) * hd];
-            match ch.v {
-                KvSlice::F16(x) => x[row..row + hd].convert_to_f32_slice(dst),
-                KvSlice::F32(x) => dst.copy_from_slice(&x[row..row + hd]),
-            }
+            widen::<W>(ch.v.sub(s * row_len + kvh * hd, hd), &mut v[pos * hd..(pos + 1) * hd]);
         }
     }
     f16
@@ -159,7 +200,7 @@ fn softmax_weighted_sum(scores: &mut [f32], v: &[f32], hd: usize, o: &mut [f32])
 }
 
 #[inline(always)]
-fn attend_impl(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, rows: Range<usize>) -> Vec<f32> {
+fn attend_impl<W: Widen>(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, rows: Range<usize>) -> Vec<f32> {
     let hd = shape.head_dim;
     let group = shape.n_heads / shape.n_kv_heads;
     // Keys up to the last query of these rows are all that is needed.
@@ -167,7 +208,7 @@ fn attend_impl(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, rows: Range<u
     let stride = len.div_ceil(LANES) * LANES;
     let row_len = shape.n_kv_heads * hd;
     let (mut kt, mut v) = (vec![0f32; hd * stride], vec![0f32; len * hd]);
-    let f16_queries = gather(&inp.view, len, row_len, kvh, hd, stride, &mut kt, &mut v);
+    let f16_queries = gather::<W>(&inp.view, len, row_len, kvh, hd, stride, &mut kt, &mut v);
     let scale = 1.0 / (hd as f32).sqrt();
     let mut out = vec![0f32; rows.len() * group * hd];
     let mut scores: Vec<Vec<f32>> = (0..group).map(|_| vec![0f32; stride]).collect();
@@ -198,4 +239,35 @@ fn attend_impl(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, rows: Range<u
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kv::{Capacity, KvDtype, KvLayout, KvPool, Owner, PoolConfig, RequestId, ScrubPolicy, TenantId};
+
+    /// Every widening path (portable, F16C) gives the same attention output, bit for bit, on
+    /// an f16 pool with a partial last page.
+    #[test]
+    fn every_widening_path_gives_identical_attention() {
+        let (n_heads, n_kv, hd, ps) = (6, 2, 16, 5);
+        let layout = KvLayout { n_layers: 1, n_kv_heads: n_kv, head_dim: hd, page_size: ps, dtype: KvDtype::F16 };
+        let pool =
+            KvPool::new(PoolConfig { layout, capacity: Capacity::Tokens(64), scrub: ScrubPolicy::OnFree }).unwrap();
+        let mut t = pool.reserve(Owner { tenant: TenantId(1), request: RequestId(1) }, 23).unwrap();
+        let val = |i: usize| ((i * 7919 % 1000) as f32 - 500.0) / 250.0;
+        let row = n_kv * hd;
+        let k: Vec<f32> = (0..23 * row).map(val).collect();
+        let v: Vec<f32> = (0..23 * row).map(|i| val(i + 13)).collect();
+        t.write_range(0, 0, &k, &v).unwrap();
+        let q: Vec<f32> = (0..3 * n_heads * hd).map(|i| val(i + 101)).collect();
+        let inp = AttnInput { q: &q, start: 20, n: 3, view: t.layer(0, 23).unwrap() };
+        let shape = AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd };
+        for kvh in 0..n_kv {
+            let want = attend_impl::<Portable>(&inp, &shape, kvh, 0..3);
+            let got = attend_group(&inp, &shape, kvh, 0..3);
+            assert_eq!(want, got);
+            assert!(want.iter().all(|x| x.is_finite()));
+        }
+    }
 }
