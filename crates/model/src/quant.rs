@@ -131,7 +131,7 @@ impl QuantActs {
     }
 
     fn prepare(&mut self, x: &[f32], rows: usize, k: usize) {
-        assert!(k % QK == 0 && x.len() >= rows * k, "activations must be whole rows of whole blocks");
+        assert!(k.is_multiple_of(QK) && x.len() >= rows * k, "activations must be whole rows of whole blocks");
         let nb = k / QK;
         self.rows = rows;
         self.blocks_per_row = nb;
