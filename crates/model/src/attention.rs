@@ -188,9 +188,23 @@ fn softmax_weighted_sum(scores: &mut [f32], v: &[f32], hd: usize, o: &mut [f32])
         *s = (*s - max).exp();
         sum += *s;
     }
-    for (j, &p) in scores.iter().enumerate() {
-        for (oo, &vv) in o.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
-            *oo += p * vv;
+    if hd == 64 && o.len() == 64 {
+        // The common head size: the accumulator stays in registers instead of being loaded
+        // and stored once per key. Same operations in the same order as the general loop.
+        let mut acc = [0f32; 64];
+        acc.copy_from_slice(o);
+        for (j, &p) in scores.iter().enumerate() {
+            let Ok(vr) = <&[f32; 64]>::try_from(&v[j * 64..(j + 1) * 64]) else { break };
+            for t in 0..64 {
+                acc[t] += p * vr[t];
+            }
+        }
+        o.copy_from_slice(&acc);
+    } else {
+        for (j, &p) in scores.iter().enumerate() {
+            for (oo, &vv) in o.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
+                *oo += p * vv;
+            }
         }
     }
     let inv = 1.0 / sum;
