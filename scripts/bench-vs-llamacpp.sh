@@ -6,7 +6,11 @@
 #
 # llama-bench is not part of this project; one way to get it with only package registries:
 # `pip download --no-deps --no-binary llama-cpp-python llama-cpp-python==0.3.36`, then build
-# vendor/llama.cpp (cmake from `pip install cmake`) with -DGGML_NATIVE=ON, target llama-bench.
+# vendor/llama.cpp (cmake from `pip install cmake`), target llama-bench (llama-server for the
+# serving script). GGML_NATIVE=ON dies with SIGILL on these VMs (AMX is advertised but not
+# enabled), so configure with: -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
+# -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON
+# -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${LLAMA_BENCH:?set LLAMA_BENCH to a llama-bench binary}"
