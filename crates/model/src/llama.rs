@@ -58,12 +58,6 @@ fn build_pool(threads: usize) -> Result<ComputePool, ModelError> {
     ComputePool::new(threads).map_err(|e| ModelError::Config(format!("cannot start compute threads: {e}")))
 }
 
-/// Scratch: one quantized activation set.
-#[derive(Default)]
-struct Scratch {
-    acts: QuantActs,
-}
-
 impl Llama {
     pub fn load(path: &Path, opts: LoadOptions) -> Result<Llama, ModelError> {
         Self::from_file(&GgufFile::open(path)?, opts)
@@ -115,7 +109,6 @@ impl Llama {
         if batch.is_empty() {
             return Err(ModelError::Input("empty batch".into()));
         }
-        let want = c.kv_layout(0, kv::KvDtype::F16);
         for s in batch {
             if s.tokens.is_empty() {
                 return Err(ModelError::Input("a sequence with no tokens".into()));
@@ -128,9 +121,9 @@ impl Llama {
                 return Err(ModelError::ContextExceeded { needed: end, context: c.context });
             }
             let l = s.kv.layout();
-            if (l.n_layers, l.n_kv_heads, l.head_dim) != (want.n_layers, want.n_kv_heads, want.head_dim) {
+            if (l.n_layers, l.n_kv_heads, l.head_dim) != (c.n_layers, c.n_kv_heads, c.head_dim) {
                 return Err(ModelError::KvLayoutMismatch {
-                    expected: format!("{} layers x {} heads x {}", want.n_layers, want.n_kv_heads, want.head_dim),
+                    expected: format!("{} layers x {} heads x {}", c.n_layers, c.n_kv_heads, c.head_dim),
                     found: format!("{} layers x {} heads x {}", l.n_layers, l.n_kv_heads, l.head_dim),
                 });
             }
@@ -167,7 +160,7 @@ impl Llama {
             }
             row += s.tokens.len();
         }
-        let mut sc = Scratch::default();
+        let mut acts = QuantActs::default();
         let mut xn = vec![0f32; t * d];
         let qkv_w = d + 2 * kv_dim;
         let mut qkv = vec![0f32; t * qkv_w];
@@ -181,8 +174,8 @@ impl Llama {
 
         for (li, layer) in self.weights.layers.iter().enumerate() {
             ops::rms_norm(&x, &layer.attn_norm, c.rms_eps, &mut xn);
-            quantize_for(&layer.wqkv, &xn, t, &mut sc.acts);
-            matmul(&self.pool, self.isa, &layer.wqkv, &sc.acts, &mut qkv);
+            quantize_for(&layer.wqkv, &xn, t, &mut acts);
+            matmul(&self.pool, self.isa, &layer.wqkv, &acts, &mut qkv);
             for r in 0..t {
                 let row = &qkv[r * qkv_w..(r + 1) * qkv_w];
                 q[r * d..(r + 1) * d].copy_from_slice(&row[..d]);
@@ -230,24 +223,24 @@ impl Llama {
                 }
             }
             drop(inputs);
-            quantize_for(&layer.wo, &attn, t, &mut sc.acts);
-            matmul(&self.pool, self.isa, &layer.wo, &sc.acts, &mut proj);
+            quantize_for(&layer.wo, &attn, t, &mut acts);
+            matmul(&self.pool, self.isa, &layer.wo, &acts, &mut proj);
             ops::add_in_place(&mut x, &proj);
 
             ops::rms_norm(&x, &layer.ffn_norm, c.rms_eps, &mut xn);
-            quantize_for(&layer.w_gate_up, &xn, t, &mut sc.acts);
-            matmul(&self.pool, self.isa, &layer.w_gate_up, &sc.acts, &mut gate_up);
+            quantize_for(&layer.w_gate_up, &xn, t, &mut acts);
+            matmul(&self.pool, self.isa, &layer.w_gate_up, &acts, &mut gate_up);
             for r in 0..t {
                 let row = &gate_up[r * 2 * c.n_ff..(r + 1) * 2 * c.n_ff];
                 let h = &mut hidden[r * c.n_ff..(r + 1) * c.n_ff];
                 h.copy_from_slice(&row[..c.n_ff]);
                 ops::swiglu(h, &row[c.n_ff..]);
             }
-            quantize_for(&layer.w_down, &hidden, t, &mut sc.acts);
-            matmul(&self.pool, self.isa, &layer.w_down, &sc.acts, &mut proj);
+            quantize_for(&layer.w_down, &hidden, t, &mut acts);
+            matmul(&self.pool, self.isa, &layer.w_down, &acts, &mut proj);
             ops::add_in_place(&mut x, &proj);
         }
-        self.logits(batch, &offsets, &x, &mut sc)
+        self.logits(batch, &offsets, &x, &mut acts)
     }
 
     fn logits(
@@ -255,7 +248,7 @@ impl Llama {
         batch: &[SeqStep<'_>],
         offsets: &[usize],
         x: &[f32],
-        sc: &mut Scratch,
+        acts: &mut QuantActs,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let c = &self.config;
         let d = c.n_embd;
@@ -285,8 +278,8 @@ impl Llama {
         ops::rms_norm(&sel, &self.weights.out_norm, c.rms_eps, &mut normed);
         let w: &QMatrix = self.weights.output();
         let mut logits = vec![0f32; rows.len() * c.vocab];
-        quantize_for(w, &normed, rows.len(), &mut sc.acts);
-        matmul(&self.pool, self.isa, w, &sc.acts, &mut logits);
+        quantize_for(w, &normed, rows.len(), acts);
+        matmul(&self.pool, self.isa, w, acts, &mut logits);
         let mut at = 0;
         for n in counts {
             out.push(logits[at * c.vocab..(at + n) * c.vocab].to_vec());

@@ -58,9 +58,7 @@ pub fn run(cmd: &EvalCmd) -> Result<()> {
 }
 
 fn log_prob(row: &[f32], target: u32) -> f64 {
-    let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    let sum: f64 = row.iter().map(|&v| ((v - max) as f64).exp()).sum();
-    (row[target as usize] - max) as f64 - sum.ln()
+    (row[target as usize] - sampling::logsumexp(row)) as f64
 }
 
 pub fn perplexity(
