@@ -8,11 +8,17 @@
 //! pages), then runs one forward pass over every running sequence: one token for each decoding
 //! sequence plus prefill chunks, within a token budget. A dropped [`RequestStream`] cancels its
 //! request, whose pages are freed before the next step.
+//!
+//! For the disaggregated roles the same loop also runs the two halves of a request: a prefill
+//! worker's [`EngineHandle::prefill`] (reserve the prompt, compute its KV, sample the first
+//! token, hand the pages over) and a decode worker's [`EngineHandle::reserve`] (the whole
+//! sequence, all or nothing, through the same fair queue) then [`EngineHandle::resume`] (decode
+//! from KV that a verified transfer wrote).
 
 mod error;
 mod request;
 mod scheduler;
 
 pub use error::{AdmissionError, EngineError};
-pub use request::{Event, FinishReason, GenRequest, RequestStream, TokenEvent, Usage};
+pub use request::{Event, EventSender, FinishReason, GenRequest, RequestStream, TokenEvent, Usage};
 pub use scheduler::{Engine, EngineConfig, EngineHandle, EngineStats};

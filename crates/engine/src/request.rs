@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use kv::{RequestId, TenantId};
+use kv::{BlockTable, RequestId, TenantId};
 use sampling::{SamplingParams, StopTokens, TopLogprob};
 use tokio::sync::mpsc;
 
@@ -39,8 +39,9 @@ pub struct TokenEvent {
     pub top: Vec<TopLogprob>,
 }
 
-/// One message of a request's stream. A stream ends with exactly one `Finished` or `Failed`.
-#[derive(Debug, Clone)]
+/// One message of a request's stream. A stream ends with exactly one `Finished` or `Failed`,
+/// or (for the worker roles) one `Reserved` or `Prefilled`, which hands over the pages.
+#[derive(Debug)]
 pub enum Event {
     /// The request left the queue and its pages are reserved (prefill starts).
     Started,
@@ -50,6 +51,12 @@ pub enum Event {
         usage: Usage,
     },
     Failed(crate::EngineError),
+    /// [`crate::EngineHandle::reserve`]: the pages of the whole sequence, empty, for a transfer
+    /// to fill. Dropping the table frees them.
+    Reserved(BlockTable),
+    /// [`crate::EngineHandle::prefill`]: the prompt's KV and the first sampled token (not
+    /// checked against stop tokens: the decode side does that).
+    Prefilled { first: TokenEvent, kv: BlockTable },
 }
 
 /// The receiving end of a request. Dropping it cancels the request: the engine frees its pages
@@ -59,7 +66,35 @@ pub struct RequestStream {
     pub(crate) id: RequestId,
 }
 
+/// The sending end of a stream built outside the engine (a remote request relayed by the
+/// cluster router): the same contract, one final event, and `is_closed` once the receiver
+/// was dropped (the request must then be cancelled).
+#[derive(Debug, Clone)]
+pub struct EventSender(mpsc::UnboundedSender<Event>);
+
+impl EventSender {
+    /// False when the receiving side is gone.
+    pub fn send(&self, ev: Event) -> bool {
+        self.0.send(ev).is_ok()
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.0.is_closed()
+    }
+
+    /// Completes when the receiving side is dropped.
+    pub async fn closed(&self) {
+        self.0.closed().await
+    }
+}
+
 impl RequestStream {
+    /// A stream fed by an [`EventSender`] instead of the engine.
+    pub fn channel(id: RequestId) -> (EventSender, RequestStream) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (EventSender(tx), RequestStream { rx, id })
+    }
+
     pub fn id(&self) -> RequestId {
         self.id
     }

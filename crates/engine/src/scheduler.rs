@@ -53,13 +53,34 @@ struct Shared {
 
 enum Msg {
     Submit(Box<Pending>),
+    Resume(Box<Resume>),
     Shutdown,
+}
+
+/// What admission does for a queued request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Prefill and decode here.
+    Full,
+    /// Reserve the prompt in the prefill pool, prefill, sample the first token, hand over.
+    Prefill,
+    /// Reserve the whole sequence and hand the empty pages over (nothing runs).
+    Reserve,
 }
 
 struct Pending {
     req: GenRequest,
+    kind: Kind,
     tx: tmpsc::UnboundedSender<Event>,
     enqueued: Instant,
+}
+
+/// A decode that starts from transferred KV.
+struct Resume {
+    req: GenRequest,
+    kv: BlockTable,
+    first: u32,
+    tx: tmpsc::UnboundedSender<Event>,
 }
 
 /// A cheap, cloneable door to the engine.
@@ -68,6 +89,7 @@ pub struct EngineHandle {
     tx: mpsc::Sender<Msg>,
     shared: Arc<Shared>,
     pool: KvPool,
+    prefill_pool: KvPool,
     context: usize,
     vocab: usize,
     max_queued: usize,
@@ -81,6 +103,13 @@ pub struct Engine {
 impl Engine {
     /// Starts the engine thread. The pool must have been built for this model's layout.
     pub fn start(model: Llama, pool: KvPool, cfg: EngineConfig) -> Engine {
+        Self::start_with_prefill_pool(model, pool.clone(), pool, cfg)
+    }
+
+    /// Like [`Engine::start`], with prompts of [`EngineHandle::prefill`] requests held in their
+    /// own pool: one process playing both roles must not let decode reservations (which wait
+    /// for transfers) starve the prefills those transfers come from.
+    pub fn start_with_prefill_pool(model: Llama, pool: KvPool, prefill_pool: KvPool, cfg: EngineConfig) -> Engine {
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared {
             queued: AtomicUsize::new(0),
@@ -91,6 +120,7 @@ impl Engine {
             tx,
             shared: shared.clone(),
             pool: pool.clone(),
+            prefill_pool: prefill_pool.clone(),
             context: model.config.context,
             vocab: model.config.vocab,
             max_queued: cfg.max_queued,
@@ -98,6 +128,7 @@ impl Engine {
         let mut lp = Loop {
             model,
             pool,
+            prefill_pool,
             cfg,
             rx,
             shared,
@@ -165,6 +196,45 @@ impl EngineHandle {
     }
 
     pub fn submit(&self, req: GenRequest) -> Result<RequestStream, AdmissionError> {
+        self.enqueue(req, Kind::Full)
+    }
+
+    /// Prefill-worker half: after the door check, queues the request; once admitted its prompt
+    /// is reserved (in the prefill pool), computed, and the stream ends with
+    /// [`Event::Prefilled`] carrying the pages and the first sampled token.
+    pub fn prefill(&self, req: GenRequest) -> Result<RequestStream, AdmissionError> {
+        let capacity = self.prefill_pool.capacity_tokens();
+        if req.prompt.len() > capacity {
+            return Err(AdmissionError::ExceedsPool { needed: req.prompt.len(), capacity });
+        }
+        self.enqueue(req, Kind::Prefill)
+    }
+
+    /// Decode-worker half: after the door check, queues the request (fairly, with the queue
+    /// timeout); once pages for the whole sequence are free the stream ends with
+    /// [`Event::Reserved`]. Nothing is computed.
+    pub fn reserve(&self, req: GenRequest) -> Result<RequestStream, AdmissionError> {
+        self.enqueue(req, Kind::Reserve)
+    }
+
+    /// Decodes `req` from `kv`, which must be this request's reservation with every prompt
+    /// slot written (checked before any step: an unwritten slot fails the request as an
+    /// isolation violation). `first` is the token the prefill side sampled; it is not emitted
+    /// again, but it ends the request when it is a stop token or `max_tokens` is 1.
+    pub fn resume(&self, req: GenRequest, kv: BlockTable, first: u32) -> Result<RequestStream, AdmissionError> {
+        self.check(&req.prompt, req.max_tokens)?;
+        if self.shared.stopping.load(Ordering::SeqCst) {
+            return Err(AdmissionError::ShuttingDown);
+        }
+        let (tx, rx) = tmpsc::unbounded_channel();
+        let id = req.id;
+        if self.tx.send(Msg::Resume(Box::new(Resume { req, kv, first, tx }))).is_err() {
+            return Err(AdmissionError::ShuttingDown);
+        }
+        Ok(RequestStream { rx, id })
+    }
+
+    fn enqueue(&self, req: GenRequest, kind: Kind) -> Result<RequestStream, AdmissionError> {
         self.check(&req.prompt, req.max_tokens)?;
         if self.shared.stopping.load(Ordering::SeqCst) {
             return Err(AdmissionError::ShuttingDown);
@@ -176,7 +246,7 @@ impl EngineHandle {
         }
         let (tx, rx) = tmpsc::unbounded_channel();
         let id = req.id;
-        if self.tx.send(Msg::Submit(Box::new(Pending { req, tx, enqueued: Instant::now() }))).is_err() {
+        if self.tx.send(Msg::Submit(Box::new(Pending { req, kind, tx, enqueued: Instant::now() }))).is_err() {
             q.fetch_sub(1, Ordering::SeqCst);
             return Err(AdmissionError::ShuttingDown);
         }
@@ -196,8 +266,16 @@ impl EngineHandle {
     }
 }
 
+/// How a step's sampling ends a request.
+enum End {
+    Event(Event),
+    /// A prefill-only request: hand its pages over with the first token.
+    Handoff(TokenEvent),
+}
+
 struct Running {
     req: GenRequest,
+    kind: Kind,
     tx: tmpsc::UnboundedSender<Event>,
     kv: BlockTable,
     sampler: Sampler,
@@ -208,7 +286,7 @@ struct Running {
     /// This step's logits, when the step produced some for this sequence.
     logits: Vec<f32>,
     /// Set when the request is complete (finished or failed) after this step.
-    end: Option<Event>,
+    end: Option<End>,
 }
 
 impl Running {
@@ -220,6 +298,7 @@ impl Running {
 struct Loop {
     model: Llama,
     pool: KvPool,
+    prefill_pool: KvPool,
     cfg: EngineConfig,
     rx: mpsc::Receiver<Msg>,
     shared: Arc<Shared>,
@@ -270,6 +349,7 @@ impl Loop {
             };
             match msg {
                 Msg::Shutdown => return false,
+                Msg::Resume(r) => self.resume(*r),
                 Msg::Submit(p) => {
                     let t = p.req.tenant;
                     let q = self.queues.entry(t).or_default();
@@ -312,16 +392,14 @@ impl Loop {
         }
         self.shared.queued.fetch_sub(left, Ordering::SeqCst);
         self.rotation.retain(|t| self.queues.get(t).is_some_and(|q| !q.is_empty()));
-        self.running.retain(|r| {
+        for i in (0..self.running.len()).rev() {
+            let r = &self.running[i];
             if r.tx.is_closed() {
-                return false;
+                self.running.remove(i);
+            } else if r.req.deadline.is_some_and(|d| now >= d) {
+                end(self.running.remove(i), Event::Failed(EngineError::DeadlineExceeded));
             }
-            if r.req.deadline.is_some_and(|d| now >= d) {
-                let _ = r.tx.send(Event::Failed(EngineError::DeadlineExceeded));
-                return false;
-            }
-            true
-        });
+        }
     }
 
     /// Round-robin across tenants: each turn admits one request of the next tenant whose head
@@ -333,7 +411,11 @@ impl Loop {
             let Some(q) = self.queues.get_mut(&tenant) else { continue };
             let Some(head) = q.front() else { continue };
             let owner = Owner { tenant, request: head.req.id };
-            match self.pool.reserve(owner, head.req.prompt.len() + head.req.max_tokens) {
+            let reserved = match head.kind {
+                Kind::Prefill => self.prefill_pool.reserve(owner, head.req.prompt.len()),
+                Kind::Full | Kind::Reserve => self.pool.reserve(owner, head.req.prompt.len() + head.req.max_tokens),
+            };
+            match reserved {
                 Ok(kv) => {
                     misses = 0;
                     let Some(p) = q.pop_front() else { continue };
@@ -341,10 +423,16 @@ impl Loop {
                         self.rotation.push_back(tenant);
                     }
                     self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+                    if p.kind == Kind::Reserve {
+                        // Dropped (pages freed) if the requester is gone.
+                        let _ = p.tx.send(Event::Reserved(kv));
+                        continue;
+                    }
                     let _ = p.tx.send(Event::Started);
                     let sampler = Sampler::new(p.req.sampling);
                     self.running.push(Running {
                         req: p.req,
+                        kind: p.kind,
                         tx: p.tx,
                         kv,
                         sampler,
@@ -427,8 +515,7 @@ impl Loop {
                 // Fail closed: every sequence of the step is stopped and its pages freed.
                 let err = EngineError::from_model(&e);
                 for &(i, _) in plan.iter().rev() {
-                    let r = self.running.remove(i);
-                    let _ = r.tx.send(Event::Failed(err.clone()));
+                    end(self.running.remove(i), Event::Failed(err.clone()));
                 }
                 return;
             }
@@ -455,16 +542,68 @@ impl Loop {
             }
         });
         for i in (0..self.running.len()).rev() {
-            if let Some(end) = self.running[i].end.take() {
+            if let Some(how) = self.running[i].end.take() {
                 let r = self.running.remove(i);
-                let _ = r.tx.send(end);
+                match how {
+                    End::Event(ev) => end(r, ev),
+                    End::Handoff(first) => {
+                        let _ = r.tx.send(Event::Prefilled { first, kv: r.kv });
+                    }
+                }
             }
         }
     }
 
+    /// Starts decoding from transferred KV, after checking that the pages are this request's
+    /// and hold every prompt slot.
+    fn resume(&mut self, r: Resume) {
+        let Resume { req, kv, first, tx } = r;
+        let owner = Owner { tenant: req.tenant, request: req.id };
+        let n = req.prompt.len();
+        let refused = if kv.owner() != owner {
+            Some(EngineError::IsolationViolation { kind: "owner_mismatch" })
+        } else if kv.capacity() < n + req.max_tokens {
+            Some(EngineError::IsolationViolation { kind: "short_reservation" })
+        } else {
+            kv.verify_written(n).err().map(|e| EngineError::from_model(&model::ModelError::Kv(e)))
+        };
+        if let Some(e) = refused {
+            drop(kv);
+            let _ = tx.send(Event::Failed(e));
+            return;
+        }
+        let _ = tx.send(Event::Started);
+        let usage = |completion_tokens| Usage { prompt_tokens: n, completion_tokens };
+        let done = if req.stop_tokens.contains(first) {
+            Some(Event::Finished { reason: FinishReason::Stop, usage: usage(0) })
+        } else if req.max_tokens <= 1 {
+            Some(Event::Finished { reason: FinishReason::Length, usage: usage(1) })
+        } else {
+            None
+        };
+        if let Some(ev) = done {
+            drop(kv);
+            let _ = tx.send(ev);
+            return;
+        }
+        let sampler = Sampler::new(req.sampling);
+        self.running.push(Running {
+            req,
+            kind: Kind::Full,
+            tx,
+            kv,
+            sampler,
+            prefilled: n,
+            generated: vec![first],
+            input: [first],
+            logits: Vec::new(),
+            end: None,
+        });
+    }
+
     fn fail_all(&mut self, e: EngineError) {
-        for r in self.running.drain(..) {
-            let _ = r.tx.send(Event::Failed(e.clone()));
+        for r in std::mem::take(&mut self.running) {
+            end(r, Event::Failed(e.clone()));
         }
         for (_, q) in self.queues.drain() {
             for p in q {
@@ -491,21 +630,33 @@ impl Loop {
     }
 }
 
-/// Samples the next token of `r`; returns the final event when the request is complete.
-fn sample_into(r: &mut Running, logits: &[f32]) -> Option<Event> {
+/// Ends a running request: its pages are freed before the final event, so whoever sees the
+/// event sees them free.
+fn end(r: Running, ev: Event) {
+    let Running { tx, kv, .. } = r;
+    drop(kv);
+    let _ = tx.send(ev);
+}
+
+/// Samples the next token of `r`; returns how the request ends when it is complete.
+fn sample_into(r: &mut Running, logits: &[f32]) -> Option<End> {
     let usage = |r: &Running| Usage { prompt_tokens: r.req.prompt.len(), completion_tokens: r.generated.len() };
     let s = match r.sampler.sample(logits, &r.generated) {
         Ok(s) => s,
-        Err(e) => return Some(Event::Failed(EngineError::Internal(e.to_string()))),
+        Err(e) => return Some(End::Event(Event::Failed(EngineError::Internal(e.to_string())))),
     };
+    let token = TokenEvent { token: s.token, logprob: s.logprob, top: s.top };
+    if r.kind == Kind::Prefill {
+        return Some(End::Handoff(token));
+    }
     if r.req.stop_tokens.contains(s.token) {
-        return Some(Event::Finished { reason: FinishReason::Stop, usage: usage(r) });
+        return Some(End::Event(Event::Finished { reason: FinishReason::Stop, usage: usage(r) }));
     }
     r.generated.push(s.token);
     r.input = [s.token];
-    let _ = r.tx.send(Event::Token(TokenEvent { token: s.token, logprob: s.logprob, top: s.top }));
+    let _ = r.tx.send(Event::Token(token));
     if r.generated.len() >= r.req.max_tokens {
-        return Some(Event::Finished { reason: FinishReason::Length, usage: usage(r) });
+        return Some(End::Event(Event::Finished { reason: FinishReason::Length, usage: usage(r) }));
     }
     None
 }

@@ -47,6 +47,7 @@ fn collect(h: &EngineHandle, r: GenRequest) -> Result<Vec<u32>, EngineError> {
             }
             Event::Failed(e) => return Err(e),
             Event::Started => {}
+            Event::Reserved(_) | Event::Prefilled { .. } => panic!("a full request never hands over pages"),
         }
     }
     panic!("stream ended without a final event")
@@ -198,6 +199,7 @@ fn a_flooding_tenant_cannot_starve_another() {
                             }
                             Event::Failed(e) => panic!("{e}"),
                             Event::Started | Event::Token(_) => {}
+                            other => panic!("unexpected {other:?}"),
                         }
                     }
                 })
@@ -243,6 +245,7 @@ fn stop_token_ends_generation_without_emitting_it() {
             Event::Finished { reason, .. } => break reason,
             Event::Started => {}
             Event::Failed(e) => panic!("{e}"),
+            other => panic!("unexpected {other:?}"),
         }
     };
     assert_eq!(reason, FinishReason::Stop);

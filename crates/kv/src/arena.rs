@@ -196,6 +196,64 @@ impl Arena {
         }
     }
 
+    /// Appends the `n` elements at `off + i * stride` to `out` as little-endian bytes of the
+    /// arena's type (the wire payload encoding).
+    ///
+    /// # Safety
+    /// Nobody writes those elements during the call.
+    pub(crate) unsafe fn load_bytes_strided(&self, off: usize, stride: usize, n: usize, out: &mut Vec<u8>) {
+        if n == 0 {
+            return;
+        }
+        let span = (n - 1) * stride + 1;
+        // SAFETY: no concurrent writer per the caller's contract; bounds checked by `slice`.
+        unsafe {
+            match self {
+                Arena::F16(b) => {
+                    let src = b.slice(off, span);
+                    out.extend(src.iter().step_by(stride).flat_map(|x| x.to_bits().to_le_bytes()));
+                }
+                Arena::F32(b) => {
+                    let src = b.slice(off, span);
+                    out.extend(src.iter().step_by(stride).flat_map(|x| x.to_bits().to_le_bytes()));
+                }
+            }
+        }
+    }
+
+    /// Stores little-endian elements of the arena's type from `src` at `off + i * stride`.
+    /// `src.len()` must be a multiple of the element size (the caller checked the length).
+    ///
+    /// # Safety
+    /// The caller has exclusive access to every element written.
+    pub(crate) unsafe fn store_bytes_strided(&self, off: usize, stride: usize, src: &[u8]) {
+        // SAFETY: exclusive per the caller's contract; bounds checked by `slice_mut`.
+        unsafe {
+            match self {
+                Arena::F16(b) => {
+                    let n = src.len() / 2;
+                    if n == 0 {
+                        return;
+                    }
+                    let dst = b.slice_mut(off, (n - 1) * stride + 1);
+                    for (i, c) in src.chunks_exact(2).enumerate() {
+                        dst[i * stride] = f16::from_bits(u16::from_le_bytes([c[0], c[1]]));
+                    }
+                }
+                Arena::F32(b) => {
+                    let n = src.len() / 4;
+                    if n == 0 {
+                        return;
+                    }
+                    let dst = b.slice_mut(off, (n - 1) * stride + 1);
+                    for (i, c) in src.chunks_exact(4).enumerate() {
+                        dst[i * stride] = f32::from_bits(u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+                    }
+                }
+            }
+        }
+    }
+
     /// Borrows `[off, off + n)` for `'a`.
     ///
     /// # Safety

@@ -142,6 +142,74 @@ impl BlockTable {
         Ok(())
     }
 
+    /// Checks `layer`, that `[start, start + n)` lies inside the table and that every page it
+    /// touches is still this lease's; returns the end position.
+    fn check_rows(&self, layer: usize, start: usize, n: usize) -> Result<usize, KvError> {
+        self.check_layer(layer)?;
+        let end = start.saturating_add(n);
+        if end > self.capacity() {
+            return Err(KvError::BeyondCapacity { len: end, capacity: self.capacity() });
+        }
+        let ps = self.pool.layout.page_size;
+        for lease in self.leases.iter().take(end.div_ceil(ps)).skip(start / ps) {
+            self.pool.check_lease(lease.page(), lease.generation(), self.owner)?;
+        }
+        Ok(end)
+    }
+
+    /// Appends the K rows then the V rows of positions `[start, start + n)` at `layer` to
+    /// `out`, as little-endian elements of the pool dtype: the payload of a KV frame. Every
+    /// slot must have been written in this lease (a sender never ships unwritten memory).
+    pub fn export_rows(&self, layer: usize, start: usize, n: usize, out: &mut Vec<u8>) -> Result<(), KvError> {
+        let end = self.check_rows(layer, start, n)?;
+        let ps = self.pool.layout.page_size;
+        for pos in start..end {
+            let (lease, slot) = (&self.leases[pos / ps], pos % ps);
+            if !self.pool.is_written(lease.page(), layer, slot) {
+                return Err(KvError::Unwritten { layer, pos });
+            }
+        }
+        let row = self.pool.layout.row_len();
+        out.reserve(2 * n * row * self.pool.layout.dtype.bytes());
+        let pool = &self.pool;
+        // SAFETY: `&self` excludes the only writer of this table's pages (`&mut BlockTable`),
+        // and lease uniqueness means no other table holds them.
+        unsafe {
+            for pos in start..end {
+                let (page, slot) = (self.leases[pos / ps].page(), pos % ps);
+                pool.arena.load_bytes_strided(pool.k_offset(page, layer) + slot, ps, row, out);
+            }
+            for pos in start..end {
+                let (page, slot) = (self.leases[pos / ps].page(), pos % ps);
+                pool.arena.load_bytes_strided(pool.v_offset(page, layer, slot), 1, row, out);
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes positions `[start, start + n)` at `layer` from `bytes` laid out as
+    /// [`BlockTable::export_rows`] produces them, and marks the slots written. Validates
+    /// everything first: on error nothing is written.
+    pub fn import_rows(&mut self, layer: usize, start: usize, n: usize, bytes: &[u8]) -> Result<(), KvError> {
+        let row_bytes = self.pool.layout.row_len() * self.pool.layout.dtype.bytes();
+        Self::check_len("payload", 2 * n * row_bytes, bytes.len())?;
+        let end = self.check_rows(layer, start, n)?;
+        let (k, v) = bytes.split_at(n * row_bytes);
+        let ps = self.pool.layout.page_size;
+        let pool = &self.pool;
+        for (i, pos) in (start..end).enumerate() {
+            let (page, slot) = (self.leases[pos / ps].page(), pos % ps);
+            let rows = i * row_bytes..(i + 1) * row_bytes;
+            // SAFETY: as in `write`: `&mut self` is the sole accessor of this table's pages.
+            unsafe {
+                pool.arena.store_bytes_strided(pool.k_offset(page, layer) + slot, ps, &k[rows.clone()]);
+                pool.arena.store_bytes_strided(pool.v_offset(page, layer, slot), 1, &v[rows]);
+            }
+            pool.mark_written(page, layer, slot, slot + 1);
+        }
+        Ok(())
+    }
+
     /// Checked zero-copy view of positions `[0, len)` at `layer`: every page touched must still
     /// be this lease's (generation and owner) and every slot written at this layer.
     pub fn layer(&self, layer: usize, len: usize) -> Result<LayerView<'_>, KvError> {

@@ -440,3 +440,45 @@ fn chunk_k_runs_never_reach_a_pages_unwritten_tail() {
     let out_of_chunk = std::panic::catch_unwind(|| last.k_at(2, 0));
     assert!(out_of_chunk.is_err(), "slot 10 was never written and must not be readable");
 }
+
+#[test]
+fn exported_rows_import_bit_exactly_into_another_pool_and_mark_only_those_slots_written() {
+    for dtype in [KvDtype::F16, KvDtype::F32] {
+        let (a, b) = (pool_with(dtype, 4, 4, ScrubPolicy::OnFree), pool_with(dtype, 4, 4, ScrubPolicy::OnFree));
+        let mut src = a.reserve(owner(1, 1), 10).expect("reserve");
+        fill(&mut src, 10);
+        let mut dst = b.reserve(owner(2, 9), 10).expect("reserve");
+        for layer in 0..3 {
+            // Ranges that start and end inside pages.
+            for (start, n) in [(0, 3), (3, 6), (9, 1)] {
+                let mut bytes = Vec::new();
+                src.export_rows(layer, start, n, &mut bytes).expect("export");
+                assert_eq!(bytes.len(), 2 * n * 8 * dtype.bytes());
+                dst.import_rows(layer, start, n, &bytes).expect("import");
+            }
+        }
+        for layer in 0..3 {
+            for pos in 0..10 {
+                assert_eq!(read(&src, layer, pos).expect("src"), read(&dst, layer, pos).expect("dst"));
+            }
+        }
+        assert!(!dst.is_written(0, 10), "slot 10 was never imported");
+    }
+}
+
+#[test]
+fn export_refuses_unwritten_slots_and_import_refuses_bad_lengths_writing_nothing() {
+    let p = pool(4);
+    let mut t = p.reserve(owner(1, 1), 8).expect("reserve");
+    fill(&mut t, 5);
+    let mut out = Vec::new();
+    assert!(matches!(t.export_rows(0, 3, 3, &mut out), Err(KvError::Unwritten { layer: 0, pos: 5 })));
+    let mut u = p.reserve(owner(1, 2), 8).expect("reserve");
+    let short = vec![1u8; 2 * 2 * 8 * 2 - 1];
+    assert!(matches!(u.import_rows(0, 0, 2, &short), Err(KvError::LengthMismatch { .. })));
+    let beyond = vec![1u8; 2 * 2 * 8 * 2];
+    assert!(matches!(u.import_rows(0, 7, 2, &beyond), Err(KvError::BeyondCapacity { .. })));
+    assert!(matches!(u.import_rows(3, 0, 2, &beyond), Err(KvError::OutOfRange { .. })));
+    assert!((0..8).all(|pos| !u.is_written(0, pos)));
+    assert!(u.debug_pages_zeroed());
+}

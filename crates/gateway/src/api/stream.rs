@@ -203,6 +203,10 @@ impl Generation {
                     self.out.push_back(Step::Done { reason, usage });
                     self.end();
                 }
+                Event::Reserved(_) | Event::Prefilled { .. } => {
+                    self.end();
+                    self.out.push_back(Step::Error(ApiError::internal("a worker handed over pages to the API")));
+                }
                 Event::Failed(e) => {
                     if let engine::EngineError::IsolationViolation { kind } = e {
                         self.st.metrics.isolation_violation(kind);

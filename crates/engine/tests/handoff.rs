@@ -1,0 +1,143 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! The two halves of a disaggregated request on the tiny model: a prefill engine hands its
+//! prompt's KV over, a decode engine reserves, receives it (copied row by row as a transfer
+//! would) and decodes. Greedy output must equal the single-engine run.
+
+use engine::{Engine, EngineConfig, EngineError, EngineHandle, Event, GenRequest, TokenEvent};
+use gguf::GgufFile;
+use kv::{BlockTable, Capacity, KvDtype, KvPool, PoolConfig, RequestId, ScrubPolicy, TenantId};
+use model::tiny::{tiny_gguf, TinySpec};
+use model::{Llama, LoadOptions};
+use sampling::{SamplingParams, StopTokens};
+
+fn engine(pool_tokens: usize) -> Engine {
+    let f = GgufFile::from_bytes(tiny_gguf(&TinySpec::default())).unwrap();
+    let model = Llama::from_file(&f, LoadOptions { threads: 1 }).unwrap();
+    let layout = model.config.kv_layout(16, KvDtype::F16);
+    let pool = KvPool::new(PoolConfig { layout, capacity: Capacity::Tokens(pool_tokens), scrub: ScrubPolicy::OnFree })
+        .unwrap();
+    Engine::start(model, pool, EngineConfig::default())
+}
+
+fn req(id: u64, prompt_len: usize, max_tokens: usize) -> GenRequest {
+    GenRequest {
+        id: RequestId(id),
+        tenant: TenantId(5),
+        prompt: (0..prompt_len).map(|i| ((i * 11 + 3) % 80) as u32).collect(),
+        max_tokens,
+        sampling: SamplingParams::greedy(),
+        stop_tokens: StopTokens::new([]),
+        deadline: None,
+    }
+}
+
+fn tokens_of(mut s: engine::RequestStream) -> Result<Vec<u32>, EngineError> {
+    let mut out = Vec::new();
+    loop {
+        match s.blocking_next().expect("final event") {
+            Event::Token(t) => out.push(t.token),
+            Event::Finished { usage, .. } => {
+                assert_eq!(usage.completion_tokens, out.len() + 1, "usage counts the handed-over first token");
+                return Ok(out);
+            }
+            Event::Failed(e) => return Err(e),
+            Event::Started => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+fn prefill(h: &EngineHandle, r: GenRequest) -> (TokenEvent, BlockTable) {
+    let mut s = h.prefill(r).unwrap();
+    loop {
+        match s.blocking_next().expect("event") {
+            Event::Started => {}
+            Event::Prefilled { first, kv } => return (first, kv),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+fn reserve(h: &EngineHandle, r: GenRequest) -> BlockTable {
+    match h.reserve(r).unwrap().blocking_next().expect("event") {
+        Event::Reserved(kv) => kv,
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+fn copy(src: &BlockTable, dst: &mut BlockTable, n: usize, layers: usize) {
+    let mut buf = Vec::new();
+    for layer in 0..layers {
+        buf.clear();
+        src.export_rows(layer, 0, n, &mut buf).unwrap();
+        dst.import_rows(layer, 0, n, &buf).unwrap();
+    }
+}
+
+#[test]
+fn prefill_handoff_then_resume_equals_one_engine_doing_both() {
+    let (p, d) = (engine(1024), engine(1024));
+    let (ph, dh) = (p.handle(), d.handle());
+    for (id, len) in [(1u64, 1usize), (2, 17), (3, 40)] {
+        let r = req(id, len, 9);
+        let mut alone = Vec::new();
+        let mut s = ph.submit(r.clone()).unwrap();
+        while let Some(ev) = s.blocking_next() {
+            if let Event::Token(t) = ev {
+                alone.push(t.token);
+            }
+        }
+        let (first, kv) = prefill(&ph, r.clone());
+        let mut dst = reserve(&dh, r.clone());
+        assert_eq!(dst.capacity(), (len + 9).div_ceil(16) * 16, "the whole sequence is reserved");
+        copy(&kv, &mut dst, len, 2);
+        drop(kv);
+        assert_eq!(ph.pool().used_pages(), 0, "the prefill side frees its pages once the KV is sent");
+        let rest = tokens_of(dh.resume(r, dst, first.token).unwrap()).unwrap();
+        let mut got = vec![first.token];
+        got.extend(rest);
+        assert_eq!(got, alone, "prompt of {len}");
+        assert_eq!(dh.pool().used_pages(), 0);
+    }
+}
+
+#[test]
+fn resume_refuses_pages_with_an_unwritten_prompt_slot_and_frees_them() {
+    let (p, d) = (engine(1024), engine(1024));
+    let r = req(7, 20, 4);
+    let (first, kv) = prefill(&p.handle(), r.clone());
+    let mut dst = reserve(&d.handle(), r.clone());
+    // The incident: only the first token's KV arrives for a 20-token prompt.
+    let mut buf = Vec::new();
+    for layer in 0..2 {
+        buf.clear();
+        kv.export_rows(layer, 0, 1, &mut buf).unwrap();
+        dst.import_rows(layer, 0, 1, &buf).unwrap();
+    }
+    let e = tokens_of(d.handle().resume(r, dst, first.token).unwrap()).unwrap_err();
+    assert_eq!(e, EngineError::IsolationViolation { kind: "unwritten_read" });
+    assert_eq!(d.handle().pool().used_pages(), 0);
+}
+
+#[test]
+fn resume_refuses_another_requests_reservation() {
+    let d = engine(1024);
+    let dh = d.handle();
+    let other = reserve(&dh, req(8, 10, 4));
+    let e = tokens_of(dh.resume(req(9, 10, 4), other, 1).unwrap()).unwrap_err();
+    assert_eq!(e, EngineError::IsolationViolation { kind: "owner_mismatch" });
+    assert_eq!(dh.pool().used_pages(), 0);
+}
+
+#[test]
+fn a_reservation_nobody_collects_is_freed() {
+    let d = engine(1024);
+    let dh = d.handle();
+    let s = dh.reserve(req(10, 10, 4)).unwrap();
+    drop(s);
+    let t0 = std::time::Instant::now();
+    while dh.pool().used_pages() != 0 {
+        assert!(t0.elapsed().as_secs() < 10);
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
