@@ -1,7 +1,7 @@
 use thiserror::Error;
 
 /// Why a request was refused at the door. Nothing was queued, reserved or computed for it.
-#[derive(Debug, Clone, Error, PartialEq, Eq)]
+#[derive(Debug, Clone, Error, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum AdmissionError {
     #[error("the prompt is empty")]
     EmptyPrompt,
@@ -35,6 +35,12 @@ pub enum EngineError {
     /// its pages freed; `kind` names the check for metrics.
     #[error("isolation check failed ({kind}); the request was stopped")]
     IsolationViolation { kind: &'static str },
+    /// A worker refused the request at its own door (the gateway's check should have).
+    #[error("a worker refused the request: {0}")]
+    Refused(AdmissionError),
+    /// No worker could take the request, or one was lost before the first token.
+    #[error("no worker available: {0}")]
+    Unavailable(String),
     #[error("internal error: {0}")]
     Internal(String),
 }

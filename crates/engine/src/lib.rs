@@ -21,4 +21,4 @@ mod scheduler;
 
 pub use error::{AdmissionError, EngineError};
 pub use request::{Event, EventSender, FinishReason, GenRequest, RequestStream, TokenEvent, Usage};
-pub use scheduler::{Engine, EngineConfig, EngineHandle, EngineStats};
+pub use scheduler::{door_check, Engine, EngineConfig, EngineHandle, EngineStats};

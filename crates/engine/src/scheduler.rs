@@ -83,6 +83,35 @@ struct Resume {
     tx: tmpsc::UnboundedSender<Event>,
 }
 
+/// The door rule, the same at every door (gateway, prefill and decode workers): nothing is
+/// queued, reserved, sent or computed for a request that fails it, and a failing request is
+/// refused, never shortened.
+pub fn door_check(
+    prompt: &[u32],
+    max_tokens: usize,
+    context: usize,
+    pool_capacity: usize,
+    vocab: usize,
+) -> Result<(), AdmissionError> {
+    if prompt.is_empty() {
+        return Err(AdmissionError::EmptyPrompt);
+    }
+    if max_tokens == 0 {
+        return Err(AdmissionError::ZeroMaxTokens);
+    }
+    let needed = prompt.len().saturating_add(max_tokens);
+    if needed > context {
+        return Err(AdmissionError::ContextLengthExceeded { prompt: prompt.len(), max_tokens, needed, context });
+    }
+    if needed > pool_capacity {
+        return Err(AdmissionError::ExceedsPool { needed, capacity: pool_capacity });
+    }
+    if let Some(&id) = prompt.iter().find(|&&t| t as usize >= vocab) {
+        return Err(AdmissionError::InvalidToken { id, vocab });
+    }
+    Ok(())
+}
+
 /// A cheap, cloneable door to the engine.
 #[derive(Clone)]
 pub struct EngineHandle {
@@ -170,29 +199,7 @@ impl EngineHandle {
     /// The door check, shared with every other door: nothing is queued, reserved or computed
     /// for a request that fails it.
     pub fn check(&self, prompt: &[u32], max_tokens: usize) -> Result<(), AdmissionError> {
-        if prompt.is_empty() {
-            return Err(AdmissionError::EmptyPrompt);
-        }
-        if max_tokens == 0 {
-            return Err(AdmissionError::ZeroMaxTokens);
-        }
-        let needed = prompt.len().saturating_add(max_tokens);
-        if needed > self.context {
-            return Err(AdmissionError::ContextLengthExceeded {
-                prompt: prompt.len(),
-                max_tokens,
-                needed,
-                context: self.context,
-            });
-        }
-        let capacity = self.pool.capacity_tokens();
-        if needed > capacity {
-            return Err(AdmissionError::ExceedsPool { needed, capacity });
-        }
-        if let Some(&id) = prompt.iter().find(|&&t| t as usize >= self.vocab) {
-            return Err(AdmissionError::InvalidToken { id, vocab: self.vocab });
-        }
-        Ok(())
+        door_check(prompt, max_tokens, self.context, self.pool.capacity_tokens(), self.vocab)
     }
 
     pub fn submit(&self, req: GenRequest) -> Result<RequestStream, AdmissionError> {
@@ -256,6 +263,17 @@ impl EngineHandle {
     /// Stops admitting; queued and running requests continue (see `Engine`'s drop for the end).
     pub fn stop_admitting(&self) {
         self.shared.stopping.store(true, Ordering::SeqCst);
+    }
+
+    /// Distinguishes engines across processes and hosts (a per-process random salt and this
+    /// engine's address), so stats reported by two roles sharing one engine count once.
+    pub fn instance_id(&self) -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        static SALT: std::sync::OnceLock<std::collections::hash_map::RandomState> = std::sync::OnceLock::new();
+        let mut h = SALT.get_or_init(std::collections::hash_map::RandomState::new).build_hasher();
+        h.write_usize(Arc::as_ptr(&self.shared) as usize);
+        h.write_u32(std::process::id());
+        h.finish()
     }
 
     pub fn stats(&self) -> EngineStats {

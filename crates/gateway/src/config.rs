@@ -45,7 +45,23 @@ struct RawConfig {
     #[serde(default)]
     limits: RawLimits,
     #[serde(default)]
+    cluster: RawCluster,
+    #[serde(default)]
     tenants: Vec<RawTenant>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCluster {
+    listen: Option<String>,
+    gateway: Option<String>,
+    secret_file: Option<PathBuf>,
+    kv_listen: Option<String>,
+    kv_advertise: Option<String>,
+    name: Option<String>,
+    metrics_listen: Option<String>,
+    transfer_timeout_ms: Option<u64>,
+    handshake_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -110,6 +126,50 @@ pub struct EngineSettings {
     pub queue_timeout: Duration,
 }
 
+/// How the roles of a disaggregated deployment find and trust each other.
+#[derive(Debug, Clone)]
+pub struct ClusterSettings {
+    /// Gateway: where workers register.
+    pub listen: String,
+    /// Workers: the gateway's `listen` address.
+    pub gateway: String,
+    /// A file holding the shared cluster secret (at least 32 characters); required by the
+    /// gateway, prefill and decode roles. `serve` uses a random in-memory secret.
+    pub secret_file: Option<PathBuf>,
+    /// Decode: where prefill workers connect to send KV.
+    pub kv_listen: String,
+    /// Decode: the address prefill workers are given (default: the bound `kv_listen`).
+    pub kv_advertise: Option<String>,
+    /// Workers: the name in logs and the gateway's metrics (default: role and process id).
+    pub name: Option<String>,
+    /// Workers: serve `/metrics` here (default: none).
+    pub metrics_listen: Option<String>,
+    pub transfer_timeout: Duration,
+    pub handshake_timeout: Duration,
+}
+
+/// The fewest characters a cluster secret may have.
+pub const MIN_SECRET_LEN: usize = 32;
+
+impl ClusterSettings {
+    /// Reads the cluster secret file.
+    pub fn secret(&self) -> Result<wire::ClusterSecret, ConfigError> {
+        let path = self.secret_file.as_ref().ok_or_else(|| {
+            invalid("cluster.secret_file", "is required for the gateway, prefill and decode roles (a file with a random secret of 32+ characters, the same on every node)")
+        })?;
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| invalid("cluster.secret_file", format!("cannot read {}: {e}", path.display())))?;
+        let secret = text.trim();
+        if secret.len() < MIN_SECRET_LEN {
+            return Err(invalid(
+                "cluster.secret_file",
+                format!("the secret in {} has {} characters; use at least {MIN_SECRET_LEN}", path.display(), secret.len()),
+            ));
+        }
+        Ok(wire::ClusterSecret::from_passphrase(secret.as_bytes()))
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Limits {
     pub max_body_bytes: usize,
@@ -154,6 +214,7 @@ pub struct Config {
     pub pool: PoolSettings,
     pub engine: EngineSettings,
     pub limits: Limits,
+    pub cluster: ClusterSettings,
     /// Empty: one development tenant (see [`crate::tenants::dev_tenant`]).
     pub tenants: Vec<TenantConfig>,
 }
@@ -184,6 +245,17 @@ fn builtin_defaults() -> Config {
             request_timeout: Duration::from_secs(300),
             drain_timeout: Duration::from_secs(30),
             max_tokens_default: 256,
+        },
+        cluster: ClusterSettings {
+            listen: "127.0.0.1:7100".into(),
+            gateway: "127.0.0.1:7100".into(),
+            secret_file: None,
+            kv_listen: "127.0.0.1:0".into(),
+            kv_advertise: None,
+            name: None,
+            metrics_listen: None,
+            transfer_timeout: Duration::from_secs(30),
+            handshake_timeout: Duration::from_secs(10),
         },
         tenants: Vec::new(),
     }
@@ -296,6 +368,28 @@ impl Config {
             max_tokens_default: positive("limits.max_tokens_default", l.max_tokens_default, 256)?,
         };
 
+        let c = raw.cluster;
+        let d = builtin_defaults().cluster;
+        let cluster = ClusterSettings {
+            listen: c.listen.unwrap_or(d.listen),
+            gateway: c.gateway.unwrap_or(d.gateway),
+            secret_file: c.secret_file,
+            kv_listen: c.kv_listen.unwrap_or(d.kv_listen),
+            kv_advertise: c.kv_advertise,
+            name: c.name,
+            metrics_listen: c.metrics_listen,
+            transfer_timeout: Duration::from_millis(positive_u64(
+                "cluster.transfer_timeout_ms",
+                c.transfer_timeout_ms,
+                30_000,
+            )?),
+            handshake_timeout: Duration::from_millis(positive_u64(
+                "cluster.handshake_timeout_ms",
+                c.handshake_timeout_ms,
+                10_000,
+            )?),
+        };
+
         let mut tenants: Vec<TenantConfig> = Vec::with_capacity(raw.tenants.len());
         for (i, t) in raw.tenants.into_iter().enumerate() {
             let field = |f: &str| format!("tenants[{i}].{f}");
@@ -331,6 +425,7 @@ impl Config {
             pool,
             engine,
             limits,
+            cluster,
             tenants,
         })
     }

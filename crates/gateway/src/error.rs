@@ -128,6 +128,8 @@ impl ApiError {
                 err.code = Some("timeout");
                 err
             }
+            EngineError::Refused(a) => Self::admission(a, "messages"),
+            EngineError::Unavailable(_) => Self::unavailable("no_worker", e.to_string(), 2),
             EngineError::IsolationViolation { .. } | EngineError::Internal(_) => Self::internal(e.to_string()),
         }
     }

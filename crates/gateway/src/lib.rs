@@ -25,7 +25,10 @@ pub mod tenants;
 use std::path::Path;
 
 pub use config::{Config, ConfigError};
-pub use server::{run_serve_cli, serve, ServeError};
+pub use server::{
+    engine_config, load_model, model_path, run_gateway_cli, run_serve_cli, serve, serve_gateway, LoadedModel, ModelInfo,
+    ServeError,
+};
 pub use tenants::{add_tenant, TenantError};
 
 /// The config file `pagewarden tenant add` writes when `--config` is not given.

@@ -15,9 +15,11 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
-use engine::{Engine, EngineConfig, EngineHandle};
+use cluster::{run_worker, Identity, Net, RouterConfig, WorkerConfig, WorkerMetrics};
+use engine::{Engine, EngineConfig};
 use gguf::GgufFile;
-use kv::{Capacity, KvPool, PoolConfig};
+use kv::{Capacity, KvLayout, KvPool, PoolConfig};
+use wire::{ClusterSecret, Role};
 use model::{Llama, LlamaConfig, LoadOptions};
 use sampling::StopTokens;
 use text::{ChatTemplate, Tokenizer};
@@ -45,7 +47,8 @@ pub enum ServeError {
 /// What every handler shares.
 pub struct AppState {
     pub config: Config,
-    pub engine: EngineHandle,
+    /// The cluster: in-process workers (`serve`) or registered remote ones (`gateway`).
+    pub backend: cluster::Router,
     pub tokenizer: Tokenizer,
     pub template: ChatTemplate,
     pub stop_tokens: StopTokens,
@@ -88,7 +91,7 @@ async fn ready(State(st): State<Arc<AppState>>) -> Response {
 }
 
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
-    let stats = st.engine.stats();
+    let stats = st.backend.stats();
     let body = st
         .metrics
         .render(&stats, |t| st.tenants.by_id(t).map_or_else(|| format!("tenant-{}", t.0), |x| x.config.name.clone()));
@@ -121,45 +124,87 @@ pub fn router(st: Arc<AppState>) -> Router {
         .with_state(st)
 }
 
-fn model_err(path: &Path) -> impl Fn(String) -> ServeError + '_ {
-    move |message| ServeError::Model { path: path.display().to_string(), message }
+fn model_err(path: &Path) -> impl Fn(String) -> ServeError {
+    let path = path.display().to_string();
+    move |message| ServeError::Model { path: path.clone(), message }
 }
 
-/// Everything loaded from the model file, checked against the configuration.
-struct Loaded {
-    llama: Llama,
-    tokenizer: Tokenizer,
-    template: ChatTemplate,
-    pool: KvPool,
-    context: usize,
-}
-
-fn load(config: &Config) -> Result<Loaded, ServeError> {
-    let path: PathBuf = match &config.model {
-        Some(p) => p.clone(),
+/// The model file to use: the configured one or the fetched default.
+pub fn model_path(config: &Config) -> Result<PathBuf, ServeError> {
+    match &config.model {
+        Some(p) => Ok(p.clone()),
         None => fetch::ensure_default_model()
-            .map_err(|e| ServeError::Model { path: "(default model)".into(), message: e.to_string() })?,
-    };
-    let err = model_err(&path);
-    let file = GgufFile::open(&path).map_err(|e| err(e.to_string()))?;
-    // Check the configuration against the model before loading any weight.
-    let mcfg = LlamaConfig::from_gguf(&file).map_err(|e| err(e.to_string()))?;
-    let context = effective_context(config.context_window, mcfg.context)?;
-    let layout = mcfg.kv_layout(config.pool.page_size, config.pool.dtype);
-    layout.validate().map_err(|e| ConfigError::Invalid { field: "pool".into(), message: e.to_string() })?;
-    let size = config.pool.size.unwrap_or(PoolSize::Tokens(context.saturating_mul(2)));
-    let capacity_tokens = pool_capacity_tokens(size, layout.page_size, layout.page_bytes());
-    check_pool(capacity_tokens, context)?;
-    let pool =
-        KvPool::new(PoolConfig { layout, capacity: Capacity::Tokens(capacity_tokens), scrub: config.pool.scrub })
-            .map_err(|e| ConfigError::Invalid { field: "pool".into(), message: e.to_string() })?;
+            .map_err(|e| ServeError::Model { path: "(default model)".into(), message: e.to_string() }),
+    }
+}
 
+/// What every role reads from the model file (no weights), checked against the configuration.
+pub struct ModelInfo {
+    pub path: PathBuf,
+    pub config: LlamaConfig,
+    /// The served context window (at most the model's).
+    pub context: usize,
+    pub layout: KvLayout,
+    /// BLAKE3 of the file, compared at pairing.
+    pub digest: [u8; 32],
+}
+
+impl ModelInfo {
+    pub fn read(config: &Config) -> Result<(ModelInfo, GgufFile), ServeError> {
+        let path = model_path(config)?;
+        let err = model_err(&path);
+        let file = GgufFile::open(&path).map_err(|e| err(e.to_string()))?;
+        let mcfg = LlamaConfig::from_gguf(&file).map_err(|e| err(e.to_string()))?;
+        let context = effective_context(config.context_window, mcfg.context)?;
+        let layout = mcfg.kv_layout(config.pool.page_size, config.pool.dtype);
+        layout.validate().map_err(|e| ConfigError::Invalid { field: "pool".into(), message: e.to_string() })?;
+        let digest = cluster::model_digest(&path).map_err(|e| err(e.to_string()))?;
+        Ok((ModelInfo { path, config: mcfg, context, layout, digest }, file))
+    }
+
+    pub fn pairing(&self) -> Result<wire::PairingInfo, ServeError> {
+        wire::PairingInfo::new(self.digest, &self.layout).map_err(|e| ServeError::Io(e.to_string()))
+    }
+}
+
+/// A KV pool of `tokens` slots of this layout and the configured scrub policy.
+fn pool_of(config: &Config, layout: KvLayout, tokens: usize) -> Result<KvPool, ServeError> {
+    Ok(KvPool::new(PoolConfig { layout, capacity: Capacity::Tokens(tokens), scrub: config.pool.scrub })
+        .map_err(|e| ConfigError::Invalid { field: "pool".into(), message: e.to_string() })?)
+}
+
+/// A worker's model and pool, refusing to start when the pool cannot hold one request of the
+/// context window (invariant 2).
+pub struct LoadedModel {
+    pub info: ModelInfo,
+    pub llama: Llama,
+    pub pool: KvPool,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+}
+
+pub fn load_model(config: &Config) -> Result<LoadedModel, ServeError> {
+    let (info, file) = ModelInfo::read(config)?;
+    let err = model_err(&info.path);
+    let size = config.pool.size.unwrap_or(PoolSize::Tokens(info.context.saturating_mul(2)));
+    let capacity_tokens = pool_capacity_tokens(size, info.layout.page_size, info.layout.page_bytes());
+    check_pool(capacity_tokens, info.context)?;
+    let pool = pool_of(config, info.layout, capacity_tokens)?;
     let tokenizer = Tokenizer::from_gguf(&file).map_err(|e| err(e.to_string()))?;
     let template = ChatTemplate::from_gguf(&file).map_err(|e| err(e.to_string()))?;
     let mut llama = Llama::from_file(&file, LoadOptions { threads: config.threads }).map_err(|e| err(e.to_string()))?;
     // The engine's door check uses the model's context: serve the configured window.
-    llama.config.context = context;
-    Ok(Loaded { llama, tokenizer, template, pool, context })
+    llama.config.context = info.context;
+    Ok(LoadedModel { info, llama, pool, tokenizer, template })
+}
+
+pub fn engine_config(config: &Config) -> EngineConfig {
+    EngineConfig {
+        max_batch_tokens: config.engine.max_batch_tokens,
+        max_running: config.engine.max_running,
+        max_queued: config.engine.max_queued,
+        queue_timeout: config.engine.queue_timeout,
+    }
 }
 
 /// Waits until no API request is in flight, or `deadline`.
@@ -175,49 +220,148 @@ async fn wait_idle(st: &AppState, deadline: Instant) -> bool {
     }
 }
 
-/// Runs the server until `shutdown` completes, then drains and returns. `ready` is called with
-/// the bound address (port 0 allowed) once the server accepts requests; `listening on
-/// http://ADDR` is also printed to stdout.
+fn router_config(config: &Config, info: &ModelInfo, secret: ClusterSecret) -> Result<RouterConfig, ServeError> {
+    Ok(RouterConfig {
+        identity: Identity { secret, role: Role::Gateway, pairing: info.pairing()? },
+        context: info.context,
+        vocab: info.config.vocab,
+        handshake_timeout: config.cluster.handshake_timeout,
+        transfer_timeout: config.cluster.transfer_timeout,
+    })
+}
+
+/// Runs the single-process server until `shutdown` completes, then drains and returns: the
+/// gateway, a prefill worker and a decode worker sharing one engine, talking the cluster
+/// protocol over in-memory links (handshake, tickets, MAC'd frames, transfer checks: the same
+/// code as between processes). `ready` is called with the bound address (port 0 allowed) once
+/// the server accepts requests; `listening on http://ADDR` is also printed to stdout.
 pub async fn serve<F, R>(config: Config, shutdown: F, ready: R) -> Result<(), ServeError>
 where
     F: Future<Output = ()> + Send,
     R: FnOnce(SocketAddr),
+{
+    let cfg = config.clone();
+    let loaded = tokio::task::spawn_blocking(move || load_model(&cfg))
+        .await
+        .map_err(|e| ServeError::Io(format!("model loading task failed: {e}")))??;
+    let LoadedModel { info, llama, pool, tokenizer, template } = loaded;
+    // Prompts being prefilled get a pool of their own (one full context window), so decode
+    // reservations waiting for transfers can never starve the prefills they wait for.
+    let prefill_pool = pool_of(&config, info.layout, info.context)?;
+    let engine = Engine::start_with_prefill_pool(llama, pool, prefill_pool, engine_config(&config));
+
+    let secret = ClusterSecret::from_bytes(cluster::random().map_err(|e| ServeError::Io(e.to_string()))?);
+    let rcfg = router_config(&config, &info, secret.clone())?;
+    let router = cluster::Router::new(rcfg);
+    let net = Net::default();
+    let (listener, _) = net.listen("mem:gateway").await.map_err(|e| ServeError::Io(e.to_string()))?;
+    tokio::spawn(router.clone().serve(listener));
+    let pairing = info.pairing()?;
+    let mut workers = Vec::new();
+    for (role, name) in [(Role::Prefill, "prefill-0"), (Role::Decode, "decode-0")] {
+        let wcfg = WorkerConfig {
+            name: name.into(),
+            gateway: "mem:gateway".into(),
+            identity: Identity { secret: secret.clone(), role, pairing },
+            kv_listen: Some(format!("mem:{name}")),
+            kv_advertise: None,
+            handshake_timeout: config.cluster.handshake_timeout,
+            transfer_timeout: config.cluster.transfer_timeout,
+        };
+        let (h, net) = (engine.handle(), net.clone());
+        let metrics = Arc::new(WorkerMetrics::default());
+        workers.push(tokio::spawn(async move {
+            if let Err(e) = run_worker(wcfg, h, net, metrics).await {
+                eprintln!("in-process worker stopped: {e}");
+            }
+        }));
+    }
+    if !router.wait_for_workers(1, 1, Duration::from_secs(30)).await {
+        return Err(ServeError::Io("the in-process workers did not register".into()));
+    }
+    let handle = engine.handle();
+    let on_drain = move || {
+        handle.stop_admitting();
+    };
+    let result = run_http(config, router.clone(), tokenizer, template, info.context, shutdown, ready, on_drain).await;
+    // Dropping the engine fails whatever is still queued or running (their clients get an error
+    // response or an error event) and frees their pages.
+    let _ = tokio::task::spawn_blocking(move || drop(engine)).await;
+    for w in workers {
+        w.abort();
+    }
+    result
+}
+
+/// `pagewarden gateway`: the HTTP API, and the cluster listener where prefill and decode workers
+/// register. Loads the tokenizer and chat template, not the weights.
+pub async fn serve_gateway<F, R>(config: Config, shutdown: F, ready: R) -> Result<(), ServeError>
+where
+    F: Future<Output = ()> + Send,
+    R: FnOnce(SocketAddr),
+{
+    let secret = config.cluster.secret()?;
+    let cfg = config.clone();
+    let (info, tokenizer, template) = tokio::task::spawn_blocking(move || -> Result<_, ServeError> {
+        let (info, file) = ModelInfo::read(&cfg)?;
+        let err = model_err(&info.path);
+        let tokenizer = Tokenizer::from_gguf(&file).map_err(|e| err(e.to_string()))?;
+        let template = ChatTemplate::from_gguf(&file).map_err(|e| err(e.to_string()))?;
+        Ok((info, tokenizer, template))
+    })
+    .await
+    .map_err(|e| ServeError::Io(format!("model loading task failed: {e}")))??;
+    let router = cluster::Router::new(router_config(&config, &info, secret)?);
+    let net = Net::default();
+    let (listener, bound) = net
+        .listen(&config.cluster.listen)
+        .await
+        .map_err(|e| ServeError::Io(format!("cannot listen on {}: {e}", config.cluster.listen)))?;
+    println!("cluster listening on {bound}");
+    tokio::spawn(router.clone().serve(listener));
+    let r2 = router.clone();
+    run_http(config, router, tokenizer, template, info.context, shutdown, ready, move || r2.fail_all()).await
+}
+
+/// The HTTP side shared by `serve` and `gateway`: binds, serves, and on `shutdown` drains
+/// (503 for new requests, in-flight ones get up to the drain timeout; then `on_drain_timeout`
+/// ends the rest).
+#[allow(clippy::too_many_arguments)]
+async fn run_http<F, R, D>(
+    config: Config,
+    backend: cluster::Router,
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    context: usize,
+    shutdown: F,
+    ready: R,
+    on_drain_timeout: D,
+) -> Result<(), ServeError>
+where
+    F: Future<Output = ()> + Send,
+    R: FnOnce(SocketAddr),
+    D: FnOnce(),
 {
     let mut tenant_configs = config.tenants.clone();
     let dev = tenant_configs.is_empty();
     if dev {
         tenant_configs.push(dev_tenant()?);
     }
-    let cfg = config.clone();
-    let loaded = tokio::task::spawn_blocking(move || load(&cfg))
-        .await
-        .map_err(|e| ServeError::Io(format!("model loading task failed: {e}")))??;
-
-    let stop_tokens = StopTokens::new(loaded.tokenizer.stop_tokens());
-    let engine = Engine::start(
-        loaded.llama,
-        loaded.pool,
-        EngineConfig {
-            max_batch_tokens: config.engine.max_batch_tokens,
-            max_running: config.engine.max_running,
-            max_queued: config.engine.max_queued,
-            queue_timeout: config.engine.queue_timeout,
-        },
-    );
+    let stop_tokens = StopTokens::new(tokenizer.stop_tokens());
     let tenants = Tenants::new(tenant_configs);
     let limiter = Limiter::new(tenants.iter().map(|t| (t.id, &t.config)));
     let started_at =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default();
     let drain_timeout = config.limits.drain_timeout;
     let st = Arc::new(AppState {
-        engine: engine.handle(),
-        tokenizer: loaded.tokenizer,
-        template: loaded.template,
+        backend,
+        tokenizer,
+        template,
         stop_tokens,
         tenants,
         limiter,
         metrics: Metrics::default(),
-        context: loaded.context,
+        context,
         draining: AtomicBool::new(false),
         inflight: AtomicUsize::new(0),
         next_id: AtomicU64::new(1),
@@ -267,13 +411,12 @@ where
         st.inflight.load(Ordering::SeqCst)
     );
     st.draining.store(true, Ordering::SeqCst);
-    st.engine.stop_admitting();
+    st.backend.stop_admitting();
     if !wait_idle(&st, Instant::now() + drain_timeout).await {
         eprintln!("drain timeout: ending {} request(s) with an error", st.inflight.load(Ordering::SeqCst));
     }
-    // Dropping the engine fails whatever is still queued or running (their clients get an error
-    // response or an error event) and frees their pages.
-    let _ = tokio::task::spawn_blocking(move || drop(engine)).await;
+    on_drain_timeout();
+    st.backend.fail_all();
     wait_idle(&st, Instant::now() + Duration::from_secs(5)).await;
     let _ = stop_tx.send(());
     // Let open connections close (bounded: a stuck client must not hold the exit).
@@ -316,4 +459,30 @@ pub fn run_serve_cli(config_path: Option<&Path>, listen: Option<&str>) -> Result
         .build()
         .map_err(|e| ServeError::Io(format!("cannot start the async runtime: {e}")))?;
     rt.block_on(serve(config, shutdown_signal(), |_| {}))
+}
+
+/// `pagewarden gateway [--config FILE] [--listen ADDR] [--cluster-listen ADDR]`.
+pub fn run_gateway_cli(
+    config_path: Option<&Path>,
+    listen: Option<&str>,
+    cluster_listen: Option<&str>,
+) -> Result<(), ServeError> {
+    let mut config = match config_path {
+        Some(p) => Config::load(p)?,
+        None => Config::default(),
+    };
+    if let Some(l) = listen {
+        config.listen = l.parse().map_err(|_| ConfigError::Invalid {
+            field: "listen".into(),
+            message: format!("`{l}` is not an address such as 127.0.0.1:8080"),
+        })?;
+    }
+    if let Some(c) = cluster_listen {
+        config.cluster.listen = c.to_string();
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ServeError::Io(format!("cannot start the async runtime: {e}")))?;
+    rt.block_on(serve_gateway(config, shutdown_signal(), |_| {}))
 }

@@ -34,7 +34,8 @@ impl TicketKey {
         TicketKey(*h.finalize().as_bytes())
     }
 
-    pub(crate) fn bytes(&self) -> &[u8; 32] {
+    /// The key itself, to hand to the prefill worker over the authenticated control channel.
+    pub fn bytes(&self) -> &[u8; 32] {
         &self.0
     }
 }

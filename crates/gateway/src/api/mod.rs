@@ -228,7 +228,7 @@ async fn generate_inner(
         Endpoint::Chat => "messages",
         Endpoint::Completions => "prompt",
     };
-    let rs = st.engine.submit(gen_req).map_err(|e| ApiError::admission(&e, prompt_param))?;
+    let rs = st.backend.submit(gen_req).map_err(|e| ApiError::admission(&e, prompt_param))?;
     let mut gen =
         Generation::new(st.clone(), rs, permit, v.stop, v.logprobs.is_some(), prompt_tokens, v.max_tokens, arrived);
     let meta = ResponseMeta::new(endpoint, log.id, &st.config.model_name);

@@ -291,7 +291,7 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
     // so that a prompt that fills the window is reported as too long, not as max_tokens = 0).
     let max_tokens = max_tokens
         .unwrap_or_else(|| st.config.limits.max_tokens_default.min(st.context.saturating_sub(prompt.len())).max(1));
-    st.engine.check(&prompt, max_tokens).map_err(|e| ApiError::admission(&e, endpoint.prompt_param()))?;
+    st.backend.check(&prompt, max_tokens).map_err(|e| ApiError::admission(&e, endpoint.prompt_param()))?;
 
     Ok(Validated {
         endpoint,

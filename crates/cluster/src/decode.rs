@@ -1,0 +1,259 @@
+//! The decode worker's side of a route: reserve the whole sequence, hand out a ticket, accept
+//! KV only through authenticated connections and only as frames that verify under that
+//! ticket's key and pass the transfer checks against our own reservation and the admitted
+//! prompt; decode only from a complete transfer. Anything else fails the route, frees its
+//! pages and counts a violation.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use engine::Event;
+use kv::BlockTable;
+use tokio::io::AsyncReadExt;
+use tokio::sync::mpsc::{self, UnboundedSender};
+use wire::{Codec, Frame, Geometry, PageWrite, Received, Role, Ticket, TicketKey, TicketNonce, Transfer, WireError};
+
+use crate::net::{BoxIo, Listener};
+use crate::proto::{violation_kind, Failure, Spec, ToGateway};
+use crate::worker::{nonce_hex, Ctx};
+use crate::{random, Link};
+
+/// What a KV connection passes to the route that owns the ticket.
+pub(crate) enum Inbound {
+    Frame(Frame),
+    /// The connection carrying this ticket's frames broke the protocol or ended early.
+    Broken(WireError),
+}
+
+struct Slot {
+    key: TicketKey,
+    /// Taken by the first connection that presents a verified frame of the ticket.
+    tx: Option<mpsc::Sender<Inbound>>,
+}
+
+/// Live tickets: their keys, and where their frames go. A ticket leaves the table when its
+/// route ends (complete, failed or cancelled); frames naming it are then dropped as unknown.
+#[derive(Default, Clone)]
+pub(crate) struct TicketTable(Arc<Mutex<HashMap<TicketNonce, Slot>>>);
+
+impl TicketTable {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TicketNonce, Slot>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn key(&self, n: &TicketNonce) -> Option<TicketKey> {
+        self.lock().get(n).map(|s| s.key.clone())
+    }
+
+    fn claim(&self, n: &TicketNonce) -> Option<mpsc::Sender<Inbound>> {
+        self.lock().get_mut(n).and_then(|s| s.tx.take())
+    }
+}
+
+/// Removes a ticket from the table when its route ends, however it ends.
+struct TicketGuard(TicketTable, TicketNonce);
+
+impl Drop for TicketGuard {
+    fn drop(&mut self) {
+        self.0.lock().remove(&self.1);
+    }
+}
+
+const DEFAULT_DEADLINE: Duration = Duration::from_secs(600);
+
+pub(crate) async fn reserve(ctx: Arc<Ctx>, spec: Spec, out: UnboundedSender<ToGateway>) {
+    let route = spec.route;
+    let deadline = Instant::now() + spec.deadline_ms.map_or(DEFAULT_DEADLINE, Duration::from_millis);
+    let failure = match tokio::time::timeout_at(deadline.into(), route_inner(&ctx, &spec, &out)).await {
+        Ok(Ok(())) => return,
+        Ok(Err(f)) => f,
+        Err(_) => Failure::DeadlineExceeded,
+    };
+    if let Failure::Violation(kind) = &failure {
+        let kind = violation_kind(kind);
+        ctx.metrics.violation(kind);
+        eprintln!(
+            "{}: isolation violation kind={kind} route={route} request={} tenant={}: request failed, pages freed",
+            ctx.cfg.name, spec.request, spec.tenant
+        );
+    }
+    let _ = out.send(ToGateway::Failed { route, failure });
+}
+
+async fn route_inner(ctx: &Ctx, spec: &Spec, out: &UnboundedSender<ToGateway>) -> Result<(), Failure> {
+    let req = spec.to_request().map_err(|m| Failure::Internal(format!("invalid sampling parameters: {m}")))?;
+    let mut stream = ctx.engine.reserve(req.clone()).map_err(Failure::Refused)?;
+    let mut table = match stream.next().await {
+        Some(Event::Reserved(kv)) => kv,
+        Some(Event::Failed(e)) => return Err(Failure::of(&e)),
+        _ => return Err(Failure::Internal("the engine ended the reservation without pages".into())),
+    };
+    ctx.metrics.reservations.fetch_add(1, Ordering::Relaxed);
+    let layout = *table.layout();
+    let geometry = Geometry::from_layout(&layout).map_err(|e| Failure::Internal(e.to_string()))?;
+    let nonce = TicketNonce(random().map_err(|e| Failure::Internal(e.to_string()))?);
+    let ticket = Ticket {
+        request: req.id,
+        tenant: req.tenant,
+        nonce,
+        pages: table.pages() as u32,
+        tokens: req.prompt.len() as u32,
+    };
+    let key = TicketKey::derive(&ctx.master, &ticket);
+    let mut transfer = Transfer::new(ticket, geometry, &req.prompt).map_err(|e| Failure::Internal(e.to_string()))?;
+    let (tx, mut rx) = mpsc::channel(8);
+    ctx.tickets.lock().insert(nonce, Slot { key: key.clone(), tx: Some(tx) });
+    let guard = TicketGuard(ctx.tickets.clone(), nonce);
+    let _ = out.send(ToGateway::Reserved { route: spec.route, ticket: (&ticket).into(), key: *key.bytes() });
+
+    let wait_until = tokio::time::Instant::now() + ctx.cfg.transfer_timeout;
+    let complete = loop {
+        let inbound = match tokio::time::timeout_at(wait_until, rx.recv()).await {
+            Ok(Some(i)) => i,
+            Ok(None) => return Err(Failure::Violation("truncated".into())),
+            Err(_) => return Err(Failure::Unreachable("no KV arrived within the transfer timeout".into())),
+        };
+        let frame = match inbound {
+            Inbound::Frame(f) => f,
+            Inbound::Broken(e) => return Err(violation(e)),
+        };
+        ctx.metrics.frames_received.fetch_add(1, Ordering::Relaxed);
+        match transfer.receive(&frame) {
+            Ok(Received::Written(next, w)) => {
+                write(&mut table, &w)?;
+                transfer = next;
+            }
+            Ok(Received::Complete(c)) => break c,
+            Err(e) => return Err(violation(e)),
+        }
+    };
+    // Later frames naming this ticket are unknown from here on.
+    drop(guard);
+    ctx.metrics.transfers_completed.fetch_add(1, Ordering::Relaxed);
+    let first = complete.first_token();
+    let _ = out.send(ToGateway::Verified { route: spec.route, first });
+
+    let mut stream = ctx.engine.resume(req, table, first).map_err(Failure::Refused)?;
+    loop {
+        match stream.next().await {
+            Some(Event::Started) => {}
+            Some(Event::Token(t)) => {
+                let _ = out.send(ToGateway::Token { route: spec.route, token: (&t).into() });
+            }
+            Some(Event::Finished { reason, usage }) => {
+                let _ = out.send(ToGateway::finished(spec.route, reason, usage));
+                return Ok(());
+            }
+            Some(Event::Failed(e)) => return Err(Failure::of(&e)),
+            Some(_) | None => return Err(Failure::Internal("the engine ended the request without a result".into())),
+        }
+    }
+}
+
+fn violation(e: WireError) -> Failure {
+    Failure::Violation(e.kind().to_string())
+}
+
+/// Writes a verified frame's rows into our reservation: one layer at a time, at the page the
+/// frame names (an index into *our* table, which the transfer bounded).
+fn write(table: &mut BlockTable, w: &PageWrite<'_>) -> Result<(), Failure> {
+    let ps = table.layout().page_size;
+    let n = (w.slots.end - w.slots.start) as usize;
+    let per_layer = w.payload.len() / (w.layers.end - w.layers.start).max(1) as usize;
+    let start = w.page_index as usize * ps + w.slots.start as usize;
+    for (i, layer) in (w.layers.start..w.layers.end).enumerate() {
+        let rows = &w.payload[i * per_layer..(i + 1) * per_layer];
+        table.import_rows(layer as usize, start, n, rows).map_err(|_| Failure::Violation("reservation".into()))?;
+    }
+    Ok(())
+}
+
+/// Accepts KV connections: each must complete the handshake as a prefill worker, or it gets
+/// nothing.
+pub(crate) async fn accept_kv(ctx: Arc<Ctx>, mut listener: Listener) {
+    loop {
+        let io = match listener.accept().await {
+            Ok(io) => io,
+            Err(e) => {
+                eprintln!("{}: KV listener: {e}", ctx.cfg.name);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        tokio::spawn(kv_connection(ctx.clone(), io));
+    }
+}
+
+async fn kv_connection(ctx: Arc<Ctx>, io: BoxIo) {
+    let link = match Link::accept(io, &ctx.cfg.identity, ctx.cfg.handshake_timeout).await {
+        Ok(l) if l.peer == Role::Prefill => l,
+        Ok(l) => {
+            eprintln!("{}: refused a KV connection from a {:?} node", ctx.cfg.name, l.peer);
+            return;
+        }
+        Err(e) => {
+            eprintln!("{}: refused a KV connection: {e}", ctx.cfg.name);
+            return;
+        }
+    };
+    let mut io = link.into_io();
+    let codec = Codec::default();
+    let mut bound: Option<(TicketNonce, mpsc::Sender<Inbound>)> = None;
+    let broken = |bound: &Option<(TicketNonce, mpsc::Sender<Inbound>)>, e: WireError| {
+        match bound {
+            Some((_, tx)) => {
+                let _ = tx.try_send(Inbound::Broken(e));
+            }
+            // Nothing to attribute it to: count it here.
+            None => ctx.metrics.violation(violation_kind(e.kind())),
+        }
+    };
+    let mut buf = Vec::new();
+    loop {
+        let mut prefix = [0u8; 4];
+        if let Err(e) = io.read_exact(&mut prefix).await {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                // A clean end is fine after the close (the route no longer listens); before
+                // it, the transfer is truncated.
+                broken(&bound, WireError::Truncated { needed: 4, had: 0 });
+            }
+            return;
+        }
+        let total = match codec.frame_len(&prefix) {
+            Ok(t) => t,
+            Err(e) => return broken(&bound, e),
+        };
+        buf.clear();
+        buf.extend_from_slice(&prefix);
+        buf.resize(total, 0);
+        if io.read_exact(&mut buf[4..]).await.is_err() {
+            return broken(&bound, WireError::Truncated { needed: total, had: 4 });
+        }
+        let frame = match codec.decode(&buf, &|n: &TicketNonce| ctx.tickets.key(n)) {
+            Ok(f) => f,
+            Err(e) => return broken(&bound, e),
+        };
+        let nonce = frame.ticket.nonce;
+        let tx = match &bound {
+            Some((b, tx)) if *b == nonce => tx.clone(),
+            Some(_) => return broken(&bound, WireError::WrongTicket),
+            None => match ctx.tickets.claim(&nonce) {
+                Some(tx) => {
+                    bound = Some((nonce, tx.clone()));
+                    tx
+                }
+                None => {
+                    eprintln!("{}: ticket {} is already being received; connection dropped", ctx.cfg.name, nonce_hex(&nonce));
+                    ctx.metrics.violation("ticket_busy");
+                    return;
+                }
+            },
+        };
+        if tx.send(Inbound::Frame(frame)).await.is_err() {
+            // The route ended (complete, failed or cancelled): nothing more is accepted here.
+            return;
+        }
+    }
+}

@@ -1,0 +1,31 @@
+use thiserror::Error;
+use wire::{Role, WireError};
+
+/// Why a link, a worker or the router failed. Request-level failures travel as
+/// [`engine::EngineError`] events instead.
+#[derive(Debug, Error)]
+pub enum ClusterError {
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("protocol: {0}")]
+    Wire(#[from] WireError),
+    #[error("timed out while {0}")]
+    Timeout(&'static str),
+    #[error("bad control message: {0}")]
+    Message(String),
+    #[error("the peer is a {got:?} node, expected {want}")]
+    WrongRole { got: Role, want: &'static str },
+    #[error("registration refused: {0}")]
+    Rejected(String),
+    #[error("no node is listening at {0}")]
+    NoSuchAddress(String),
+    #[error("the operating system's random source failed: {0}")]
+    Random(String),
+}
+
+/// Fresh random bytes (nonces, ticket keys).
+pub fn random<const N: usize>() -> Result<[u8; N], ClusterError> {
+    let mut b = [0u8; N];
+    getrandom::fill(&mut b).map_err(|e| ClusterError::Random(e.to_string()))?;
+    Ok(b)
+}

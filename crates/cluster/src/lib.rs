@@ -1,0 +1,43 @@
+//! Disaggregation: the gateway's router and the prefill and decode worker roles, talking over
+//! authenticated links (TCP between processes, in-memory pipes inside `serve`: the same code).
+//!
+//! The path of one request (see `docs/wire.md` for the bytes):
+//!
+//! 1. The router checks the request at its door (the engine's rule) and asks the least loaded
+//!    decode worker to reserve the whole sequence. The decode worker checks again at its own
+//!    door, reserves all pages or none through its engine's fair queue, and answers with a
+//!    [`wire::Ticket`] and a fresh per-ticket key.
+//! 2. The router hands prompt, ticket and key to the least loaded prefill worker, which checks
+//!    again at its door, computes the prompt's KV, reports the first sampled token and streams
+//!    MAC'd frames straight to the decode worker over a handshaken connection.
+//! 3. The decode worker verifies every frame against *its* reservation and the admitted prompt
+//!    ([`wire::Transfer`]), writes it, and only on a complete transfer reports `Verified` and
+//!    decodes. Any violation fails the request, frees its pages and counts
+//!    `pagewarden_isolation_violations_total{kind}`.
+//! 4. The router releases the first token only once decode verified the KV, then relays tokens.
+//!    A client that goes away, a deadline, or a lost worker cancels the route on every node;
+//!    a failure before the first token is retried once on other workers.
+
+mod decode;
+mod error;
+pub mod link;
+pub mod metrics;
+pub mod net;
+mod prefill;
+pub mod proto;
+mod router;
+mod worker;
+
+pub use error::{random, ClusterError};
+pub use link::{Identity, Link};
+pub use metrics::WorkerMetrics;
+pub use net::{BoxIo, Listener, Net};
+pub use router::{Router, RouterConfig, WorkerInfo};
+pub use worker::{run_worker, WorkerConfig};
+
+/// BLAKE3 of a model file: what nodes compare at pairing.
+pub fn model_digest(path: &std::path::Path) -> std::io::Result<[u8; 32]> {
+    let mut h = blake3::Hasher::new();
+    h.update_reader(std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(path)?))?;
+    Ok(*h.finalize().as_bytes())
+}

@@ -1,0 +1,119 @@
+//! A worker's counters, their metric names, and the small HTTP endpoint that serves them.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use engine::EngineHandle;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+use crate::proto::Stats;
+
+pub const RESERVATIONS_TOTAL: &str = "pagewarden_worker_reservations_total";
+pub const FRAMES_SENT_TOTAL: &str = "pagewarden_kv_frames_sent_total";
+pub const FRAMES_RECEIVED_TOTAL: &str = "pagewarden_kv_frames_received_total";
+pub const TRANSFERS_COMPLETED_TOTAL: &str = "pagewarden_kv_transfers_completed_total";
+pub const ISOLATION_VIOLATIONS_TOTAL: &str = "pagewarden_isolation_violations_total";
+pub const PAGES_USED: &str = "pagewarden_kv_pages_used";
+pub const PAGES_TOTAL: &str = "pagewarden_kv_pages_total";
+
+#[derive(Default)]
+pub struct WorkerMetrics {
+    pub reservations: AtomicU64,
+    pub frames_sent: AtomicU64,
+    pub frames_received: AtomicU64,
+    pub transfers_completed: AtomicU64,
+    violations: Mutex<BTreeMap<&'static str, u64>>,
+}
+
+impl WorkerMetrics {
+    pub fn violation(&self, kind: &'static str) {
+        *self.violations.lock().unwrap_or_else(|e| e.into_inner()).entry(kind).or_default() += 1;
+    }
+
+    pub fn snapshot(&self, engine: &EngineHandle) -> Stats {
+        let e = engine.stats();
+        Stats {
+            engine: engine.instance_id(),
+            pages_by_tenant: e.pages_by_tenant.iter().map(|(t, n)| (t.0, *n)).collect(),
+            steps: e.steps,
+            prefill_tokens: e.prefill_tokens,
+            decode_tokens: e.decode_tokens,
+            pages_total: e.pages_total,
+            pages_used: e.pages_used,
+            queued: e.queued,
+            running: e.running,
+            reservations: self.reservations.load(Ordering::Relaxed),
+            frames_sent: self.frames_sent.load(Ordering::Relaxed),
+            frames_received: self.frames_received.load(Ordering::Relaxed),
+            transfers_completed: self.transfers_completed.load(Ordering::Relaxed),
+            violations: self
+                .violations
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect(),
+        }
+    }
+}
+
+/// Prometheus text of a worker's stats.
+pub fn render(role: &str, s: &Stats) -> String {
+    let mut out = String::new();
+    let mut line = |name: &str, kind: &str, v: u64| {
+        out.push_str(&format!("# TYPE {name} {kind}\n{name}{{role=\"{role}\"}} {v}\n"));
+    };
+    line(RESERVATIONS_TOTAL, "counter", s.reservations);
+    line(FRAMES_SENT_TOTAL, "counter", s.frames_sent);
+    line(FRAMES_RECEIVED_TOTAL, "counter", s.frames_received);
+    line(TRANSFERS_COMPLETED_TOTAL, "counter", s.transfers_completed);
+    line(PAGES_USED, "gauge", s.pages_used as u64);
+    line(PAGES_TOTAL, "gauge", s.pages_total as u64);
+    out.push_str(&format!("# TYPE {ISOLATION_VIOLATIONS_TOTAL} counter\n"));
+    for (k, v) in &s.violations {
+        out.push_str(&format!("{ISOLATION_VIOLATIONS_TOTAL}{{role=\"{role}\",kind=\"{k}\"}} {v}\n"));
+    }
+    out
+}
+
+/// Serves `GET /metrics` (and `/health`) with `body()`; anything else is a 404. Each
+/// connection gets one response and a 5 s deadline.
+pub async fn serve_metrics<F>(listener: TcpListener, body: F)
+where
+    F: Fn() -> String + Send + Sync + 'static,
+{
+    let body = std::sync::Arc::new(body);
+    loop {
+        let Ok((mut s, _)) = listener.accept().await else { continue };
+        let body = body.clone();
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(5), async move {
+                let mut buf = vec![0u8; 4096];
+                let mut n = 0;
+                while n < buf.len() && !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf[n..]).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(k) => n += k,
+                    }
+                }
+                let head = String::from_utf8_lossy(&buf[..n]);
+                let path = head.split_whitespace().nth(1).unwrap_or("");
+                let (status, text) = match path {
+                    "/metrics" => ("200 OK", body()),
+                    "/health" => ("200 OK", "{\"status\":\"ok\"}".to_string()),
+                    _ => ("404 Not Found", "not found\n".to_string()),
+                };
+                let resp = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
+                    text.len()
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+                let _ = s.shutdown().await;
+            })
+            .await;
+        });
+    }
+}

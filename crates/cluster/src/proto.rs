@@ -1,0 +1,328 @@
+//! Control messages between the gateway and the workers (sealed by [`crate::link`]). Every
+//! message about a request names its route: one attempt of one request on one pair of workers,
+//! so a late message of an abandoned attempt can never be taken for a retry's.
+
+use std::time::{Duration, Instant};
+
+use engine::{AdmissionError, EngineError, FinishReason, GenRequest, TokenEvent, Usage};
+use kv::{RequestId, TenantId};
+use sampling::{RawSamplingParams, SamplingParams, StopTokens, TopLogprob};
+use serde::{Deserialize, Serialize};
+use wire::{Role, Ticket, TicketKey, TicketNonce};
+
+/// Sent by a worker right after the handshake.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Register {
+    pub name: String,
+    /// Where prefill workers send this decode worker's KV frames.
+    pub kv_addr: Option<String>,
+    pub context: usize,
+    pub capacity_tokens: usize,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Registered {
+    Accepted,
+    Rejected(String),
+}
+
+/// A request as a worker receives it; the worker builds (and so re-validates) its own
+/// [`GenRequest`] from it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Spec {
+    pub route: u64,
+    pub request: u64,
+    pub tenant: u64,
+    pub prompt: Vec<u32>,
+    pub max_tokens: usize,
+    pub sampling: Sampling,
+    pub stop_tokens: Vec<u32>,
+    /// Time left until the request's deadline, when it has one.
+    pub deadline_ms: Option<u64>,
+}
+
+/// [`RawSamplingParams`] on the wire.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct Sampling {
+    pub temperature: f32,
+    pub top_k: i64,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+    pub top_logprobs: i64,
+    pub seed: Option<u64>,
+    pub penalty_last_n: usize,
+}
+
+impl Spec {
+    pub fn of(route: u64, req: &GenRequest) -> Spec {
+        let r = req.sampling.to_raw();
+        Spec {
+            route,
+            request: req.id.0,
+            tenant: req.tenant.0,
+            prompt: req.prompt.clone(),
+            max_tokens: req.max_tokens,
+            sampling: Sampling {
+                temperature: r.temperature,
+                top_k: r.top_k,
+                top_p: r.top_p,
+                min_p: r.min_p,
+                repetition_penalty: r.repetition_penalty,
+                frequency_penalty: r.frequency_penalty,
+                presence_penalty: r.presence_penalty,
+                top_logprobs: r.top_logprobs,
+                seed: r.seed,
+                penalty_last_n: r.penalty_last_n,
+            },
+            stop_tokens: req.stop_tokens.iter().collect(),
+            deadline_ms: req.deadline.map(|d| d.saturating_duration_since(Instant::now()).as_millis() as u64),
+        }
+    }
+
+    /// The worker's own request; sampling parameters are validated again here.
+    pub fn to_request(&self) -> Result<GenRequest, String> {
+        let s = self.sampling;
+        let raw = RawSamplingParams {
+            temperature: s.temperature,
+            top_k: s.top_k,
+            top_p: s.top_p,
+            min_p: s.min_p,
+            repetition_penalty: s.repetition_penalty,
+            frequency_penalty: s.frequency_penalty,
+            presence_penalty: s.presence_penalty,
+            top_logprobs: s.top_logprobs,
+            seed: s.seed,
+            penalty_last_n: s.penalty_last_n,
+        };
+        let sampling = SamplingParams::new(raw).map_err(|e| e.to_string())?;
+        Ok(GenRequest {
+            id: RequestId(self.request),
+            tenant: TenantId(self.tenant),
+            prompt: self.prompt.clone(),
+            max_tokens: self.max_tokens,
+            sampling,
+            stop_tokens: StopTokens::new(self.stop_tokens.iter().copied()),
+            deadline: self.deadline_ms.map(|ms| Instant::now() + Duration::from_millis(ms)),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct TicketWire {
+    pub request: u64,
+    pub tenant: u64,
+    pub nonce: [u8; 16],
+    pub pages: u32,
+    pub tokens: u32,
+}
+
+impl From<&Ticket> for TicketWire {
+    fn from(t: &Ticket) -> Self {
+        TicketWire { request: t.request.0, tenant: t.tenant.0, nonce: t.nonce.0, pages: t.pages, tokens: t.tokens }
+    }
+}
+
+impl From<TicketWire> for Ticket {
+    fn from(t: TicketWire) -> Self {
+        Ticket {
+            request: RequestId(t.request),
+            tenant: TenantId(t.tenant),
+            nonce: TicketNonce(t.nonce),
+            pages: t.pages,
+            tokens: t.tokens,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ToWorker {
+    /// Decode: reserve the whole sequence and answer with a ticket.
+    Reserve(Spec),
+    /// Prefill: compute the prompt and send its KV to `decode_addr` under `ticket` and `key`.
+    Prefill { spec: Spec, ticket: TicketWire, key: [u8; 32], decode_addr: String },
+    /// Stop the route and free everything it holds.
+    Cancel { route: u64 },
+}
+
+pub fn ticket_key(key: &[u8; 32]) -> TicketKey {
+    TicketKey::from_bytes(*key)
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TokenWire {
+    pub token: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+impl From<&TokenEvent> for TokenWire {
+    fn from(t: &TokenEvent) -> Self {
+        TokenWire { token: t.token, logprob: t.logprob, top: t.top.iter().map(|x| (x.token, x.logprob)).collect() }
+    }
+}
+
+impl From<TokenWire> for TokenEvent {
+    fn from(t: TokenWire) -> Self {
+        TokenEvent {
+            token: t.token,
+            logprob: t.logprob,
+            top: t.top.into_iter().map(|(token, logprob)| TopLogprob { token, logprob }).collect(),
+        }
+    }
+}
+
+/// Why a route failed, on the wire.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Failure {
+    /// The worker's own door refused the request.
+    Refused(AdmissionError),
+    QueueTimeout,
+    DeadlineExceeded,
+    ShuttingDown,
+    /// An integrity or ownership check failed; `kind` labels the violations counter.
+    Violation(String),
+    /// The prefill worker could not reach the decode worker (retryable).
+    Unreachable(String),
+    Internal(String),
+}
+
+impl Failure {
+    pub fn of(e: &EngineError) -> Failure {
+        match e {
+            EngineError::QueueTimeout => Failure::QueueTimeout,
+            EngineError::DeadlineExceeded => Failure::DeadlineExceeded,
+            EngineError::ShuttingDown => Failure::ShuttingDown,
+            EngineError::IsolationViolation { kind } => Failure::Violation((*kind).to_string()),
+            EngineError::Refused(a) => Failure::Refused(a.clone()),
+            EngineError::Unavailable(m) => Failure::Unreachable(m.clone()),
+            EngineError::Internal(m) => Failure::Internal(m.clone()),
+        }
+    }
+
+    pub fn to_engine(&self) -> EngineError {
+        match self {
+            Failure::Refused(a) => EngineError::Refused(a.clone()),
+            Failure::QueueTimeout => EngineError::QueueTimeout,
+            Failure::DeadlineExceeded => EngineError::DeadlineExceeded,
+            Failure::ShuttingDown => EngineError::ShuttingDown,
+            Failure::Violation(k) => EngineError::IsolationViolation { kind: violation_kind(k) },
+            Failure::Unreachable(m) => EngineError::Unavailable(m.clone()),
+            Failure::Internal(m) => EngineError::Internal(m.clone()),
+        }
+    }
+}
+
+/// Maps a reported violation kind onto the fixed label set (a peer cannot mint labels).
+pub fn violation_kind(k: &str) -> &'static str {
+    const KINDS: &[&str] = &[
+        "truncated",
+        "oversized",
+        "trailing_bytes",
+        "bad_magic",
+        "bad_version",
+        "malformed",
+        "bad_mac",
+        "unknown_ticket",
+        "bad_range",
+        "reservation",
+        "wrong_ticket",
+        "out_of_order",
+        "page_out_of_range",
+        "layer_out_of_range",
+        "token_out_of_range",
+        "tokens_outside_page",
+        "payload_length",
+        "duplicate",
+        "overlap",
+        "token_count",
+        "prompt_digest",
+        "incomplete",
+        "after_close",
+        "generation_mismatch",
+        "owner_mismatch",
+        "unwritten_read",
+        "short_reservation",
+        "first_token_mismatch",
+        "transfer_timeout",
+        "ticket_busy",
+    ];
+    KINDS.iter().find(|x| **x == k).copied().unwrap_or("other")
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Finish {
+    Stop,
+    Length,
+}
+
+/// A worker's counters, pushed to the gateway periodically (and served on its metrics port).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Stats {
+    /// [`engine::EngineHandle::instance_id`]: roles sharing one engine report it once.
+    pub engine: u64,
+    pub pages_by_tenant: Vec<(u64, usize)>,
+    pub steps: u64,
+    pub prefill_tokens: u64,
+    pub decode_tokens: u64,
+    pub pages_total: usize,
+    pub pages_used: usize,
+    pub queued: usize,
+    pub running: usize,
+    pub reservations: u64,
+    pub frames_sent: u64,
+    pub frames_received: u64,
+    pub transfers_completed: u64,
+    pub violations: Vec<(String, u64)>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ToGateway {
+    /// Decode: pages reserved; the ticket and key to send the KV under.
+    Reserved { route: u64, ticket: TicketWire, key: [u8; 32] },
+    /// Prefill: the first sampled token (held by the gateway until decode verified the KV).
+    First { route: u64, token: TokenWire },
+    /// Prefill: every frame was sent.
+    Sent { route: u64, frames: u32 },
+    /// Decode: the transfer was verified complete; decoding starts after `first`.
+    Verified { route: u64, first: u32 },
+    Token { route: u64, token: TokenWire },
+    Finished { route: u64, reason: Finish, usage: (usize, usize) },
+    Failed { route: u64, failure: Failure },
+    Stats(Stats),
+}
+
+impl ToGateway {
+    pub fn route(&self) -> Option<u64> {
+        use ToGateway::*;
+        match self {
+            Reserved { route, .. }
+            | First { route, .. }
+            | Sent { route, .. }
+            | Verified { route, .. }
+            | Token { route, .. }
+            | Finished { route, .. }
+            | Failed { route, .. } => Some(*route),
+            Stats(_) => None,
+        }
+    }
+
+    pub fn finished(route: u64, reason: FinishReason, usage: Usage) -> ToGateway {
+        let reason = match reason {
+            FinishReason::Stop => Finish::Stop,
+            FinishReason::Length => Finish::Length,
+        };
+        ToGateway::Finished { route, reason, usage: (usage.prompt_tokens, usage.completion_tokens) }
+    }
+}
+
+/// Roles as the router names them.
+pub fn role_name(r: Role) -> &'static str {
+    match r {
+        Role::Gateway => "gateway",
+        Role::Prefill => "prefill",
+        Role::Decode => "decode",
+    }
+}

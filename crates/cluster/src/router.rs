@@ -1,0 +1,464 @@
+//! The gateway's side of the cluster: registration of workers, routing of each request to a
+//! decode and a prefill worker, the first-token gate, cancellation and the one retry.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use engine::{AdmissionError, EngineError, EngineStats, Event, EventSender, FinishReason, GenRequest, RequestStream, TokenEvent, Usage};
+use tokio::sync::mpsc;
+use wire::{Role, Ticket};
+
+use crate::link::Identity;
+use crate::net::{BoxIo, Listener};
+use crate::proto::{role_name, violation_kind, Failure, Finish, Register, Registered, Spec, Stats, ToGateway, ToWorker};
+use crate::{ClusterError, Link};
+
+#[derive(Clone)]
+pub struct RouterConfig {
+    pub identity: Identity,
+    /// The served context window; workers must serve the same.
+    pub context: usize,
+    pub vocab: usize,
+    pub handshake_timeout: Duration,
+    /// How long after the prefill worker sent the KV the decode worker may take to verify it.
+    pub transfer_timeout: Duration,
+}
+
+/// A registered worker, as the dashboards see it.
+#[derive(Debug, Clone)]
+pub struct WorkerInfo {
+    pub name: String,
+    pub role: &'static str,
+    pub inflight: usize,
+    pub stats: Stats,
+}
+
+enum RouteMsg {
+    Msg(ToGateway),
+    /// The worker's link is gone.
+    Lost,
+}
+
+struct WorkerConn {
+    id: u64,
+    name: String,
+    role: Role,
+    /// Where prefill workers send this decode worker's KV (as it registered).
+    kv_addr: Option<String>,
+    capacity: usize,
+    tx: mpsc::UnboundedSender<ToWorker>,
+    inflight: AtomicUsize,
+    routes: Mutex<HashMap<u64, mpsc::UnboundedSender<(Role, RouteMsg)>>>,
+    stats: Mutex<Stats>,
+}
+
+impl WorkerConn {
+    fn routes(&self) -> std::sync::MutexGuard<'_, HashMap<u64, mpsc::UnboundedSender<(Role, RouteMsg)>>> {
+        self.routes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+struct Inner {
+    cfg: RouterConfig,
+    workers: Mutex<Vec<Arc<WorkerConn>>>,
+    next_route: AtomicU64,
+    next_worker: AtomicU64,
+    stopping: AtomicBool,
+}
+
+/// Cheap to clone; every clone is the same router.
+#[derive(Clone)]
+pub struct Router {
+    inner: Arc<Inner>,
+}
+
+impl Router {
+    pub fn new(cfg: RouterConfig) -> Router {
+        Router {
+            inner: Arc::new(Inner {
+                cfg,
+                workers: Mutex::new(Vec::new()),
+                next_route: AtomicU64::new(1),
+                next_worker: AtomicU64::new(1),
+                stopping: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    fn workers(&self) -> std::sync::MutexGuard<'_, Vec<Arc<WorkerConn>>> {
+        self.inner.workers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn context_window(&self) -> usize {
+        self.inner.cfg.context
+    }
+
+    /// Accepts worker registrations until the listener fails.
+    pub async fn serve(self, mut listener: Listener) {
+        loop {
+            match listener.accept().await {
+                Ok(io) => {
+                    let r = self.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = r.connection(io).await {
+                            eprintln!("gateway: worker connection: {e}");
+                        }
+                    });
+                }
+                Err(e) => {
+                    eprintln!("gateway: cluster listener: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    async fn connection(&self, io: BoxIo) -> Result<(), ClusterError> {
+        let cfg = &self.inner.cfg;
+        let link = Link::accept(io, &cfg.identity, cfg.handshake_timeout).await?;
+        let role = link.peer;
+        if role == Role::Gateway {
+            return Err(ClusterError::WrongRole { got: role, want: "prefill or decode" });
+        }
+        let (mut rd, mut wr) = link.split();
+        let reg = match tokio::time::timeout(cfg.handshake_timeout, rd.recv::<Register>()).await {
+            Ok(Ok(Some(r))) => r,
+            Ok(Ok(None)) => return Ok(()),
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(ClusterError::Timeout("waiting for a worker's registration")),
+        };
+        let refusal = if reg.context != cfg.context {
+            Some(format!(
+                "the worker serves a context window of {} tokens, the gateway {}: configure the same context_window",
+                reg.context, cfg.context
+            ))
+        } else if reg.capacity_tokens < cfg.context {
+            Some(format!("the worker's KV pool holds {} tokens, under the context window {}", reg.capacity_tokens, cfg.context))
+        } else if role == Role::Decode && reg.kv_addr.is_none() {
+            Some("a decode worker must give the address of its KV listener".into())
+        } else {
+            None
+        };
+        if let Some(m) = refusal {
+            eprintln!("gateway: refused worker {}: {m}", reg.name);
+            wr.send(&Registered::Rejected(m.clone())).await?;
+            return Err(ClusterError::Rejected(m));
+        }
+        wr.send(&Registered::Accepted).await?;
+        let (tx, mut rx) = mpsc::unbounded_channel::<ToWorker>();
+        let w = Arc::new(WorkerConn {
+            id: self.inner.next_worker.fetch_add(1, Ordering::Relaxed),
+            name: reg.name.clone(),
+            role,
+            kv_addr: reg.kv_addr,
+            capacity: reg.capacity_tokens,
+            tx,
+            inflight: AtomicUsize::new(0),
+            routes: Mutex::new(HashMap::new()),
+            stats: Mutex::new(Stats::default()),
+        });
+        eprintln!("gateway: {} worker {} registered", role_name(role), w.name);
+        self.workers().push(w.clone());
+        let writer = tokio::spawn(async move {
+            while let Some(m) = rx.recv().await {
+                if wr.send(&m).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let result = loop {
+            match rd.recv::<ToGateway>().await {
+                Ok(Some(ToGateway::Stats(s))) => *w.stats.lock().unwrap_or_else(|e| e.into_inner()) = s,
+                Ok(Some(m)) => {
+                    let Some(route) = m.route() else { continue };
+                    if let Some(t) = w.routes().get(&route) {
+                        let _ = t.send((role, RouteMsg::Msg(m)));
+                    }
+                }
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        };
+        writer.abort();
+        self.workers().retain(|x| x.id != w.id);
+        for (_, t) in w.routes().drain() {
+            let _ = t.send((role, RouteMsg::Lost));
+        }
+        eprintln!("gateway: {} worker {} left", role_name(role), w.name);
+        result
+    }
+
+    /// Waits until at least this many workers of each role are registered.
+    pub async fn wait_for_workers(&self, prefill: usize, decode: usize, timeout: Duration) -> bool {
+        let until = Instant::now() + timeout;
+        loop {
+            let (p, d) = {
+                let ws = self.workers();
+                (ws.iter().filter(|w| w.role == Role::Prefill).count(), ws.iter().filter(|w| w.role == Role::Decode).count())
+            };
+            if p >= prefill && d >= decode {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn worker_info(&self) -> Vec<WorkerInfo> {
+        self.workers()
+            .iter()
+            .map(|w| WorkerInfo {
+                name: w.name.clone(),
+                role: role_name(w.role),
+                inflight: w.inflight.load(Ordering::Relaxed),
+                stats: w.stats.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+            })
+            .collect()
+    }
+
+    /// The door rule, with the largest decode pool as the pool bound.
+    pub fn check(&self, prompt: &[u32], max_tokens: usize) -> Result<(), AdmissionError> {
+        let capacity = self.workers().iter().filter(|w| w.role == Role::Decode).map(|w| w.capacity).max();
+        let cfg = &self.inner.cfg;
+        engine::door_check(prompt, max_tokens, cfg.context, capacity.unwrap_or(cfg.context), cfg.vocab)
+    }
+
+    /// Checks the request, then runs it on the cluster; the stream has the engine's contract.
+    pub fn submit(&self, req: GenRequest) -> Result<RequestStream, AdmissionError> {
+        self.check(&req.prompt, req.max_tokens)?;
+        if self.inner.stopping.load(Ordering::SeqCst) {
+            return Err(AdmissionError::ShuttingDown);
+        }
+        let (tx, rs) = RequestStream::channel(req.id);
+        tokio::spawn(self.clone().orchestrate(req, tx));
+        Ok(rs)
+    }
+
+    pub fn stop_admitting(&self) {
+        self.inner.stopping.store(true, Ordering::SeqCst);
+    }
+
+    /// Sums of the workers' last reported stats, each engine counted once.
+    pub fn stats(&self) -> EngineStats {
+        let mut s = EngineStats::default();
+        let mut seen = Vec::new();
+        let mut by_tenant: HashMap<u64, usize> = HashMap::new();
+        for w in self.workers().iter() {
+            let ws = w.stats.lock().unwrap_or_else(|e| e.into_inner());
+            if seen.contains(&ws.engine) {
+                continue;
+            }
+            seen.push(ws.engine);
+            s.pages_total += ws.pages_total;
+            s.pages_used += ws.pages_used;
+            s.queued += ws.queued;
+            s.running += ws.running;
+            s.steps += ws.steps;
+            s.prefill_tokens += ws.prefill_tokens;
+            s.decode_tokens += ws.decode_tokens;
+            for (t, n) in &ws.pages_by_tenant {
+                *by_tenant.entry(*t).or_default() += n;
+            }
+        }
+        s.pages_by_tenant = by_tenant.into_iter().map(|(t, n)| (kv::TenantId(t), n)).collect();
+        s.pages_by_tenant.sort_by_key(|(t, _)| t.0);
+        s
+    }
+
+    /// Ends every route with an error (shutdown after the drain timeout).
+    pub fn fail_all(&self) {
+        for w in self.workers().iter() {
+            for (_, t) in w.routes().drain() {
+                let _ = t.send((w.role, RouteMsg::Lost));
+            }
+        }
+    }
+
+    /// The least loaded worker of `role`, preferring those not in `avoid`.
+    fn pick(&self, role: Role, avoid: &[u64]) -> Option<Arc<WorkerConn>> {
+        let ws = self.workers();
+        let of_role = || ws.iter().filter(|w| w.role == role);
+        let fresh = of_role().filter(|w| !avoid.contains(&w.id)).min_by_key(|w| w.inflight.load(Ordering::Relaxed));
+        fresh.or_else(|| of_role().min_by_key(|w| w.inflight.load(Ordering::Relaxed))).cloned()
+    }
+
+    async fn orchestrate(self, req: GenRequest, ev: EventSender) {
+        let mut avoid = Vec::new();
+        for attempt in 0..2 {
+            match self.attempt(&req, &ev, &mut avoid).await {
+                Outcome::Done => return,
+                Outcome::Retry(e) if attempt == 0 => {
+                    eprintln!("gateway: request {} failed before its first token ({e}); retrying once", req.id.0);
+                }
+                Outcome::Retry(e) | Outcome::Fail(e) => {
+                    let _ = ev.send(Event::Failed(e));
+                    return;
+                }
+            }
+        }
+    }
+
+    async fn attempt(&self, req: &GenRequest, ev: &EventSender, avoid: &mut Vec<u64>) -> Outcome {
+        let Some(decode) = self.pick(Role::Decode, avoid) else {
+            return Outcome::Fail(EngineError::Unavailable("no decode worker is registered".into()));
+        };
+        let Some(prefill) = self.pick(Role::Prefill, avoid) else {
+            return Outcome::Fail(EngineError::Unavailable("no prefill worker is registered".into()));
+        };
+        let route = self.inner.next_route.fetch_add(1, Ordering::Relaxed);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let guard = RouteGuard { route, workers: [decode.clone(), prefill.clone()], done: false };
+        for w in &guard.workers {
+            w.inflight.fetch_add(1, Ordering::Relaxed);
+            w.routes().insert(route, tx.clone());
+        }
+        drop(tx);
+        let mut guard = guard;
+        let spec = Spec::of(route, req);
+        let _ = decode.tx.send(ToWorker::Reserve(spec.clone()));
+        let deadline = req.deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(600));
+        let mut gate = FirstTokenGate::default();
+        let mut verify_by: Option<tokio::time::Instant> = None;
+        loop {
+            let verify_sleep = async {
+                match verify_by {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let (from, msg) = tokio::select! {
+                m = rx.recv() => match m {
+                    Some(m) => m,
+                    None => return Outcome::Fail(EngineError::Internal("route channel closed".into())),
+                },
+                _ = ev.closed() => return Outcome::Done,
+                _ = tokio::time::sleep_until(deadline.into()) => return Outcome::Fail(EngineError::DeadlineExceeded),
+                _ = verify_sleep => {
+                    return Outcome::Retry(EngineError::Unavailable("the decode worker did not verify the KV in time".into()));
+                }
+            };
+            let worker = if from == Role::Decode { &decode } else { &prefill };
+            let msg = match msg {
+                RouteMsg::Lost => {
+                    avoid.push(worker.id);
+                    let e = EngineError::Unavailable(format!("{} worker {} was lost", role_name(from), worker.name));
+                    return if gate.released { Outcome::Fail(e) } else { Outcome::Retry(e) };
+                }
+                RouteMsg::Msg(m) => m,
+            };
+            match (from, msg) {
+                (Role::Decode, ToGateway::Reserved { ticket, key, .. }) => {
+                    let t: Ticket = ticket.into();
+                    if t.request != req.id || t.tenant != req.tenant || t.tokens as usize != req.prompt.len() {
+                        return Outcome::Fail(EngineError::IsolationViolation { kind: "wrong_ticket" });
+                    }
+                    let _ = ev.send(Event::Started);
+                    let decode_addr = decode.kv_addr.clone().unwrap_or_default();
+                    let _ = prefill.tx.send(ToWorker::Prefill { spec: spec.clone(), ticket, key, decode_addr });
+                }
+                (Role::Prefill, ToGateway::First { token, .. }) => gate.first = Some(token.into()),
+                (Role::Prefill, ToGateway::Sent { .. }) => {
+                    verify_by = Some(tokio::time::Instant::now() + self.inner.cfg.transfer_timeout);
+                }
+                (Role::Decode, ToGateway::Verified { first, .. }) => {
+                    verify_by = None;
+                    gate.verified = Some(first);
+                }
+                (Role::Decode, m @ (ToGateway::Token { .. } | ToGateway::Finished { .. })) => gate.pending.push_back(m),
+                (_, ToGateway::Failed { failure, .. }) => {
+                    if matches!(failure, Failure::Unreachable(_)) && !gate.released {
+                        avoid.push(worker.id);
+                        return Outcome::Retry(failure.to_engine());
+                    }
+                    return Outcome::Fail(failure.to_engine());
+                }
+                (role, other) => {
+                    let what = format!("{} sent an unexpected {:?}", role_name(role), std::mem::discriminant(&other));
+                    return Outcome::Fail(EngineError::Internal(what));
+                }
+            }
+            match gate.release(req, ev) {
+                Err(kind) => return Outcome::Fail(EngineError::IsolationViolation { kind }),
+                Ok(true) => {
+                    guard.done = true;
+                    return Outcome::Done;
+                }
+                Ok(false) => {}
+            }
+        }
+    }
+}
+
+enum Outcome {
+    Done,
+    /// Failed before the first token was released: may be retried once.
+    Retry(EngineError),
+    Fail(EngineError),
+}
+
+/// Holds the first token (from prefill) until decode verified the KV, then relays in order.
+#[derive(Default)]
+struct FirstTokenGate {
+    first: Option<TokenEvent>,
+    verified: Option<u32>,
+    released: bool,
+    pending: VecDeque<ToGateway>,
+}
+
+impl FirstTokenGate {
+    /// Releases what can be; `Ok(true)` once the request finished.
+    fn release(&mut self, req: &GenRequest, ev: &EventSender) -> Result<bool, &'static str> {
+        if !self.released {
+            let (Some(first), Some(verified)) = (&self.first, self.verified) else { return Ok(false) };
+            if first.token != verified {
+                return Err(violation_kind("first_token_mismatch"));
+            }
+            self.released = true;
+            if !req.stop_tokens.contains(first.token) {
+                let _ = ev.send(Event::Token(first.clone()));
+            }
+        }
+        while let Some(m) = self.pending.pop_front() {
+            match m {
+                ToGateway::Token { token, .. } => {
+                    let _ = ev.send(Event::Token(token.into()));
+                }
+                ToGateway::Finished { reason, usage, .. } => {
+                    let reason = match reason {
+                        Finish::Stop => FinishReason::Stop,
+                        Finish::Length => FinishReason::Length,
+                    };
+                    let usage = Usage { prompt_tokens: usage.0, completion_tokens: usage.1 };
+                    let _ = ev.send(Event::Finished { reason, usage });
+                    return Ok(true);
+                }
+                _ => {}
+            }
+        }
+        Ok(false)
+    }
+}
+
+/// Unregisters a route from its workers; unless it finished normally, tells both to cancel it
+/// (idempotent on their side), so its pages are freed everywhere.
+struct RouteGuard {
+    route: u64,
+    workers: [Arc<WorkerConn>; 2],
+    done: bool,
+}
+
+impl Drop for RouteGuard {
+    fn drop(&mut self) {
+        for w in &self.workers {
+            w.routes().remove(&self.route);
+            w.inflight.fetch_sub(1, Ordering::Relaxed);
+            if !self.done {
+                let _ = w.tx.send(ToWorker::Cancel { route: self.route });
+            }
+        }
+    }
+}

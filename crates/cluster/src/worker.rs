@@ -1,0 +1,205 @@
+//! What both worker roles share: registering with the gateway over an authenticated link,
+//! the control loop that runs one task per route, cancellation, and stats reporting.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use engine::EngineHandle;
+use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
+use wire::{Role, TicketNonce};
+
+use crate::decode::TicketTable;
+use crate::link::Identity;
+use crate::metrics::WorkerMetrics;
+use crate::net::Net;
+use crate::proto::{Failure, Register, Registered, ToGateway, ToWorker};
+use crate::{decode, prefill, random, ClusterError, Link};
+
+#[derive(Clone)]
+pub struct WorkerConfig {
+    pub name: String,
+    /// Where the gateway listens for workers.
+    pub gateway: String,
+    /// Our role (prefill or decode), secret and pairing info.
+    pub identity: Identity,
+    /// Decode: where to accept KV connections (`HOST:PORT` or `mem:NAME`).
+    pub kv_listen: Option<String>,
+    /// Decode: the address prefill workers are told to dial (default: the bound address).
+    pub kv_advertise: Option<String>,
+    pub handshake_timeout: Duration,
+    /// Decode: how long a reservation waits for its KV before it is freed.
+    pub transfer_timeout: Duration,
+}
+
+/// What every route task of a worker shares.
+pub(crate) struct Ctx {
+    pub cfg: WorkerConfig,
+    pub engine: EngineHandle,
+    pub net: Net,
+    pub metrics: Arc<WorkerMetrics>,
+    /// Decode: the node-local secret ticket keys are derived from.
+    pub master: [u8; 32],
+    pub tickets: TicketTable,
+    pub kv_addr: Option<String>,
+}
+
+impl Ctx {
+    pub fn role(&self) -> Role {
+        self.cfg.identity.role
+    }
+}
+
+/// Runs a worker until its engine stops: registers with the gateway, serves routes, and
+/// re-registers (after a pause) whenever the link drops, having cancelled every route of the
+/// lost link. Returns an error only for what retrying cannot fix (refused registration).
+pub async fn run_worker(cfg: WorkerConfig, engine: EngineHandle, net: Net, metrics: Arc<WorkerMetrics>) -> Result<(), ClusterError> {
+    let tickets = TicketTable::default();
+    let mut kv_addr = None;
+    if cfg.identity.role == Role::Decode {
+        let listen = cfg.kv_listen.clone().unwrap_or_else(|| "127.0.0.1:0".into());
+        let (listener, bound) = net.listen(&listen).await?;
+        kv_addr = Some(cfg.kv_advertise.clone().unwrap_or(bound));
+        let ctx = Arc::new(Ctx {
+            cfg: cfg.clone(),
+            engine: engine.clone(),
+            net: net.clone(),
+            metrics: metrics.clone(),
+            master: [0; 32],
+            tickets: tickets.clone(),
+            kv_addr: kv_addr.clone(),
+        });
+        tokio::spawn(decode::accept_kv(ctx, listener));
+    }
+    let ctx = Arc::new(Ctx { cfg, engine, net, metrics, master: random()?, tickets, kv_addr });
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match session(&ctx).await {
+            Ok(()) => pause = Duration::from_millis(100),
+            Err(ClusterError::Rejected(m)) => return Err(ClusterError::Rejected(m)),
+            Err(e) => {
+                eprintln!("{}: gateway link: {e}; retrying in {} ms", ctx.cfg.name, pause.as_millis());
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// Aborts every route task of a session when the session ends (their pages are freed by the
+/// drops that abort runs).
+#[derive(Default, Clone)]
+pub(crate) struct Routes(Arc<Mutex<HashMap<u64, AbortHandle>>>);
+
+impl Routes {
+    fn insert(&self, route: u64, h: AbortHandle) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).insert(route, h);
+    }
+    pub fn remove(&self, route: u64) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(&route);
+    }
+    fn cancel(&self, route: u64) {
+        if let Some(h) = self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(&route) {
+            h.abort();
+        }
+    }
+    fn cancel_all(&self) {
+        for (_, h) in self.0.lock().unwrap_or_else(|e| e.into_inner()).drain() {
+            h.abort();
+        }
+    }
+}
+
+async fn session(ctx: &Arc<Ctx>) -> Result<(), ClusterError> {
+    let timeout = ctx.cfg.handshake_timeout;
+    let io = tokio::time::timeout(timeout, ctx.net.dial(&ctx.cfg.gateway))
+        .await
+        .map_err(|_| ClusterError::Timeout("connecting to the gateway"))??;
+    let link = Link::connect(io, &ctx.cfg.identity, timeout).await?;
+    if link.peer != Role::Gateway {
+        return Err(ClusterError::WrongRole { got: link.peer, want: "gateway" });
+    }
+    let (mut rd, mut wr) = link.split();
+    let reg = Register {
+        name: ctx.cfg.name.clone(),
+        kv_addr: ctx.kv_addr.clone(),
+        context: ctx.engine.context_window(),
+        capacity_tokens: ctx.engine.pool().capacity_tokens(),
+    };
+    wr.send(&reg).await?;
+    match tokio::time::timeout(timeout, rd.recv::<Registered>()).await {
+        Ok(Ok(Some(Registered::Accepted))) => {}
+        Ok(Ok(Some(Registered::Rejected(m)))) => return Err(ClusterError::Rejected(m)),
+        Ok(Ok(None)) => return Err(ClusterError::Message("the gateway closed the link".into())),
+        Ok(Err(e)) => return Err(e),
+        Err(_) => return Err(ClusterError::Timeout("registering with the gateway")),
+    }
+    eprintln!("{}: registered with the gateway at {}", ctx.cfg.name, ctx.cfg.gateway);
+
+    let (out, mut out_rx) = mpsc::unbounded_channel::<ToGateway>();
+    let writer = tokio::spawn(async move {
+        while let Some(m) = out_rx.recv().await {
+            if wr.send(&m).await.is_err() {
+                break;
+            }
+        }
+    });
+    let stats = {
+        let (ctx, out) = (ctx.clone(), out.clone());
+        tokio::spawn(async move {
+            loop {
+                if out.send(ToGateway::Stats(ctx.metrics.snapshot(&ctx.engine))).is_err() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
+    };
+    let routes = Routes::default();
+    let result = loop {
+        let msg = match rd.recv::<ToWorker>().await {
+            Ok(Some(m)) => m,
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(e),
+        };
+        match msg {
+            ToWorker::Cancel { route } => routes.cancel(route),
+            ToWorker::Reserve(spec) if ctx.role() == Role::Decode => {
+                spawn_route(&routes, spec.route, decode::reserve(ctx.clone(), spec, out.clone()));
+            }
+            ToWorker::Prefill { spec, ticket, key, decode_addr } if ctx.role() == Role::Prefill => {
+                let fut = prefill::run(ctx.clone(), spec.clone(), ticket.into(), key, decode_addr, out.clone());
+                spawn_route(&routes, spec.route, fut);
+            }
+            ToWorker::Reserve(spec) | ToWorker::Prefill { spec, .. } => {
+                let failure = Failure::Internal(format!("a {:?} worker does not take this request", ctx.role()));
+                let _ = out.send(ToGateway::Failed { route: spec.route, failure });
+            }
+        }
+    };
+    routes.cancel_all();
+    stats.abort();
+    writer.abort();
+    result
+}
+
+/// Runs one route as its own task, registered so a `Cancel` or the end of the session aborts it.
+fn spawn_route<F>(routes: &Routes, route: u64, fut: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let routes2 = routes.clone();
+    let h = tokio::spawn(async move {
+        fut.await;
+        routes2.remove(route);
+    });
+    routes.insert(route, h.abort_handle());
+    if h.is_finished() {
+        routes.remove(route);
+    }
+}
+
+pub(crate) fn nonce_hex(n: &TicketNonce) -> String {
+    n.0[..4].iter().map(|b| format!("{b:02x}")).collect()
+}
