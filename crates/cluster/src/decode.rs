@@ -211,15 +211,19 @@ async fn kv_connection(ctx: Arc<Ctx>, io: BoxIo) {
         }
     };
     let mut buf = Vec::new();
+    // A sender that stalls holds a connection, not pages: the route's own deadline frees
+    // those; this bounds how long the connection itself may sit idle.
+    let idle = ctx.cfg.transfer_timeout;
     loop {
         let mut prefix = [0u8; 4];
-        if let Err(e) = io.read_exact(&mut prefix).await {
-            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+        match tokio::time::timeout(idle, io.read_exact(&mut prefix)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 // A clean end is fine after the close (the route no longer listens); before
                 // it, the transfer is truncated.
-                broken(&bound, WireError::Truncated { needed: 4, had: 0 });
+                return broken(&bound, WireError::Truncated { needed: 4, had: 0 });
             }
-            return;
+            Ok(Err(_)) | Err(_) => return broken(&bound, WireError::Truncated { needed: 4, had: 0 }),
         }
         let total = match codec.frame_len(&prefix) {
             Ok(t) => t,
@@ -228,7 +232,7 @@ async fn kv_connection(ctx: Arc<Ctx>, io: BoxIo) {
         buf.clear();
         buf.extend_from_slice(&prefix);
         buf.resize(total, 0);
-        if io.read_exact(&mut buf[4..]).await.is_err() {
+        if !matches!(tokio::time::timeout(idle, io.read_exact(&mut buf[4..])).await, Ok(Ok(_))) {
             return broken(&bound, WireError::Truncated { needed: total, had: 4 });
         }
         let frame = match codec.decode(&buf, &|n: &TicketNonce| ctx.tickets.key(n)) {

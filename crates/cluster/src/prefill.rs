@@ -46,6 +46,8 @@ async fn route_inner(
     out: &UnboundedSender<ToGateway>,
 ) -> Result<(), Failure> {
     let req = spec.to_request().map_err(|m| Failure::Internal(format!("invalid sampling parameters: {m}")))?;
+    // Our own door first: nothing is computed or sent for a request that fails it.
+    ctx.engine.check(&req.prompt, req.max_tokens).map_err(Failure::Refused)?;
     // The ticket must be for this request and prompt; a gateway bug must not make us send
     // one request's KV under another's ticket.
     if ticket.request != req.id || ticket.tenant != req.tenant || ticket.tokens as usize != req.prompt.len() {

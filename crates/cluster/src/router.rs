@@ -129,7 +129,12 @@ impl Router {
             Ok(Err(e)) => return Err(e),
             Err(_) => return Err(ClusterError::Timeout("waiting for a worker's registration")),
         };
-        let refusal = if reg.context != cfg.context {
+        let plain = |s: &str| {
+            !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        };
+        let refusal = if !plain(&reg.name) {
+            Some("a worker name must be 1-64 characters of A-Z a-z 0-9 - _ . (it labels metrics)".into())
+        } else if reg.context != cfg.context {
             Some(format!(
                 "the worker serves a context window of {} tokens, the gateway {}: configure the same context_window",
                 reg.context, cfg.context
@@ -206,6 +211,12 @@ impl Router {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Whether a request could be routed now (a prefill and a decode worker are registered).
+    pub fn can_route(&self) -> bool {
+        let ws = self.workers();
+        ws.iter().any(|w| w.role == Role::Prefill) && ws.iter().any(|w| w.role == Role::Decode)
     }
 
     pub fn worker_info(&self) -> Vec<WorkerInfo> {

@@ -60,6 +60,10 @@ pub async fn run_worker(cfg: WorkerConfig, engine: EngineHandle, net: Net, metri
     if cfg.identity.role == Role::Decode {
         let listen = cfg.kv_listen.clone().unwrap_or_else(|| "127.0.0.1:0".into());
         let (listener, bound) = net.listen(&listen).await?;
+        if !bound.starts_with("mem:") {
+            // Operators (and tests) put proxies or load balancers in front of it.
+            println!("{}: KV listening on {bound}", cfg.name);
+        }
         kv_addr = Some(cfg.kv_advertise.clone().unwrap_or(bound));
         let ctx = Arc::new(Ctx {
             cfg: cfg.clone(),

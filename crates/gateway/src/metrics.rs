@@ -21,6 +21,30 @@ pub const ISOLATION_VIOLATIONS_TOTAL: &str = "pagewarden_isolation_violations_to
 pub const ENGINE_STEPS_TOTAL: &str = "pagewarden_engine_steps_total";
 pub const PREFILL_TOKENS_TOTAL: &str = "pagewarden_prefill_tokens_total";
 pub const DECODE_TOKENS_TOTAL: &str = "pagewarden_decode_tokens_total";
+pub const CLUSTER_WORKERS: &str = "pagewarden_cluster_workers";
+pub const WORKER_INFLIGHT: &str = "pagewarden_worker_inflight";
+pub const WORKER_PAGES_USED: &str = "pagewarden_worker_kv_pages_used";
+pub const WORKER_VIOLATIONS_TOTAL: &str = "pagewarden_worker_isolation_violations_total";
+
+/// Registered workers by role, and each worker's load, pages and reported violations.
+pub fn render_workers(workers: &[cluster::WorkerInfo]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "# HELP {CLUSTER_WORKERS} Workers registered with this gateway.\n# TYPE {CLUSTER_WORKERS} gauge");
+    for role in ["prefill", "decode"] {
+        let n = workers.iter().filter(|w| w.role == role).count();
+        let _ = writeln!(out, "{CLUSTER_WORKERS}{{role=\"{role}\"}} {n}");
+    }
+    let _ = writeln!(out, "# TYPE {WORKER_INFLIGHT} gauge\n# TYPE {WORKER_PAGES_USED} gauge\n# TYPE {WORKER_VIOLATIONS_TOTAL} counter");
+    for w in workers {
+        let l = format!("worker=\"{}\",role=\"{}\"", w.name, w.role);
+        let _ = writeln!(out, "{WORKER_INFLIGHT}{{{l}}} {}", w.inflight);
+        let _ = writeln!(out, "{WORKER_PAGES_USED}{{{l}}} {}", w.stats.pages_used);
+        for (kind, n) in &w.stats.violations {
+            let _ = writeln!(out, "{WORKER_VIOLATIONS_TOTAL}{{{l},kind=\"{kind}\"}} {n}");
+        }
+    }
+    out
+}
 
 /// Kinds of isolation violation, always exported (0 until one happens).
 pub const ISOLATION_KINDS: [&str; 4] = ["generation_mismatch", "unwritten_read", "owner_mismatch", "transfer"];

@@ -85,6 +85,8 @@ async fn health() -> Response {
 async fn ready(State(st): State<Arc<AppState>>) -> Response {
     if st.is_draining() {
         text_response(StatusCode::SERVICE_UNAVAILABLE, "application/json", r#"{"status":"draining"}"#.into())
+    } else if !st.backend.can_route() {
+        text_response(StatusCode::SERVICE_UNAVAILABLE, "application/json", r#"{"status":"no_workers"}"#.into())
     } else {
         text_response(StatusCode::OK, "application/json", r#"{"status":"ready"}"#.into())
     }
@@ -92,9 +94,10 @@ async fn ready(State(st): State<Arc<AppState>>) -> Response {
 
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     let stats = st.backend.stats();
-    let body = st
+    let mut body = st
         .metrics
         .render(&stats, |t| st.tenants.by_id(t).map_or_else(|| format!("tenant-{}", t.0), |x| x.config.name.clone()));
+    body.push_str(&crate::metrics::render_workers(&st.backend.worker_info()));
     text_response(StatusCode::OK, "text/plain; version=0.0.4", body)
 }
 

@@ -1,11 +1,14 @@
 //! `pagewarden`: one binary, many roles: `serve` (the OpenAI-compatible server in one process),
+//! `gateway`, `prefill` and `decode` (the same, split across processes),
 //! tenant management, and the model tools (fetching the default model, tokenizing, generating,
 //! perplexity, benchmarks).
 
 mod bench;
 mod bench_serve;
+mod bench_transfer;
 mod eval;
 mod generate;
+mod roles;
 mod runtime;
 mod session;
 mod textcmd;
@@ -45,6 +48,21 @@ enum Cmd {
         #[arg(long)]
         listen: Option<String>,
     },
+    /// The gateway of a disaggregated deployment: the OpenAI API, routing each request to a
+    /// decode and a prefill worker registered on its cluster address.
+    Gateway {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        listen: Option<String>,
+        /// Where workers register, overriding `cluster.listen`.
+        #[arg(long)]
+        cluster_listen: Option<String>,
+    },
+    /// A prefill worker: computes prompts' KV and sends it to decode workers.
+    Prefill(roles::WorkerArgs),
+    /// A decode worker: reserves pages, verifies and stores transferred KV, decodes.
+    Decode(roles::WorkerArgs),
     /// Tenant management.
     Tenant {
         #[command(subcommand)]
@@ -98,6 +116,11 @@ fn main() {
         Cmd::Serve { config, listen } => {
             gateway::run_serve_cli(config.as_deref(), listen.as_deref()).map_err(Into::into)
         }
+        Cmd::Gateway { config, listen, cluster_listen } => {
+            gateway::run_gateway_cli(config.as_deref(), listen.as_deref(), cluster_listen.as_deref()).map_err(Into::into)
+        }
+        Cmd::Prefill(args) => roles::run(wire::Role::Prefill, &args),
+        Cmd::Decode(args) => roles::run(wire::Role::Decode, &args),
         Cmd::Tenant { what: TenantCmd::Add { name, config } } => {
             gateway::run_tenant_add_cli(config.as_deref(), &name).map_err(Into::into)
         }

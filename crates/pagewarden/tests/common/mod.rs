@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod cluster;
+
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

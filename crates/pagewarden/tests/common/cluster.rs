@@ -1,0 +1,218 @@
+//! A real disaggregated deployment: a `pagewarden gateway` process and worker processes
+//! (`prefill`, `decode`) on loopback ports, sharing one config file and cluster secret.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::bin;
+
+pub const SECRET: &str = "test-cluster-secret-0123456789abcdef-0123456789";
+
+pub struct Worker {
+    pub name: String,
+    pub metrics_url: String,
+    pub kv_addr: Option<String>,
+    pub pid: u32,
+    child: Child,
+}
+
+pub struct Cluster {
+    pub url: String,
+    pub key: String,
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    pub cluster_addr: String,
+    gateway: Child,
+    pub workers: Vec<Worker>,
+}
+
+/// Spawns `args`; returns the child and a channel of its stdout lines.
+fn spawn(args: &[&str]) -> (Child, mpsc::Receiver<String>) {
+    let mut child = Command::new(bin()).args(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    (child, rx)
+}
+
+/// Waits for a stdout line starting with each prefix; returns the rest of each.
+fn expect_lines(rx: &mpsc::Receiver<String>, prefixes: &[&str]) -> Vec<String> {
+    let mut found: Vec<Option<String>> = vec![None; prefixes.len()];
+    let t0 = Instant::now();
+    while found.iter().any(Option::is_none) {
+        let left = Duration::from_secs(120).saturating_sub(t0.elapsed());
+        let line = rx.recv_timeout(left).unwrap_or_else(|_| panic!("process did not print {prefixes:?}"));
+        for (i, p) in prefixes.iter().enumerate() {
+            if let Some(pos) = line.find(p) {
+                found[i] = Some(line[pos + p.len()..].trim().to_string());
+            }
+        }
+    }
+    found.into_iter().map(Option::unwrap).collect()
+}
+
+/// Sum of the samples of `name` whose labels contain `filter`.
+pub fn metric(text: &str, name: &str, filter: &str) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
+        .filter(|l| l.contains(filter))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+pub fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(Duration::from_secs(180))).build().into()
+}
+
+pub fn get_text(url: &str) -> String {
+    agent().get(url).call().unwrap().body_mut().read_to_string().unwrap()
+}
+
+impl Cluster {
+    /// Starts the gateway; `extra` is appended to the shared config file.
+    pub fn start(extra: &str) -> Cluster {
+        fetch::ensure_default_model().expect("default model");
+        let dir = std::env::temp_dir().join(format!(
+            "pw-cluster-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("secret"), SECRET).unwrap();
+        let config = dir.join("pagewarden.toml");
+        std::fs::write(&config, "").unwrap();
+        let out = Command::new(bin()).args(["tenant", "add", "tester", "--config"]).arg(&config).output().unwrap();
+        assert!(out.status.success(), "tenant add: {}", String::from_utf8_lossy(&out.stderr));
+        let key = String::from_utf8(out.stdout).unwrap().lines().next().unwrap().trim().to_string();
+        let tenants = std::fs::read_to_string(&config).unwrap();
+        let text = format!(
+            "threads = 1\n{extra}\n[pool]\ntokens = 16384\n[cluster]\nsecret_file = \"{}\"\ntransfer_timeout_ms = 10000\n\
+             handshake_timeout_ms = 5000\n{tenants}\nmax_concurrent = 32\nmax_queued = 64\n",
+            dir.join("secret").display()
+        );
+        std::fs::write(&config, text).unwrap();
+        let cfg = config.to_str().unwrap().to_string();
+        let (gateway, rx) =
+            spawn(&["gateway", "--config", &cfg, "--listen", "127.0.0.1:0", "--cluster-listen", "127.0.0.1:0"]);
+        let got = expect_lines(&rx, &["listening on http://", "cluster listening on "]);
+        Cluster {
+            url: format!("http://{}", got[0]),
+            key,
+            dir,
+            config,
+            cluster_addr: got[1].clone(),
+            gateway,
+            workers: Vec::new(),
+        }
+    }
+
+    /// Starts a worker (`prefill` or `decode`); returns its index in `workers`.
+    pub fn add_worker(&mut self, role: &str, name: &str, kv_advertise: Option<&str>) -> usize {
+        let cfg = self.config.to_str().unwrap().to_string();
+        let mut args = vec![
+            role,
+            "--config",
+            &cfg,
+            "--gateway",
+            &self.cluster_addr,
+            "--name",
+            name,
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ];
+        if role == "decode" {
+            args.extend(["--kv-listen", "127.0.0.1:0"]);
+        }
+        if let Some(a) = kv_advertise {
+            args.extend(["--kv-advertise", a]);
+        }
+        let (child, rx) = spawn(&args);
+        let mut prefixes = vec!["metrics on http://"];
+        if role == "decode" {
+            prefixes.push("KV listening on ");
+        }
+        let got = expect_lines(&rx, &prefixes);
+        let metrics_url = format!("http://{}", got[0]);
+        let kv_addr = got.get(1).cloned();
+        let pid = child.id();
+        self.workers.push(Worker { name: name.into(), metrics_url, kv_addr, pid, child });
+        self.workers.len() - 1
+    }
+
+    /// Waits until the gateway lists this many workers of each role and is ready.
+    pub fn wait_workers(&self, prefill: usize, decode: usize) {
+        let t0 = Instant::now();
+        loop {
+            let m = self.gateway_metrics();
+            let p = metric(&m, "pagewarden_cluster_workers", "role=\"prefill\"");
+            let d = metric(&m, "pagewarden_cluster_workers", "role=\"decode\"");
+            if p as usize == prefill && d as usize == decode && agent().get(format!("{}/ready", self.url)).call().unwrap().status() == 200 {
+                return;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(120), "workers did not register:\n{m}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn gateway_metrics(&self) -> String {
+        get_text(&format!("{}/metrics", self.url))
+    }
+
+    pub fn worker_metrics(&self, i: usize) -> String {
+        get_text(&self.workers[i].metrics_url)
+    }
+
+    pub fn worker_metric(&self, i: usize, name: &str, filter: &str) -> f64 {
+        metric(&self.worker_metrics(i), name, filter)
+    }
+
+    /// Waits until every live worker's pool has no page in use.
+    pub fn wait_pools_empty(&self, live: &[usize]) {
+        let t0 = Instant::now();
+        loop {
+            let used: Vec<f64> = live.iter().map(|&i| self.worker_metric(i, "pagewarden_kv_pages_used", "")).collect();
+            if used.iter().all(|&u| u == 0.0) {
+                return;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "pages still in use: {used:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// `kill -9`.
+    pub fn kill(&mut self, i: usize) {
+        let _ = self.workers[i].child.kill();
+        let _ = self.workers[i].child.wait();
+    }
+
+    pub fn post(&self, path: &str, body: &serde_json::Value) -> (u16, String) {
+        let mut r = agent()
+            .post(format!("{}{path}", self.url))
+            .header("Authorization", format!("Bearer {}", self.key))
+            .header("Content-Type", "application/json")
+            .send(body.to_string().as_bytes())
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.body_mut().read_to_string().unwrap())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for w in &mut self.workers {
+            let _ = w.child.kill();
+            let _ = w.child.wait();
+        }
+        let _ = self.gateway.kill();
+        let _ = self.gateway.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,214 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Gateway, prefill and decode workers as separate processes on loopback ports: outputs equal
+//! the single-process path, and the 2026 incident replayed at small scale is refused at every
+//! door without a page reserved or a frame sent.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use cluster::proto::{Failure, Register, Registered, Sampling, Spec, Stats, TicketWire, ToGateway, ToWorker};
+use cluster::{Identity, Link, Net};
+use common::cluster::{metric, Cluster, SECRET};
+use serde_json::{json, Value};
+use wire::{ClusterSecret, PairingInfo, Role};
+
+fn chat(prompt: &str, max_tokens: usize) -> Value {
+    json!({
+        "model": common::MODEL_NAME,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    })
+}
+
+fn generate_cli(prompt: &str, max_tokens: usize) -> String {
+    let out = Command::new(common::bin())
+        .args(["generate", "--chat", prompt, "--max-tokens", &max_tokens.to_string(), "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["text"].as_str().unwrap().to_string()
+}
+
+fn content(body: &str) -> String {
+    let v: Value = serde_json::from_str(body).unwrap();
+    v["choices"][0]["message"]["content"].as_str().unwrap().to_string()
+}
+
+const PROMPTS: [&str; 4] = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "What is 12 times 7?",
+    "Name three primary colors.",
+];
+
+fn counters(c: &Cluster) -> Vec<f64> {
+    (0..c.workers.len())
+        .flat_map(|i| {
+            let m = c.worker_metrics(i);
+            [
+                metric(&m, "pagewarden_worker_reservations_total", ""),
+                metric(&m, "pagewarden_kv_frames_sent_total", ""),
+                metric(&m, "pagewarden_kv_frames_received_total", ""),
+                metric(&m, "pagewarden_kv_pages_used", ""),
+            ]
+        })
+        .collect()
+}
+
+#[test]
+fn two_prefill_and_two_decode_workers_give_the_greedy_outputs_of_one_process() {
+    let mut c = Cluster::start("");
+    for (role, name) in [("prefill", "prefill-a"), ("prefill", "prefill-b"), ("decode", "decode-a"), ("decode", "decode-b")]
+    {
+        c.add_worker(role, name, None);
+    }
+    c.wait_workers(2, 2);
+    let want: Vec<String> = PROMPTS.iter().map(|p| generate_cli(p, 24)).collect();
+    for (p, w) in PROMPTS.iter().zip(&want) {
+        let (status, body) = c.post("/v1/chat/completions", &chat(p, 24));
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(&content(&body), w, "prompt {p:?}");
+    }
+    // Concurrently: the router spreads them over both workers of each role.
+    let got: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..8)
+            .map(|i| {
+                let c = &c;
+                s.spawn(move || {
+                    let (status, body) = c.post("/v1/chat/completions", &chat(PROMPTS[i % 4], 24));
+                    assert_eq!(status, 200, "{body}");
+                    content(&body)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, g) in got.iter().enumerate() {
+        assert_eq!(g, &want[i % 4], "concurrent request {i}");
+    }
+    for i in 0..4 {
+        let m = c.worker_metrics(i);
+        let work = metric(&m, "pagewarden_kv_frames_sent_total", "") + metric(&m, "pagewarden_worker_reservations_total", "");
+        assert!(work > 0.0, "worker {} got no work:\n{m}", c.workers[i].name);
+        assert_eq!(metric(&m, "pagewarden_isolation_violations_total", ""), 0.0, "{m}");
+    }
+    c.wait_pools_empty(&[0, 1, 2, 3]);
+
+    // The incident's request: a prompt over the context window. The gateway refuses it with a
+    // 400 before any worker hears of it.
+    let before = counters(&c);
+    let long = "lorem ipsum dolor sit amet ".repeat(2000);
+    let (status, body) = c.post("/v1/chat/completions", &chat(&long, 16));
+    assert_eq!(status, 400, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["error"]["code"], "context_length_exceeded", "{body}");
+    std::thread::sleep(Duration::from_millis(600));
+    assert_eq!(counters(&c), before, "a worker reserved, sent or received something for a refused request");
+}
+
+#[test]
+fn a_worker_whose_pool_cannot_hold_the_context_window_refuses_to_start() {
+    let c = Cluster::start("");
+    let config = c.dir.join("small-pool.toml");
+    let text = std::fs::read_to_string(&c.config).unwrap().replace("tokens = 16384", "tokens = 4096");
+    std::fs::write(&config, text).unwrap();
+    for role in ["prefill", "decode"] {
+        let out = Command::new(common::bin())
+            .args([role, "--config", config.to_str().unwrap(), "--gateway", &c.cluster_addr])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{role} started with a pool under the context window");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("4096") && err.contains("8192") && err.contains("16384"), "{role}: {err}");
+    }
+}
+
+/// Acts as a gateway (it knows the cluster secret) that skips the gateway's door check and
+/// sends a real worker process an over-long request directly. Returns what the worker answered
+/// and its last reported counters.
+async fn direct(role: Role, config: &std::path::Path) -> (Vec<ToGateway>, Stats) {
+    let (mut listener, addr) = Net::default().listen("127.0.0.1:0").await.unwrap();
+    let model = fetch::ensure_default_model().unwrap();
+    let layout = kv::KvLayout { n_layers: 30, n_kv_heads: 3, head_dim: 64, page_size: 16, dtype: kv::KvDtype::F16 };
+    let me = Identity {
+        secret: ClusterSecret::from_passphrase(SECRET.as_bytes()),
+        role: Role::Gateway,
+        pairing: PairingInfo::new(cluster::model_digest(&model).unwrap(), &layout).unwrap(),
+    };
+    let role_arg = if role == Role::Prefill { "prefill" } else { "decode" };
+    let mut child = Command::new(common::bin())
+        .args([role_arg, "--config", config.to_str().unwrap(), "--gateway", &addr, "--name", "direct"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let io = tokio::time::timeout(Duration::from_secs(120), listener.accept()).await.unwrap().unwrap();
+    let link = Link::accept(io, &me, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(link.peer, role);
+    let (mut rd, mut wr) = link.split();
+    let reg: Register = rd.recv().await.unwrap().unwrap();
+    assert_eq!(reg.context, 8192);
+    wr.send(&Registered::Accepted).await.unwrap();
+    let spec = Spec {
+        route: 1,
+        request: 1,
+        tenant: 1,
+        prompt: (0..9000).map(|i| 100 + (i % 1000)).collect(),
+        max_tokens: 16,
+        sampling: Sampling {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            top_logprobs: 0,
+            seed: None,
+            penalty_last_n: 64,
+        },
+        stop_tokens: vec![2],
+        deadline_ms: Some(30_000),
+    };
+    let msg = if role == Role::Prefill {
+        let ticket = TicketWire { request: 1, tenant: 1, nonce: [7; 16], pages: 564, tokens: 9000 };
+        ToWorker::Prefill { spec, ticket, key: [9; 32], decode_addr: "127.0.0.1:1".into() }
+    } else {
+        ToWorker::Reserve(spec)
+    };
+    wr.send(&msg).await.unwrap();
+    let (mut got, mut stats) = (Vec::new(), None);
+    // Long enough for a refusal and several stats reports after it.
+    let until = tokio::time::Instant::now() + Duration::from_secs(3);
+    while let Ok(Ok(Some(m))) = tokio::time::timeout_at(until, rd.recv::<ToGateway>()).await {
+        match m {
+            ToGateway::Stats(s) => stats = Some(s),
+            other => got.push(other),
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    (got, stats.expect("the worker reports its stats"))
+}
+
+#[test]
+fn workers_refuse_an_over_long_request_sent_directly_without_reserving_or_sending() {
+    let c = Cluster::start("");
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    for role in [Role::Decode, Role::Prefill] {
+        let (got, stats) = rt.block_on(direct(role, &c.config));
+        assert_eq!(got.len(), 1, "{role:?}: {got:?}");
+        match &got[0] {
+            ToGateway::Failed { route: 1, failure: Failure::Refused(e) } => {
+                let text = e.to_string();
+                assert!(text.contains("8192") && text.contains("9016"), "{text}");
+            }
+            other => panic!("{role:?}: expected a refusal, got {other:?}"),
+        }
+        assert_eq!((stats.reservations, stats.frames_sent, stats.pages_used), (0, 0, 0), "{role:?}: {stats:?}");
+    }
+}

@@ -1,0 +1,378 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Faults between real prefill and decode processes: a fault-injecting proxy on the KV path,
+//! a prefill worker that lies about its transfer, and workers killed with SIGKILL. Every
+//! faulty request fails with an error (nothing of it streamed), the violation counter moves,
+//! pools return to zero, and the next requests succeed.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cluster::proto::{Register, Registered, ToGateway, ToWorker};
+use cluster::{Identity, Link, Net};
+use common::cluster::{metric, Cluster, SECRET};
+use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
+use wire::{ClusterSecret, CloseFrame, Codec, Frame, KvFrame, PairingInfo, PromptDigest, Role, Ticket, TicketKey};
+
+/// A long enough prompt for five KV frames (four pages and the close).
+const PROMPT: &str = "Tell me a short story about a lighthouse keeper who finds a message in a bottle, \
+    in three sentences, with a happy ending, and give it a title.";
+
+fn request(stream: bool) -> Value {
+    json!({
+        "model": common::MODEL_NAME,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 12,
+        "temperature": 0,
+        "stream": stream,
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    Pass,
+    Corrupt,
+    Drop,
+    Duplicate,
+    Reorder,
+    Foreign,
+    Truncate,
+    /// Forward the first frame, then hold everything (the test kills the sender).
+    Stall,
+}
+
+#[derive(Default)]
+struct ProxyState {
+    upstream: Option<String>,
+    /// Applied to the next transfer only.
+    fault: Option<Fault>,
+    /// The first frame of the last transfer (for `Foreign`).
+    saved: Option<Vec<u8>>,
+    transfers: usize,
+}
+
+/// Sits between prefill workers and a decode worker. It cannot forge anything (it has no
+/// secret); it relays the handshake and then drops, corrupts, duplicates, reorders, swaps or
+/// truncates KV frames. The prefill side is always drained to the end, so the sender sees a
+/// successful send and only the decode worker's checks can catch the fault.
+struct Proxy {
+    addr: String,
+    state: Arc<Mutex<ProxyState>>,
+}
+
+fn read_unit(s: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).ok()?;
+    let n = u32::from_le_bytes(len) as usize;
+    let mut buf = len.to_vec();
+    buf.resize(4 + n, 0);
+    s.read_exact(&mut buf[4..]).ok()?;
+    Some(buf)
+}
+
+impl Proxy {
+    fn start() -> Proxy {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let state = Arc::new(Mutex::new(ProxyState::default()));
+        let st = state.clone();
+        std::thread::spawn(move || {
+            for conn in l.incoming() {
+                let Ok(from) = conn else { continue };
+                let st = st.clone();
+                std::thread::spawn(move || relay(from, &st));
+            }
+        });
+        Proxy { addr, state }
+    }
+
+    fn set(&self, f: Fault) {
+        self.state.lock().unwrap().fault = Some(f);
+    }
+}
+
+fn relay(mut from: TcpStream, st: &Mutex<ProxyState>) {
+    let upstream = st.lock().unwrap().upstream.clone().unwrap();
+    let Ok(mut to) = TcpStream::connect(upstream) else { return };
+    let (mut back_from, mut back_to) = (to.try_clone().unwrap(), from.try_clone().unwrap());
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut back_from, &mut back_to);
+        let _ = back_to.shutdown(Shutdown::Write);
+    });
+    // Hello, Proof, Pairing: relayed as they are.
+    for _ in 0..3 {
+        let Some(u) = read_unit(&mut from) else { return };
+        if to.write_all(&u).is_err() {
+            return;
+        }
+    }
+    let fault = {
+        let mut s = st.lock().unwrap();
+        s.transfers += 1;
+        s.fault.take().unwrap_or(Fault::Pass)
+    };
+    let mut frames = Vec::new();
+    if fault == Fault::Stall {
+        // The first frame reaches the decode worker; the rest is held until the sender dies.
+        if let Some(u) = read_unit(&mut from) {
+            let _ = to.write_all(&u);
+        }
+        while read_unit(&mut from).is_some() {}
+        // Keep the decode side open: only the sender's death may end this transfer.
+        std::thread::sleep(Duration::from_secs(30));
+        return;
+    }
+    while let Some(u) = read_unit(&mut from) {
+        frames.push(u);
+    }
+    let saved = st.lock().unwrap().saved.replace(frames[0].clone());
+    let mut out: Vec<Vec<u8>> = frames.clone();
+    match fault {
+        Fault::Pass => {}
+        Fault::Corrupt => {
+            let n = out[1].len();
+            out[1][n / 2] ^= 0x40;
+        }
+        Fault::Drop => {
+            out.remove(1);
+        }
+        Fault::Duplicate => out.insert(2, frames[1].clone()),
+        Fault::Reorder => out.swap(1, 2),
+        Fault::Foreign => out[1] = saved.expect("a previous transfer"),
+        Fault::Truncate => {
+            let half = out[1].len() / 2;
+            let _ = to.write_all(&out[0]);
+            let _ = to.write_all(&out[1][..half]);
+            let _ = to.shutdown(Shutdown::Both);
+            return;
+        }
+        Fault::Stall => {}
+    }
+    for u in out {
+        if to.write_all(&u).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(Shutdown::Write);
+}
+
+fn violations(c: &Cluster, decode: usize, kind: &str) -> f64 {
+    c.worker_metric(decode, "pagewarden_isolation_violations_total", &format!("kind=\"{kind}\""))
+}
+
+fn expect_error_nothing_streamed(c: &Cluster) -> Value {
+    let (status, body) = c.post("/v1/chat/completions", &request(true));
+    assert!(status >= 500, "status {status}: {body}");
+    assert!(!body.contains("data:"), "something was streamed: {body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+fn ok_text(c: &Cluster) -> String {
+    let (status, body) = c.post("/v1/chat/completions", &request(false));
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    v["choices"][0]["message"]["content"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn every_network_fault_on_the_kv_path_fails_its_request_loudly_and_the_next_one_succeeds() {
+    let proxy = Proxy::start();
+    let mut c = Cluster::start("");
+    c.add_worker("prefill", "prefill-a", None);
+    let d = c.add_worker("decode", "decode-a", Some(&proxy.addr));
+    proxy.state.lock().unwrap().upstream = c.workers[d].kv_addr.clone();
+    c.wait_workers(1, 1);
+    let want = ok_text(&c);
+    let cases = [
+        (Fault::Corrupt, "bad_mac"),
+        (Fault::Drop, "out_of_order"),
+        (Fault::Duplicate, "out_of_order"),
+        (Fault::Reorder, "out_of_order"),
+        (Fault::Foreign, "unknown_ticket"),
+        (Fault::Truncate, "truncated"),
+    ];
+    for (fault, kind) in cases {
+        let before = violations(&c, d, kind);
+        let gw_before = metric(&c.gateway_metrics(), "pagewarden_isolation_violations_total", &format!("kind=\"{kind}\""));
+        proxy.set(fault);
+        let err = expect_error_nothing_streamed(&c);
+        assert!(err["error"]["message"].as_str().unwrap().contains(kind), "{fault:?}: {err}");
+        assert_eq!(violations(&c, d, kind), before + 1.0, "{fault:?}");
+        let gw = metric(&c.gateway_metrics(), "pagewarden_isolation_violations_total", &format!("kind=\"{kind}\""));
+        assert_eq!(gw, gw_before + 1.0, "{fault:?}: the gateway counts it too");
+        c.wait_pools_empty(&[0, 1]);
+        assert_eq!(ok_text(&c), want, "after {fault:?}");
+    }
+}
+
+/// A prefill worker that knows the cluster secret but lies about what it computed.
+#[derive(Clone, Copy, Debug)]
+enum Lie {
+    /// The incident: the KV of the first token only, closed as a one-token prompt.
+    Placeholder,
+    /// Every slot, then a digest of another prompt.
+    WrongDigest,
+    /// Every page but the last, then an honest close.
+    MissingPage,
+}
+
+async fn rogue_prefill(c_addr: String, lies: Arc<Mutex<Vec<Lie>>>) {
+    let model = fetch::ensure_default_model().unwrap();
+    let layout = kv::KvLayout { n_layers: 30, n_kv_heads: 3, head_dim: 64, page_size: 16, dtype: kv::KvDtype::F16 };
+    let me = Identity {
+        secret: ClusterSecret::from_passphrase(SECRET.as_bytes()),
+        role: Role::Prefill,
+        pairing: PairingInfo::new(cluster::model_digest(&model).unwrap(), &layout).unwrap(),
+    };
+    let net = Net::default();
+    let link = Link::connect(net.dial(&c_addr).await.unwrap(), &me, Duration::from_secs(10)).await.unwrap();
+    let (mut rd, mut wr) = link.split();
+    wr.send(&Register { name: "rogue".into(), kv_addr: None, context: 8192, capacity_tokens: 16384 }).await.unwrap();
+    assert!(matches!(rd.recv::<Registered>().await.unwrap(), Some(Registered::Accepted)));
+    while let Ok(Some(m)) = rd.recv::<ToWorker>().await {
+        let ToWorker::Prefill { spec, ticket, key, decode_addr } = m else { continue };
+        let lie = lies.lock().unwrap().remove(0);
+        let ticket: Ticket = ticket.into();
+        let key = TicketKey::from_bytes(key);
+        let token = cluster::proto::TokenWire { token: 42, logprob: -0.1, top: vec![] };
+        wr.send(&ToGateway::First { route: spec.route, token }).await.unwrap();
+        let link = Link::connect(net.dial(&decode_addr).await.unwrap(), &me, Duration::from_secs(10)).await.unwrap();
+        let mut io = link.into_io();
+        let codec = Codec::default();
+        let n = spec.prompt.len() as u32;
+        let pages = match lie {
+            Lie::Placeholder => 1,
+            Lie::WrongDigest => n.div_ceil(16),
+            Lie::MissingPage => n.div_ceil(16) - 1,
+        };
+        let mut seq = 0;
+        for p in 0..pages {
+            let end = if matches!(lie, Lie::Placeholder) { 1 } else { (p * 16 + 16).min(n) };
+            let tokens = p * 16..end;
+            let payload = vec![0u8; 30 * (tokens.len()) * 2 * 384];
+            let f = Frame::kv(ticket.id(), seq, KvFrame { page_index: p, layers: 0..30, tokens, payload });
+            io.write_all(&codec.encode(&f, &key).unwrap()).await.unwrap();
+            seq += 1;
+        }
+        let close = match lie {
+            Lie::Placeholder => {
+                CloseFrame { tokens: 1, prompt_digest: PromptDigest::of(&spec.prompt[..1]), first_token: 42 }
+            }
+            Lie::WrongDigest => {
+                let mut other = spec.prompt.clone();
+                other[3] ^= 1;
+                CloseFrame { tokens: n, prompt_digest: PromptDigest::of(&other), first_token: 42 }
+            }
+            Lie::MissingPage => CloseFrame { tokens: n, prompt_digest: PromptDigest::of(&spec.prompt), first_token: 42 },
+        };
+        io.write_all(&codec.encode(&Frame::close(ticket.id(), seq, close), &key).unwrap()).await.unwrap();
+        io.shutdown().await.unwrap();
+        wr.send(&ToGateway::Sent { route: spec.route, frames: seq + 1 }).await.unwrap();
+    }
+}
+
+#[test]
+fn a_prefill_worker_that_lies_about_its_transfer_never_gets_a_request_decoded() {
+    let mut c = Cluster::start("");
+    let d = c.add_worker("decode", "decode-a", None);
+    let lies = Arc::new(Mutex::new(vec![Lie::Placeholder, Lie::WrongDigest, Lie::MissingPage]));
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    rt.spawn(rogue_prefill(c.cluster_addr.clone(), lies.clone()));
+    c.wait_workers(1, 1);
+    for kind in ["token_count", "prompt_digest", "incomplete"] {
+        let before = violations(&c, d, kind);
+        let err = expect_error_nothing_streamed(&c);
+        assert!(err["error"]["message"].as_str().unwrap().contains(kind), "{kind}: {err}");
+        assert_eq!(violations(&c, d, kind), before + 1.0, "{kind}");
+        c.wait_pools_empty(&[d]);
+    }
+    assert!(lies.lock().unwrap().is_empty());
+}
+
+fn kill9(pid: u32) {
+    let st = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    assert!(st.success());
+}
+
+#[test]
+fn killed_workers_end_in_a_retried_success_or_an_error_and_every_pool_returns_to_zero() {
+    let proxy = Proxy::start();
+    let mut c = Cluster::start("");
+    let pa = c.add_worker("prefill", "prefill-a", None);
+    let pb = c.add_worker("prefill", "prefill-b", None);
+    let d = c.add_worker("decode", "decode-a", Some(&proxy.addr));
+    proxy.state.lock().unwrap().upstream = c.workers[d].kv_addr.clone();
+    c.wait_workers(2, 1);
+    let want = ok_text(&c);
+
+    // Kill -9 the prefill worker whose transfer the proxy holds mid-way (the decode worker has
+    // its first frame only): the request is retried once, on the other prefill worker.
+    proxy.set(Fault::Stall);
+    let sent = |i: usize| c.worker_metric(i, "pagewarden_kv_frames_sent_total", "");
+    let before = [sent(pa), sent(pb)];
+    let (victim, (status, body)) = std::thread::scope(|s| {
+        let h = s.spawn(|| c.post("/v1/chat/completions", &request(false)));
+        let t0 = Instant::now();
+        let victim = loop {
+            if sent(pa) > before[0] {
+                break pa;
+            }
+            if sent(pb) > before[1] {
+                break pb;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "no transfer started");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        kill9(c.workers[victim].pid);
+        (victim, h.join().unwrap())
+    });
+    let t_retry = Instant::now();
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap(), want, "the retried request's output");
+    assert!(t_retry.elapsed() < Duration::from_secs(60));
+    let survivor = if victim == pa { pb } else { pa };
+    c.kill(victim);
+    c.wait_pools_empty(&[survivor, d]);
+
+    // Kill -9 the decode worker mid-decode: after the first tokens were streamed the request
+    // cannot be retried; it ends with an error event, never [DONE].
+    let body = json!({
+        "model": common::MODEL_NAME,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 2000,
+        "ignore_eos": true,
+        "temperature": 0,
+        "stream": true,
+    });
+    let mut r = common::cluster::agent()
+        .post(format!("{}/v1/chat/completions", c.url))
+        .header("Authorization", format!("Bearer {}", c.key))
+        .header("Content-Type", "application/json")
+        .send(body.to_string().as_bytes())
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut reader = std::io::BufReader::new(r.body_mut().as_reader());
+    let mut events = Vec::new();
+    let mut line = String::new();
+    let t0 = Instant::now();
+    while std::io::BufRead::read_line(&mut reader, &mut line).unwrap() > 0 {
+        if let Some(ev) = line.trim().strip_prefix("data: ") {
+            events.push(ev.to_string());
+            if events.len() == 5 {
+                kill9(c.workers[d].pid);
+            }
+        }
+        line.clear();
+    }
+    assert!(t0.elapsed() < Duration::from_secs(60), "the stream did not end in bounded time");
+    let last = events.last().unwrap();
+    assert!(last.contains("\"error\""), "the stream ended with {last}");
+    assert!(!events.iter().any(|e| e == "[DONE]"));
+    c.kill(d);
+    c.wait_pools_empty(&[survivor]);
+}
