@@ -249,7 +249,11 @@ async fn kv_connection(ctx: Arc<Ctx>, io: BoxIo) {
                     tx
                 }
                 None => {
-                    eprintln!("{}: ticket {} is already being received; connection dropped", ctx.cfg.name, nonce_hex(&nonce));
+                    eprintln!(
+                        "{}: ticket {} is already being received; connection dropped",
+                        ctx.cfg.name,
+                        nonce_hex(&nonce)
+                    );
                     ctx.metrics.violation("ticket_busy");
                     return;
                 }

@@ -9,7 +9,9 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
-use wire::{ClusterSecret, HandshakeMsg, Initiator, PairingInfo, Responder, Role, SessionKey, WireError, MAX_HANDSHAKE_MSG};
+use wire::{
+    ClusterSecret, HandshakeMsg, Initiator, PairingInfo, Responder, Role, SessionKey, WireError, MAX_HANDSHAKE_MSG,
+};
 
 use crate::net::BoxIo;
 use crate::{random, ClusterError};

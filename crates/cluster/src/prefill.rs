@@ -29,11 +29,13 @@ pub(crate) async fn run(
 ) {
     let route = spec.route;
     let deadline = Instant::now() + spec.deadline_ms.map_or(DEFAULT_DEADLINE, Duration::from_millis);
-    let failure = match tokio::time::timeout_at(deadline.into(), route_inner(&ctx, &spec, ticket, key, &decode_addr, &out)).await {
-        Ok(Ok(())) => return,
-        Ok(Err(f)) => f,
-        Err(_) => Failure::DeadlineExceeded,
-    };
+    let failure =
+        match tokio::time::timeout_at(deadline.into(), route_inner(&ctx, &spec, ticket, key, &decode_addr, &out)).await
+        {
+            Ok(Ok(())) => return,
+            Ok(Err(f)) => f,
+            Err(_) => Failure::DeadlineExceeded,
+        };
     let _ = out.send(ToGateway::Failed { route, failure });
 }
 

@@ -281,16 +281,39 @@ pub struct Stats {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ToGateway {
     /// Decode: pages reserved; the ticket and key to send the KV under.
-    Reserved { route: u64, ticket: TicketWire, key: [u8; 32] },
+    Reserved {
+        route: u64,
+        ticket: TicketWire,
+        key: [u8; 32],
+    },
     /// Prefill: the first sampled token (held by the gateway until decode verified the KV).
-    First { route: u64, token: TokenWire },
+    First {
+        route: u64,
+        token: TokenWire,
+    },
     /// Prefill: every frame was sent.
-    Sent { route: u64, frames: u32 },
+    Sent {
+        route: u64,
+        frames: u32,
+    },
     /// Decode: the transfer was verified complete; decoding starts after `first`.
-    Verified { route: u64, first: u32 },
-    Token { route: u64, token: TokenWire },
-    Finished { route: u64, reason: Finish, usage: (usize, usize) },
-    Failed { route: u64, failure: Failure },
+    Verified {
+        route: u64,
+        first: u32,
+    },
+    Token {
+        route: u64,
+        token: TokenWire,
+    },
+    Finished {
+        route: u64,
+        reason: Finish,
+        usage: (usize, usize),
+    },
+    Failed {
+        route: u64,
+        failure: Failure,
+    },
     Stats(Stats),
 }
 

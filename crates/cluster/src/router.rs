@@ -6,13 +6,18 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use engine::{AdmissionError, EngineError, EngineStats, Event, EventSender, FinishReason, GenRequest, RequestStream, TokenEvent, Usage};
+use engine::{
+    AdmissionError, EngineError, EngineStats, Event, EventSender, FinishReason, GenRequest, RequestStream, TokenEvent,
+    Usage,
+};
 use tokio::sync::mpsc;
 use wire::{Role, Ticket};
 
 use crate::link::Identity;
 use crate::net::{BoxIo, Listener};
-use crate::proto::{role_name, violation_kind, Failure, Finish, Register, Registered, Spec, Stats, ToGateway, ToWorker};
+use crate::proto::{
+    role_name, violation_kind, Failure, Finish, Register, Registered, Spec, Stats, ToGateway, ToWorker,
+};
 use crate::{ClusterError, Link};
 
 #[derive(Clone)]
@@ -140,7 +145,10 @@ impl Router {
                 reg.context, cfg.context
             ))
         } else if reg.capacity_tokens < cfg.context {
-            Some(format!("the worker's KV pool holds {} tokens, under the context window {}", reg.capacity_tokens, cfg.context))
+            Some(format!(
+                "the worker's KV pool holds {} tokens, under the context window {}",
+                reg.capacity_tokens, cfg.context
+            ))
         } else if role == Role::Decode && reg.kv_addr.is_none() {
             Some("a decode worker must give the address of its KV listener".into())
         } else {
@@ -201,7 +209,10 @@ impl Router {
         loop {
             let (p, d) = {
                 let ws = self.workers();
-                (ws.iter().filter(|w| w.role == Role::Prefill).count(), ws.iter().filter(|w| w.role == Role::Decode).count())
+                (
+                    ws.iter().filter(|w| w.role == Role::Prefill).count(),
+                    ws.iter().filter(|w| w.role == Role::Decode).count(),
+                )
             };
             if p >= prefill && d >= decode {
                 return true;

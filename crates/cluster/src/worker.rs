@@ -54,7 +54,12 @@ impl Ctx {
 /// Runs a worker until its engine stops: registers with the gateway, serves routes, and
 /// re-registers (after a pause) whenever the link drops, having cancelled every route of the
 /// lost link. Returns an error only for what retrying cannot fix (refused registration).
-pub async fn run_worker(cfg: WorkerConfig, engine: EngineHandle, net: Net, metrics: Arc<WorkerMetrics>) -> Result<(), ClusterError> {
+pub async fn run_worker(
+    cfg: WorkerConfig,
+    engine: EngineHandle,
+    net: Net,
+    metrics: Arc<WorkerMetrics>,
+) -> Result<(), ClusterError> {
     let tickets = TicketTable::default();
     let mut kv_addr = None;
     if cfg.identity.role == Role::Decode {

@@ -25,17 +25,18 @@ fn pipe() -> (BoxIo, BoxIo) {
     (Box::new(a), Box::new(b))
 }
 
-async fn pair(
-    initiator: Identity,
-    responder: Identity,
-) -> (Result<Link, ClusterError>, Result<Link, ClusterError>) {
+async fn pair(initiator: Identity, responder: Identity) -> (Result<Link, ClusterError>, Result<Link, ClusterError>) {
     let (a, b) = pipe();
     tokio::join!(Link::connect(a, &initiator, T), Link::accept(b, &responder, T))
 }
 
 #[tokio::test]
 async fn a_peer_without_the_secret_is_refused_and_gets_no_session() {
-    let (i, r) = pair(identity("secret-one-0123456789", Role::Prefill, 16), identity("secret-two-0123456789", Role::Gateway, 16)).await;
+    let (i, r) = pair(
+        identity("secret-one-0123456789", Role::Prefill, 16),
+        identity("secret-two-0123456789", Role::Gateway, 16),
+    )
+    .await;
     assert!(matches!(i, Err(ClusterError::Wire(WireError::BadProof))), "{:?}", i.err());
     assert!(r.is_err());
 }
@@ -76,7 +77,9 @@ fn handshake_bytes() -> usize {
 
 /// A man in the middle on the initiator's direction: relays the handshake, then hands the
 /// control bytes that follow to `tamper` before relaying them.
-async fn through_mitm(tamper: impl Fn(Vec<u8>) -> Vec<u8> + Send + Sync + 'static) -> Result<Option<String>, ClusterError> {
+async fn through_mitm(
+    tamper: impl Fn(Vec<u8>) -> Vec<u8> + Send + Sync + 'static,
+) -> Result<Option<String>, ClusterError> {
     let (a, mut a_mitm) = tokio::io::duplex(1 << 16);
     let (mut b_mitm, b) = tokio::io::duplex(1 << 16);
     let hs = handshake_bytes();

@@ -56,7 +56,10 @@ pub enum Event {
     Reserved(BlockTable),
     /// [`crate::EngineHandle::prefill`]: the prompt's KV and the first sampled token (not
     /// checked against stop tokens: the decode side does that).
-    Prefilled { first: TokenEvent, kv: BlockTable },
+    Prefilled {
+        first: TokenEvent,
+        kv: BlockTable,
+    },
 }
 
 /// The receiving end of a request. Dropping it cancels the request: the engine frees its pages

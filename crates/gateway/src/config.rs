@@ -163,7 +163,11 @@ impl ClusterSettings {
         if secret.len() < MIN_SECRET_LEN {
             return Err(invalid(
                 "cluster.secret_file",
-                format!("the secret in {} has {} characters; use at least {MIN_SECRET_LEN}", path.display(), secret.len()),
+                format!(
+                    "the secret in {} has {} characters; use at least {MIN_SECRET_LEN}",
+                    path.display(),
+                    secret.len()
+                ),
             ));
         }
         Ok(wire::ClusterSecret::from_passphrase(secret.as_bytes()))

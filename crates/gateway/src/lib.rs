@@ -26,8 +26,8 @@ use std::path::Path;
 
 pub use config::{Config, ConfigError};
 pub use server::{
-    engine_config, load_model, model_path, run_gateway_cli, run_serve_cli, serve, serve_gateway, LoadedModel, ModelInfo,
-    ServeError,
+    engine_config, load_model, model_path, run_gateway_cli, run_serve_cli, serve, serve_gateway, LoadedModel,
+    ModelInfo, ServeError,
 };
 pub use tenants::{add_tenant, TenantError};
 

@@ -29,12 +29,16 @@ pub const WORKER_VIOLATIONS_TOTAL: &str = "pagewarden_worker_isolation_violation
 /// Registered workers by role, and each worker's load, pages and reported violations.
 pub fn render_workers(workers: &[cluster::WorkerInfo]) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "# HELP {CLUSTER_WORKERS} Workers registered with this gateway.\n# TYPE {CLUSTER_WORKERS} gauge");
+    let _ =
+        writeln!(out, "# HELP {CLUSTER_WORKERS} Workers registered with this gateway.\n# TYPE {CLUSTER_WORKERS} gauge");
     for role in ["prefill", "decode"] {
         let n = workers.iter().filter(|w| w.role == role).count();
         let _ = writeln!(out, "{CLUSTER_WORKERS}{{role=\"{role}\"}} {n}");
     }
-    let _ = writeln!(out, "# TYPE {WORKER_INFLIGHT} gauge\n# TYPE {WORKER_PAGES_USED} gauge\n# TYPE {WORKER_VIOLATIONS_TOTAL} counter");
+    let _ = writeln!(
+        out,
+        "# TYPE {WORKER_INFLIGHT} gauge\n# TYPE {WORKER_PAGES_USED} gauge\n# TYPE {WORKER_VIOLATIONS_TOTAL} counter"
+    );
     for w in workers {
         let l = format!("worker=\"{}\",role=\"{}\"", w.name, w.role);
         let _ = writeln!(out, "{WORKER_INFLIGHT}{{{l}}} {}", w.inflight);

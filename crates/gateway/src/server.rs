@@ -19,10 +19,10 @@ use cluster::{run_worker, Identity, Net, RouterConfig, WorkerConfig, WorkerMetri
 use engine::{Engine, EngineConfig};
 use gguf::GgufFile;
 use kv::{Capacity, KvLayout, KvPool, PoolConfig};
-use wire::{ClusterSecret, Role};
 use model::{Llama, LlamaConfig, LoadOptions};
 use sampling::StopTokens;
 use text::{ChatTemplate, Tokenizer};
+use wire::{ClusterSecret, Role};
 
 use crate::api;
 use crate::config::{check_pool, effective_context, pool_capacity_tokens, Config, ConfigError, PoolSize};

@@ -62,7 +62,8 @@ fn counters(c: &Cluster) -> Vec<f64> {
 #[test]
 fn two_prefill_and_two_decode_workers_give_the_greedy_outputs_of_one_process() {
     let mut c = Cluster::start("");
-    for (role, name) in [("prefill", "prefill-a"), ("prefill", "prefill-b"), ("decode", "decode-a"), ("decode", "decode-b")]
+    for (role, name) in
+        [("prefill", "prefill-a"), ("prefill", "prefill-b"), ("decode", "decode-a"), ("decode", "decode-b")]
     {
         c.add_worker(role, name, None);
     }
@@ -92,7 +93,8 @@ fn two_prefill_and_two_decode_workers_give_the_greedy_outputs_of_one_process() {
     }
     for i in 0..4 {
         let m = c.worker_metrics(i);
-        let work = metric(&m, "pagewarden_kv_frames_sent_total", "") + metric(&m, "pagewarden_worker_reservations_total", "");
+        let work =
+            metric(&m, "pagewarden_kv_frames_sent_total", "") + metric(&m, "pagewarden_worker_reservations_total", "");
         assert!(work > 0.0, "worker {} got no work:\n{m}", c.workers[i].name);
         assert_eq!(metric(&m, "pagewarden_isolation_violations_total", ""), 0.0, "{m}");
     }

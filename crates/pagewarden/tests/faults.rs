@@ -16,7 +16,7 @@ use cluster::{Identity, Link, Net};
 use common::cluster::{metric, Cluster, SECRET};
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
-use wire::{ClusterSecret, CloseFrame, Codec, Frame, KvFrame, PairingInfo, PromptDigest, Role, Ticket, TicketKey};
+use wire::{CloseFrame, ClusterSecret, Codec, Frame, KvFrame, PairingInfo, PromptDigest, Role, Ticket, TicketKey};
 
 /// A long enough prompt for five KV frames (four pages and the close).
 const PROMPT: &str = "Tell me a short story about a lighthouse keeper who finds a message in a bottle, \
@@ -197,7 +197,8 @@ fn every_network_fault_on_the_kv_path_fails_its_request_loudly_and_the_next_one_
     ];
     for (fault, kind) in cases {
         let before = violations(&c, d, kind);
-        let gw_before = metric(&c.gateway_metrics(), "pagewarden_isolation_violations_total", &format!("kind=\"{kind}\""));
+        let gw_before =
+            metric(&c.gateway_metrics(), "pagewarden_isolation_violations_total", &format!("kind=\"{kind}\""));
         proxy.set(fault);
         let err = expect_error_nothing_streamed(&c);
         assert!(err["error"]["message"].as_str().unwrap().contains(kind), "{fault:?}: {err}");
@@ -267,7 +268,9 @@ async fn rogue_prefill(c_addr: String, lies: Arc<Mutex<Vec<Lie>>>) {
                 other[3] ^= 1;
                 CloseFrame { tokens: n, prompt_digest: PromptDigest::of(&other), first_token: 42 }
             }
-            Lie::MissingPage => CloseFrame { tokens: n, prompt_digest: PromptDigest::of(&spec.prompt), first_token: 42 },
+            Lie::MissingPage => {
+                CloseFrame { tokens: n, prompt_digest: PromptDigest::of(&spec.prompt), first_token: 42 }
+            }
         };
         io.write_all(&codec.encode(&Frame::close(ticket.id(), seq, close), &key).unwrap()).await.unwrap();
         io.shutdown().await.unwrap();

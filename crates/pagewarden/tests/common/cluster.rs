@@ -69,7 +69,11 @@ pub fn metric(text: &str, name: &str, filter: &str) -> f64 {
 }
 
 pub fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(Duration::from_secs(180))).build().into()
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(180)))
+        .build()
+        .into()
 }
 
 pub fn get_text(url: &str) -> String {
@@ -154,7 +158,10 @@ impl Cluster {
             let m = self.gateway_metrics();
             let p = metric(&m, "pagewarden_cluster_workers", "role=\"prefill\"");
             let d = metric(&m, "pagewarden_cluster_workers", "role=\"decode\"");
-            if p as usize == prefill && d as usize == decode && agent().get(format!("{}/ready", self.url)).call().unwrap().status() == 200 {
+            if p as usize == prefill
+                && d as usize == decode
+                && agent().get(format!("{}/ready", self.url)).call().unwrap().status() == 200
+            {
                 return;
             }
             assert!(t0.elapsed() < Duration::from_secs(120), "workers did not register:\n{m}");
