@@ -51,7 +51,19 @@ pub fn render_workers(workers: &[cluster::WorkerInfo]) -> String {
 }
 
 /// Kinds of isolation violation, always exported (0 until one happens).
-pub const ISOLATION_KINDS: [&str; 4] = ["generation_mismatch", "unwritten_read", "owner_mismatch", "transfer"];
+pub const ISOLATION_KINDS: [&str; 11] = [
+    "generation_mismatch",
+    "unwritten_read",
+    "owner_mismatch",
+    "bad_mac",
+    "out_of_order",
+    "unknown_ticket",
+    "wrong_ticket",
+    "token_count",
+    "prompt_digest",
+    "incomplete",
+    "truncated",
+];
 
 const TTFT_BUCKETS: [f64; 12] = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
 const ITL_BUCKETS: [f64; 12] = [0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 5.0];

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Serving load, side by side in one run, measured by the same client (`pagewarden bench serve`):
+#   1. BASELINE `serve` (optional: another pagewarden binary, e.g. a build of an older commit),
+#   2. `serve` (gateway, prefill and decode in one process over in-memory links),
+#   3. `gateway` + `prefill` + `decode` as three processes over loopback TCP (1 thread each
+#      worker, so the two workers share the machine's cores like serve's one engine does).
+#
+#   [BASELINE=/path/to/pagewarden] scripts/bench-serve-disagg.sh [REQUESTS_PER_CLIENT] [CONCURRENCY]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+n=${1:-4}
+conc=${2:-1,4,16}
+cargo build -q --release -p pagewarden
+pw=target/release/pagewarden
+"$pw" fetch-model >/dev/null
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
+
+key=$("$pw" tenant add bench --config "$work/pw.toml" | head -1)
+printf 'max_concurrent = 64\nmax_queued = 64\n' >>"$work/pw.toml"
+head -c 48 /dev/urandom | base64 >"$work/secret"
+{ printf 'threads = 1\n[cluster]\nsecret_file = "%s"\nlisten = "127.0.0.1:18190"\ngateway = "127.0.0.1:18190"\n' "$work/secret"
+  cat "$work/pw.toml"; } >"$work/disagg.toml"
+
+run_serve() { # binary label
+  "$1" serve --config "$work/pw.toml" --listen 127.0.0.1:18182 >"$work/serve.log" 2>&1 &
+  local pid=$!
+  until curl -sf http://127.0.0.1:18182/ready >/dev/null; do sleep 0.5; done
+  echo "== $2"
+  "$pw" bench serve --url http://127.0.0.1:18182 --key "$key" --concurrency "$conc" --requests "$n"
+  kill $pid; wait $pid 2>/dev/null || true
+}
+
+if [ -n "${BASELINE:-}" ]; then run_serve "$BASELINE" "baseline serve ($BASELINE)"; fi
+run_serve "$pw" "serve (one process, in-memory links)"
+
+"$pw" gateway --config "$work/disagg.toml" --listen 127.0.0.1:18183 >"$work/gw.log" 2>&1 &
+"$pw" prefill --config "$work/disagg.toml" --name prefill-a >"$work/prefill.log" 2>&1 &
+"$pw" decode --config "$work/disagg.toml" --name decode-a >"$work/decode.log" 2>&1 &
+until curl -sf http://127.0.0.1:18183/ready >/dev/null; do sleep 0.5; done
+echo "== gateway + prefill + decode (three processes, loopback TCP, 1 thread per worker)"
+"$pw" bench serve --url http://127.0.0.1:18183 --key "$key" --concurrency "$conc" --requests "$n"
