@@ -117,7 +117,8 @@ fn main() {
             gateway::run_serve_cli(config.as_deref(), listen.as_deref()).map_err(Into::into)
         }
         Cmd::Gateway { config, listen, cluster_listen } => {
-            gateway::run_gateway_cli(config.as_deref(), listen.as_deref(), cluster_listen.as_deref()).map_err(Into::into)
+            gateway::run_gateway_cli(config.as_deref(), listen.as_deref(), cluster_listen.as_deref())
+                .map_err(Into::into)
         }
         Cmd::Prefill(args) => roles::run(wire::Role::Prefill, &args),
         Cmd::Decode(args) => roles::run(wire::Role::Decode, &args),
