@@ -604,7 +604,9 @@ impl Loop {
             let _ = tx.send(ev);
             return;
         }
-        let sampler = Sampler::new(req.sampling);
+        let mut sampler = Sampler::new(req.sampling);
+        // The prefill side drew the first token from the same seeded stream.
+        sampler.skip_draws(1);
         self.running.push(Running {
             req,
             kind: Kind::Full,

@@ -141,3 +141,24 @@ fn a_reservation_nobody_collects_is_freed() {
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
 }
+
+#[test]
+fn seeded_sampling_across_the_handoff_continues_the_single_engine_stream() {
+    let (p, d) = (engine(1024), engine(1024));
+    let (ph, dh) = (p.handle(), d.handle());
+    let mut r = req(11, 30, 12);
+    r.sampling = SamplingParams::builder().temperature(1.5).seed(7).build().unwrap();
+    let mut alone = Vec::new();
+    let mut s = ph.submit(r.clone()).unwrap();
+    while let Some(ev) = s.blocking_next() {
+        if let Event::Token(t) = ev {
+            alone.push(t.token);
+        }
+    }
+    let (first, kv) = prefill(&ph, r.clone());
+    let mut dst = reserve(&dh, r.clone());
+    copy(&kv, &mut dst, 30, 2);
+    let mut got = vec![first.token];
+    got.extend(tokens_of(dh.resume(r, dst, first.token).unwrap()).unwrap());
+    assert_eq!(got, alone);
+}

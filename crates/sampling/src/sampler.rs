@@ -97,6 +97,14 @@ impl Sampler {
         &self.params
     }
 
+    /// Advances the random stream past `n` draws: a decode worker continuing a sequence whose
+    /// first token another node sampled with the same seed must not reuse that draw.
+    pub fn skip_draws(&mut self, n: usize) {
+        for _ in 0..n {
+            self.rng.next_f64();
+        }
+    }
+
     /// The seed in use (drawn from entropy when the params had none), so an
     /// unseeded run can be logged and replayed.
     pub fn seed(&self) -> u64 {
