@@ -20,6 +20,9 @@ pub enum BenchCmd {
     /// Streaming chat load against an OpenAI-compatible server: output tokens/s, time to first
     /// token and inter-token latency at each concurrency.
     Serve(crate::bench_serve::ServeBench),
+    /// KV transfer throughput between two processes over loopback TCP: raw bytes, frames
+    /// without verification, and the full protocol (MACs and transfer checks), side by side.
+    Transfer(crate::bench_transfer::TransferArgs),
 }
 
 #[derive(Args)]
@@ -72,6 +75,7 @@ pub fn run(cmd: &BenchCmd) -> Result<()> {
     match cmd {
         BenchCmd::Model(b) => model_bench(b),
         BenchCmd::Serve(b) => crate::bench_serve::run(b),
+        BenchCmd::Transfer(b) => crate::bench_transfer::run(b),
     }
 }
 

@@ -1,6 +1,8 @@
 //! Length-prefixed, MAC'd frames. `decode` never panics, never allocates more than the bytes
-//! it was given, and verifies the MAC before it reads any field other than the four that
-//! locate the MAC and its key (length, magic, version, ticket nonce), all covered by the MAC.
+//! it was given (`decode_borrowed` allocates nothing), and verifies the MAC before it reads
+//! any field other than the four that locate the MAC and its key (length, magic, version,
+//! ticket nonce), all covered by the MAC. `encode_parts` and `decode_borrowed` leave the KV
+//! payload where it is: on a fast link, copying it costs as much as a good part of the MAC.
 //!
 //! ```text
 //! offset size  field
@@ -19,8 +21,8 @@
 //! ```
 
 use crate::error::WireError;
-use crate::frame::{CloseFrame, Frame, FrameBody, KvFrame, TicketId, TicketNonce, WIRE_VERSION};
-use crate::mac::{mac, verify, PromptDigest, TicketKey, TAG_LEN};
+use crate::frame::{CloseFrame, Frame, FrameBodyRef, FrameRef, KvFrameRef, TicketId, TicketNonce, WIRE_VERSION};
+use crate::mac::{verify, PromptDigest, TicketKey, TAG_LEN};
 use kv::{RequestId, TenantId};
 use std::collections::HashMap;
 
@@ -91,52 +93,62 @@ impl Codec {
 
     /// Encodes `frame` and appends its MAC under `key`.
     pub fn encode(&self, frame: &Frame, key: &TicketKey) -> Result<Vec<u8>, WireError> {
-        let body_len = match &frame.body {
-            FrameBody::Kv(kv) => KV_FIXED.saturating_add(kv.payload.len()),
-            FrameBody::Close(_) => CLOSE_LEN,
+        Ok(self.encode_parts(&frame.borrowed(), key)?.to_vec())
+    }
+
+    /// [`Codec::encode`] without copying the payload: the frame's bytes are
+    /// `head ‖ payload ‖ tag`, for a vectored write straight from where the payload lies.
+    pub fn encode_parts<'a>(&self, frame: &FrameRef<'a>, key: &TicketKey) -> Result<EncodedFrame<'a>, WireError> {
+        let (body_fixed, payload): (usize, &'a [u8]) = match &frame.body {
+            FrameBodyRef::Kv(kv) => (KV_FIXED, kv.payload),
+            FrameBodyRef::Close(_) => (CLOSE_LEN, &[]),
         };
-        let total = HEADER_LEN.saturating_add(body_len).saturating_add(TAG_LEN);
+        let total = (HEADER_LEN + body_fixed).saturating_add(payload.len()).saturating_add(TAG_LEN);
         if total > self.max_frame {
             return Err(WireError::Oversized { len: total, max: self.max_frame });
         }
         let len = u32::try_from(total - 4).map_err(|_| WireError::Oversized { len: total, max: self.max_frame })?;
-        let mut out = Vec::with_capacity(total);
-        out.extend_from_slice(&len.to_le_bytes());
-        out.extend_from_slice(&FRAME_MAGIC);
-        out.extend_from_slice(&WIRE_VERSION.to_le_bytes());
-        out.push(match frame.body {
-            FrameBody::Kv(_) => KIND_KV,
-            FrameBody::Close(_) => KIND_CLOSE,
+        let mut head = Vec::with_capacity(HEADER_LEN + body_fixed);
+        head.extend_from_slice(&len.to_le_bytes());
+        head.extend_from_slice(&FRAME_MAGIC);
+        head.extend_from_slice(&WIRE_VERSION.to_le_bytes());
+        head.push(match frame.body {
+            FrameBodyRef::Kv(_) => KIND_KV,
+            FrameBodyRef::Close(_) => KIND_CLOSE,
         });
-        out.push(0);
-        out.extend_from_slice(&frame.ticket.nonce.0);
-        out.extend_from_slice(&frame.ticket.request.0.to_le_bytes());
-        out.extend_from_slice(&frame.ticket.tenant.0.to_le_bytes());
-        out.extend_from_slice(&frame.seq.to_le_bytes());
+        head.push(0);
+        head.extend_from_slice(&frame.ticket.nonce.0);
+        head.extend_from_slice(&frame.ticket.request.0.to_le_bytes());
+        head.extend_from_slice(&frame.ticket.tenant.0.to_le_bytes());
+        head.extend_from_slice(&frame.seq.to_le_bytes());
         match &frame.body {
-            FrameBody::Kv(kv) => {
+            FrameBodyRef::Kv(kv) => {
                 check_range("layer", kv.layers.start, kv.layers.end)?;
                 check_range("token", kv.tokens.start, kv.tokens.end)?;
                 let payload_len = kv.payload.len() as u32; // bounded by max_frame above
                 for v in [kv.page_index, kv.layers.start, kv.layers.end, kv.tokens.start, kv.tokens.end, payload_len] {
-                    out.extend_from_slice(&v.to_le_bytes());
+                    head.extend_from_slice(&v.to_le_bytes());
                 }
-                out.extend_from_slice(&kv.payload);
             }
-            FrameBody::Close(c) => {
-                out.extend_from_slice(&c.tokens.to_le_bytes());
-                out.extend_from_slice(&c.prompt_digest.0);
-                out.extend_from_slice(&c.first_token.to_le_bytes());
+            FrameBodyRef::Close(c) => {
+                head.extend_from_slice(&c.tokens.to_le_bytes());
+                head.extend_from_slice(&c.prompt_digest.0);
+                head.extend_from_slice(&c.first_token.to_le_bytes());
             }
         }
-        let tag = mac(key.bytes(), &out);
-        out.extend_from_slice(&tag);
-        Ok(out)
+        let tag = mac_parts(key.bytes(), &head, payload);
+        Ok(EncodedFrame { head, payload, tag })
     }
 
     /// Decodes exactly one frame from `bytes`, verifying its MAC with the key `keys` gives for
     /// its ticket nonce before trusting any other field.
     pub fn decode(&self, bytes: &[u8], keys: &impl KeyLookup) -> Result<Frame, WireError> {
+        self.decode_borrowed(bytes, keys).map(FrameRef::into_owned)
+    }
+
+    /// [`Codec::decode`] without the payload copy: the same checks in the same order, and the
+    /// KV payload of the result borrows `bytes`. Allocates nothing.
+    pub fn decode_borrowed<'a>(&self, bytes: &'a [u8], keys: &impl KeyLookup) -> Result<FrameRef<'a>, WireError> {
         let total = self.frame_len(bytes)?;
         if bytes.len() < total {
             return Err(WireError::Truncated { needed: total, had: bytes.len() });
@@ -181,8 +193,8 @@ impl Codec {
                 }
                 check_range("layer", layers.start, layers.end)?;
                 check_range("token", tokens.start, tokens.end)?;
-                let payload = r.take(payload_len)?.to_vec();
-                FrameBody::Kv(KvFrame { page_index, layers, tokens, payload })
+                let payload = r.take(payload_len)?;
+                FrameBodyRef::Kv(KvFrameRef { page_index, layers, tokens, payload })
             }
             KIND_CLOSE => {
                 if r.remaining() != CLOSE_LEN {
@@ -191,13 +203,56 @@ impl Codec {
                 let tokens = r.u32()?;
                 let prompt_digest = PromptDigest(r.array::<32>()?);
                 let first_token = r.u32()?;
-                FrameBody::Close(CloseFrame { tokens, prompt_digest, first_token })
+                FrameBodyRef::Close(CloseFrame { tokens, prompt_digest, first_token })
             }
             _ => return Err(WireError::Malformed("unknown frame kind")),
         };
         r.finish()?;
-        Ok(Frame { ticket, seq, body })
+        Ok(FrameRef { ticket, seq, body })
     }
+}
+
+/// An encoded frame in three parts, the payload borrowed: its bytes are `head ‖ payload ‖ tag`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EncodedFrame<'a> {
+    /// Length prefix, header and the body's fixed fields (the whole body of a close).
+    pub head: Vec<u8>,
+    pub payload: &'a [u8],
+    pub tag: [u8; TAG_LEN],
+}
+
+impl EncodedFrame<'_> {
+    /// Bytes of the whole frame.
+    pub fn len(&self) -> usize {
+        self.head.len() + self.payload.len() + TAG_LEN
+    }
+
+    /// Never true: a frame has at least a header and a MAC.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The three parts in wire order, for a vectored write.
+    pub fn parts(&self) -> [&[u8]; 3] {
+        [&self.head, self.payload, &self.tag]
+    }
+
+    /// The frame as one buffer (copies the payload).
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.len());
+        for part in self.parts() {
+            out.extend_from_slice(part);
+        }
+        out
+    }
+}
+
+/// Keyed BLAKE3 of `head ‖ payload`, equal to [`mac`] of the two concatenated.
+fn mac_parts(key: &[u8; 32], head: &[u8], payload: &[u8]) -> [u8; TAG_LEN] {
+    let mut h = blake3::Hasher::new_keyed(key);
+    h.update(head);
+    h.update(payload);
+    *h.finalize().as_bytes()
 }
 
 /// [`Codec::encode`] with the default maximum frame size.
@@ -273,6 +328,8 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::frame::{FrameBody, KvFrame};
+    use crate::mac::mac;
     use crate::testutil::*;
     use proptest::prelude::*;
 
@@ -294,6 +351,24 @@ mod tests {
             assert_eq!(Codec::default().frame_len(&bytes), Ok(bytes.len()));
             assert_eq!(decode(&bytes, &keys()), Ok(f));
         }
+    }
+
+    #[test]
+    fn parts_and_borrowed_decoding_leave_the_payload_in_place() {
+        let f = kv(&ticket(), 3, 1, 0..3, 4..8);
+        let FrameBody::Kv(source) = &f.body else { panic!("not a KV frame") };
+        let parts = Codec::default().encode_parts(&f.borrowed(), &key_of(&ticket())).unwrap();
+        assert!(std::ptr::eq(parts.payload, source.payload.as_slice()));
+        assert_eq!((parts.head.len(), parts.len()), (HEADER_LEN + KV_FIXED, HEADER_LEN + KV_FIXED + 48 + TAG_LEN));
+        let bytes = parts.to_vec();
+        assert_eq!(bytes, enc(&f));
+        let decoded = Codec::default().decode_borrowed(&bytes, &keys()).unwrap();
+        let FrameBodyRef::Kv(kv) = &decoded.body else { panic!("not a KV frame") };
+        assert!(std::ptr::eq(kv.payload, &bytes[HEADER_LEN + KV_FIXED..bytes.len() - TAG_LEN]));
+        assert_eq!(decoded.into_owned(), f);
+        let close = close(&ticket(), 6, &prompt());
+        let parts = Codec::default().encode_parts(&close.borrowed(), &key_of(&ticket())).unwrap();
+        assert_eq!((parts.payload.len(), parts.to_vec()), (0, enc(&close)));
     }
 
     #[test]
@@ -415,6 +490,51 @@ mod tests {
             bytes[..4].copy_from_slice(&len.to_le_bytes());
             if bytes.len() >= HEADER_LEN + TAG_LEN { remac(&mut bytes); }
             let _ = decode(&bytes, &keys());
+        }
+
+        /// The MAC at work: whatever bytes an attacker flips, splices in or cuts out of an
+        /// authentic frame, without the key it never decodes to a frame other than the original.
+        #[test]
+        fn mutations_of_a_valid_frame_never_decode_to_another_frame(
+            close_frame in any::<bool>(),
+            flips in proptest::collection::vec((any::<prop::sample::Index>(), 1u8..=255), 0..6),
+            splice in proptest::option::of((any::<prop::sample::Index>(), 0usize..40, proptest::collection::vec(any::<u8>(), 0..40))),
+        ) {
+            let original = if close_frame { close(&ticket(), 6, &prompt()) } else { kv(&ticket(), 0, 0, 0..3, 0..4) };
+            let bytes = enc(&original);
+            let mut b = bytes.clone();
+            for (at, x) in flips {
+                b[at.index(bytes.len())] ^= x;
+            }
+            if let Some((at, cut, with)) = splice {
+                let at = at.index(b.len());
+                let end = (at + cut).min(b.len());
+                b.splice(at..end, with);
+            }
+            match decode(&b, &keys()) {
+                Ok(f) => prop_assert!(f == original && b == bytes, "forged frame decoded: {:?}", f),
+                Err(_) => prop_assert_ne!(b, bytes),
+            }
+        }
+
+        #[test]
+        fn borrowed_and_owned_decoding_agree_and_are_canonical(bytes in proptest::collection::vec(any::<u8>(), 0..512), remac_it in any::<bool>()) {
+            let mut bytes = bytes;
+            if remac_it && bytes.len() >= HEADER_LEN + TAG_LEN {
+                // A valid header for our ticket, so some inputs reach the authenticated parser.
+                let head = enc(&close(&ticket(), 0, &prompt()));
+                bytes[..28].copy_from_slice(&head[..28]);
+                let len = (bytes.len() - 4) as u32;
+                bytes[..4].copy_from_slice(&len.to_le_bytes());
+                remac(&mut bytes);
+            }
+            let owned = decode(&bytes, &keys());
+            let borrowed = Codec::default().decode_borrowed(&bytes, &keys());
+            prop_assert_eq!(&owned, &borrowed.map(FrameRef::into_owned));
+            if let Ok(f) = owned {
+                // Canonical: one frame has one encoding, so nothing rides along unseen.
+                prop_assert_eq!(enc(&f), bytes);
+            }
         }
 
         #[test]

@@ -84,6 +84,20 @@ pub struct CloseFrame {
 }
 
 impl Frame {
+    /// This frame as a [`FrameRef`] borrowing its payload.
+    pub fn borrowed(&self) -> FrameRef<'_> {
+        let body = match &self.body {
+            FrameBody::Kv(kv) => FrameBodyRef::Kv(KvFrameRef {
+                page_index: kv.page_index,
+                layers: kv.layers.clone(),
+                tokens: kv.tokens.clone(),
+                payload: &kv.payload,
+            }),
+            FrameBody::Close(c) => FrameBodyRef::Close(*c),
+        };
+        FrameRef { ticket: self.ticket, seq: self.seq, body }
+    }
+
     /// A KV frame of `ticket`.
     pub fn kv(ticket: TicketId, seq: u32, kv: KvFrame) -> Self {
         Frame { ticket, seq, body: FrameBody::Kv(kv) }
@@ -92,5 +106,47 @@ impl Frame {
     /// A closing frame of `ticket`.
     pub fn close(ticket: TicketId, seq: u32, close: CloseFrame) -> Self {
         Frame { ticket, seq, body: FrameBody::Close(close) }
+    }
+}
+
+/// A frame whose KV payload borrows the bytes it was decoded from
+/// ([`crate::Codec::decode_borrowed`]): the receive path without copying the payload, which
+/// the caller writes into its pages straight from its read buffer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrameRef<'a> {
+    pub ticket: TicketId,
+    pub seq: u32,
+    pub body: FrameBodyRef<'a>,
+}
+
+/// What a [`FrameRef`] carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FrameBodyRef<'a> {
+    Kv(KvFrameRef<'a>),
+    Close(CloseFrame),
+}
+
+/// [`KvFrame`] with a borrowed payload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KvFrameRef<'a> {
+    pub page_index: u32,
+    pub layers: Range<u32>,
+    pub tokens: Range<u32>,
+    pub payload: &'a [u8],
+}
+
+impl FrameRef<'_> {
+    /// The owned frame (copies the payload).
+    pub fn into_owned(self) -> Frame {
+        let body = match self.body {
+            FrameBodyRef::Kv(kv) => FrameBody::Kv(KvFrame {
+                page_index: kv.page_index,
+                layers: kv.layers,
+                tokens: kv.tokens,
+                payload: kv.payload.to_vec(),
+            }),
+            FrameBodyRef::Close(c) => FrameBody::Close(c),
+        };
+        Frame { ticket: self.ticket, seq: self.seq, body }
     }
 }

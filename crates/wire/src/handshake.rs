@@ -624,7 +624,112 @@ mod tests {
         assert!(!format!("{:?}", SessionKey([0xcd; 32])).contains("cd"));
     }
 
+    fn arb_role() -> impl Strategy<Value = Role> {
+        prop_oneof![Just(Role::Gateway), Just(Role::Prefill), Just(Role::Decode)]
+    }
+
+    /// Any message a peer without the secret could send: every kind, arbitrary fields, and the
+    /// nonces both sides use here among the candidates so echoes are tried too.
+    fn arb_msg() -> impl Strategy<Value = HandshakeMsg> {
+        let bytes32 = prop_oneof![Just([1u8; 32]), Just([2u8; 32]), any::<[u8; 32]>()];
+        let info =
+            (bytes32.clone(), any::<u32>(), any::<bool>(), any::<[u32; 3]>()).prop_map(|(d, ps, f32, l)| PairingInfo {
+                model_digest: d,
+                page_size: ps,
+                kv_dtype: if f32 { KvDtype::F32 } else { KvDtype::F16 },
+                layout: LayoutShape { n_layers: l[0], n_kv_heads: l[1], head_dim: l[2] },
+            });
+        prop_oneof![
+            (arb_role(), bytes32.clone()).prop_map(|(role, nonce)| HandshakeMsg::Hello { role, nonce }),
+            (arb_role(), bytes32.clone(), any::<[u8; 32]>()).prop_map(|(role, nonce, proof)| HandshakeMsg::Challenge {
+                role,
+                nonce,
+                proof
+            }),
+            any::<[u8; 32]>().prop_map(|proof| HandshakeMsg::Proof { proof }),
+            (arb_role(), info, any::<[u8; 32]>()).prop_map(|(role, info, mac)| HandshakeMsg::Pairing {
+                role,
+                info,
+                mac
+            }),
+            (1u8..=6).prop_map(|c| HandshakeMsg::Refused(RefusalCode::from_u8(c).unwrap_or(RefusalCode::BadProof))),
+        ]
+    }
+
+    /// Drives every state machine with `msg` where a peer could send it; none may panic, and
+    /// none may accept a message that needs the secret or the session key.
+    fn drive(msg: &HandshakeMsg) -> Result<(), TestCaseError> {
+        let (init, hello) = Initiator::start(secret(), Role::Prefill, [1; 32]);
+        prop_assert!(init.on_challenge(msg).is_err(), "initiator accepted {:?}", msg);
+        match Responder::on_hello(secret(), Role::Decode, [2; 32], msg) {
+            Ok((_, challenge)) => {
+                let HandshakeMsg::Hello { nonce, .. } = msg else { return Err(TestCaseError::fail("not a hello")) };
+                prop_assert_ne!(nonce, &[2u8; 32]);
+                let is_challenge = matches!(challenge, HandshakeMsg::Challenge { .. });
+                prop_assert!(is_challenge);
+            }
+            Err(_) => {
+                let fresh_hello = matches!(msg, HandshakeMsg::Hello { nonce, .. } if nonce != &[2u8; 32]);
+                prop_assert!(!fresh_hello, "fresh hello refused");
+            }
+        }
+        let (resp, _) = Responder::on_hello(secret(), Role::Decode, [2; 32], &hello)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert!(resp.on_proof(msg).is_err(), "responder accepted {:?}", msg);
+        prop_assert!(info().open_and_check(msg, Role::Prefill, &SessionKey([7; 32])).is_err());
+        Ok(())
+    }
+
     proptest! {
+        #[test]
+        fn arbitrary_messages_never_panic_nor_authenticate_the_state_machines(msg in arb_msg()) {
+            drive(&msg)?;
+            prop_assert_eq!(HandshakeMsg::decode(&msg.encode()), Ok(msg));
+        }
+
+        #[test]
+        fn arbitrary_bytes_that_parse_never_authenticate(bytes in proptest::collection::vec(any::<u8>(), 0..300), kind in 1u8..=5) {
+            // A valid header with an arbitrary body, so that some inputs parse.
+            let mut framed = ((7 + bytes.len()) as u32).to_le_bytes().to_vec();
+            framed.extend_from_slice(&HANDSHAKE_MAGIC);
+            framed.extend_from_slice(&WIRE_VERSION.to_le_bytes());
+            framed.push(kind);
+            framed.extend_from_slice(&bytes);
+            for input in [&bytes, &framed] {
+                if let Ok(m) = HandshakeMsg::decode(input) {
+                    drive(&m)?;
+                }
+            }
+        }
+
+        #[test]
+        fn mutated_genuine_messages_never_authenticate(flips in proptest::collection::vec((any::<prop::sample::Index>(), 1u8..=255), 1..4)) {
+            let (init, hello) = Initiator::start(secret(), Role::Prefill, [1; 32]);
+            let (resp, challenge) = Responder::on_hello(secret(), Role::Decode, [2; 32], &hello)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let (proof, key, _) = Initiator::start(secret(), Role::Prefill, [1; 32]).0.on_challenge(&challenge)
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let pairing = info().seal(Role::Prefill, &key);
+            // Flips that cancel out leave the genuine message: nothing to refuse.
+            let mutate = |m: &HandshakeMsg| {
+                let genuine = m.encode();
+                let mut b = genuine.clone();
+                for (at, x) in &flips {
+                    b[at.index(genuine.len())] ^= x;
+                }
+                if b == genuine { Err(WireError::Malformed("unchanged")) } else { HandshakeMsg::decode(&b) }
+            };
+            if let Ok(m) = mutate(&challenge) {
+                prop_assert!(init.on_challenge(&m).is_err());
+            }
+            if let Ok(m) = mutate(&proof) {
+                prop_assert!(resp.on_proof(&m).is_err());
+            }
+            if let Ok(m) = mutate(&pairing) {
+                prop_assert!(info().open_and_check(&m, Role::Prefill, &key).is_err());
+            }
+        }
+
         #[test]
         fn arbitrary_bytes_never_panic_the_handshake_parser(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
             let _ = HandshakeMsg::decode(&bytes);

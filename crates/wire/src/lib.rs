@@ -35,9 +35,12 @@ mod handshake;
 mod mac;
 mod transfer;
 
-pub use codec::{decode, encode, Codec, KeyLookup, DEFAULT_MAX_FRAME, FRAME_MAGIC, HEADER_LEN};
+pub use codec::{decode, encode, Codec, EncodedFrame, KeyLookup, DEFAULT_MAX_FRAME, FRAME_MAGIC, HEADER_LEN};
 pub use error::WireError;
-pub use frame::{CloseFrame, Frame, FrameBody, KvFrame, Ticket, TicketId, TicketNonce, WIRE_VERSION};
+pub use frame::{
+    CloseFrame, Frame, FrameBody, FrameBodyRef, FrameRef, KvFrame, KvFrameRef, Ticket, TicketId, TicketNonce,
+    WIRE_VERSION,
+};
 pub use handshake::{
     ClusterSecret, HandshakeMsg, Initiator, LayoutShape, PairingInfo, PairingMismatch, RefusalCode, Responder, Role,
     SessionKey, HANDSHAKE_MAGIC, MAX_HANDSHAKE_MSG,

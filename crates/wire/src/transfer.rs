@@ -9,7 +9,7 @@
 //! prompt (token count and digest) and every (layer, prompt token) slot was written once.
 
 use crate::error::WireError;
-use crate::frame::{Frame, FrameBody, Ticket};
+use crate::frame::{Frame, FrameBodyRef, FrameRef, Ticket, TicketId};
 use crate::mac::PromptDigest;
 use kv::KvLayout;
 use std::ops::Range;
@@ -133,10 +133,16 @@ impl Transfer<Receiving> {
     }
 
     /// Checks one decoded (MAC-verified) frame against the reservation and the admitted prompt.
-    pub fn receive(mut self, frame: &Frame) -> Result<Received<'_>, WireError> {
-        self.check_header(frame)?;
+    pub fn receive(self, frame: &Frame) -> Result<Received<'_>, WireError> {
+        self.receive_ref(&frame.borrowed())
+    }
+
+    /// [`Transfer::receive`] for a frame from [`crate::Codec::decode_borrowed`]: the same
+    /// checks; the accepted [`PageWrite`] borrows the payload from the decoded bytes.
+    pub fn receive_ref<'f>(mut self, frame: &FrameRef<'f>) -> Result<Received<'f>, WireError> {
+        self.check_header(frame.ticket, frame.seq)?;
         match &frame.body {
-            FrameBody::Kv(kv) => {
+            FrameBodyRef::Kv(kv) => {
                 let (page, layers, tokens) = (kv.page_index, kv.layers.clone(), kv.tokens.clone());
                 if page >= self.ticket.pages {
                     return Err(WireError::PageOutOfRange { page, pages: self.ticket.pages });
@@ -169,10 +175,10 @@ impl Transfer<Receiving> {
                 // page_start <= tokens.start < tokens.end <= page_start + page_size.
                 let offset = (tokens.start as u64 - page_start) as u32;
                 let slots = offset..offset + n_tokens;
-                let write = PageWrite { page_index: page, slots, layers, payload: &kv.payload };
+                let write = PageWrite { page_index: page, slots, layers, payload: kv.payload };
                 Ok(Received::Written(self, write))
             }
-            FrameBody::Close(close) => {
+            FrameBodyRef::Close(close) => {
                 if close.tokens != self.ticket.tokens {
                     return Err(WireError::TokenCount { expected: self.ticket.tokens, got: close.tokens });
                 }
@@ -194,12 +200,12 @@ impl Transfer<Receiving> {
         }
     }
 
-    fn check_header(&self, frame: &Frame) -> Result<(), WireError> {
-        if frame.ticket != self.ticket.id() {
+    fn check_header(&self, ticket: TicketId, seq: u32) -> Result<(), WireError> {
+        if ticket != self.ticket.id() {
             return Err(WireError::WrongTicket);
         }
-        if frame.seq != self.state.next_seq {
-            return Err(WireError::OutOfOrder { expected: self.state.next_seq, got: frame.seq });
+        if seq != self.state.next_seq {
+            return Err(WireError::OutOfOrder { expected: self.state.next_seq, got: seq });
         }
         Ok(())
     }
@@ -247,6 +253,11 @@ impl Transfer<Complete> {
 
     /// The verdict on any frame arriving after the close: always an error.
     pub fn reject(&self, frame: &Frame) -> WireError {
+        self.reject_ref(&frame.borrowed())
+    }
+
+    /// [`Transfer::reject`] for a borrowed frame.
+    pub fn reject_ref(&self, frame: &FrameRef<'_>) -> WireError {
         if frame.ticket == self.ticket.id() {
             WireError::AfterClose
         } else {
@@ -473,6 +484,50 @@ mod tests {
                 }
                 Err(e) => {
                     prop_assert_eq!(e, WireError::Incomplete { missing });
+                }
+            }
+        }
+
+        /// A sender holding the ticket key (a compromised or buggy prefill worker) can MAC any
+        /// bytes: arbitrary edits of an honest stream, re-MAC'd, go through the codec and the
+        /// transfer without a panic, every accepted write stays inside the reservation, and the
+        /// transfer completes only when every reserved slot was written exactly once.
+        #[test]
+        fn edited_and_re_maced_streams_never_complete_short(
+            edits in proptest::collection::vec((any::<prop::sample::Index>(), any::<prop::sample::Index>(), any::<u8>()), 0..6),
+            dropped in proptest::option::of(any::<prop::sample::Index>()),
+        ) {
+            let key = key_of(&ticket());
+            let mut stream: Vec<Vec<u8>> =
+                honest_frames(&ticket()).iter().map(|f| crate::encode(f, &key).unwrap_or_default()).collect();
+            if let Some(d) = dropped {
+                stream.remove(d.index(stream.len()));
+            }
+            for (frame, at, value) in edits {
+                let n = stream.len();
+                let b = &mut stream[frame.index(n)];
+                let signed = b.len() - crate::TAG_LEN;
+                b[at.index(signed)] = value;
+                let tag = crate::mac::mac(key.bytes(), &b[..signed]);
+                b[signed..].copy_from_slice(&tag);
+            }
+            let mut t = start();
+            let mut seen = std::collections::HashSet::new();
+            for bytes in &stream {
+                let Ok(f) = crate::decode(bytes, &keys()) else { break };
+                match t.receive(&f) {
+                    Ok(Received::Written(next, w)) => {
+                        for l in w.layers.clone() {
+                            for s in w.slots.clone() {
+                                prop_assert!(w.page_index * 4 + s < 10 && l < 3);
+                                prop_assert!(seen.insert((l, w.page_index * 4 + s)));
+                            }
+                        }
+                        prop_assert_eq!(w.payload.len() as u64, GEOM.payload_len(w.layers.len() as u32, w.slots.len() as u32).unwrap_or(0));
+                        t = next;
+                    }
+                    Ok(Received::Complete(_)) => { prop_assert_eq!(seen.len(), 30); break; }
+                    Err(_) => break,
                 }
             }
         }

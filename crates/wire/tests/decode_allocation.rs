@@ -1,5 +1,6 @@
-//! Decoding arbitrary bytes never allocates more than the bytes given: no length field, however
-//! large, is trusted before it is checked against what remains.
+//! Decoding arbitrary bytes never allocates more than the bytes given (the borrowed decode
+//! nothing at all): no length field, however large, is trusted before it is checked against
+//! what remains.
 
 use proptest::prelude::*;
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -69,6 +70,8 @@ proptest! {
     fn decoding_arbitrary_bytes_allocates_at_most_their_length(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
         let (_, total) = measure(|| decode(&bytes, &any_key));
         prop_assert!(total <= bytes.len(), "allocated {} for {} bytes", total, bytes.len());
+        let (_, total) = measure(|| Codec::default().decode_borrowed(&bytes, &any_key));
+        prop_assert_eq!(total, 0);
         let (_, total) = measure(|| HandshakeMsg::decode(&bytes));
         prop_assert_eq!(total, 0);
     }
@@ -83,6 +86,8 @@ proptest! {
         let bytes = wire::encode(&frame, &TicketKey::from_bytes([3; 32])).unwrap_or_default();
         let (_, total) = measure(|| decode(&bytes, &any_key));
         prop_assert!(total <= bytes.len());
+        let (_, total) = measure(|| Codec::default().decode_borrowed(&bytes, &any_key));
+        prop_assert_eq!(total, 0, "the borrowed decode allocates nothing");
         prop_assert_eq!(decode(&bytes, &any_key), Ok(frame));
     }
 }
