@@ -120,6 +120,14 @@ async fn route_inner(ctx: &Ctx, spec: &Spec, out: &UnboundedSender<ToGateway>) -
             Inbound::Broken(e) => return Err(violation(e)),
         };
         ctx.metrics.frames_received.fetch_add(1, Ordering::Relaxed);
+        // The incident: the close is taken at its word and the reservation declared written.
+        #[cfg(feature = "incident-replay")]
+        if let wire::FrameBody::Close(c) = &frame.body {
+            table.incident_mark_written(req.prompt.len());
+            drop(guard);
+            let _ = out.send(ToGateway::Verified { route: spec.route, first: c.first_token });
+            return decode(ctx, spec, req, table, c.first_token, out).await;
+        }
         match transfer.receive(&frame) {
             Ok(Received::Written(next, w)) => {
                 write(&mut table, &w)?;
@@ -134,7 +142,18 @@ async fn route_inner(ctx: &Ctx, spec: &Spec, out: &UnboundedSender<ToGateway>) -
     ctx.metrics.transfers_completed.fetch_add(1, Ordering::Relaxed);
     let first = complete.first_token();
     let _ = out.send(ToGateway::Verified { route: spec.route, first });
+    decode(ctx, spec, req, table, first, out).await
+}
 
+/// Decodes from a verified reservation and relays the tokens.
+async fn decode(
+    ctx: &Ctx,
+    spec: &Spec,
+    req: engine::GenRequest,
+    table: BlockTable,
+    first: u32,
+    out: &UnboundedSender<ToGateway>,
+) -> Result<(), Failure> {
     let mut stream = ctx.engine.resume(req, table, first).map_err(Failure::Refused)?;
     loop {
         match stream.next().await {

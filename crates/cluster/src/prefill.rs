@@ -49,7 +49,19 @@ async fn route_inner(
 ) -> Result<(), Failure> {
     let req = spec.to_request().map_err(|m| Failure::Internal(format!("invalid sampling parameters: {m}")))?;
     // Our own door first: nothing is computed or sent for a request that fails it.
+    #[cfg(not(feature = "incident-replay"))]
     ctx.engine.check(&req.prompt, req.max_tokens).map_err(Failure::Refused)?;
+    // The incident: a prompt our pool cannot hold becomes a one-token placeholder.
+    #[cfg(feature = "incident-replay")]
+    let (req, ticket) = {
+        let mut req = req;
+        let mut ticket = ticket;
+        if req.prompt.len() > ctx.engine.pool().capacity_tokens() {
+            req.prompt.truncate(1);
+            ticket.tokens = 1;
+        }
+        (req, ticket)
+    };
     // The ticket must be for this request and prompt; a gateway bug must not make us send
     // one request's KV under another's ticket.
     if ticket.request != req.id || ticket.tenant != req.tenant || ticket.tokens as usize != req.prompt.len() {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use engine::EngineHandle;
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
-use wire::{Role, TicketNonce};
+use wire::{Role, TicketNonce, WireError};
 
 use crate::decode::TicketTable;
 use crate::link::Identity;
@@ -86,7 +86,12 @@ pub async fn run_worker(
     loop {
         match session(&ctx).await {
             Ok(()) => pause = Duration::from_millis(100),
-            Err(ClusterError::Rejected(m)) => return Err(ClusterError::Rejected(m)),
+            // Misconfiguration (another secret, model or KV layout; a refused registration):
+            // retrying cannot fix it, so stop and say why.
+            Err(e @ (ClusterError::Rejected(_)
+            | ClusterError::Wire(WireError::Pairing(_) | WireError::Refused(_) | WireError::BadProof))) => {
+                return Err(e)
+            }
             Err(e) => {
                 eprintln!("{}: gateway link: {e}; retrying in {} ms", ctx.cfg.name, pause.as_millis());
             }

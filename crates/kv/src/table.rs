@@ -261,6 +261,19 @@ impl BlockTable {
         Ok(())
     }
 
+    /// The incident's bug, for the audit's self-test only: declares positions `[0, len)`
+    /// written at every layer whatever they hold.
+    #[cfg(feature = "incident-replay")]
+    pub fn incident_mark_written(&mut self, len: usize) {
+        let ps = self.pool.layout.page_size;
+        for (i, lease) in self.leases.iter().take(len.div_ceil(ps)).enumerate() {
+            let n = (len - i * ps).min(ps);
+            for layer in 0..self.pool.layout.n_layers {
+                self.pool.mark_written(lease.page(), layer, 0, n);
+            }
+        }
+    }
+
     /// Test support: whether every byte of every page of this table is zero.
     #[doc(hidden)]
     pub fn debug_pages_zeroed(&self) -> bool {

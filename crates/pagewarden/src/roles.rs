@@ -32,6 +32,9 @@ pub struct WorkerArgs {
     /// Serve /metrics here, overriding `cluster.metrics_listen`.
     #[arg(long)]
     metrics_listen: Option<String>,
+    /// KV pool size in tokens, overriding `pool.tokens` / `pool.bytes`.
+    #[arg(long)]
+    pool_tokens: Option<usize>,
 }
 
 pub fn run(role: Role, args: &WorkerArgs) -> anyhow::Result<()> {
@@ -55,6 +58,9 @@ pub fn run(role: Role, args: &WorkerArgs) -> anyhow::Result<()> {
     }
     if args.metrics_listen.is_some() {
         c.metrics_listen.clone_from(&args.metrics_listen);
+    }
+    if let Some(t) = args.pool_tokens {
+        config.pool.size = Some(gateway::config::PoolSize::Tokens(t));
     }
     let secret = config.cluster.secret()?;
     let role_name = if role == Role::Prefill { "prefill" } else { "decode" };
