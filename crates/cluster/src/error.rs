@@ -5,9 +5,9 @@ use wire::{Role, WireError};
 /// [`engine::EngineError`] events instead.
 #[derive(Debug, Error)]
 pub enum ClusterError {
-    #[error("i/o: {0}")]
+    #[error(transparent)]
     Io(#[from] std::io::Error),
-    #[error("protocol: {0}")]
+    #[error(transparent)]
     Wire(#[from] WireError),
     #[error("timed out while {0}")]
     Timeout(&'static str),

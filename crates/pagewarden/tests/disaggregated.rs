@@ -129,6 +129,29 @@ fn a_worker_whose_pool_cannot_hold_the_context_window_refuses_to_start() {
     }
 }
 
+#[test]
+fn a_worker_with_another_page_size_or_secret_is_refused_and_exits_naming_the_reason() {
+    let c = Cluster::start("");
+    let page = c.dir.join("page32.toml");
+    let text = std::fs::read_to_string(&c.config).unwrap().replace("[pool]\n", "[pool]\npage_size = 32\n");
+    std::fs::write(&page, text).unwrap();
+    let secret = c.dir.join("other-secret.toml");
+    std::fs::write(c.dir.join("other-secret"), "another-secret-of-enough-length-0123456789").unwrap();
+    let text = std::fs::read_to_string(&c.config).unwrap().replace("/secret\"", "/other-secret\"");
+    std::fs::write(&secret, text).unwrap();
+    for (config, why) in [(&page, "PageSize"), (&secret, "cluster secret")] {
+        let out = Command::new(common::bin())
+            .args(["decode", "--config", config.to_str().unwrap(), "--gateway", &c.cluster_addr])
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(why), "{why}: {err}");
+    }
+    let m = c.gateway_metrics();
+    assert_eq!(metric(&m, "pagewarden_cluster_workers", ""), 0.0, "{m}");
+}
+
 /// Acts as a gateway (it knows the cluster secret) that skips the gateway's door check and
 /// sends a real worker process an over-long request directly. Returns what the worker answered
 /// and its last reported counters.
