@@ -3,6 +3,7 @@
 //! tenant management, and the model tools (fetching the default model, tokenizing, generating,
 //! perplexity, benchmarks).
 
+mod audit;
 mod bench;
 mod bench_serve;
 mod bench_transfer;
@@ -92,6 +93,9 @@ enum Cmd {
         #[command(subcommand)]
         what: eval::EvalCmd,
     },
+    /// Drive a deployment as several tenants at once and report every secret that crossed a
+    /// tenant boundary, divergences from isolated runs and KV pages left in use.
+    Audit(audit::AuditArgs),
     /// Speed measurements.
     Bench {
         #[command(subcommand)]
@@ -130,6 +134,7 @@ fn main() {
         Cmd::Detokenize { m, ids } => textcmd::detokenize(&m, &ids),
         Cmd::Generate(args) => generate::run(&args),
         Cmd::Eval { what } => eval::run(&what),
+        Cmd::Audit(args) => audit::run(&args),
         Cmd::Bench { what } => bench::run(&what),
     };
     if let Err(e) = result {

@@ -1,0 +1,897 @@
+//! `pagewarden audit`: drives a running deployment as several tenants at once and reports every
+//! place a secret crossed a tenant boundary (issue 5).
+//!
+//! The run, in order:
+//! 1. Discover the model (`/v1/models`), the context window (given, listed, or read from the
+//!    server's refusal of an impossible `max_tokens`) and how many tokens a word of filler costs
+//!    (the same refusal states the prompt's length; nothing is computed for it).
+//! 2. Scrape every `/metrics` endpoint.
+//! 3. Plan the requests ([`workload`]): each carries canaries only its tenant knows
+//!    ([`canary`]), with over-long prompts, disconnects, pool-exhausting bursts and shared
+//!    prefixes mixed in, and send them with `concurrency` clients.
+//! 4. Scan every response (text and raw bytes) for every other request's canaries.
+//! 5. Re-send a subset alone, one at a time, and compare tokens and log-probs: the engine is
+//!    bit-exact under batching, so any difference is a divergence.
+//! 6. Wait for every KV page gauge to return to zero; scrape again; report ([`report`]).
+//!
+//! Pass: no canary in another request's response, no divergence, no page left in use, no
+//! over-long prompt accepted. Errors (including those caused by injected faults) are counted
+//! and reported, not failures.
+
+mod canary;
+mod client;
+mod prom;
+mod report;
+mod rng;
+mod svg;
+mod tenants;
+mod workload;
+// `--spawn` (deployment and fault-injecting proxy) lives beside this file: spawn.rs, proxy.rs.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{IsTerminal, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use serde_json::{json, Value};
+
+use self::canary::CanaryIndex;
+use self::client::{Client, Exchange, Outcome};
+use self::report::{kind, Finding, MetricsReport, Report, RequestRow};
+use self::rng::Rng;
+use self::workload::{Calibration, Endpoint, PlanParams, ReqSpec, Unit};
+
+pub use self::report::Counts;
+
+/// One tenant the audit acts as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantKey {
+    pub name: String,
+    pub key: String,
+}
+
+/// Reads the tenants file (`[[tenants]]` entries with `name` and `key`).
+pub fn load_tenants(path: &Path) -> Result<Vec<TenantKey>> {
+    tenants::load(path)
+}
+
+/// Everything a run needs.
+#[derive(Debug, Clone)]
+pub struct AuditOptions {
+    /// Base URL of the deployment's OpenAI API.
+    pub url: String,
+    pub tenants: Vec<TenantKey>,
+    pub requests: usize,
+    pub concurrency: usize,
+    pub seed: u64,
+    /// Where to write report.md, report.json and report.svg.
+    pub report_dir: Option<PathBuf>,
+    /// None: discovered from the server.
+    pub context_window: Option<usize>,
+    /// `/metrics` URLs of the gateway (and workers); empty: `{url}/metrics`.
+    pub metrics_urls: Vec<String>,
+    /// Draw a progress bar on stderr even when it is not a terminal.
+    pub progress: bool,
+    /// Near-context prompts; None: one per hundred requests, at least one.
+    pub long_prompts: Option<usize>,
+}
+
+impl AuditOptions {
+    /// Options with the CLI's defaults (200 requests, 8 clients, a random seed).
+    pub fn new(url: impl Into<String>, tenants: Vec<TenantKey>) -> Self {
+        AuditOptions {
+            url: url.into(),
+            tenants,
+            requests: 200,
+            concurrency: 8,
+            seed: rng::random_seed(),
+            report_dir: None,
+            context_window: None,
+            metrics_urls: Vec::new(),
+            progress: false,
+            long_prompts: None,
+        }
+    }
+}
+
+/// What a run found.
+#[derive(Debug, Clone)]
+pub struct AuditOutcome {
+    pub passed: bool,
+    /// A few lines for stdout (no prompt or output text).
+    pub summary: String,
+    pub counts: Counts,
+    /// Every finding, failing or not, as in report.json.
+    pub findings: Vec<report::Finding>,
+}
+
+/// Calls from the run to whoever started it (`--spawn` injects faults on its own thread and
+/// tells the report what it did).
+pub trait AuditHooks: Sync {
+    fn on_progress(&self, _done: usize, _total: usize) {}
+    /// The load phase is over; next come the isolated re-runs and the wait for pages to
+    /// return to zero (a spawner stops killing workers here).
+    fn on_load_done(&self) {}
+    /// `/metrics` URLs to read now, when they change during the run (a restarted worker gets a
+    /// new port); empty: the options' URLs.
+    fn metrics_urls(&self) -> Vec<String> {
+        vec![]
+    }
+    fn fault_log(&self) -> Vec<String> {
+        vec![]
+    }
+}
+
+pub struct NoHooks;
+
+impl AuditHooks for NoHooks {}
+
+/// `pagewarden audit`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct AuditArgs {
+    /// Base URL of the deployment's OpenAI API, e.g. http://127.0.0.1:8080
+    #[arg(long)]
+    pub url: Option<String>,
+    /// TOML file of tenants to act as: `[[tenants]]` entries with `name` and `key`.
+    #[arg(long)]
+    pub tenants: Option<PathBuf>,
+    #[arg(long, default_value_t = 200)]
+    pub requests: usize,
+    /// Concurrent clients (bursts briefly exceed it).
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Seed of everything random (canaries, prompts, the mix); default: random, printed.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Directory for report.md, report.json and report.svg.
+    #[arg(long = "report")]
+    pub report: Option<PathBuf>,
+    /// The deployment's context window in tokens; default: asked from the server.
+    #[arg(long)]
+    pub context_window: Option<usize>,
+    /// A /metrics URL to check (repeatable); default: URL/metrics.
+    #[arg(long = "metrics")]
+    pub metrics: Vec<String>,
+    /// Prompts within 90-99% of the context window (each costs a whole window of prefill);
+    /// default: one per hundred requests, at least one.
+    #[arg(long)]
+    pub long_prompts: Option<usize>,
+    /// Draw the progress bar even when stderr is not a terminal.
+    #[arg(long)]
+    pub progress: bool,
+    // --- `--spawn` and `--faults` (audit/spawn.rs) go here. ---
+}
+
+impl AuditArgs {
+    pub fn options(&self, url: String, tenants: Vec<TenantKey>) -> AuditOptions {
+        let mut o = AuditOptions::new(url, tenants);
+        o.requests = self.requests;
+        o.concurrency = self.concurrency;
+        if let Some(s) = self.seed {
+            o.seed = s;
+        }
+        o.report_dir = self.report.clone();
+        o.context_window = self.context_window;
+        o.metrics_urls = self.metrics.clone();
+        o.progress = self.progress;
+        o.long_prompts = self.long_prompts;
+        o
+    }
+}
+
+/// `pagewarden audit --url ... --tenants ...`: runs, prints the summary, and fails (non-zero
+/// exit) when the audit does.
+pub fn run(args: &AuditArgs) -> Result<()> {
+    let url = args.url.clone().context("--url is required")?;
+    let path = args.tenants.as_deref().context("--tenants FILE is required")?;
+    let opts = args.options(url, load_tenants(path)?);
+    let outcome = run_audit(&opts, &NoHooks)?;
+    print!("{}", outcome.summary);
+    if !outcome.passed {
+        let mut kinds: Vec<&str> = outcome.findings.iter().filter(|f| f.fails).map(|f| f.kind).collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        bail!("the audit failed: {} failing findings ({})", outcome.counts.failing_findings, kinds.join(", "));
+    }
+    Ok(())
+}
+
+/// Time limit of one request: past the server's own request deadline (300 s by default), so
+/// that the server, not the audit, ends a stalled request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(330);
+/// How long the page gauges get to return to zero after the run.
+const PAGES_WAIT: Duration = Duration::from_secs(30);
+/// Largest |Δ log-prob| between a response and its isolated re-run.
+const LOGPROB_TOLERANCE: f64 = 1e-3;
+/// Bytes of response quoted on each side of a leaked canary.
+const QUOTE: usize = 60;
+/// `max_tokens` of a length probe: over any context window, so nothing is ever computed.
+const PROBE_MAX_TOKENS: u64 = 1 << 30;
+
+/// The first number after `pat` in `msg`, or the last one before it.
+fn number_near(msg: &str, pat: &str, after: bool) -> Option<usize> {
+    let i = msg.find(pat)?;
+    if after {
+        let rest = &msg[i + pat.len()..];
+        let digits: String =
+            rest.chars().skip_while(|c| !c.is_ascii_digit()).take_while(char::is_ascii_digit).collect();
+        digits.parse().ok()
+    } else {
+        let head = msg[..i].trim_end();
+        let digits: String = head.chars().rev().take_while(char::is_ascii_digit).collect();
+        digits.chars().rev().collect::<String>().parse().ok()
+    }
+}
+
+/// (context window, prompt tokens) from a context-length refusal, in the wordings of
+/// pagewarden ("... is 8192 tokens; the request needs N (P in the prompt + M to generate)"),
+/// OpenAI and vLLM ("(P in the messages, M in the completion)", "resulted in P tokens").
+fn parse_lengths(msg: &str) -> (Option<usize>, Option<usize>) {
+    let context = number_near(msg, "maximum context length is", true);
+    let prompt = number_near(msg, " in the prompt", false)
+        .or_else(|| number_near(msg, " in the messages", false))
+        .or_else(|| number_near(msg, "resulted in", true));
+    (context, prompt)
+}
+
+/// Sends `body` with an impossible `max_tokens`; the refusal states the lengths.
+fn probe(client: &Client, key: &str, endpoint: &str, body: &Value) -> (Option<usize>, Option<usize>) {
+    let mut b = body.clone();
+    b["max_tokens"] = json!(PROBE_MAX_TOKENS);
+    b["stream"] = json!(false);
+    if let Some(o) = b.as_object_mut() {
+        o.remove("stream_options");
+    }
+    match client.post(endpoint, key, &b) {
+        Ok((400, text)) => {
+            let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+            parse_lengths(v["error"]["message"].as_str().unwrap_or_default())
+        }
+        _ => (None, None),
+    }
+}
+
+fn model_name(client: &Client, key: &str) -> Result<(String, Value)> {
+    let (status, body) = client.get("/v1/models", Some(key)).context("the deployment does not answer")?;
+    if status != 200 {
+        bail!("GET /v1/models answered {status} (is the first tenant's key right?)");
+    }
+    let v: Value = serde_json::from_str(&body).context("GET /v1/models: not JSON")?;
+    let id = v["data"][0]["id"].as_str().context("GET /v1/models lists no model")?.to_string();
+    Ok((id, v))
+}
+
+/// The context window: from `/v1/models` when the server lists it, else from a probe.
+fn discover_window(client: &Client, key: &str, model: &str, models: &Value) -> Result<usize> {
+    let entry = models["data"].as_array().and_then(|d| d.iter().find(|m| m["id"] == model)).cloned();
+    if let Some(m) = entry {
+        for k in ["context_length", "context_window", "max_model_len", "max_context_length"] {
+            if let Some(n) = m[k].as_u64() {
+                return Ok(n as usize);
+            }
+        }
+        if let Some(n) = m["meta"]["n_ctx_train"].as_u64() {
+            return Ok(n as usize);
+        }
+    }
+    let body = workload::body(model, Endpoint::Chat, "Say hello.", 1, false, 0);
+    match probe(client, key, Endpoint::Chat.path(), &body) {
+        (Some(n), _) => Ok(n),
+        _ => bail!("cannot find the deployment's context window: pass --context-window N"),
+    }
+}
+
+/// Tokens per filler word, from two probes (no filler, 1,000 words).
+fn calibrate(client: &Client, key: &str, model: &str) -> Calibration {
+    let mut rng = Rng::new(0x5eed);
+    let make = |words: &str| {
+        let prompt = format!("The secret code is kavorimu-tezulani-4821. {words} Repeat the secret code exactly.");
+        workload::body(model, Endpoint::Chat, &prompt, 1, false, 0)
+    };
+    let text = workload::filler(&mut rng, 1000);
+    let (_, a) = probe(client, key, Endpoint::Chat.path(), &make(""));
+    let (_, b) = probe(client, key, Endpoint::Chat.path(), &make(&text));
+    match (a, b) {
+        (Some(a), Some(b)) if b > a => {
+            Calibration { tokens_per_word: (b - a) as f64 / 1000.0, base_tokens: a, measured: true }
+        }
+        _ => Calibration::guess(),
+    }
+}
+
+/// The progress bar: `\r[#####     ] 120/200` on stderr.
+struct Progress {
+    on: bool,
+    total: AtomicUsize,
+    done: AtomicUsize,
+    last: Mutex<Option<Instant>>,
+}
+
+impl Progress {
+    fn tick<H: AuditHooks + ?Sized>(&self, hooks: &H) {
+        let done = self.done.fetch_add(1, Ordering::SeqCst) + 1;
+        let total = self.total.load(Ordering::SeqCst);
+        hooks.on_progress(done, total);
+        if !self.on {
+            return;
+        }
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        // At most ten redraws a second, but always the last one.
+        if done < total && last.is_some_and(|t| t.elapsed() < Duration::from_millis(100)) {
+            return;
+        }
+        *last = Some(Instant::now());
+        let width = 30;
+        let filled = (done * width).checked_div(total).unwrap_or(width).min(width);
+        let mut err = std::io::stderr().lock();
+        let _ = write!(err, "\r[{}{}] {done}/{total}", "#".repeat(filled), " ".repeat(width - filled));
+        let _ = err.flush();
+    }
+
+    fn finish(&self) {
+        if self.on {
+            eprintln!();
+        }
+    }
+}
+
+/// What the checks need besides the exchange itself.
+struct Ctx<'a> {
+    opts: &'a AuditOptions,
+    canaries: &'a CanaryIndex,
+    window: usize,
+}
+
+impl Ctx<'_> {
+    fn tenant(&self, i: usize) -> &str {
+        &self.opts.tenants[i].name
+    }
+
+    /// Canary hits, over-long acceptance and odd answers of one exchange.
+    fn examine(&self, spec: &ReqSpec, ex: &Exchange, rerun: bool) -> Vec<Finding> {
+        let mut out = Vec::new();
+        let base = |k: &'static str, fails: bool, detail: String| Finding {
+            kind: k,
+            fails,
+            request: Some(spec.id),
+            tenant: Some(self.tenant(spec.tenant).to_string()),
+            scenario: Some(spec.scenario.name()),
+            detail,
+            ..Default::default()
+        };
+        let pass = if rerun { "re-run " } else { "" };
+        let text_place = if spec.stream { "stream text" } else { "response text" };
+        let mut seen: Vec<usize> = Vec::new();
+        for (text, place) in [(&ex.text, text_place), (&ex.raw, "raw body")] {
+            for h in self.canaries.scan(text) {
+                let c = self.canaries.get(h.canary);
+                if c.request == spec.id || seen.contains(&h.canary) {
+                    continue;
+                }
+                seen.push(h.canary);
+                let cross_tenant = c.tenant != spec.tenant;
+                let k = if cross_tenant { kind::CROSS_TENANT_CANARY } else { kind::CROSS_REQUEST_CANARY };
+                let what = if h.whole { "whole" } else { "as a fragment" };
+                let mut f = base(
+                    k,
+                    true,
+                    format!(
+                        "the canary of tenant {} (request {}) appeared {what} in the {pass}{place}",
+                        self.tenant(c.tenant),
+                        c.request
+                    ),
+                );
+                f.canary = Some(c.text.clone());
+                f.canary_owner = Some(self.tenant(c.tenant).to_string());
+                f.canary_request = Some(c.request);
+                f.location = Some(format!("{pass}{place}"));
+                f.context = Some(canary::context(text, h.start, h.end, QUOTE));
+                f.whole = Some(h.whole);
+                out.push(f);
+            }
+        }
+        let accepted = ex.status == Some(200);
+        if spec.scenario.must_be_refused() {
+            let refused_right = ex.status == Some(400) && ex.error_kind.as_deref() == Some("context_length_exceeded");
+            if accepted {
+                // The audit sizes over-long prompts from the server's own counts; if the usage
+                // the server reports says the request fitted after all, the sizing was wrong,
+                // not the server.
+                let fitted = ex.prompt_tokens.is_some_and(|p| p as usize + spec.max_tokens <= self.window);
+                if fitted {
+                    out.push(base(
+                        kind::OVERLONG_OTHER_ANSWER,
+                        false,
+                        format!(
+                            "planned over the window but the server counted {} prompt tokens, which fit",
+                            ex.prompt_tokens.unwrap_or(0)
+                        ),
+                    ));
+                } else {
+                    out.push(base(
+                        kind::OVERLONG_ACCEPTED,
+                        true,
+                        format!(
+                            "a request over the {}-token window (max_tokens {}, prompt {} tokens by the server's count) \
+                             was accepted with HTTP 200",
+                            self.window,
+                            spec.max_tokens,
+                            ex.prompt_tokens.map_or("unknown".into(), |p| p.to_string())
+                        ),
+                    ));
+                }
+            } else if !refused_right {
+                out.push(base(
+                    kind::OVERLONG_OTHER_ANSWER,
+                    false,
+                    format!(
+                        "expected 400 context_length_exceeded, got {} {}",
+                        ex.status.map_or("no answer".into(), |s| s.to_string()),
+                        ex.error_kind.as_deref().unwrap_or(ex.outcome.name())
+                    ),
+                ));
+            }
+        } else if ex.status == Some(400) {
+            out.push(base(
+                kind::UNEXPECTED_400,
+                false,
+                format!("a request that fits was refused: {}", ex.error_kind.as_deref().unwrap_or("-")),
+            ));
+        }
+        if ex.outcome == Outcome::Ok && ex.finish_reason.as_deref() == Some("length") {
+            if let Some(n) = ex.completion_tokens.filter(|n| (*n as usize) < spec.max_tokens) {
+                out.push(base(
+                    kind::SHORT_LENGTH,
+                    false,
+                    format!("finish_reason `length` after {n} of max_tokens {} tokens", spec.max_tokens),
+                ));
+            }
+        }
+        out
+    }
+
+    fn row(&self, spec: &ReqSpec, ex: &Exchange, phase: &'static str) -> RequestRow {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        RequestRow {
+            id: spec.id,
+            phase,
+            tenant: self.tenant(spec.tenant).to_string(),
+            scenario: spec.scenario.name(),
+            endpoint: match spec.endpoint {
+                Endpoint::Chat => "chat",
+                Endpoint::Completions => "completions",
+            },
+            stream: spec.stream,
+            max_tokens: spec.max_tokens,
+            canaries: spec.canaries.len(),
+            disconnect_after: spec.disconnect_after,
+            status: ex.status,
+            outcome: ex.outcome,
+            error_kind: ex.error_kind.clone(),
+            finish_reason: ex.finish_reason.clone(),
+            prompt_tokens: ex.prompt_tokens.or(spec.prompt_tokens.map(|p| p as u64)),
+            completion_tokens: ex.completion_tokens,
+            events: ex.events,
+            start_ms: ms(ex.started),
+            ttft_ms: ex.ttft.map(ms),
+            total_ms: ms(ex.total),
+        }
+    }
+}
+
+/// The first difference between a response and its isolated re-run: (position, what, Δ).
+fn divergence(a: &Exchange, b: &Exchange) -> Option<(Option<usize>, String, Option<f64>)> {
+    let n = a.tokens.len().max(b.tokens.len());
+    for i in 0..n {
+        let (ta, tb) = (a.tokens.get(i), b.tokens.get(i));
+        let (la, lb) = (a.logprobs.get(i).copied(), b.logprobs.get(i).copied());
+        let delta = la.zip(lb).map(|(x, y)| y - x);
+        if ta != tb {
+            let show =
+                |t: Option<&Vec<u8>>| t.map_or("(none)".to_string(), |t| format!("{:?}", String::from_utf8_lossy(t)));
+            return Some((Some(i), format!("token {i}: {} under load, {} alone", show(ta), show(tb)), delta));
+        }
+        let bad = match (la, lb) {
+            // NaN (a missing value) counts as different.
+            (Some(x), Some(y)) => (y - x).is_nan() || (y - x).abs() > LOGPROB_TOLERANCE,
+            _ => false,
+        };
+        if bad {
+            let d = delta.unwrap_or(f64::NAN);
+            return Some((Some(i), format!("log-prob of token {i} differs by {d:.6} (same token)"), delta));
+        }
+    }
+    if a.text != b.text {
+        let why = if n == 0 { "the text differs (no log-probs to compare)" } else { "the text differs (tokens agree)" };
+        return Some((None, why.into(), None));
+    }
+    if a.finish_reason != b.finish_reason {
+        return Some((
+            None,
+            format!(
+                "finish_reason {} under load, {} alone",
+                a.finish_reason.as_deref().unwrap_or("-"),
+                b.finish_reason.as_deref().unwrap_or("-")
+            ),
+            None,
+        ));
+    }
+    None
+}
+
+/// Scrapes by URL.
+type Scrapes = BTreeMap<String, std::result::Result<Vec<prom::Sample>, String>>;
+
+/// Scrapes `url`: the samples, or why not.
+fn scrape(client: &Client, url: &str) -> std::result::Result<Vec<prom::Sample>, String> {
+    match client.get(url, None) {
+        Ok((200, body)) => Ok(prom::parse(&body)),
+        Ok((status, _)) => Err(format!("HTTP {status}")),
+        Err(e) => Err(format!("{e:#}")),
+    }
+}
+
+/// Runs the audit against `opts.url`.
+pub fn run_audit(opts: &AuditOptions, hooks: &dyn AuditHooks) -> Result<AuditOutcome> {
+    if opts.tenants.is_empty() {
+        bail!("the audit needs at least one tenant");
+    }
+    if opts.concurrency == 0 {
+        bail!("--concurrency must be at least 1");
+    }
+    let started_unix =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let client = Client::new(&opts.url, REQUEST_TIMEOUT);
+    let first_key = &opts.tenants[0].key;
+    let (model, models) = model_name(&client, first_key)?;
+    let metrics_urls = || -> Vec<String> {
+        let from_hooks = hooks.metrics_urls();
+        if !from_hooks.is_empty() {
+            from_hooks
+        } else if opts.metrics_urls.is_empty() {
+            vec![format!("{}/metrics", opts.url.trim_end_matches('/'))]
+        } else {
+            opts.metrics_urls.clone()
+        }
+    };
+    let before: Scrapes = metrics_urls()
+        .into_iter()
+        .map(|u| {
+            let r = scrape(&client, &u);
+            (u, r)
+        })
+        .collect();
+
+    let window = match opts.context_window {
+        Some(w) => w,
+        None => discover_window(&client, first_key, &model, &models)?,
+    };
+    let calibration = calibrate(&client, first_key, &model);
+    let mut notes = Vec::new();
+    if !calibration.measured {
+        notes.push(
+            "the server does not state prompt lengths in its refusals: near-context prompt sizes are estimates".into(),
+        );
+    }
+
+    let mut rng = Rng::new(opts.seed);
+    let mut canaries = CanaryIndex::new();
+    let params = PlanParams {
+        requests: opts.requests,
+        concurrency: opts.concurrency,
+        tenants: opts.tenants.len(),
+        long_prompts: opts.long_prompts,
+        context_window: window,
+        model: &model,
+        request_seed: opts.seed & 0x7fff_ffff,
+        calibration,
+    };
+    let mut measure_calls = 0usize;
+    let mut measure = |b: &Value| {
+        measure_calls += 1;
+        let endpoint = if b.get("messages").is_some() { Endpoint::Chat } else { Endpoint::Completions };
+        probe(&client, first_key, endpoint.path(), b).1
+    };
+    let plan = workload::build_plan(&params, &mut rng, &mut canaries, &mut measure);
+    let probes = measure_calls + 2 + usize::from(opts.context_window.is_none());
+
+    let ctx = Ctx { opts, canaries: &canaries, window };
+    let reruns_planned: usize = plan
+        .units
+        .iter()
+        .map(|u| match u {
+            Unit::One(s) => usize::from(s.rerun),
+            Unit::Group(v) => v.iter().filter(|s| s.rerun).count(),
+        })
+        .sum();
+    let progress = Progress {
+        on: opts.progress || std::io::stderr().is_terminal(),
+        total: AtomicUsize::new(plan.total + reruns_planned),
+        done: AtomicUsize::new(0),
+        last: Mutex::new(None),
+    };
+
+    // The run under load.
+    let t0 = Instant::now();
+    let rows: Mutex<Vec<RequestRow>> = Mutex::new(Vec::new());
+    let findings: Mutex<Vec<Finding>> = Mutex::new(Vec::new());
+    let kept: Mutex<HashMap<usize, Exchange>> = Mutex::new(HashMap::new());
+    let next = AtomicUsize::new(0);
+    let lock =
+        |m: &Mutex<Vec<Finding>>| -> Vec<Finding> { std::mem::take(&mut *m.lock().unwrap_or_else(|e| e.into_inner())) };
+    let one = |spec: &ReqSpec| {
+        let ex = client.exchange(&opts.tenants[spec.tenant].key, spec, t0);
+        let found = ctx.examine(spec, &ex, false);
+        findings.lock().unwrap_or_else(|e| e.into_inner()).extend(found);
+        rows.lock().unwrap_or_else(|e| e.into_inner()).push(ctx.row(spec, &ex, "main"));
+        if spec.rerun {
+            // Only re-run requests keep their text, until the comparison.
+            kept.lock().unwrap_or_else(|e| e.into_inner()).insert(spec.id, ex);
+        }
+        progress.tick(hooks);
+    };
+    std::thread::scope(|s| {
+        for _ in 0..opts.concurrency {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                let Some(unit) = plan.units.get(i) else { break };
+                match unit {
+                    Unit::One(spec) => one(spec),
+                    Unit::Group(members) => {
+                        // All members leave together: a burst, or a shared prefix in flight for
+                        // every tenant at once.
+                        let gate = Barrier::new(members.len());
+                        std::thread::scope(|g| {
+                            for m in members {
+                                let gate = &gate;
+                                g.spawn(move || {
+                                    gate.wait();
+                                    one(m);
+                                });
+                            }
+                        });
+                    }
+                }
+            });
+        }
+    });
+
+    hooks.on_load_done();
+
+    // The isolated second pass: one request at a time, nothing else in flight.
+    let mut kept = kept.into_inner().unwrap_or_else(|e| e.into_inner());
+    let mut selected: Vec<&ReqSpec> = plan
+        .units
+        .iter()
+        .flat_map(|u| match u {
+            Unit::One(s) => std::slice::from_ref(s).iter(),
+            Unit::Group(v) => v.iter(),
+        })
+        .filter(|s| s.rerun)
+        .collect();
+    selected.sort_by_key(|s| s.id);
+    let mut checks = report::DivergenceChecks { selected: selected.len(), ..Default::default() };
+    for spec in selected {
+        let Some(first) = kept.remove(&spec.id) else { continue };
+        if !first.comparable() {
+            checks.skipped += 1;
+            progress.tick(hooks);
+            continue;
+        }
+        let again = client.exchange(&opts.tenants[spec.tenant].key, spec, t0);
+        let found = ctx.examine(spec, &again, true);
+        findings.lock().unwrap_or_else(|e| e.into_inner()).extend(found);
+        rows.lock().unwrap_or_else(|e| e.into_inner()).push(ctx.row(spec, &again, "rerun"));
+        progress.tick(hooks);
+        if !again.comparable() {
+            checks.skipped += 1;
+            continue;
+        }
+        checks.compared += 1;
+        if let Some((position, what, delta)) = divergence(&first, &again) {
+            findings.lock().unwrap_or_else(|e| e.into_inner()).push(Finding {
+                kind: kind::DIVERGENCE,
+                fails: true,
+                request: Some(spec.id),
+                tenant: Some(ctx.tenant(spec.tenant).to_string()),
+                scenario: Some(spec.scenario.name()),
+                detail: format!("the response under load differs from the same request run alone: {what}"),
+                position,
+                delta,
+                ..Default::default()
+            });
+        }
+    }
+    progress.finish();
+    let duration = t0.elapsed();
+
+    // Pages: every gauge back to zero within the wait, on every endpoint.
+    let wait_start = Instant::now();
+    let mut after: Scrapes;
+    loop {
+        after = metrics_urls()
+            .into_iter()
+            .map(|u| {
+                let r = scrape(&client, &u);
+                (u, r)
+            })
+            .collect();
+        let busy = after.values().any(|a| a.as_ref().map_or(true, |s| !prom::pages_in_use(s).is_empty()));
+        if !busy || wait_start.elapsed() >= PAGES_WAIT {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let pages_wait_s = wait_start.elapsed().as_secs_f64();
+
+    let mut findings = lock(&findings);
+    let mut metrics = Vec::new();
+    let urls: std::collections::BTreeSet<&String> = before.keys().chain(after.keys()).collect();
+    for url in urls {
+        let mut m = MetricsReport { url: url.clone(), ..Default::default() };
+        let empty = Vec::new();
+        // An endpoint that appeared during the run (a restarted worker) started from nothing.
+        let b = before.get(url).unwrap_or(&Ok(Vec::new())).clone();
+        let bs = b.as_ref().unwrap_or(&empty);
+        if let Err(e) = &b {
+            m.before_error = Some(e.clone());
+        }
+        m.before = prom::kept(bs);
+        let Some(a) = after.get(url) else {
+            // Gone by the end (a worker replaced by a restart): its pages went with its process.
+            m.after_error = Some("no longer listed by the deployment".into());
+            metrics.push(m);
+            continue;
+        };
+        match a {
+            Ok(samples) => {
+                m.after = prom::kept(samples);
+                m.violations = prom::violations(bs, samples);
+                let busy = prom::pages_in_use(samples);
+                m.pages_returned_to_zero = Some(busy.is_empty());
+                for (key, v) in &busy {
+                    findings.push(Finding {
+                        kind: kind::LEAKED_PAGES,
+                        fails: true,
+                        detail: format!("`{key}` was still {v} at {url} {pages_wait_s:.1} s after the run"),
+                        location: Some(url.clone()),
+                        ..Default::default()
+                    });
+                }
+                m.pages_in_use_after = busy.into_iter().collect();
+                let changed: Vec<String> = m
+                    .violations
+                    .iter()
+                    .filter(|v| v.delta > 0.0)
+                    .map(|v| {
+                        format!(
+                            "{} +{}{}",
+                            v.kind,
+                            v.delta,
+                            if v.labels.is_empty() { String::new() } else { format!(" ({})", v.labels) }
+                        )
+                    })
+                    .collect();
+                if !changed.is_empty() {
+                    findings.push(Finding {
+                        kind: kind::VIOLATIONS_REPORTED,
+                        fails: false,
+                        detail: format!(
+                            "the deployment caught and failed requests on isolation checks: {}",
+                            changed.join(", ")
+                        ),
+                        location: Some(url.clone()),
+                        ..Default::default()
+                    });
+                }
+            }
+            Err(e) => {
+                m.after_error = Some(e.clone());
+                findings.push(Finding {
+                    kind: kind::METRICS_UNAVAILABLE,
+                    fails: false,
+                    detail: format!("could not read {url} after the run ({e}): pages in use were not checked there"),
+                    location: Some(url.clone()),
+                    ..Default::default()
+                });
+            }
+        }
+        metrics.push(m);
+    }
+    findings.sort_by_key(|f| (!f.fails, f.request));
+
+    let mut rows = rows.into_inner().unwrap_or_else(|e| e.into_inner());
+    rows.sort_by(|a, b| a.start_ms.total_cmp(&b.start_ms));
+    let mut rep = Report {
+        version: 1,
+        passed: false,
+        url: opts.url.clone(),
+        model,
+        seed: opts.seed,
+        context_window: window,
+        calibration,
+        concurrency: opts.concurrency,
+        requests_planned: plan.total,
+        requests_sent: 0,
+        probes,
+        near_context: report::NearContext { planned: plan.near_total, verified: plan.near_verified },
+        started_unix,
+        duration_s: duration.as_secs_f64(),
+        pages_wait_s,
+        tenants: opts.tenants.iter().map(|t| report::TenantRow { name: t.name.clone(), requests: 0, ok: 0 }).collect(),
+        counts: Counts::default(),
+        divergence_checks: checks,
+        outcomes: BTreeMap::new(),
+        outcomes_by_scenario: BTreeMap::new(),
+        errors_by_kind: BTreeMap::new(),
+        latency: report::Latency {
+            ttft_ms: report::Percentiles::of([]),
+            total_ms: report::Percentiles::of([]),
+            total_ok_ms: report::Percentiles::of([]),
+        },
+        metrics,
+        fault_log: hooks.fault_log(),
+        notes,
+        findings,
+        requests: rows,
+    };
+    rep.tally();
+    if let Some(dir) = &opts.report_dir {
+        rep.write(dir)?;
+    }
+    Ok(AuditOutcome {
+        passed: rep.passed,
+        summary: rep.summary(opts.report_dir.as_deref()),
+        counts: rep.counts.clone(),
+        findings: rep.findings.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lengths_from_refusals_of_several_servers() {
+        let pw = "this model's maximum context length is 8192 tokens; the request needs 1073741848 \
+                  (24 in the prompt + 1073741824 to generate)";
+        assert_eq!(parse_lengths(pw), (Some(8192), Some(24)));
+        let vllm = "This model's maximum context length is 4096 tokens. However, you requested 5000 tokens \
+                    (4000 in the messages, 1000 in the completion).";
+        assert_eq!(parse_lengths(vllm), (Some(4096), Some(4000)));
+        let openai = "This model's maximum context length is 128000 tokens. However, your messages resulted in \
+                      130000 tokens. Please reduce the length of the messages.";
+        assert_eq!(parse_lengths(openai), (Some(128000), Some(130000)));
+        assert_eq!(parse_lengths("max_tokens is too large"), (None, None));
+    }
+
+    fn ex(tokens: &[&str], lps: &[f64], text: &str) -> Exchange {
+        let mut e = Exchange::new(Duration::ZERO);
+        e.tokens = tokens.iter().map(|t| t.as_bytes().to_vec()).collect();
+        e.logprobs = lps.to_vec();
+        e.text = text.into();
+        e.finish_reason = Some("length".into());
+        e.outcome = Outcome::Ok;
+        e
+    }
+
+    #[test]
+    fn divergence_needs_equal_tokens_and_close_logprobs() {
+        let a = ex(&["a", "b"], &[-0.1, -0.2], "ab");
+        assert!(divergence(&a, &ex(&["a", "b"], &[-0.1, -0.2005], "ab")).is_none());
+        let (pos, _, d) = divergence(&a, &ex(&["a", "b"], &[-0.1, -0.25], "ab")).unwrap();
+        assert_eq!(pos, Some(1));
+        assert!((d.unwrap() + 0.05).abs() < 1e-9);
+        let (pos, what, _) = divergence(&a, &ex(&["a", "c"], &[-0.1, -0.2], "ac")).unwrap();
+        assert_eq!(pos, Some(1));
+        assert!(what.contains("\"c\""));
+        let (pos, _, _) = divergence(&a, &ex(&["a"], &[-0.1], "a")).unwrap();
+        assert_eq!(pos, Some(1));
+        assert!(divergence(&a, &ex(&["a", "b"], &[-0.1, -0.2], "ax")).is_some());
+        // NaN log-probs never compare equal: a missing value is a divergence too.
+        assert!(divergence(&a, &ex(&["a", "b"], &[-0.1, f64::NAN], "ab")).is_some());
+    }
+}
