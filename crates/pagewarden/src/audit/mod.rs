@@ -284,22 +284,24 @@ fn discover_window(client: &Client, key: &str, model: &str, models: &Value) -> R
     }
 }
 
-/// Tokens per filler word, from two probes (no filler, 1,000 words).
-fn calibrate(client: &Client, key: &str, model: &str) -> Calibration {
+/// Tokens per filler word, from two probes (no filler, 1,000 words); also the context window
+/// the server states, if it does.
+fn calibrate(client: &Client, key: &str, model: &str) -> (Calibration, Option<usize>) {
     let mut rng = Rng::new(0x5eed);
     let make = |words: &str| {
         let prompt = format!("The secret code is kavorimu-tezulani-4821. {words} Repeat the secret code exactly.");
         workload::body(model, Endpoint::Chat, &prompt, 1, false, 0)
     };
     let text = workload::filler(&mut rng, 1000);
-    let (_, a) = probe(client, key, Endpoint::Chat.path(), &make(""));
+    let (window, a) = probe(client, key, Endpoint::Chat.path(), &make(""));
     let (_, b) = probe(client, key, Endpoint::Chat.path(), &make(&text));
-    match (a, b) {
+    let cal = match (a, b) {
         (Some(a), Some(b)) if b > a => {
             Calibration { tokens_per_word: (b - a) as f64 / 1000.0, base_tokens: a, measured: true }
         }
         _ => Calibration::guess(),
-    }
+    };
+    (cal, window)
 }
 
 /// The progress bar: `\r[#####     ] 120/200` on stderr.
@@ -569,8 +571,12 @@ pub fn run_audit(opts: &AuditOptions, hooks: &dyn AuditHooks) -> Result<AuditOut
         Some(w) => w,
         None => discover_window(&client, first_key, &model, &models)?,
     };
-    let calibration = calibrate(&client, first_key, &model);
+    let (calibration, stated) = calibrate(&client, first_key, &model);
     let mut notes = Vec::new();
+    if let Some(w) = stated.filter(|w| *w != window) {
+        // Near-context prompts sized for the wrong window are refused (or are not near it).
+        notes.push(format!("the server states a context window of {w} tokens, not the {window} the audit was given"));
+    }
     if !calibration.measured {
         notes.push(
             "the server does not state prompt lengths in its refusals: near-context prompt sizes are estimates".into(),
@@ -876,6 +882,84 @@ mod tests {
         e.finish_reason = Some("length".into());
         e.outcome = Outcome::Ok;
         e
+    }
+
+    fn spec(id: usize, tenant: usize, scenario: workload::Scenario, max_tokens: usize) -> ReqSpec {
+        ReqSpec {
+            id,
+            tenant,
+            scenario,
+            endpoint: Endpoint::Chat,
+            stream: false,
+            max_tokens,
+            canaries: vec![],
+            disconnect_after: None,
+            rerun: false,
+            prompt_tokens: None,
+            body: Value::Null,
+        }
+    }
+
+    #[test]
+    fn examine_classifies_canaries_and_over_long_answers() {
+        use workload::Scenario;
+        let tenants = ["alice", "bob"].map(|n| TenantKey { name: n.into(), key: format!("k-{n}") }).to_vec();
+        let opts = AuditOptions::new("http://x", tenants);
+        let mut rng = Rng::new(1);
+        let mut idx = CanaryIndex::new();
+        let own = idx.issue(&mut rng, 0, 0);
+        let same_tenant = idx.issue(&mut rng, 0, 1);
+        let other_tenant = idx.issue(&mut rng, 1, 2);
+        let ctx = Ctx { opts: &opts, canaries: &idx, window: 100 };
+        let text = |i: usize| idx.get(i).text.clone();
+
+        // Request 0 of alice: its own canary is fine; alice's other request's and bob's are not.
+        let mut e = Exchange::new(Duration::ZERO);
+        e.status = Some(200);
+        e.outcome = Outcome::Ok;
+        e.text = format!("{} and {} and {}", text(own), text(same_tenant), text(other_tenant));
+        e.raw = format!("{{\"content\": \"{}\"}}", e.text);
+        let f = ctx.examine(&spec(0, 0, Scenario::Short, 16), &e, false);
+        let kinds: Vec<&str> = f.iter().map(|f| f.kind).collect();
+        // Each canary once, though it is in both the text and the raw body.
+        assert_eq!(kinds, [kind::CROSS_REQUEST_CANARY, kind::CROSS_TENANT_CANARY]);
+        assert_eq!(f[1].canary_owner.as_deref(), Some("bob"));
+        assert_eq!(f[1].canary_request, Some(2));
+        assert_eq!(f[1].location.as_deref(), Some("response text"));
+        assert!(f.iter().all(|f| f.fails));
+
+        // Over-long: 400 context_length_exceeded is right; 200 is a failure unless the server's
+        // own count shows the request fitted; another refusal is reported, not failed.
+        let over = spec(3, 1, Scenario::OverLong, 16);
+        let mut e = Exchange::new(Duration::ZERO);
+        e.status = Some(400);
+        e.outcome = Outcome::Refused400;
+        e.error_kind = Some("context_length_exceeded".into());
+        assert!(ctx.examine(&over, &e, false).is_empty());
+        e.error_kind = Some("invalid_request_error: x".into());
+        let f = ctx.examine(&over, &e, false);
+        assert_eq!((f[0].kind, f[0].fails), (kind::OVERLONG_OTHER_ANSWER, false));
+        e.status = Some(200);
+        e.outcome = Outcome::Ok;
+        e.prompt_tokens = Some(150);
+        let f = ctx.examine(&over, &e, false);
+        assert_eq!((f[0].kind, f[0].fails), (kind::OVERLONG_ACCEPTED, true));
+        e.prompt_tokens = Some(50);
+        let f = ctx.examine(&over, &e, false);
+        assert_eq!((f[0].kind, f[0].fails), (kind::OVERLONG_OTHER_ANSWER, false));
+
+        // A fitting request refused with 400, and a `length` finish before max_tokens.
+        let mut e = Exchange::new(Duration::ZERO);
+        e.status = Some(400);
+        e.outcome = Outcome::Refused400;
+        let f = ctx.examine(&spec(4, 1, Scenario::Medium, 16), &e, false);
+        assert_eq!((f[0].kind, f[0].fails), (kind::UNEXPECTED_400, false));
+        e.status = Some(200);
+        e.outcome = Outcome::Ok;
+        e.finish_reason = Some("length".into());
+        e.completion_tokens = Some(3);
+        let f = ctx.examine(&spec(4, 1, Scenario::Medium, 16), &e, true);
+        assert_eq!((f[0].kind, f[0].fails), (kind::SHORT_LENGTH, false));
     }
 
     #[test]

@@ -285,6 +285,9 @@ impl Report {
             opt_ms(l.total_ms.p90),
             opt_ms(l.total_ms.p99)
         );
+        for n in &self.notes {
+            let _ = writeln!(s, "note: {n}");
+        }
         for f in self.findings.iter().filter(|f| f.fails).take(10) {
             let _ = writeln!(
                 s,
