@@ -108,13 +108,22 @@ async fn route_inner(ctx: &Ctx, spec: &Spec, out: &UnboundedSender<ToGateway>) -
     let guard = TicketGuard(ctx.tickets.clone(), nonce);
     let _ = out.send(ToGateway::Reserved { route: spec.route, ticket: (&ticket).into(), key: *key.bytes() });
 
-    let wait_until = tokio::time::Instant::now() + ctx.cfg.transfer_timeout;
+    // Until the first frame the prefill worker is computing, which may take long for a long
+    // prompt on a loaded node: that wait is bounded by the request's deadline (and ended
+    // early by a cancel when the prefill worker is lost). Once frames flow, a stall of more
+    // than the transfer timeout fails the route.
+    let mut stall_limit: Option<tokio::time::Instant> = None;
     let complete = loop {
-        let inbound = match tokio::time::timeout_at(wait_until, rx.recv()).await {
+        let next = match stall_limit {
+            None => Ok(rx.recv().await),
+            Some(t) => tokio::time::timeout_at(t, rx.recv()).await,
+        };
+        let inbound = match next {
             Ok(Some(i)) => i,
             Ok(None) => return Err(Failure::Violation("truncated".into())),
-            Err(_) => return Err(Failure::Unreachable("no KV arrived within the transfer timeout".into())),
+            Err(_) => return Err(Failure::Violation("truncated".into())),
         };
+        stall_limit = Some(tokio::time::Instant::now() + ctx.cfg.transfer_timeout);
         let frame = match inbound {
             Inbound::Frame(f) => f,
             Inbound::Broken(e) => return Err(violation(e)),

@@ -56,7 +56,7 @@ async fn route_inner(
     let (req, ticket) = {
         let mut req = req;
         let mut ticket = ticket;
-        if req.prompt.len() > ctx.engine.pool().capacity_tokens() {
+        if ctx.engine.check(&req.prompt, req.max_tokens).is_err() {
             req.prompt.truncate(1);
             ticket.tokens = 1;
         }

@@ -144,7 +144,7 @@ impl Router {
                 "the worker serves a context window of {} tokens, the gateway {}: configure the same context_window",
                 reg.context, cfg.context
             ))
-        } else if reg.capacity_tokens < cfg.context {
+        } else if reg.capacity_tokens < cfg.context && !cfg!(feature = "incident-replay") {
             Some(format!(
                 "the worker's KV pool holds {} tokens, under the context window {}",
                 reg.capacity_tokens, cfg.context

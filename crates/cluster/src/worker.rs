@@ -88,10 +88,10 @@ pub async fn run_worker(
             Ok(()) => pause = Duration::from_millis(100),
             // Misconfiguration (another secret, model or KV layout; a refused registration):
             // retrying cannot fix it, so stop and say why.
-            Err(e @ (ClusterError::Rejected(_)
-            | ClusterError::Wire(WireError::Pairing(_) | WireError::Refused(_) | WireError::BadProof))) => {
-                return Err(e)
-            }
+            Err(
+                e @ (ClusterError::Rejected(_)
+                | ClusterError::Wire(WireError::Pairing(_) | WireError::Refused(_) | WireError::BadProof)),
+            ) => return Err(e),
             Err(e) => {
                 eprintln!("{}: gateway link: {e}; retrying in {} ms", ctx.cfg.name, pause.as_millis());
             }

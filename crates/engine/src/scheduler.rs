@@ -75,6 +75,9 @@ struct Pending {
     enqueued: Instant,
 }
 
+/// A queue: (is it the prefill lane, tenant).
+type QueueKey = (bool, TenantId);
+
 /// A decode that starts from transferred KV.
 struct Resume {
     req: GenRequest,
@@ -320,9 +323,12 @@ struct Loop {
     cfg: EngineConfig,
     rx: mpsc::Receiver<Msg>,
     shared: Arc<Shared>,
-    queues: HashMap<TenantId, VecDeque<Pending>>,
+    /// Per (lane, tenant) FIFO queues. Prefills wait in their own lane: in a process playing
+    /// both roles, a decode reservation waiting for pages must not hold up the prefills whose
+    /// transfers would let earlier reservations finish and free theirs.
+    queues: HashMap<QueueKey, VecDeque<Pending>>,
     /// Tenants with waiting requests, in admission order (round-robin).
-    rotation: VecDeque<TenantId>,
+    rotation: VecDeque<QueueKey>,
     running: Vec<Running>,
     prefill_cursor: usize,
     stats: EngineStats,
@@ -369,7 +375,7 @@ impl Loop {
                 Msg::Shutdown => return false,
                 Msg::Resume(r) => self.resume(*r),
                 Msg::Submit(p) => {
-                    let t = p.req.tenant;
+                    let t = (p.kind == Kind::Prefill, p.req.tenant);
                     let q = self.queues.entry(t).or_default();
                     if q.is_empty() {
                         self.rotation.push_back(t);
@@ -425,10 +431,10 @@ impl Loop {
     fn admit(&mut self) {
         let mut misses = 0;
         while self.running.len() < self.cfg.max_running && misses < self.rotation.len() {
-            let Some(tenant) = self.rotation.pop_front() else { break };
-            let Some(q) = self.queues.get_mut(&tenant) else { continue };
+            let Some(key) = self.rotation.pop_front() else { break };
+            let Some(q) = self.queues.get_mut(&key) else { continue };
             let Some(head) = q.front() else { continue };
-            let owner = Owner { tenant, request: head.req.id };
+            let owner = Owner { tenant: key.1, request: head.req.id };
             let reserved = match head.kind {
                 Kind::Prefill => self.prefill_pool.reserve(owner, head.req.prompt.len()),
                 Kind::Full | Kind::Reserve => self.pool.reserve(owner, head.req.prompt.len() + head.req.max_tokens),
@@ -438,7 +444,7 @@ impl Loop {
                     misses = 0;
                     let Some(p) = q.pop_front() else { continue };
                     if !q.is_empty() {
-                        self.rotation.push_back(tenant);
+                        self.rotation.push_back(key);
                     }
                     self.shared.queued.fetch_sub(1, Ordering::SeqCst);
                     if p.kind == Kind::Reserve {
@@ -463,7 +469,7 @@ impl Loop {
                 }
                 Err(KvError::Exhausted { .. }) => {
                     misses += 1;
-                    self.rotation.push_back(tenant);
+                    self.rotation.push_back(key);
                 }
                 Err(e) => {
                     // Not a capacity problem: fail this request, keep serving the others.
@@ -472,7 +478,7 @@ impl Loop {
                         let _ = p.tx.send(Event::Failed(EngineError::Internal(e.to_string())));
                     }
                     if !q.is_empty() {
-                        self.rotation.push_back(tenant);
+                        self.rotation.push_back(key);
                     }
                 }
             }

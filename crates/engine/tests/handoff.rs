@@ -162,3 +162,24 @@ fn seeded_sampling_across_the_handoff_continues_the_single_engine_stream() {
     got.extend(tokens_of(dh.resume(r, dst, first.token).unwrap()).unwrap());
     assert_eq!(got, alone);
 }
+
+#[test]
+fn a_reservation_waiting_for_pages_does_not_hold_up_the_same_tenants_prefills() {
+    let f = GgufFile::from_bytes(tiny_gguf(&TinySpec::default())).unwrap();
+    let model = Llama::from_file(&f, LoadOptions { threads: 1 }).unwrap();
+    let layout = model.config.kv_layout(16, KvDtype::F16);
+    let pool = |tokens| {
+        KvPool::new(PoolConfig { layout, capacity: Capacity::Tokens(tokens), scrub: ScrubPolicy::OnFree }).unwrap()
+    };
+    let cfg = EngineConfig { queue_timeout: std::time::Duration::from_secs(20), ..Default::default() };
+    let e = Engine::start_with_prefill_pool(model, pool(64), pool(64), cfg);
+    let h = e.handle();
+    let held = reserve(&h, req(1, 30, 10));
+    // Needs pages the first reservation holds: it waits at the head of this tenant's queue.
+    let mut waiting = h.reserve(req(2, 30, 10)).unwrap();
+    let t0 = std::time::Instant::now();
+    let (_first, kv) = prefill(&h, req(3, 20, 10));
+    assert!(t0.elapsed() < std::time::Duration::from_secs(5), "the prefill waited behind the reservation");
+    drop((kv, held));
+    assert!(matches!(waiting.blocking_next(), Some(Event::Reserved(_))));
+}

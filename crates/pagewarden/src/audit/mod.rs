@@ -21,12 +21,13 @@
 mod canary;
 mod client;
 mod prom;
+mod proxy;
 mod report;
 mod rng;
+mod spawn;
 mod svg;
 mod tenants;
 mod workload;
-// `--spawn` (deployment and fault-injecting proxy) lives beside this file: spawn.rs, proxy.rs.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{IsTerminal, Write as _};
@@ -162,7 +163,18 @@ pub struct AuditArgs {
     /// Draw the progress bar even when stderr is not a terminal.
     #[arg(long)]
     pub progress: bool,
-    // --- `--spawn` and `--faults` (audit/spawn.rs) go here. ---
+    /// Start a deployment on loopback (gateway, two prefill and two decode workers, a
+    /// fault-injecting proxy on each decode worker's KV port) and audit it; `--url` and
+    /// `--tenants` are then not needed.
+    #[arg(long)]
+    pub spawn: bool,
+    /// With --spawn: faults to inject, comma-separated, from kill, corrupt, drop, duplicate,
+    /// reorder, delay, stall (or none); default: all.
+    #[arg(long)]
+    pub faults: Option<String>,
+    /// With --spawn: how many tenants to create.
+    #[arg(long, default_value_t = 3)]
+    pub tenant_count: usize,
 }
 
 impl AuditArgs {
@@ -185,6 +197,9 @@ impl AuditArgs {
 /// `pagewarden audit --url ... --tenants ...`: runs, prints the summary, and fails (non-zero
 /// exit) when the audit does.
 pub fn run(args: &AuditArgs) -> Result<()> {
+    if args.spawn {
+        return spawn::run(args, args.tenant_count, args.faults.as_deref());
+    }
     let url = args.url.clone().context("--url is required")?;
     let path = args.tenants.as_deref().context("--tenants FILE is required")?;
     let opts = args.options(url, load_tenants(path)?);

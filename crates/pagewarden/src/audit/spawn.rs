@@ -1,0 +1,397 @@
+//! `pagewarden audit --spawn`: a whole deployment on loopback (a gateway, two prefill and two
+//! decode workers, a fault-injecting proxy in front of each decode worker's KV port), faults
+//! injected while the audit runs (kill -9 and restart of workers, corrupted, dropped,
+//! duplicated, reordered, delayed and stalled KV frames), then torn down.
+//!
+//! Built with the `incident-replay` feature, it deploys the incident's configuration instead:
+//! prefill pools smaller than the context window (the normal build refuses to start so).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context};
+
+use super::proxy::{Fault, Proxy};
+
+/// The served context window: small, so prompts near it stay cheap on a CPU.
+pub const CONTEXT: usize = 1024;
+const INCIDENT: bool = cfg!(feature = "incident-replay");
+/// The incident's prefill pool: smaller than the context window.
+const INCIDENT_PREFILL_POOL: usize = 256;
+
+/// Every fault `--faults` knows.
+pub const ALL_FAULTS: [&str; 7] = ["kill", "corrupt", "drop", "duplicate", "reorder", "delay", "stall"];
+
+struct Proc {
+    name: String,
+    role: &'static str,
+    child: Child,
+    metrics: String,
+    proxy: Option<Proxy>,
+}
+
+pub struct Deployment {
+    pub dir: PathBuf,
+    pub url: String,
+    pub tenants_file: PathBuf,
+    pub metrics_urls: Vec<String>,
+    config: PathBuf,
+    cluster_addr: String,
+    gateway: Child,
+    workers: Arc<Mutex<Vec<Proc>>>,
+    log: Arc<Mutex<Vec<String>>>,
+    stop: Arc<AtomicBool>,
+    injector: Option<std::thread::JoinHandle<()>>,
+}
+
+fn exe() -> anyhow::Result<PathBuf> {
+    std::env::current_exe().context("locating the pagewarden executable")
+}
+
+/// Spawns `args`; waits (up to 120 s) for a stdout line containing each marker; returns the
+/// text after each marker.
+fn spawn(args: &[&str], markers: &[&str]) -> anyhow::Result<(Child, Vec<String>)> {
+    let mut child = Command::new(exe()?).args(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?;
+    let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut found: Vec<Option<String>> = vec![None; markers.len()];
+    let t0 = Instant::now();
+    while found.iter().any(Option::is_none) {
+        let left = Duration::from_secs(120).saturating_sub(t0.elapsed());
+        let Ok(line) = rx.recv_timeout(left) else {
+            let _ = child.kill();
+            let status = child.wait().ok();
+            bail!("`pagewarden {}` did not start (exit {status:?})", args.join(" "));
+        };
+        for (i, m) in markers.iter().enumerate() {
+            if let Some(pos) = line.find(m) {
+                found[i] = Some(line[pos + m.len()..].trim().to_string());
+            }
+        }
+    }
+    Ok((child, found.into_iter().map(Option::unwrap_or_default).collect()))
+}
+
+fn tenant_add(config: &Path, name: &str) -> anyhow::Result<String> {
+    let out = Command::new(exe()?).args(["tenant", "add", name, "--config"]).arg(config).output()?;
+    if !out.status.success() {
+        bail!("tenant add {name}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8(out.stdout)?;
+    Ok(text.lines().next().unwrap_or_default().trim().to_string())
+}
+
+/// A fresh random number (the cluster secret of the spawned deployment).
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    h.finish()
+}
+
+/// A small random source for fault choices (the audit's own seed drives the workload).
+fn next(state: &mut u64) -> u64 {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    *state
+}
+
+impl Deployment {
+    pub fn start(tenants: usize, faults: &[String], seed: u64) -> anyhow::Result<Deployment> {
+        let dir = std::env::temp_dir().join(format!("pw-audit-{}-{seed}", std::process::id()));
+        std::fs::create_dir_all(&dir)?;
+        let secret: String = std::iter::repeat_with(|| char::from(b'a' + (random_u64() % 26) as u8)).take(48).collect();
+        std::fs::write(dir.join("secret"), secret)?;
+        let config = dir.join("pagewarden.toml");
+        std::fs::write(&config, "")?;
+        let mut keys = Vec::new();
+        for i in 0..tenants {
+            keys.push((format!("tenant-{i}"), tenant_add(&config, &format!("tenant-{i}"))?));
+        }
+        let tenant_tables = std::fs::read_to_string(&config)?
+            .replace("[[tenants]]", "[[tenants]]\nmax_concurrent = 64\nmax_queued = 128\ntokens_per_minute = 0");
+        let text = format!(
+            "threads = 1\ncontext_window = {CONTEXT}\n[pool]\ntokens = {}\n[engine]\nqueue_timeout_ms = 20000\n\
+             [limits]\nrequest_timeout_s = 120\n[cluster]\nsecret_file = \"{}\"\ntransfer_timeout_ms = 5000\n\
+             handshake_timeout_ms = 5000\n{tenant_tables}",
+            2 * CONTEXT,
+            dir.join("secret").display()
+        );
+        std::fs::write(&config, text)?;
+        let tenants_file = dir.join("tenants.toml");
+        let mut t = String::new();
+        for (name, key) in &keys {
+            t.push_str(&format!("[[tenants]]\nname = \"{name}\"\nkey = \"{key}\"\n"));
+        }
+        std::fs::write(&tenants_file, t)?;
+
+        let cfg = config.to_string_lossy().to_string();
+        let (gateway, got) = spawn(
+            &["gateway", "--config", &cfg, "--listen", "127.0.0.1:0", "--cluster-listen", "127.0.0.1:0"],
+            &["listening on http://", "cluster listening on "],
+        )?;
+        let url = format!("http://{}", got[0]);
+        let mut d = Deployment {
+            dir,
+            url: url.clone(),
+            tenants_file,
+            metrics_urls: vec![format!("{url}/metrics")],
+            config,
+            cluster_addr: got[1].clone(),
+            gateway,
+            workers: Arc::new(Mutex::new(Vec::new())),
+            log: Arc::new(Mutex::new(Vec::new())),
+            stop: Arc::new(AtomicBool::new(false)),
+            injector: None,
+        };
+        let frame_faults: Vec<Fault> = faults.iter().filter_map(|f| Fault::parse(f)).collect();
+        for (i, name) in ["prefill-0", "prefill-1"].into_iter().enumerate() {
+            let w = d.start_worker("prefill", name, None)?;
+            d.workers.lock().map_err(|_| anyhow!("lock"))?.push(w);
+            let _ = i;
+        }
+        for (i, name) in ["decode-0", "decode-1"].into_iter().enumerate() {
+            let mut rng = seed ^ (0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i as u64 + 1)) | 1;
+            let ff = frame_faults.clone();
+            let chooser = Box::new(move || {
+                // One transfer in five gets a fault.
+                if ff.is_empty() || !next(&mut rng).is_multiple_of(5) {
+                    return Fault::Pass;
+                }
+                ff[(next(&mut rng) % ff.len() as u64) as usize]
+            });
+            let proxy = Proxy::start(String::new(), chooser)?;
+            let w = d.start_worker("decode", name, Some(proxy))?;
+            d.workers.lock().map_err(|_| anyhow!("lock"))?.push(w);
+        }
+        d.wait_ready()?;
+        if faults.iter().any(|f| f == "kill") {
+            d.injector = Some(d.start_killer(seed));
+        }
+        Ok(d)
+    }
+
+    fn start_worker(&self, role: &'static str, name: &str, proxy: Option<Proxy>) -> anyhow::Result<Proc> {
+        start_worker(&self.config, &self.cluster_addr, role, name, proxy)
+    }
+
+    fn wait_ready(&self) -> anyhow::Result<()> {
+        let t0 = Instant::now();
+        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
+        loop {
+            let m = agent
+                .get(format!("{}/metrics", self.url))
+                .call()
+                .ok()
+                .and_then(|mut r| r.body_mut().read_to_string().ok())
+                .unwrap_or_default();
+            let n = m
+                .lines()
+                .filter(|l| l.starts_with("pagewarden_cluster_workers{"))
+                .filter(|l| l.ends_with(" 2"))
+                .count();
+            if n == 2 {
+                return Ok(());
+            }
+            if t0.elapsed() > Duration::from_secs(120) {
+                bail!("the workers did not register with the gateway");
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Every few seconds, kill -9 one random worker and restart it a moment later.
+    fn start_killer(&self, seed: u64) -> std::thread::JoinHandle<()> {
+        let (workers, log, stop) = (self.workers.clone(), self.log.clone(), self.stop.clone());
+        let (config, cluster) = (self.config.clone(), self.cluster_addr.clone());
+        std::thread::spawn(move || {
+            let mut rng = seed | 1;
+            let t0 = Instant::now();
+            while !stop.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(2500 + next(&mut rng) % 2000));
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                let Ok(mut ws) = workers.lock() else { break };
+                let i = (next(&mut rng) % ws.len() as u64) as usize;
+                let (name, role) = (ws[i].name.clone(), ws[i].role);
+                let _ = ws[i].child.kill();
+                let _ = ws[i].child.wait();
+                if let Ok(mut l) = log.lock() {
+                    l.push(format!("t={:.1}s kill -9 {name}", t0.elapsed().as_secs_f64()));
+                }
+                let proxy = ws[i].proxy.take();
+                std::thread::sleep(Duration::from_millis(300));
+                match start_worker(&config, &cluster, role, &name, proxy) {
+                    Ok(w) => ws[i] = w,
+                    Err(e) => {
+                        if let Ok(mut l) = log.lock() {
+                            l.push(format!("restarting {name} failed: {e}"));
+                        }
+                        break;
+                    }
+                }
+                if let Ok(mut l) = log.lock() {
+                    l.push(format!("t={:.1}s restarted {name}", t0.elapsed().as_secs_f64()));
+                }
+            }
+        })
+    }
+
+    /// Stops injecting kills (frame faults stay: they are per transfer and cannot leak pages).
+    pub fn stop_faults(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(h) = self.injector.take() {
+            let _ = h.join();
+        }
+    }
+
+    /// What was injected, one line each.
+    pub fn fault_log(&self) -> Vec<String> {
+        let mut out = self.log.lock().map(|l| l.clone()).unwrap_or_default();
+        if let Ok(ws) = self.workers.lock() {
+            for w in ws.iter() {
+                if let Some(p) = &w.proxy {
+                    out.extend(p.log());
+                }
+            }
+        }
+        out
+    }
+
+    /// The workers' current metrics endpoints (restarts change them).
+    pub fn worker_metrics(&self) -> Vec<String> {
+        self.workers.lock().map(|ws| ws.iter().map(|w| w.metrics.clone()).collect()).unwrap_or_default()
+    }
+}
+
+fn start_worker(
+    config: &Path,
+    cluster: &str,
+    role: &'static str,
+    name: &str,
+    proxy: Option<Proxy>,
+) -> anyhow::Result<Proc> {
+    let cfg = config.to_string_lossy().to_string();
+    let mut args: Vec<String> =
+        [role, "--config", &cfg, "--gateway", cluster, "--name", name, "--metrics-listen", "127.0.0.1:0"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+    if role == "prefill" && INCIDENT {
+        args.extend(["--pool-tokens".into(), INCIDENT_PREFILL_POOL.to_string()]);
+    }
+    let mut markers = vec!["metrics on http://"];
+    if let Some(p) = &proxy {
+        args.extend(["--kv-listen".into(), "127.0.0.1:0".into(), "--kv-advertise".into(), p.addr.clone()]);
+        markers.push("KV listening on ");
+    }
+    let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (child, got) = spawn(&argv, &markers)?;
+    if let (Some(p), Some(kv)) = (&proxy, got.get(1)) {
+        p.set_upstream(kv.clone());
+    }
+    Ok(Proc { name: name.into(), role, child, metrics: format!("http://{}", got[0]), proxy })
+}
+
+impl Drop for Deployment {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(h) = self.injector.take() {
+            let _ = h.join();
+        }
+        if let Ok(mut ws) = self.workers.lock() {
+            for w in ws.iter_mut() {
+                let _ = w.child.kill();
+                let _ = w.child.wait();
+            }
+        }
+        let _ = self.gateway.kill();
+        let _ = self.gateway.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Tells the audit what the spawner does: stop killing workers when the load phase ends, and
+/// what was injected.
+struct SpawnHooks<'a> {
+    d: &'a Mutex<Deployment>,
+}
+
+impl super::AuditHooks for SpawnHooks<'_> {
+    fn on_load_done(&self) {
+        if let Ok(mut d) = self.d.lock() {
+            d.stop_faults();
+        }
+    }
+
+    fn fault_log(&self) -> Vec<String> {
+        self.d.lock().map(|d| d.fault_log()).unwrap_or_default()
+    }
+
+    fn metrics_urls(&self) -> Vec<String> {
+        self.d
+            .lock()
+            .map(|d| {
+                let mut urls = d.metrics_urls.clone();
+                urls.extend(d.worker_metrics());
+                urls
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// Parses `--faults` (comma-separated; default: all of [`ALL_FAULTS`]).
+pub fn parse_faults(list: Option<&str>) -> anyhow::Result<Vec<String>> {
+    let Some(list) = list else { return Ok(ALL_FAULTS.iter().map(|s| s.to_string()).collect()) };
+    let mut out = Vec::new();
+    for f in list.split(',').map(str::trim).filter(|f| !f.is_empty()) {
+        if f == "none" {
+            continue;
+        }
+        if !ALL_FAULTS.contains(&f) {
+            bail!("unknown fault `{f}`; known: {} (or none)", ALL_FAULTS.join(", "));
+        }
+        out.push(f.to_string());
+    }
+    Ok(out)
+}
+
+/// `pagewarden audit --spawn [--faults LIST]`.
+pub fn run(args: &super::AuditArgs, tenants: usize, faults: Option<&str>) -> anyhow::Result<()> {
+    let faults = parse_faults(faults)?;
+    let seed = args.seed.unwrap_or_else(super::rng::random_seed);
+    let d = Deployment::start(tenants, &faults, seed)?;
+    eprintln!(
+        "spawned {}{}: gateway {}, 2 prefill and 2 decode workers, a fault proxy per decode worker; faults: {}",
+        if INCIDENT { "THE INCIDENT BUILD " } else { "" },
+        if INCIDENT { "(prefill pools smaller than the context window)" } else { "" },
+        d.url,
+        if faults.is_empty() { "none".to_string() } else { faults.join(",") }
+    );
+    let mut opts = args.options(d.url.clone(), super::load_tenants(&d.tenants_file)?);
+    opts.seed = seed;
+    opts.context_window = Some(CONTEXT);
+    opts.metrics_urls = d.metrics_urls.clone();
+    let d = Mutex::new(d);
+    let outcome = super::run_audit(&opts, &SpawnHooks { d: &d })?;
+    print!("{}", outcome.summary);
+    drop(d);
+    if !outcome.passed {
+        let mut kinds: Vec<&str> = outcome.findings.iter().filter(|f| f.fails).map(|f| f.kind).collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        bail!("the audit failed: {} failing findings ({})", outcome.counts.failing_findings, kinds.join(", "));
+    }
+    Ok(())
+}
