@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use engine::Event;
 use kv::BlockTable;
@@ -61,11 +61,9 @@ impl Drop for TicketGuard {
     }
 }
 
-const DEFAULT_DEADLINE: Duration = Duration::from_secs(600);
-
 pub(crate) async fn reserve(ctx: Arc<Ctx>, spec: Spec, out: UnboundedSender<ToGateway>) {
     let route = spec.route;
-    let deadline = Instant::now() + spec.deadline_ms.map_or(DEFAULT_DEADLINE, Duration::from_millis);
+    let deadline = spec.deadline();
     let failure = match tokio::time::timeout_at(deadline.into(), route_inner(&ctx, &spec, &out)).await {
         Ok(Ok(())) => return,
         Ok(Err(f)) => f,

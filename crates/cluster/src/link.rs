@@ -136,12 +136,13 @@ impl Link {
     }
 }
 
-fn tag(key: &[u8; 32], dir: u8, counter: u64, body: &[u8]) -> [u8; TAG] {
+/// `blake3::Hash` compares in constant time.
+fn tag(key: &[u8; 32], dir: u8, counter: u64, body: &[u8]) -> blake3::Hash {
     let mut h = blake3::Hasher::new_keyed(key);
     h.update(&[dir]);
     h.update(&counter.to_le_bytes());
     h.update(body);
-    *h.finalize().as_bytes()
+    h.finalize()
 }
 
 pub struct LinkReader {
@@ -174,18 +175,13 @@ impl LinkReader {
         let mut buf = vec![0u8; len];
         self.rd.read_exact(&mut buf).await?;
         let (body, t) = buf.split_at(len - TAG);
-        let want = tag(&self.key, self.dir, self.counter, body);
-        if !subtle_eq(&want, t) {
+        let got: [u8; TAG] = t.try_into().map_err(|_| WireError::BadMac)?;
+        if tag(&self.key, self.dir, self.counter, body) != got {
             return Err(WireError::BadMac.into());
         }
         self.counter += 1;
         serde_json::from_slice(body).map(Some).map_err(|e| ClusterError::Message(e.to_string()))
     }
-}
-
-fn subtle_eq(a: &[u8], b: &[u8]) -> bool {
-    // Constant time in the contents: every byte is looked at.
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 impl LinkWriter {
@@ -200,7 +196,7 @@ impl LinkWriter {
         let mut out = Vec::with_capacity(4 + len);
         out.extend_from_slice(&(len as u32).to_le_bytes());
         out.extend_from_slice(&body);
-        out.extend_from_slice(&t);
+        out.extend_from_slice(t.as_bytes());
         self.wr.write_all(&out).await?;
         self.wr.flush().await?;
         Ok(())

@@ -3,7 +3,6 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use engine::Event;
 use kv::BlockTable;
@@ -16,9 +15,6 @@ use crate::proto::{Failure, Spec, ToGateway};
 use crate::worker::Ctx;
 use crate::{ClusterError, Link};
 
-/// Used when the gateway sent no deadline.
-const DEFAULT_DEADLINE: Duration = Duration::from_secs(600);
-
 pub(crate) async fn run(
     ctx: Arc<Ctx>,
     spec: Spec,
@@ -28,7 +24,7 @@ pub(crate) async fn run(
     out: UnboundedSender<ToGateway>,
 ) {
     let route = spec.route;
-    let deadline = Instant::now() + spec.deadline_ms.map_or(DEFAULT_DEADLINE, Duration::from_millis);
+    let deadline = spec.deadline();
     let failure =
         match tokio::time::timeout_at(deadline.into(), route_inner(&ctx, &spec, ticket, key, &decode_addr, &out)).await
         {

@@ -26,6 +26,9 @@ pub enum Registered {
     Rejected(String),
 }
 
+/// A route's time limit when the request has no deadline of its own.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(600);
+
 /// A request as a worker receives it; the worker builds (and so re-validates) its own
 /// [`GenRequest`] from it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -35,48 +38,22 @@ pub struct Spec {
     pub tenant: u64,
     pub prompt: Vec<u32>,
     pub max_tokens: usize,
-    pub sampling: Sampling,
+    /// Validated again by the worker ([`Spec::to_request`]).
+    pub sampling: RawSamplingParams,
     pub stop_tokens: Vec<u32>,
     /// Time left until the request's deadline, when it has one.
     pub deadline_ms: Option<u64>,
 }
 
-/// [`RawSamplingParams`] on the wire.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
-pub struct Sampling {
-    pub temperature: f32,
-    pub top_k: i64,
-    pub top_p: f32,
-    pub min_p: f32,
-    pub repetition_penalty: f32,
-    pub frequency_penalty: f32,
-    pub presence_penalty: f32,
-    pub top_logprobs: i64,
-    pub seed: Option<u64>,
-    pub penalty_last_n: usize,
-}
-
 impl Spec {
     pub fn of(route: u64, req: &GenRequest) -> Spec {
-        let r = req.sampling.to_raw();
         Spec {
             route,
             request: req.id.0,
             tenant: req.tenant.0,
             prompt: req.prompt.clone(),
             max_tokens: req.max_tokens,
-            sampling: Sampling {
-                temperature: r.temperature,
-                top_k: r.top_k,
-                top_p: r.top_p,
-                min_p: r.min_p,
-                repetition_penalty: r.repetition_penalty,
-                frequency_penalty: r.frequency_penalty,
-                presence_penalty: r.presence_penalty,
-                top_logprobs: r.top_logprobs,
-                seed: r.seed,
-                penalty_last_n: r.penalty_last_n,
-            },
+            sampling: req.sampling.to_raw(),
             stop_tokens: req.stop_tokens.iter().collect(),
             deadline_ms: req.deadline.map(|d| d.saturating_duration_since(Instant::now()).as_millis() as u64),
         }
@@ -84,20 +61,7 @@ impl Spec {
 
     /// The worker's own request; sampling parameters are validated again here.
     pub fn to_request(&self) -> Result<GenRequest, String> {
-        let s = self.sampling;
-        let raw = RawSamplingParams {
-            temperature: s.temperature,
-            top_k: s.top_k,
-            top_p: s.top_p,
-            min_p: s.min_p,
-            repetition_penalty: s.repetition_penalty,
-            frequency_penalty: s.frequency_penalty,
-            presence_penalty: s.presence_penalty,
-            top_logprobs: s.top_logprobs,
-            seed: s.seed,
-            penalty_last_n: s.penalty_last_n,
-        };
-        let sampling = SamplingParams::new(raw).map_err(|e| e.to_string())?;
+        let sampling = SamplingParams::new(self.sampling).map_err(|e| e.to_string())?;
         Ok(GenRequest {
             id: RequestId(self.request),
             tenant: TenantId(self.tenant),
@@ -107,6 +71,11 @@ impl Spec {
             stop_tokens: StopTokens::new(self.stop_tokens.iter().copied()),
             deadline: self.deadline_ms.map(|ms| Instant::now() + Duration::from_millis(ms)),
         })
+    }
+
+    /// When the route must be over on a worker (a generous bound when the gateway sent none).
+    pub fn deadline(&self) -> Instant {
+        Instant::now() + self.deadline_ms.map_or(DEFAULT_DEADLINE, Duration::from_millis)
     }
 }
 

@@ -342,7 +342,7 @@ impl Router {
         let mut guard = guard;
         let spec = Spec::of(route, req);
         let _ = decode.tx.send(ToWorker::Reserve(spec.clone()));
-        let deadline = req.deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(600));
+        let deadline = req.deadline.unwrap_or_else(|| Instant::now() + crate::proto::DEFAULT_DEADLINE);
         let mut gate = FirstTokenGate::default();
         let mut verify_by: Option<tokio::time::Instant> = None;
         loop {

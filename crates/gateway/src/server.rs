@@ -445,9 +445,8 @@ pub async fn shutdown_signal() {
     let _ = tokio::signal::ctrl_c().await;
 }
 
-/// `pagewarden serve [--config FILE] [--listen ADDR]`: loads and validates the config (no file:
-/// the defaults and a development tenant), then serves until SIGINT/SIGTERM and drains.
-pub fn run_serve_cli(config_path: Option<&Path>, listen: Option<&str>) -> Result<(), ServeError> {
+/// The config file (or the defaults) with `--listen` applied.
+fn cli_config(config_path: Option<&Path>, listen: Option<&str>) -> Result<Config, ServeError> {
     let mut config = match config_path {
         Some(p) => Config::load(p)?,
         None => Config::default(),
@@ -458,11 +457,21 @@ pub fn run_serve_cli(config_path: Option<&Path>, listen: Option<&str>) -> Result
             message: format!("`{l}` is not an address such as 127.0.0.1:8080"),
         })?;
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
+    Ok(config)
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, ServeError> {
+    tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .map_err(|e| ServeError::Io(format!("cannot start the async runtime: {e}")))?;
-    rt.block_on(serve(config, shutdown_signal(), |_| {}))
+        .map_err(|e| ServeError::Io(format!("cannot start the async runtime: {e}")))
+}
+
+/// `pagewarden serve [--config FILE] [--listen ADDR]`: loads and validates the config (no file:
+/// the defaults and a development tenant), then serves until SIGINT/SIGTERM and drains.
+pub fn run_serve_cli(config_path: Option<&Path>, listen: Option<&str>) -> Result<(), ServeError> {
+    let config = cli_config(config_path, listen)?;
+    runtime()?.block_on(serve(config, shutdown_signal(), |_| {}))
 }
 
 /// `pagewarden gateway [--config FILE] [--listen ADDR] [--cluster-listen ADDR]`.
@@ -471,22 +480,9 @@ pub fn run_gateway_cli(
     listen: Option<&str>,
     cluster_listen: Option<&str>,
 ) -> Result<(), ServeError> {
-    let mut config = match config_path {
-        Some(p) => Config::load(p)?,
-        None => Config::default(),
-    };
-    if let Some(l) = listen {
-        config.listen = l.parse().map_err(|_| ConfigError::Invalid {
-            field: "listen".into(),
-            message: format!("`{l}` is not an address such as 127.0.0.1:8080"),
-        })?;
-    }
+    let mut config = cli_config(config_path, listen)?;
     if let Some(c) = cluster_listen {
         config.cluster.listen = c.to_string();
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| ServeError::Io(format!("cannot start the async runtime: {e}")))?;
-    rt.block_on(serve_gateway(config, shutdown_signal(), |_| {}))
+    runtime()?.block_on(serve_gateway(config, shutdown_signal(), |_| {}))
 }

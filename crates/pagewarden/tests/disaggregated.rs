@@ -8,42 +8,17 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use cluster::proto::{Failure, Register, Registered, Sampling, Spec, Stats, TicketWire, ToGateway, ToWorker};
+use cluster::proto::{Failure, Register, Registered, Spec, Stats, TicketWire, ToGateway, ToWorker};
 use cluster::{Identity, Link, Net};
 use common::cluster::{metric, Cluster, SECRET};
-use serde_json::{json, Value};
+use common::{chat, generate_cli, PROMPTS};
+use serde_json::Value;
 use wire::{ClusterSecret, PairingInfo, Role};
-
-fn chat(prompt: &str, max_tokens: usize) -> Value {
-    json!({
-        "model": common::MODEL_NAME,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-    })
-}
-
-fn generate_cli(prompt: &str, max_tokens: usize) -> String {
-    let out = Command::new(common::bin())
-        .args(["generate", "--chat", prompt, "--max-tokens", &max_tokens.to_string(), "--json"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["text"].as_str().unwrap().to_string()
-}
 
 fn content(body: &str) -> String {
     let v: Value = serde_json::from_str(body).unwrap();
     v["choices"][0]["message"]["content"].as_str().unwrap().to_string()
 }
-
-const PROMPTS: [&str; 4] = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "What is 12 times 7?",
-    "Name three primary colors.",
-];
 
 fn counters(c: &Cluster) -> Vec<f64> {
     (0..c.workers.len())
@@ -68,7 +43,7 @@ fn two_prefill_and_two_decode_workers_give_the_greedy_outputs_of_one_process() {
         c.add_worker(role, name, None);
     }
     c.wait_workers(2, 2);
-    let want: Vec<String> = PROMPTS.iter().map(|p| generate_cli(p, 24)).collect();
+    let want: Vec<String> = PROMPTS.iter().map(|p| generate_cli(p, 24)["text"].as_str().unwrap().to_string()).collect();
     for (p, w) in PROMPTS.iter().zip(&want) {
         let (status, body) = c.post("/v1/chat/completions", &chat(p, 24));
         assert_eq!(status, 200, "{body}");
@@ -184,18 +159,7 @@ async fn direct(role: Role, config: &std::path::Path) -> (Vec<ToGateway>, Stats)
         tenant: 1,
         prompt: (0..9000).map(|i| 100 + (i % 1000)).collect(),
         max_tokens: 16,
-        sampling: Sampling {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-            frequency_penalty: 0.0,
-            presence_penalty: 0.0,
-            top_logprobs: 0,
-            seed: None,
-            penalty_last_n: 64,
-        },
+        sampling: sampling::RawSamplingParams::default(),
         stop_tokens: vec![2],
         deadline_ms: Some(30_000),
     };

@@ -3,34 +3,7 @@
 
 mod common;
 
-use std::process::Command;
-
-use serde_json::{json, Value};
-
-fn chat(prompt: &str, max_tokens: usize) -> Value {
-    json!({
-        "model": common::MODEL_NAME,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-    })
-}
-
-fn generate_cli(prompt: &str, max_tokens: usize) -> Value {
-    let out = Command::new(common::bin())
-        .args(["generate", "--chat", prompt, "--max-tokens", &max_tokens.to_string(), "--json"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-const PROMPTS: [&str; 4] = [
-    "What is the capital of France?",
-    "Write a haiku about the sea.",
-    "What is 12 times 7?",
-    "Name three primary colors.",
-];
+use common::{chat, generate_cli, PROMPTS};
 
 #[test]
 fn greedy_output_through_the_api_equals_generate_alone_and_under_load() {

@@ -11,7 +11,7 @@ pub const MAX_TOP_LOGPROBS: usize = 20;
 /// Unvalidated parameters as a request carries them. Integers are signed so
 /// that a negative value from a client is reported instead of wrapping.
 /// `Default` is greedy decoding with every filter and penalty off.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RawSamplingParams {
     /// `[0, 2]`; 0 = greedy.
     pub temperature: f32,

@@ -203,7 +203,11 @@ pub fn run(args: &AuditArgs) -> Result<()> {
     let url = args.url.clone().context("--url is required")?;
     let path = args.tenants.as_deref().context("--tenants FILE is required")?;
     let opts = args.options(url, load_tenants(path)?);
-    let outcome = run_audit(&opts, &NoHooks)?;
+    conclude(&run_audit(&opts, &NoHooks)?)
+}
+
+/// Prints the summary; an error (non-zero exit) naming the failing kinds when the audit failed.
+fn conclude(outcome: &AuditOutcome) -> Result<()> {
     print!("{}", outcome.summary);
     if !outcome.passed {
         let mut kinds: Vec<&str> = outcome.findings.iter().filter(|f| f.fails).map(|f| f.kind).collect();

@@ -385,13 +385,6 @@ pub fn run(args: &super::AuditArgs, tenants: usize, faults: Option<&str>) -> any
     opts.metrics_urls = d.metrics_urls.clone();
     let d = Mutex::new(d);
     let outcome = super::run_audit(&opts, &SpawnHooks { d: &d })?;
-    print!("{}", outcome.summary);
     drop(d);
-    if !outcome.passed {
-        let mut kinds: Vec<&str> = outcome.findings.iter().filter(|f| f.fails).map(|f| f.kind).collect();
-        kinds.sort_unstable();
-        kinds.dedup();
-        bail!("the audit failed: {} failing findings ({})", outcome.counts.failing_findings, kinds.join(", "));
-    }
-    Ok(())
+    super::conclude(&outcome)
 }

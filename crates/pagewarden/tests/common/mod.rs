@@ -113,3 +113,31 @@ impl Drop for Server {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// Chat prompts the end-to-end tests compare across paths.
+pub const PROMPTS: [&str; 4] = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "What is 12 times 7?",
+    "Name three primary colors.",
+];
+
+/// A greedy chat request body.
+pub fn chat(prompt: &str, max_tokens: usize) -> serde_json::Value {
+    serde_json::json!({
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    })
+}
+
+/// `pagewarden generate --chat PROMPT --json` in its own process: the reference output.
+pub fn generate_cli(prompt: &str, max_tokens: usize) -> serde_json::Value {
+    let out = Command::new(bin())
+        .args(["generate", "--chat", prompt, "--max-tokens", &max_tokens.to_string(), "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
