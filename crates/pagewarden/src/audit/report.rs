@@ -171,6 +171,8 @@ pub struct DivergenceChecks {
     pub compared: usize,
     pub skipped: usize,
     pub diverged: usize,
+    /// Re-runs in flight together (all of one tenant).
+    pub rerun_concurrency: usize,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
@@ -312,13 +314,14 @@ impl Report {
             s,
             "| check | result |\n|---|---|\n\
              | cross-tenant canaries | {} |\n| cross-request canaries (same tenant) | {} |\n\
-             | divergences from an isolated re-run | {} of {} compared ({} skipped) |\n\
+             | divergences from an isolated re-run | {} of {} compared ({} skipped; re-runs one tenant at a time, {} at once) |\n\
              | leaked KV pages after the run | {} |\n| over-long prompts accepted | {} |\n",
             c.cross_tenant_canaries,
             c.cross_request_canaries,
             c.divergences,
             self.divergence_checks.compared,
             self.divergence_checks.skipped,
+            self.divergence_checks.rerun_concurrency.max(1),
             c.leaked_pages,
             c.overlong_accepted,
         );
