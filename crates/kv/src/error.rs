@@ -41,6 +41,10 @@ pub enum KvError {
     #[error("page {page} belongs to {found:?}, not {expected:?}")]
     WrongOwner { page: u32, expected: Owner, found: Owner },
 
+    /// A write reached a sealed prefix-cache page, which is read-only.
+    #[error("page {page} is a sealed prefix-cache page and read-only")]
+    ReadOnly { page: u32 },
+
     /// An input or output buffer has the wrong number of elements.
     #[error("{what} has {got} elements, expected {expected}")]
     LengthMismatch { what: &'static str, expected: usize, got: usize },

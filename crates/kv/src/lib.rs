@@ -18,22 +18,31 @@
 //! * **Scrub.** Freed pages are zeroed, at free ([`ScrubPolicy::OnFree`], default) or at
 //!   reservation ([`ScrubPolicy::OnAlloc`]); no reservation ever sees a previous owner's bytes.
 //!
+//! * **Tenant-scoped prefix cache** (invariant 8, [`prefix`]). Whole prompt pages can be
+//!   sealed into the cache of the tenant that computed them: read-only, refcounted, keyed by a
+//!   hash chain whose root is derived from the tenant with a secret of the pool. Only tables
+//!   of the same tenant can read a sealed page (checked on every access, like any lease);
+//!   none can write it. Idle cached pages are evicted (LRU) when a reservation needs them.
+//!
 //! Storage is one contiguous arena (page `p` at `p * page_elems`; inside a page, per layer,
 //! a K block `[page_size][row_len]` then a V block). Reads and writes take no lock: their
 //! soundness rests on lease uniqueness (`&mut BlockTable` is the only writer of its pages,
-//! `&BlockTable` the only reader). The free list and per-tenant accounting sit behind a
+//! `&BlockTable` the only reader; sealed pages have no writer at all, so
+//! any number of tables may read them at once). The free list and per-tenant accounting sit behind a
 //! mutex taken only to reserve and free.
 
 mod arena;
 mod error;
 mod layout;
 mod pool;
+pub mod prefix;
 mod table;
 mod view;
 
 pub use error::KvError;
 pub use layout::{Capacity, KvDtype, KvLayout, PoolConfig, ScrubPolicy};
 pub use pool::{KvPool, PageLease};
+pub use prefix::{CacheScope, PrefixKey, SealedPage};
 pub use table::BlockTable;
 pub use view::{KvChunk, KvSlice, LayerView};
 

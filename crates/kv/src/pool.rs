@@ -6,6 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::arena::Arena;
+use crate::prefix::{CacheScope, PrefixCache, SealedPage, SEALED};
+use crate::table::Slot;
 use crate::{BlockTable, Capacity, KvError, KvLayout, Owner, PageRef, PoolConfig, RequestId, ScrubPolicy, TenantId};
 
 /// Metadata of one page, read lock-free on every access to check the lease against it.
@@ -37,6 +39,11 @@ pub(crate) struct PoolInner {
     written: Box<[AtomicU64]>,
     state: Mutex<FreeState>,
     scrubbed: AtomicU64,
+    /// Locked after `state` is released, never while holding it: evicted pages are freed
+    /// (which takes `state`) once this lock is dropped too.
+    cache: Mutex<PrefixCache>,
+    /// Keys the roots of every tenant's prefix-cache chain; drawn at random, never leaves.
+    cache_secret: [u8; 32],
 }
 
 impl PoolInner {
@@ -44,6 +51,17 @@ impl PoolInner {
         // The state is updated with plain stores that cannot panic half-way; a poisoned lock
         // still holds consistent data.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn cache(&self) -> MutexGuard<'_, PrefixCache> {
+        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Frees up to `n` idle prefix-cache pages (least recently used first).
+    fn evict(&self, n: usize) {
+        let gone = self.cache().evict(n);
+        // Dropped here, after the cache lock: each last reference frees its page.
+        drop(gone);
     }
 
     /// Offset of `layer`'s K block in page `page`. K is stored transposed, `[row element][slot]`
@@ -140,6 +158,12 @@ impl PoolInner {
         if n == 0 {
             return Ok(Vec::new());
         }
+        // Idle cached pages count as free: a reservation evicts what it needs, so whether a
+        // request waits never depends on what other tenants keep cached.
+        let short = n.saturating_sub(self.lock().free.len());
+        if short > 0 {
+            self.evict(short);
+        }
         let pages = {
             let mut st = self.lock();
             if st.free.len() < n {
@@ -214,6 +238,16 @@ pub struct PageLease {
 }
 
 impl PageLease {
+    /// Turns this lease into a read-only page of its tenant's prefix cache: the pool records
+    /// the page under the sealed owner, which no live request has, so no table can write it
+    /// and only tables of the same tenant can read it.
+    pub(crate) fn seal(mut self) -> SealedPage {
+        let meta = &self.pool.meta[self.page as usize];
+        meta.request.store(SEALED.0, Ordering::Release);
+        self.owner.request = SEALED;
+        SealedPage { lease: self }
+    }
+
     pub fn page(&self) -> u32 {
         self.page
     }
@@ -299,6 +333,11 @@ impl KvPool {
             leased: vec![false; pages],
             by_tenant: HashMap::new(),
         };
+        let mut cache_secret = [0u8; 32];
+        getrandom::fill(&mut cache_secret).map_err(|e| KvError::InvalidConfig {
+            field: "prefix cache",
+            detail: format!("no randomness for the cache key: {e}"),
+        })?;
         let inner = PoolInner {
             layout,
             scrub: cfg.scrub,
@@ -310,6 +349,8 @@ impl KvPool {
             written,
             state: Mutex::new(state),
             scrubbed: AtomicU64::new(0),
+            cache: Mutex::new(PrefixCache::default()),
+            cache_secret,
         };
         Ok(KvPool { inner: Arc::new(inner) })
     }
@@ -363,6 +404,57 @@ impl KvPool {
         let n = self.inner.layout.pages_for(tokens);
         let leases = self.inner.lease_pages(owner, n)?;
         Ok(BlockTable::new(Arc::clone(&self.inner), owner, leases))
+    }
+
+    /// The prefix-cache scope of an authenticated tenant, optionally narrowed by a client's
+    /// salt. Derived from a secret of this pool: a client can never name another tenant's.
+    pub fn scope(&self, tenant: TenantId, client_salt: Option<&str>) -> CacheScope {
+        CacheScope::derive(&self.inner.cache_secret, tenant, client_salt)
+    }
+
+    /// Like [`KvPool::reserve`], reusing the longest run of `scope`'s cached pages that
+    /// `prompt` starts with. The prompt's last token is never served from the cache (its
+    /// logits must be computed), so at most `(prompt.len() - 1) / page_size` pages hit.
+    /// Returns the table and how many leading positions are already written (cached).
+    pub fn reserve_cached(
+        &self,
+        owner: Owner,
+        tokens: usize,
+        scope: &CacheScope,
+        prompt: &[u32],
+    ) -> Result<(BlockTable, usize), KvError> {
+        if scope.tenant() != owner.tenant {
+            return Err(KvError::WrongOwner {
+                page: 0,
+                expected: owner,
+                found: Owner { tenant: scope.tenant(), request: SEALED },
+            });
+        }
+        let ps = self.inner.layout.page_size;
+        let reusable = prompt.len().saturating_sub(1) / ps;
+        let keys = scope.chain(&prompt[..reusable * ps], ps);
+        let hits = self.inner.cache().lookup(owner.tenant, &keys);
+        let need = self.inner.layout.pages_for(tokens).saturating_sub(hits.len());
+        let leases = self.inner.lease_pages(owner, need)?;
+        let cached = hits.len() * ps;
+        let slots = hits.into_iter().map(Slot::Shared).chain(leases.into_iter().map(Slot::Own)).collect();
+        Ok((BlockTable::from_slots(Arc::clone(&self.inner), owner, slots), cached))
+    }
+
+    /// Pages held by the prefix cache (in use by requests or idle).
+    pub fn cached_pages(&self) -> usize {
+        self.inner.cache().len()
+    }
+
+    /// Cached pages no request holds: a reservation may evict them.
+    pub fn idle_cached_pages(&self) -> usize {
+        self.inner.cache().idle()
+    }
+
+    /// Drops every cache entry; pages still held by requests are freed when those end.
+    pub fn clear_prefix_cache(&self) {
+        let gone = self.inner.cache().clear();
+        drop(gone);
     }
 
     /// Zeroes one free page, exactly as a scrub does, so benchmarks can time the scrub cost

@@ -3,15 +3,42 @@
 use std::sync::Arc;
 
 use crate::pool::{PageLease, PoolInner};
+use crate::prefix::{CacheScope, SealedPage, SEALED};
 use crate::{KvError, LayerView, Owner, PageRef};
 
-/// A sequence's pages, in position order. Not Clone. Dropping it returns every page to the
-/// pool (scrubbed per policy). `&mut BlockTable` is the only way to write its pages, and
-/// `&BlockTable` the only way to read them.
+/// One page of a table: its own (exclusive, writable), or a sealed page of its tenant's
+/// prefix cache (shared, read-only).
+#[derive(Debug)]
+pub(crate) enum Slot {
+    Own(PageLease),
+    Shared(Arc<SealedPage>),
+}
+
+impl Slot {
+    fn lease(&self) -> &PageLease {
+        match self {
+            Slot::Own(l) => l,
+            Slot::Shared(s) => &s.lease,
+        }
+    }
+
+    pub(crate) fn page(&self) -> u32 {
+        self.lease().page()
+    }
+
+    fn generation(&self) -> u64 {
+        self.lease().generation()
+    }
+}
+
+/// A sequence's pages, in position order. Not Clone. Dropping it returns every page it owns to
+/// the pool (scrubbed per policy) and its references to shared prefix-cache pages.
+/// `&mut BlockTable` is the only way to write its own pages, and `&BlockTable` the only way to
+/// read them; shared pages are never written.
 pub struct BlockTable {
     pub(crate) pool: Arc<PoolInner>,
     owner: Owner,
-    pub(crate) leases: Vec<PageLease>,
+    pub(crate) leases: Vec<Slot>,
 }
 
 impl std::fmt::Debug for BlockTable {
@@ -25,7 +52,78 @@ impl std::fmt::Debug for BlockTable {
 
 impl BlockTable {
     pub(crate) fn new(pool: Arc<PoolInner>, owner: Owner, leases: Vec<PageLease>) -> Self {
-        BlockTable { pool, owner, leases }
+        BlockTable { pool, owner, leases: leases.into_iter().map(Slot::Own).collect() }
+    }
+
+    pub(crate) fn from_slots(pool: Arc<PoolInner>, owner: Owner, slots: Vec<Slot>) -> Self {
+        BlockTable { pool, owner, leases: slots }
+    }
+
+    /// Pages shared read-only from the tenant's prefix cache.
+    pub fn shared_pages(&self) -> usize {
+        self.leases.iter().filter(|s| matches!(s, Slot::Shared(_))).count()
+    }
+
+    /// Checks a slot against the pool: generation, and the owner this table expects, derived
+    /// from its own owner (a shared page must be sealed under this table's tenant), never
+    /// from what the slot says.
+    fn check_slot(&self, slot: &Slot) -> Result<(), KvError> {
+        let expected = match slot {
+            Slot::Own(_) => self.owner,
+            Slot::Shared(_) => Owner { tenant: self.owner.tenant, request: SEALED },
+        };
+        self.pool.check_lease(slot.page(), slot.generation(), expected)
+    }
+
+    /// The own (writable) slot at page index `i`, checked.
+    fn writable(&self, i: usize) -> Result<(), KvError> {
+        match self.leases.get(i) {
+            Some(s @ Slot::Own(_)) => self.check_slot(s),
+            Some(s @ Slot::Shared(_)) => Err(KvError::ReadOnly { page: s.page() }),
+            None => Err(KvError::OutOfRange { what: "page", index: i, limit: self.leases.len() }),
+        }
+    }
+
+    /// Seals the whole pages of `prompt` (whose KV this table holds, written at every layer)
+    /// into `scope`'s prefix cache, keyed by the hash chain of their tokens. Pages already
+    /// shared stay as they are; a page whose key is already cached (sealed by another request
+    /// first) stays private to this table. Returns how many pages were added to the cache.
+    pub fn seal_prefix(&mut self, scope: &CacheScope, prompt: &[u32]) -> Result<usize, KvError> {
+        if scope.tenant() != self.owner.tenant {
+            return Err(KvError::WrongOwner {
+                page: 0,
+                expected: self.owner,
+                found: Owner { tenant: scope.tenant(), request: SEALED },
+            });
+        }
+        let ps = self.pool.layout.page_size;
+        let full = (prompt.len() / ps).min(self.leases.len());
+        let keys = scope.chain(&prompt[..full * ps], ps);
+        for i in 0..full {
+            self.check_slot(&self.leases[i])?;
+            for layer in 0..self.pool.layout.n_layers {
+                if let Some(slot) = self.pool.first_unwritten(self.leases[i].page(), layer, ps) {
+                    return Err(KvError::Unwritten { layer, pos: i * ps + slot });
+                }
+            }
+        }
+        let mut added = 0;
+        let slots = std::mem::take(&mut self.leases);
+        self.leases = slots
+            .into_iter()
+            .enumerate()
+            .map(|(i, slot)| match slot {
+                Slot::Own(lease) if i < full => {
+                    let sealed = Arc::new(lease.seal());
+                    if self.pool.cache().insert(self.owner.tenant, keys[i], i, &sealed) {
+                        added += 1;
+                    }
+                    Slot::Shared(sealed)
+                }
+                other => other,
+            })
+            .collect();
+        Ok(added)
     }
 
     pub fn owner(&self) -> Owner {
@@ -48,14 +146,14 @@ impl BlockTable {
 
     /// (page, generation) of every page, in position order.
     pub fn page_refs(&self) -> impl Iterator<Item = PageRef> + '_ {
-        self.leases.iter().map(PageLease::page_ref)
+        self.leases.iter().map(|s| s.lease().page_ref())
     }
 
     /// Ensures `capacity() >= tokens` by adding whole pages, all or nothing.
     pub fn grow(&mut self, tokens: usize) -> Result<(), KvError> {
         let need = self.pool.layout.pages_for(tokens).saturating_sub(self.leases.len());
         let new = self.pool.lease_pages(self.owner, need)?;
-        self.leases.extend(new);
+        self.leases.extend(new.into_iter().map(Slot::Own));
         Ok(())
     }
 
@@ -68,13 +166,13 @@ impl BlockTable {
     }
 
     /// The lease holding `pos` (checked against the pool's metadata) and the slot within it.
-    fn locate(&self, layer: usize, pos: usize) -> Result<(&PageLease, usize), KvError> {
+    fn locate(&self, layer: usize, pos: usize) -> Result<(&Slot, usize), KvError> {
         self.check_layer(layer)?;
         let ps = self.pool.layout.page_size;
         let Some(lease) = self.leases.get(pos / ps) else {
             return Err(KvError::OutOfRange { what: "position", index: pos, limit: self.capacity() });
         };
-        self.pool.check_lease(lease.page(), lease.generation(), self.owner)?;
+        self.check_slot(lease)?;
         Ok((lease, pos % ps))
     }
 
@@ -92,6 +190,7 @@ impl BlockTable {
         Self::check_len("k", row, k.len())?;
         Self::check_len("v", row, v.len())?;
         let (lease, slot) = self.locate(layer, pos)?;
+        self.writable(pos / self.pool.layout.page_size)?;
         let page = lease.page();
         let pool = &self.pool;
         // SAFETY: `&mut self` is the only writer of this table's pages and excludes every reader
@@ -118,9 +217,8 @@ impl BlockTable {
             return Err(KvError::BeyondCapacity { len: end, capacity: self.capacity() });
         }
         let ps = self.pool.layout.page_size;
-        let first = start / ps;
-        for lease in self.leases.iter().take(end.div_ceil(ps)).skip(first) {
-            self.pool.check_lease(lease.page(), lease.generation(), self.owner)?;
+        for i in start / ps..end.div_ceil(ps) {
+            self.writable(i)?;
         }
         let pool = &self.pool;
         let mut pos = start;
@@ -152,7 +250,7 @@ impl BlockTable {
         }
         let ps = self.pool.layout.page_size;
         for lease in self.leases.iter().take(end.div_ceil(ps)).skip(start / ps) {
-            self.pool.check_lease(lease.page(), lease.generation(), self.owner)?;
+            self.check_slot(lease)?;
         }
         Ok(end)
     }
@@ -194,8 +292,11 @@ impl BlockTable {
         let row_bytes = self.pool.layout.row_len() * self.pool.layout.dtype.bytes();
         Self::check_len("payload", 2 * n * row_bytes, bytes.len())?;
         let end = self.check_rows(layer, start, n)?;
-        let (k, v) = bytes.split_at(n * row_bytes);
         let ps = self.pool.layout.page_size;
+        for i in start / ps..end.div_ceil(ps) {
+            self.writable(i)?;
+        }
+        let (k, v) = bytes.split_at(n * row_bytes);
         let pool = &self.pool;
         for (i, pos) in (start..end).enumerate() {
             let (page, slot) = (self.leases[pos / ps].page(), pos % ps);
@@ -219,7 +320,7 @@ impl BlockTable {
         }
         let ps = self.pool.layout.page_size;
         for (i, lease) in self.leases.iter().take(len.div_ceil(ps)).enumerate() {
-            self.pool.check_lease(lease.page(), lease.generation(), self.owner)?;
+            self.check_slot(lease)?;
             let n = (len - i * ps).min(ps);
             if let Some(slot) = self.pool.first_unwritten(lease.page(), layer, n) {
                 return Err(KvError::Unwritten { layer, pos: i * ps + slot });

@@ -482,3 +482,5 @@ fn export_refuses_unwritten_slots_and_import_refuses_bad_lengths_writing_nothing
     assert!((0..8).all(|pos| !u.is_written(0, pos)));
     assert!(u.debug_pages_zeroed());
 }
+
+mod prefix;

@@ -1,0 +1,168 @@
+//! The tenant-scoped prefix cache (invariant 8): sealed, read-only, refcounted pages keyed by
+//! a hash chain over whole pages of token ids.
+//!
+//! Why a chain with a secret, tenant-derived root: a page's key must name everything its KV
+//! depends on (every earlier token) and must never collide across tenants, whatever a client
+//! sends. The root is a keyed BLAKE3 of the tenant id (and of an optional client salt, which
+//! can only narrow: it is appended after the tenant), under a key drawn at random when the
+//! pool is built and never leaves it. Only [`crate::KvPool::scope`] builds a [`CacheScope`],
+//! from a `TenantId` the caller authenticated; a client string can never stand in for it.
+//! Each entry also records its tenant, and every read of a sealed page checks the page's
+//! owner against the reading table's tenant, so a key collision could not cross tenants
+//! either.
+//!
+//! Refcounting is `Arc<SealedPage>`: the cache holds one reference, every block table reusing
+//! the page another. Eviction only drops the cache's reference of pages nobody else holds
+//! (least recently used, deepest first), so a page in use is never freed: it goes back to the
+//! pool (scrubbed) when its last holder drops it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::pool::PageLease;
+use crate::{RequestId, TenantId};
+
+/// The request id sealed pages are recorded under: no live request has it.
+pub(crate) const SEALED: RequestId = RequestId(u64::MAX);
+
+const ROOT_DOMAIN: &[u8] = b"pagewarden prefix-cache root v1";
+const PAGE_CONTEXT: &str = "pagewarden 2026-11 prefix-cache page v1";
+
+/// A page sealed into a tenant's prefix cache: read-only, shared by every block table of that
+/// tenant that reuses it; scrubbed and freed when the last holder drops it.
+#[derive(Debug)]
+pub struct SealedPage {
+    pub(crate) lease: PageLease,
+}
+
+/// Key of one cached page: the hash of its tokens chained onto its predecessor's key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PrefixKey([u8; 32]);
+
+/// The root of one tenant's (optionally client-narrowed) hash chain. Built only by
+/// [`crate::KvPool::scope`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct CacheScope {
+    tenant: TenantId,
+    root: [u8; 32],
+}
+
+impl std::fmt::Debug for CacheScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The root is derived from a secret: never printed.
+        f.debug_struct("CacheScope").field("tenant", &self.tenant).finish_non_exhaustive()
+    }
+}
+
+impl CacheScope {
+    pub(crate) fn derive(secret: &[u8; 32], tenant: TenantId, client_salt: Option<&str>) -> CacheScope {
+        let mut h = blake3::Hasher::new_keyed(secret);
+        // Every field length-prefixed, so no two (tenant, salt) pairs hash the same bytes.
+        for field in [ROOT_DOMAIN, &tenant.0.to_le_bytes()] {
+            h.update(&(field.len() as u64).to_le_bytes());
+            h.update(field);
+        }
+        match client_salt {
+            None => h.update(&[0]),
+            Some(s) => {
+                h.update(&[1]);
+                h.update(&(s.len() as u64).to_le_bytes());
+                h.update(s.as_bytes())
+            }
+        };
+        CacheScope { tenant, root: *h.finalize().as_bytes() }
+    }
+
+    pub fn tenant(&self) -> TenantId {
+        self.tenant
+    }
+
+    /// Keys of the whole pages of `tokens` (a trailing partial page has none).
+    pub fn chain(&self, tokens: &[u32], page_size: usize) -> Vec<PrefixKey> {
+        let mut prev = self.root;
+        tokens
+            .chunks_exact(page_size.max(1))
+            .map(|page| {
+                let mut h = blake3::Hasher::new_derive_key(PAGE_CONTEXT);
+                h.update(&prev);
+                h.update(&(page.len() as u64).to_le_bytes());
+                for t in page {
+                    h.update(&t.to_le_bytes());
+                }
+                prev = *h.finalize().as_bytes();
+                PrefixKey(prev)
+            })
+            .collect()
+    }
+}
+
+struct Entry {
+    tenant: TenantId,
+    page: Arc<SealedPage>,
+    last_used: u64,
+    /// Position of the page in its chain: deeper pages of a chain go first at equal age.
+    depth: usize,
+}
+
+/// The cache's entries; lives in the pool behind its own mutex.
+#[derive(Default)]
+pub(crate) struct PrefixCache {
+    entries: HashMap<PrefixKey, Entry>,
+    tick: u64,
+}
+
+impl PrefixCache {
+    /// The longest run of cached pages `keys` starts with, all of `tenant`'s; marks them used.
+    pub(crate) fn lookup(&mut self, tenant: TenantId, keys: &[PrefixKey]) -> Vec<Arc<SealedPage>> {
+        self.tick += 1;
+        let mut hits = Vec::new();
+        for k in keys {
+            match self.entries.get_mut(k) {
+                Some(e) if e.tenant == tenant => {
+                    e.last_used = self.tick;
+                    hits.push(Arc::clone(&e.page));
+                }
+                _ => break,
+            }
+        }
+        hits
+    }
+
+    /// Adds `page` under `key` unless the key is already cached (another request sealed the
+    /// same content first; the caller keeps its own copy until it drops it).
+    pub(crate) fn insert(&mut self, tenant: TenantId, key: PrefixKey, depth: usize, page: &Arc<SealedPage>) -> bool {
+        self.tick += 1;
+        if self.entries.contains_key(&key) {
+            return false;
+        }
+        self.entries.insert(key, Entry { tenant, page: Arc::clone(page), last_used: self.tick, depth });
+        true
+    }
+
+    /// Removes up to `n` entries nobody but the cache holds, least recently used first, and
+    /// returns them so the caller drops them (freeing their pages) outside every lock.
+    pub(crate) fn evict(&mut self, n: usize) -> Vec<Arc<SealedPage>> {
+        let mut idle: Vec<(u64, std::cmp::Reverse<usize>, PrefixKey)> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| Arc::strong_count(&e.page) == 1)
+            .map(|(k, e)| (e.last_used, std::cmp::Reverse(e.depth), *k))
+            .collect();
+        idle.sort_unstable_by_key(|(t, d, _)| (*t, *d));
+        idle.into_iter().take(n).filter_map(|(_, _, k)| self.entries.remove(&k)).map(|e| e.page).collect()
+    }
+
+    /// Entries nobody but the cache holds (the pages a reservation may evict).
+    pub(crate) fn idle(&self) -> usize {
+        self.entries.values().filter(|e| Arc::strong_count(&e.page) == 1).count()
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Empties the cache; the returned pages are freed when the caller drops them.
+    pub(crate) fn clear(&mut self) -> Vec<Arc<SealedPage>> {
+        self.entries.drain().map(|(_, e)| e.page).collect()
+    }
+}
