@@ -64,15 +64,17 @@ async fn route_inner(
         return Err(Failure::Violation("wrong_ticket".into()));
     }
     let mut stream = ctx.engine.prefill(req.clone()).map_err(Failure::Refused)?;
+    let mut cached_tokens = None;
     let (first, table) = loop {
         match stream.next().await {
             Some(Event::Prefilled { first, kv }) => break (first, kv),
             Some(Event::Started) => {}
+            Some(Event::PrefixCache { cached_tokens: n }) => cached_tokens = Some(n),
             Some(Event::Failed(e)) => return Err(Failure::of(&e)),
             Some(_) | None => return Err(Failure::Internal("the engine ended the prefill without KV".into())),
         }
     };
-    let _ = out.send(ToGateway::First { route: spec.route, token: (&first).into() });
+    let _ = out.send(ToGateway::First { route: spec.route, token: (&first).into(), cached_tokens });
 
     let timeout = ctx.cfg.handshake_timeout;
     let unreachable = |e: ClusterError| Failure::Unreachable(format!("decode worker at {decode_addr}: {e}"));

@@ -43,6 +43,10 @@ pub struct Spec {
     pub stop_tokens: Vec<u32>,
     /// Time left until the request's deadline, when it has one.
     pub deadline_ms: Option<u64>,
+    /// The client's prefix-cache salt; the prefill worker derives the scope from `tenant`
+    /// first, so the salt only narrows.
+    #[serde(default)]
+    pub cache_salt: Option<String>,
 }
 
 impl Spec {
@@ -56,6 +60,7 @@ impl Spec {
             sampling: req.sampling.to_raw(),
             stop_tokens: req.stop_tokens.iter().collect(),
             deadline_ms: req.deadline.map(|d| d.saturating_duration_since(Instant::now()).as_millis() as u64),
+            cache_salt: req.cache_salt.clone(),
         }
     }
 
@@ -70,6 +75,7 @@ impl Spec {
             sampling,
             stop_tokens: StopTokens::new(self.stop_tokens.iter().copied()),
             deadline: self.deadline_ms.map(|ms| Instant::now() + Duration::from_millis(ms)),
+            cache_salt: self.cache_salt.clone(),
         })
     }
 
@@ -259,6 +265,10 @@ pub enum ToGateway {
     First {
         route: u64,
         token: TokenWire,
+        /// Prompt tokens the prefill worker served from its prefix cache, when it consulted
+        /// one (usage only: the whole prompt's KV is sent and verified either way).
+        #[serde(default)]
+        cached_tokens: Option<usize>,
     },
     /// Prefill: every frame was sent.
     Sent {

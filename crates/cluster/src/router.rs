@@ -382,7 +382,13 @@ impl Router {
                     let decode_addr = decode.kv_addr.clone().unwrap_or_default();
                     let _ = prefill.tx.send(ToWorker::Prefill { spec: spec.clone(), ticket, key, decode_addr });
                 }
-                (Role::Prefill, ToGateway::First { token, .. }) => gate.first = Some(token.into()),
+                (Role::Prefill, ToGateway::First { token, cached_tokens, .. }) => {
+                    gate.first = Some(token.into());
+                    if let Some(n) = cached_tokens {
+                        gate.cached_tokens = n;
+                        let _ = ev.send(Event::PrefixCache { cached_tokens: n });
+                    }
+                }
                 (Role::Prefill, ToGateway::Sent { .. }) => {
                     verify_by = Some(tokio::time::Instant::now() + self.inner.cfg.transfer_timeout);
                 }
@@ -426,6 +432,8 @@ enum Outcome {
 #[derive(Default)]
 struct FirstTokenGate {
     first: Option<TokenEvent>,
+    /// What the prefill worker's cache served (reported in usage).
+    cached_tokens: usize,
     verified: Option<u32>,
     released: bool,
     pending: VecDeque<ToGateway>,
@@ -454,7 +462,8 @@ impl FirstTokenGate {
                         Finish::Stop => FinishReason::Stop,
                         Finish::Length => FinishReason::Length,
                     };
-                    let usage = Usage { prompt_tokens: usage.0, completion_tokens: usage.1 };
+                    let usage =
+                        Usage { prompt_tokens: usage.0, completion_tokens: usage.1, cached_tokens: self.cached_tokens };
                     let _ = ev.send(Event::Finished { reason, usage });
                     return Ok(true);
                 }

@@ -18,6 +18,9 @@ pub struct GenRequest {
     pub stop_tokens: StopTokens,
     /// The request fails with `DeadlineExceeded` (pages freed) if it is still running then.
     pub deadline: Option<Instant>,
+    /// A client's salt narrowing prefix-cache sharing within the tenant (never widening it:
+    /// the cache scope is derived from `tenant` first).
+    pub cache_salt: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +33,9 @@ pub enum FinishReason {
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Prompt tokens whose KV came from the prefix cache (OpenAI's
+    /// `prompt_tokens_details.cached_tokens`).
+    pub cached_tokens: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -59,6 +65,11 @@ pub enum Event {
     Prefilled {
         first: TokenEvent,
         kv: BlockTable,
+    },
+    /// Right after `Started`, when the prefix cache was consulted: how many leading prompt
+    /// tokens it served (0: a miss).
+    PrefixCache {
+        cached_tokens: usize,
     },
 }
 

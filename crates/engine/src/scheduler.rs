@@ -6,7 +6,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use kv::{BlockTable, KvError, KvPool, Owner, TenantId};
+use kv::{BlockTable, CacheScope, KvError, KvPool, Owner, TenantId};
 use model::{Llama, Logits, SeqStep};
 use sampling::Sampler;
 use tokio::sync::mpsc as tmpsc;
@@ -24,11 +24,20 @@ pub struct EngineConfig {
     pub max_queued: usize,
     /// How long a request may wait for pages before it is refused.
     pub queue_timeout: Duration,
+    /// Reuse whole prompt pages a request of the same tenant (and client salt) computed
+    /// before: the tenant-scoped prefix cache of the pool the prompt is prefilled in.
+    pub prefix_cache: bool,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { max_batch_tokens: 512, max_running: 64, max_queued: 256, queue_timeout: Duration::from_secs(30) }
+        EngineConfig {
+            max_batch_tokens: 512,
+            max_running: 64,
+            max_queued: 256,
+            queue_timeout: Duration::from_secs(30),
+            prefix_cache: true,
+        }
     }
 }
 
@@ -41,8 +50,13 @@ pub struct EngineStats {
     pub pages_used: usize,
     pub pages_by_tenant: Vec<(TenantId, usize)>,
     pub steps: u64,
+    /// Prompt tokens computed (cache hits excluded).
     pub prefill_tokens: u64,
     pub decode_tokens: u64,
+    /// Prompt tokens served from the prefix cache instead of computed.
+    pub cached_tokens: u64,
+    /// Pages held by the prefix caches (main and prefill pool).
+    pub cached_pages: usize,
 }
 
 struct Shared {
@@ -282,7 +296,8 @@ impl EngineHandle {
     pub fn stats(&self) -> EngineStats {
         let mut s = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner()).clone();
         s.pages_total = self.pool.total_pages();
-        s.pages_used = self.pool.used_pages();
+        // Idle cached pages belong to no request: a reservation takes them when it needs them.
+        s.pages_used = self.pool.used_pages().saturating_sub(self.pool.idle_cached_pages());
         s
     }
 }
@@ -301,6 +316,10 @@ struct Running {
     kv: BlockTable,
     sampler: Sampler,
     prefilled: usize,
+    /// Leading prompt tokens whose KV came from the prefix cache.
+    cached: usize,
+    /// Where its whole prompt pages are sealed once prefilled; None: no caching.
+    scope: Option<CacheScope>,
     generated: Vec<u32>,
     /// The last sampled token, fed at the next decode step.
     input: [u32; 1],
@@ -435,12 +454,20 @@ impl Loop {
             let Some(q) = self.queues.get_mut(&key) else { continue };
             let Some(head) = q.front() else { continue };
             let owner = Owner { tenant: key.1, request: head.req.id };
-            let reserved = match head.kind {
-                Kind::Prefill => self.prefill_pool.reserve(owner, head.req.prompt.len()),
-                Kind::Full | Kind::Reserve => self.pool.reserve(owner, head.req.prompt.len() + head.req.max_tokens),
+            let (pool, tokens) = match head.kind {
+                Kind::Prefill => (&self.prefill_pool, head.req.prompt.len()),
+                Kind::Full | Kind::Reserve => (&self.pool, head.req.prompt.len() + head.req.max_tokens),
+            };
+            // The scope comes from the request's authenticated tenant; the client's salt can
+            // only narrow it. Reservations (empty pages for a transfer) never use the cache.
+            let scope = (self.cfg.prefix_cache && head.kind != Kind::Reserve)
+                .then(|| pool.scope(head.req.tenant, head.req.cache_salt.as_deref()));
+            let reserved = match &scope {
+                Some(scope) => pool.reserve_cached(owner, tokens, scope, &head.req.prompt),
+                None => pool.reserve(owner, tokens).map(|kv| (kv, 0)),
             };
             match reserved {
-                Ok(kv) => {
+                Ok((kv, cached)) => {
                     misses = 0;
                     let Some(p) = q.pop_front() else { continue };
                     if !q.is_empty() {
@@ -453,14 +480,20 @@ impl Loop {
                         continue;
                     }
                     let _ = p.tx.send(Event::Started);
+                    if scope.is_some() {
+                        let _ = p.tx.send(Event::PrefixCache { cached_tokens: cached });
+                    }
                     let sampler = Sampler::new(p.req.sampling);
+                    self.stats.cached_tokens += cached as u64;
                     self.running.push(Running {
                         req: p.req,
                         kind: p.kind,
                         tx: p.tx,
                         kv,
                         sampler,
-                        prefilled: 0,
+                        prefilled: cached,
+                        cached,
+                        scope,
                         generated: Vec::new(),
                         input: [0],
                         logits: Vec::new(),
@@ -545,6 +578,7 @@ impl Loop {
             }
         };
         self.stats.steps += 1;
+        let mut sealing_failed = Vec::new();
         for (&(i, take), logits) in plan.iter().zip(outputs) {
             let r = &mut self.running[i];
             if r.decoding() {
@@ -552,8 +586,21 @@ impl Loop {
             } else {
                 r.prefilled += take;
                 self.stats.prefill_tokens += take as u64;
+                if r.decoding() {
+                    if let Some(scope) = &r.scope {
+                        // The prompt's whole pages are final now (decode writes after them).
+                        if let Err(e) = r.kv.seal_prefix(scope, &r.req.prompt) {
+                            sealing_failed.push((i, e));
+                        }
+                    }
+                }
             }
             r.logits = logits;
+        }
+        // Fail closed: a prompt whose pages cannot be sealed holds KV it should not.
+        for (i, e) in sealing_failed.into_iter().rev() {
+            self.running[i].logits.clear();
+            self.running[i].end = Some(End::Event(Event::Failed(EngineError::from_model(&model::ModelError::Kv(e)))));
         }
         // Sampling is a pass over the vocabulary per sequence: spread it over the compute
         // threads. Each sequence has its own sampler, so the result does not depend on how.
@@ -597,7 +644,7 @@ impl Loop {
             return;
         }
         let _ = tx.send(Event::Started);
-        let usage = |completion_tokens| Usage { prompt_tokens: n, completion_tokens };
+        let usage = |completion_tokens| Usage { prompt_tokens: n, completion_tokens, cached_tokens: 0 };
         let done = if req.stop_tokens.contains(first) {
             Some(Event::Finished { reason: FinishReason::Stop, usage: usage(0) })
         } else if req.max_tokens <= 1 {
@@ -620,6 +667,8 @@ impl Loop {
             kv,
             sampler,
             prefilled: n,
+            cached: 0,
+            scope: None,
             generated: vec![first],
             input: [first],
             logits: Vec::new(),
@@ -653,6 +702,9 @@ impl Loop {
         s.steps = self.stats.steps;
         s.prefill_tokens = self.stats.prefill_tokens;
         s.decode_tokens = self.stats.decode_tokens;
+        s.cached_tokens = self.stats.cached_tokens;
+        s.cached_pages = self.pool.cached_pages()
+            + if self.prefill_pool.same_pool(&self.pool) { 0 } else { self.prefill_pool.cached_pages() };
     }
 }
 
@@ -666,7 +718,11 @@ fn end(r: Running, ev: Event) {
 
 /// Samples the next token of `r`; returns how the request ends when it is complete.
 fn sample_into(r: &mut Running, logits: &[f32]) -> Option<End> {
-    let usage = |r: &Running| Usage { prompt_tokens: r.req.prompt.len(), completion_tokens: r.generated.len() };
+    let usage = |r: &Running| Usage {
+        prompt_tokens: r.req.prompt.len(),
+        completion_tokens: r.generated.len(),
+        cached_tokens: r.cached,
+    };
     let s = match r.sampler.sample(logits, &r.generated) {
         Ok(s) => s,
         Err(e) => return Some(End::Event(Event::Failed(EngineError::Internal(e.to_string())))),

@@ -28,6 +28,7 @@ fn req(id: u64, prompt_len: usize, max_tokens: usize) -> GenRequest {
         sampling: SamplingParams::greedy(),
         stop_tokens: StopTokens::new([]),
         deadline: None,
+        cache_salt: None,
     }
 }
 

@@ -28,6 +28,7 @@ fn req(id: u64, tenant: u64, prompt_len: usize, max_tokens: usize) -> GenRequest
         sampling: SamplingParams::greedy(),
         stop_tokens: StopTokens::new([]),
         deadline: None,
+        cache_salt: None,
     }
 }
 
@@ -46,7 +47,7 @@ fn collect(h: &EngineHandle, r: GenRequest) -> Result<Vec<u32>, EngineError> {
                 return Ok(out);
             }
             Event::Failed(e) => return Err(e),
-            Event::Started => {}
+            Event::Started | Event::PrefixCache { .. } => {}
             Event::Reserved(_) | Event::Prefilled { .. } => panic!("a full request never hands over pages"),
         }
     }

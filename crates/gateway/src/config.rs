@@ -47,7 +47,15 @@ struct RawConfig {
     #[serde(default)]
     cluster: RawCluster,
     #[serde(default)]
+    prefix_cache: RawPrefixCache,
+    #[serde(default)]
     tenants: Vec<RawTenant>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPrefixCache {
+    enabled: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -124,6 +132,8 @@ pub struct EngineSettings {
     pub max_running: usize,
     pub max_queued: usize,
     pub queue_timeout: Duration,
+    /// `[prefix_cache] enabled`: reuse a tenant's own earlier prompt pages.
+    pub prefix_cache: bool,
 }
 
 /// How the roles of a disaggregated deployment find and trust each other.
@@ -243,6 +253,7 @@ fn builtin_defaults() -> Config {
             max_running: 64,
             max_queued: 256,
             queue_timeout: Duration::from_millis(30_000),
+            prefix_cache: true,
         },
         limits: Limits {
             max_body_bytes: 1 << 20,
@@ -362,6 +373,7 @@ impl Config {
             max_running: positive("engine.max_running", e.max_running, 64)?,
             max_queued: positive("engine.max_queued", e.max_queued, 256)?,
             queue_timeout: Duration::from_millis(positive_u64("engine.queue_timeout_ms", e.queue_timeout_ms, 30_000)?),
+            prefix_cache: raw.prefix_cache.enabled.unwrap_or(true),
         };
 
         let l = raw.limits;

@@ -25,6 +25,10 @@ pub const CLUSTER_WORKERS: &str = "pagewarden_cluster_workers";
 pub const WORKER_INFLIGHT: &str = "pagewarden_worker_inflight";
 pub const WORKER_PAGES_USED: &str = "pagewarden_worker_kv_pages_used";
 pub const WORKER_VIOLATIONS_TOTAL: &str = "pagewarden_worker_isolation_violations_total";
+pub const PREFIX_CACHE_LOOKUPS_TOTAL: &str = "pagewarden_prefix_cache_lookups_total";
+pub const PREFIX_CACHE_HITS_TOTAL: &str = "pagewarden_prefix_cache_hits_total";
+pub const PREFIX_CACHE_HIT_TOKENS_TOTAL: &str = "pagewarden_prefix_cache_hit_tokens_total";
+pub const PREFIX_CACHE_PAGES: &str = "pagewarden_prefix_cache_pages";
 
 /// Registered workers by role, and each worker's load, pages and reported violations.
 pub fn render_workers(workers: &[cluster::WorkerInfo]) -> String {
@@ -117,6 +121,8 @@ pub struct Metrics {
     violations: Mutex<BTreeMap<&'static str, u64>>,
     ttft: Histogram,
     itl: Histogram,
+    /// Per tenant name: (lookups, hits, hit tokens).
+    prefix: Mutex<BTreeMap<String, [u64; 3]>>,
 }
 
 impl Default for Metrics {
@@ -127,6 +133,7 @@ impl Default for Metrics {
             violations: Mutex::new(ISOLATION_KINDS.iter().map(|k| (*k, 0)).collect()),
             ttft: Histogram::new(&TTFT_BUCKETS),
             itl: Histogram::new(&ITL_BUCKETS),
+            prefix: Mutex::default(),
         }
     }
 }
@@ -160,6 +167,17 @@ impl Metrics {
 
     pub fn inter_token_latency(&self, d: Duration) {
         self.itl.observe(d);
+    }
+
+    /// One request's prefix-cache lookup: `cached_tokens` served from the tenant's cache.
+    pub fn prefix_lookup(&self, tenant: &str, cached_tokens: usize) {
+        let mut m = self.prefix.lock().unwrap_or_else(|e| e.into_inner());
+        let c = m.entry(tenant.to_string()).or_default();
+        c[0] += 1;
+        if cached_tokens > 0 {
+            c[1] += 1;
+            c[2] += cached_tokens as u64;
+        }
     }
 
     /// The exposition text; `tenant_name` names engine tenants in the KV pages label.
@@ -203,6 +221,19 @@ impl Metrics {
         counter(&mut out, ENGINE_STEPS_TOTAL, "Forward steps run.", stats.steps);
         counter(&mut out, PREFILL_TOKENS_TOTAL, "Prompt tokens prefilled.", stats.prefill_tokens);
         counter(&mut out, DECODE_TOKENS_TOTAL, "Tokens decoded.", stats.decode_tokens);
+        let prefix: Vec<(String, [u64; 3])> =
+            self.prefix.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (k.clone(), *v)).collect();
+        for (i, (name, help)) in [
+            (PREFIX_CACHE_LOOKUPS_TOTAL, "Prefix-cache lookups (one per prefilled request), by tenant."),
+            (PREFIX_CACHE_HITS_TOTAL, "Prefix-cache lookups that reused at least one page, by tenant."),
+            (PREFIX_CACHE_HIT_TOKENS_TOTAL, "Prompt tokens served from the prefix cache, by tenant."),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            counter_map(&mut out, name, help, "tenant", prefix.iter().map(|(t, c)| (t.clone(), c[i])).collect());
+        }
+        gauge(&mut out, PREFIX_CACHE_PAGES, "KV pages held by the prefix caches.", stats.cached_pages as u64);
         out
     }
 }
@@ -217,6 +248,8 @@ mod tests {
         m.request(200);
         m.rejection("invalid_request");
         m.time_to_first_token(Duration::from_millis(30));
+        m.prefix_lookup("tenant-1", 0);
+        m.prefix_lookup("tenant-1", 32);
         let stats = EngineStats { pages_by_tenant: vec![(kv::TenantId(1), 3)], ..Default::default() };
         let text = m.render(&stats, |t| format!("tenant-{}", t.0));
         for name in [
@@ -232,10 +265,17 @@ mod tests {
             ENGINE_STEPS_TOTAL,
             PREFILL_TOKENS_TOTAL,
             DECODE_TOKENS_TOTAL,
+            PREFIX_CACHE_LOOKUPS_TOTAL,
+            PREFIX_CACHE_HITS_TOTAL,
+            PREFIX_CACHE_HIT_TOKENS_TOTAL,
+            PREFIX_CACHE_PAGES,
         ] {
             assert!(text.contains(&format!("# TYPE {name} ")), "{name} missing");
         }
         assert!(text.contains("pagewarden_requests_total{status=\"200\"} 1"));
+        assert!(text.contains("pagewarden_prefix_cache_lookups_total{tenant=\"tenant-1\"} 2"));
+        assert!(text.contains("pagewarden_prefix_cache_hits_total{tenant=\"tenant-1\"} 1"));
+        assert!(text.contains("pagewarden_prefix_cache_hit_tokens_total{tenant=\"tenant-1\"} 32"));
         assert!(text.contains("pagewarden_kv_pages_used{tenant=\"tenant-1\"} 3"));
         assert!(text.contains("pagewarden_isolation_violations_total{kind=\"generation_mismatch\"} 0"));
         assert!(text.contains("pagewarden_time_to_first_token_seconds_bucket{le=\"0.05\"} 1"));

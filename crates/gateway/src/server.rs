@@ -208,6 +208,7 @@ pub fn engine_config(config: &Config) -> EngineConfig {
         max_running: config.engine.max_running,
         max_queued: config.engine.max_queued,
         queue_timeout: config.engine.queue_timeout,
+        prefix_cache: config.engine.prefix_cache,
     }
 }
 

@@ -359,6 +359,11 @@ impl KvPool {
         &self.inner.layout
     }
 
+    /// Whether both handles share the same pages.
+    pub fn same_pool(&self, other: &KvPool) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
     pub fn scrub_policy(&self) -> ScrubPolicy {
         self.inner.scrub
     }

@@ -162,6 +162,7 @@ async fn direct(role: Role, config: &std::path::Path) -> (Vec<ToGateway>, Stats)
         sampling: sampling::RawSamplingParams::default(),
         stop_tokens: vec![2],
         deadline_ms: Some(30_000),
+        cache_salt: None,
     };
     let msg = if role == Role::Prefill {
         let ticket = TicketWire { request: 1, tenant: 1, nonce: [7; 16], pages: 564, tokens: 9000 };

@@ -240,7 +240,7 @@ async fn rogue_prefill(c_addr: String, lies: Arc<Mutex<Vec<Lie>>>) {
         let ticket: Ticket = ticket.into();
         let key = TicketKey::from_bytes(key);
         let token = cluster::proto::TokenWire { token: 42, logprob: -0.1, top: vec![] };
-        wr.send(&ToGateway::First { route: spec.route, token }).await.unwrap();
+        wr.send(&ToGateway::First { route: spec.route, token, cached_tokens: None }).await.unwrap();
         let link = Link::connect(net.dial(&decode_addr).await.unwrap(), &me, Duration::from_secs(10)).await.unwrap();
         let mut io = link.into_io();
         let codec = Codec::default();

@@ -223,6 +223,7 @@ async fn generate_inner(
         sampling: v.sampling,
         stop_tokens: if v.ignore_eos { sampling::StopTokens::new([]) } else { st.stop_tokens.clone() },
         deadline: Some(arrived + st.config.limits.request_timeout),
+        cache_salt: v.cache_salt,
     };
     let prompt_param = match endpoint {
         Endpoint::Chat => "messages",
@@ -230,7 +231,17 @@ async fn generate_inner(
     };
     let rs = st.backend.submit(gen_req).map_err(|e| ApiError::admission(&e, prompt_param))?;
     let mut gen =
-        Generation::new(st.clone(), rs, permit, v.stop, v.logprobs.is_some(), prompt_tokens, v.max_tokens, arrived);
+        Generation::new(
+        st.clone(),
+        rs,
+        permit,
+        v.stop,
+        v.logprobs.is_some(),
+        prompt_tokens,
+        v.max_tokens,
+        arrived,
+        tenant.config.name.clone(),
+    );
     let meta = ResponseMeta::new(endpoint, log.id, &st.config.model_name);
 
     // Nothing is sent before the first result: a failure up to here is a proper HTTP error.

@@ -92,6 +92,10 @@ pub struct Generation {
     prompt_tokens: usize,
     max_tokens: usize,
     completion_tokens: usize,
+    /// Set once the prefix cache was consulted (the last report wins: a retried route
+    /// reports again).
+    cached_tokens: Option<usize>,
+    tenant: String,
     arrived: Instant,
     last_token: Option<Instant>,
     pub(crate) ttft: Option<Duration>,
@@ -109,6 +113,7 @@ impl Generation {
         prompt_tokens: usize,
         max_tokens: usize,
         arrived: Instant,
+        tenant: String,
     ) -> Self {
         Generation {
             st,
@@ -120,6 +125,8 @@ impl Generation {
             prompt_tokens,
             max_tokens,
             completion_tokens: 0,
+            cached_tokens: None,
+            tenant,
             arrived,
             last_token: None,
             ttft: None,
@@ -133,8 +140,16 @@ impl Generation {
 
     /// Ends the request in the engine (cancels it if still running) and settles the limits.
     fn end(&mut self) {
+        self.count_lookup();
         self.rs = None;
         self.permit.refund(self.max_tokens.saturating_sub(self.completion_tokens));
+    }
+
+    /// Counts the request's prefix-cache lookup once, when it ends (however it ends).
+    fn count_lookup(&mut self) {
+        if let Some(n) = self.cached_tokens.take() {
+            self.st.metrics.prefix_lookup(&self.tenant, n);
+        }
     }
 
     /// The next step; `None` after `Done` or `Error`.
@@ -150,6 +165,7 @@ impl Generation {
             };
             match ev {
                 Event::Started => self.permit.started(),
+                Event::PrefixCache { cached_tokens } => self.cached_tokens = Some(cached_tokens),
                 Event::Token(t) => {
                     let now = Instant::now();
                     match self.last_token {
@@ -180,7 +196,11 @@ impl Generation {
                     }
                     if hit {
                         let usage =
-                            Usage { prompt_tokens: self.prompt_tokens, completion_tokens: self.completion_tokens };
+                            Usage {
+                                prompt_tokens: self.prompt_tokens,
+                                completion_tokens: self.completion_tokens,
+                                cached_tokens: self.cached_tokens.unwrap_or(0),
+                            };
                         self.out.push_back(Step::Done { reason: "stop", usage });
                         self.end();
                     }
@@ -198,7 +218,11 @@ impl Generation {
                         self.out.push_back(Step::Text { text, logprobs: Vec::new() });
                     }
                     let usage =
-                        Usage { prompt_tokens: usage.prompt_tokens, completion_tokens: usage.completion_tokens };
+                        Usage {
+                            prompt_tokens: usage.prompt_tokens,
+                            completion_tokens: usage.completion_tokens,
+                            cached_tokens: self.cached_tokens.unwrap_or(usage.cached_tokens),
+                        };
                     self.completion_tokens = usage.completion_tokens;
                     self.out.push_back(Step::Done { reason, usage });
                     self.end();
@@ -354,5 +378,12 @@ mod tests {
     fn earliest_of_several_stops_wins_and_multibyte_is_safe() {
         assert_eq!(run(&["zz", "é!"], &["aé", "! zz"]), ("a".into(), true));
         assert_eq!(run(&["éa"], &["xé"]), ("xé".into(), false));
+    }
+}
+
+impl Drop for Generation {
+    /// A client that went away still made its request look the cache up.
+    fn drop(&mut self) {
+        self.count_lookup();
     }
 }

@@ -19,6 +19,8 @@ pub struct TokenLogprob {
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Prompt tokens served from the tenant's prefix cache.
+    pub cached_tokens: usize,
 }
 
 impl Usage {
@@ -27,6 +29,7 @@ impl Usage {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": { "cached_tokens": self.cached_tokens },
         })
     }
 }

@@ -51,10 +51,16 @@ pub struct Validated {
     /// llama.cpp's extension: generate until `max_tokens` even past end-of-turn (load tests use
     /// it for a fixed output length).
     pub ignore_eos: bool,
+    /// vLLM's `cache_salt`: narrows prefix-cache sharing to requests of the same tenant that
+    /// send the same salt. The tenant part of the cache scope comes from authentication, so
+    /// no salt can reach another tenant's cache.
+    pub cache_salt: Option<String>,
     _sealed: Sealed,
 }
 
 type Obj = Map<String, Value>;
+
+const MAX_CACHE_SALT_BYTES: usize = 256;
 
 /// A field, `None` when absent or null.
 fn field<'a>(o: &'a Obj, name: &str) -> Option<&'a Value> {
@@ -258,6 +264,15 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
     })?;
     let stop = stop_strings(&o)?;
     let ignore_eos = get_bool(&o, "ignore_eos")?.unwrap_or(false);
+    let cache_salt = match get_str(&o, "cache_salt")? {
+        Some(s) if s.is_empty() || s.len() > MAX_CACHE_SALT_BYTES => {
+            return Err(ApiError::invalid_param(
+                "cache_salt",
+                format!("`cache_salt` must be 1 to {MAX_CACHE_SALT_BYTES} bytes, got {}", s.len()),
+            ))
+        }
+        s => s.map(str::to_string),
+    };
 
     let prompt = match endpoint {
         Endpoint::Chat => {
@@ -303,6 +318,7 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
         include_usage,
         logprobs: logprobs.map(|t| t as usize),
         ignore_eos,
+        cache_salt,
         _sealed: Sealed(()),
     })
 }
