@@ -165,7 +165,7 @@ fn full_pool_queues_then_refuses_without_serving_part() {
                 assert_eq!(reason, FinishReason::Length);
                 break;
             }
-            Event::Started => {}
+            Event::Started | Event::PrefixCache { .. } => {}
             other => panic!("{other:?}"),
         }
     }
@@ -199,7 +199,7 @@ fn a_flooding_tenant_cannot_starve_another() {
                                 return;
                             }
                             Event::Failed(e) => panic!("{e}"),
-                            Event::Started | Event::Token(_) => {}
+                            Event::Started | Event::PrefixCache { .. } | Event::Token(_) => {}
                             other => panic!("unexpected {other:?}"),
                         }
                     }
@@ -244,7 +244,7 @@ fn stop_token_ends_generation_without_emitting_it() {
         match s.blocking_next().unwrap() {
             Event::Token(t) => got.push(t.token),
             Event::Finished { reason, .. } => break reason,
-            Event::Started => {}
+            Event::Started | Event::PrefixCache { .. } => {}
             Event::Failed(e) => panic!("{e}"),
             other => panic!("unexpected {other:?}"),
         }
