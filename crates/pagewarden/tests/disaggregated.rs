@@ -202,3 +202,34 @@ fn workers_refuse_an_over_long_request_sent_directly_without_reserving_or_sendin
         assert_eq!((stats.reservations, stats.frames_sent, stats.pages_used), (0, 0, 0), "{role:?}: {stats:?}");
     }
 }
+
+#[test]
+fn a_prefill_worker_reuses_its_tenants_cached_prefix_and_the_output_is_unchanged() {
+    let mut c = Cluster::start("");
+    c.add_worker("prefill", "prefill-a", None);
+    c.add_worker("decode", "decode-a", None);
+    c.wait_workers(1, 1);
+    let system = "You are the assistant of a bicycle shop. Answer briefly. We sell bicycles, helmets, \
+                  lights, locks and repair kits; delivery takes three to five days; returns are accepted \
+                  within thirty days with a receipt.";
+    let body = serde_json::json!({
+        "model": common::MODEL_NAME,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": "Do you sell locks?"}],
+        "max_tokens": 12,
+        "temperature": 0,
+    });
+    let run = || {
+        let (status, text) = c.post("/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        (content(&text), v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap())
+    };
+    let (first, cached_first) = run();
+    let (again, cached_again) = run();
+    assert_eq!(cached_first, 0);
+    assert!(cached_again >= 32 && cached_again % 16 == 0, "{cached_again}");
+    assert_eq!(again, first);
+    // The decode worker still received and verified every prompt token's KV.
+    let m = c.worker_metrics(1);
+    assert_eq!(metric(&m, "pagewarden_kv_transfers_completed_total", ""), 2.0, "{m}");
+}
