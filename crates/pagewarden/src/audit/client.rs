@@ -103,6 +103,9 @@ pub struct Exchange {
     pub finish_reason: Option<String>,
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
+    /// `usage.prompt_tokens_details.cached_tokens`: prompt tokens whose KV the server took
+    /// from its prefix cache (None when the server does not report it).
+    pub cached_tokens: Option<u64>,
 }
 
 impl Exchange {
@@ -122,6 +125,7 @@ impl Exchange {
             finish_reason: None,
             prompt_tokens: None,
             completion_tokens: None,
+            cached_tokens: None,
         }
     }
 
@@ -192,6 +196,7 @@ fn take_usage(v: &Value, ex: &mut Exchange) {
     if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
         ex.prompt_tokens = u.get("prompt_tokens").and_then(Value::as_u64);
         ex.completion_tokens = u.get("completion_tokens").and_then(Value::as_u64);
+        ex.cached_tokens = u.pointer("/prompt_tokens_details/cached_tokens").and_then(Value::as_u64);
     }
 }
 
@@ -243,15 +248,21 @@ impl Client {
     /// Sends `spec` as tenant `key` and reads the answer. Never fails: a transport error is an
     /// outcome like any other.
     pub fn exchange(&self, key: &str, spec: &ReqSpec, t0: Instant) -> Exchange {
+        self.send(key, spec.endpoint.path(), &spec.body, spec.disconnect_after, t0)
+    }
+
+    /// Sends `body` to `path` as tenant `key` and reads the answer (a stream is dropped after
+    /// `disconnect_after` events when given). Never fails, like [`Client::exchange`].
+    pub fn send(&self, key: &str, path: &str, body: &Value, disconnect_after: Option<usize>, t0: Instant) -> Exchange {
         let sent = Instant::now();
         let mut ex = Exchange::new(sent.duration_since(t0));
-        let url = format!("{}{}", self.base, spec.endpoint.path());
+        let url = format!("{}{path}", self.base);
         let result = self
             .agent
             .post(&url)
             .header("Authorization", format!("Bearer {key}"))
             .header("Content-Type", "application/json")
-            .send(spec.body.to_string().as_bytes());
+            .send(body.to_string().as_bytes());
         let mut resp = match result {
             Ok(r) => r,
             Err(e) => {
@@ -268,7 +279,7 @@ impl Client {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
         if status == 200 && is_sse {
-            read_stream(resp.into_body(), spec.disconnect_after, sent, &mut ex);
+            read_stream(resp.into_body(), disconnect_after, sent, &mut ex);
         } else {
             match resp.body_mut().read_to_string() {
                 Ok(body) => {

@@ -12,11 +12,13 @@
 //! 4. Scan every response (text and raw bytes) for every other request's canaries.
 //! 5. Re-send a subset alone, one at a time, and compare tokens and log-probs: the engine is
 //!    bit-exact under batching, so any difference is a divergence.
-//! 6. Wait for every KV page gauge to return to zero; scrape again; report ([`report`]).
+//! 6. The timing probe ([`timing`]): can one tenant tell another's cached prefixes from fresh
+//!    ones by time to first token? One request at a time, nothing else in flight.
+//! 7. Wait for every KV page gauge to return to zero; scrape again; report ([`report`]).
 //!
 //! Pass: no canary in another request's response, no divergence, no page left in use, no
-//! over-long prompt accepted. Errors (including those caused by injected faults) are counted
-//! and reported, not failures.
+//! over-long prompt accepted, no prefix-cache hit across tenants, no timing side channel.
+//! Errors (including those caused by injected faults) are counted and reported, not failures.
 
 mod canary;
 mod client;
@@ -27,6 +29,7 @@ mod rng;
 mod spawn;
 mod svg;
 mod tenants;
+mod timing;
 mod workload;
 
 use std::collections::{BTreeMap, HashMap};
@@ -42,10 +45,12 @@ use serde_json::{json, Value};
 use self::canary::CanaryIndex;
 use self::client::{Client, Exchange, Outcome};
 use self::report::{kind, Finding, MetricsReport, Report, RequestRow};
-use self::rng::Rng;
 use self::workload::{Calibration, Endpoint, PlanParams, ReqSpec, Unit};
 
 pub use self::report::Counts;
+/// Seeded filler prose, for other tools' prompts (`bench prefix-cache`).
+pub(crate) use self::rng::Rng;
+pub(crate) use self::workload::filler;
 
 /// One tenant the audit acts as.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,6 +85,8 @@ pub struct AuditOptions {
     pub long_prompts: Option<usize>,
     /// Re-runs in flight at once during the isolated pass, always all of one tenant.
     pub rerun_concurrency: usize,
+    /// Samples per class of the timing probe (0: no probe; it needs two tenants).
+    pub timing_probe: usize,
 }
 
 impl AuditOptions {
@@ -97,6 +104,7 @@ impl AuditOptions {
             progress: false,
             long_prompts: None,
             rerun_concurrency: 1,
+            timing_probe: timing::DEFAULT_SAMPLES,
         }
     }
 }
@@ -119,6 +127,10 @@ pub trait AuditHooks: Sync {
     /// The load phase is over; next come the isolated re-runs and the wait for pages to
     /// return to zero (a spawner stops killing workers here).
     fn on_load_done(&self) {}
+    /// The timing probe starts (a spawner stops injecting frame faults here: they would only
+    /// blur the timing, and the gateway's retry after one makes a request find its own first
+    /// attempt's cache entries).
+    fn on_probe_start(&self) {}
     /// `/metrics` URLs to read now, when they change during the run (a restarted worker gets a
     /// new port); empty: the options' URLs.
     fn metrics_urls(&self) -> Vec<String> {
@@ -168,6 +180,11 @@ pub struct AuditArgs {
     /// tenant's own; more than 1 batches them, which makes long runs several times faster.
     #[arg(long, default_value_t = 1)]
     pub rerun_concurrency: usize,
+    /// Samples per class of the timing probe, run after the re-runs with nothing else in
+    /// flight: tenant B times prefixes tenant A has cached against fresh ones (ROC AUC, target
+    /// <= 0.6) and tenant A its own hits; 0 skips it. Needs two tenants.
+    #[arg(long, default_value_t = timing::DEFAULT_SAMPLES)]
+    pub timing_probe: usize,
     /// Draw the progress bar even when stderr is not a terminal.
     #[arg(long)]
     pub progress: bool,
@@ -199,6 +216,7 @@ impl AuditArgs {
         o.progress = self.progress;
         o.long_prompts = self.long_prompts;
         o.rerun_concurrency = self.rerun_concurrency;
+        o.timing_probe = self.timing_probe;
         o
     }
 }
@@ -504,6 +522,7 @@ impl Ctx<'_> {
             finish_reason: ex.finish_reason.clone(),
             prompt_tokens: ex.prompt_tokens.or(spec.prompt_tokens.map(|p| p as u64)),
             completion_tokens: ex.completion_tokens,
+            cached_tokens: ex.cached_tokens,
             events: ex.events,
             start_ms: ms(ex.started),
             ttft_ms: ex.ttft.map(ms),
@@ -641,9 +660,13 @@ pub fn run_audit(opts: &AuditOptions, hooks: &dyn AuditHooks) -> Result<AuditOut
             Unit::Group(v) => v.iter().filter(|s| s.rerun).count(),
         })
         .sum();
+    let probe_samples = if opts.tenants.len() >= 2 { opts.timing_probe } else { 0 };
+    if opts.timing_probe > 0 && probe_samples == 0 {
+        notes.push("the timing probe needs two tenants: skipped".into());
+    }
     let progress = Progress {
         on: opts.progress || std::io::stderr().is_terminal(),
-        total: AtomicUsize::new(plan.total + reruns_planned),
+        total: AtomicUsize::new(plan.total + reruns_planned + 4 * probe_samples),
         done: AtomicUsize::new(0),
         last: Mutex::new(None),
     };
@@ -711,6 +734,7 @@ pub fn run_audit(opts: &AuditOptions, hooks: &dyn AuditHooks) -> Result<AuditOut
         rerun_concurrency: opts.rerun_concurrency.max(1),
         ..Default::default()
     });
+    let rerun_nonce = rng::random_seed();
     let rerun = |spec: &ReqSpec| {
         let Some(first) = lock(&kept).remove(&spec.id) else { return };
         if !first.comparable() {
@@ -718,7 +742,11 @@ pub fn run_audit(opts: &AuditOptions, hooks: &dyn AuditHooks) -> Result<AuditOut
             progress.tick(hooks);
             return;
         }
-        let again = client.exchange(&opts.tenants[spec.tenant].key, spec, t0);
+        // A fresh cache salt: the reference is computed from scratch, never from pages the
+        // first run (or an earlier audit) left in the prefix cache.
+        let mut alone = spec.clone();
+        alone.body["cache_salt"] = json!(format!("audit-rerun-{}-{rerun_nonce:016x}-{}", opts.seed, spec.id));
+        let again = client.exchange(&opts.tenants[spec.tenant].key, &alone, t0);
         let found = ctx.examine(spec, &again, true);
         lock(&findings).extend(found);
         lock(&rows).push(ctx.row(spec, &again, "rerun"));
@@ -755,6 +783,35 @@ pub fn run_audit(opts: &AuditOptions, hooks: &dyn AuditHooks) -> Result<AuditOut
         });
     }
     let checks = checks.into_inner().unwrap_or_else(|e| e.into_inner());
+
+    // The timing probe: one request at a time, nothing else in flight.
+    let timing_probe = (probe_samples > 0).then(|| {
+        let first_id = plan
+            .units
+            .iter()
+            .flat_map(|u| match u {
+                Unit::One(s) => std::slice::from_ref(s).iter(),
+                Unit::Group(v) => v.iter(),
+            })
+            .map(|s| s.id + 1)
+            .max()
+            .unwrap_or(0);
+        let setup = timing::Setup {
+            client: &client,
+            model: &model,
+            a: &opts.tenants[0],
+            b: &opts.tenants[1],
+            samples: probe_samples,
+            tokens_per_word: calibration.tokens_per_word,
+            t0,
+            first_id,
+        };
+        hooks.on_probe_start();
+        let (probe, probe_rows) = timing::run(&setup, &mut rng, &|| progress.tick(hooks));
+        lock(&rows).extend(probe_rows);
+        lock(&findings).extend(probe.findings());
+        probe
+    });
     progress.finish();
     let duration = t0.elapsed();
 
@@ -885,6 +942,7 @@ pub fn run_audit(opts: &AuditOptions, hooks: &dyn AuditHooks) -> Result<AuditOut
         metrics,
         fault_log: hooks.fault_log(),
         notes,
+        timing_probe,
         findings,
         requests: rows,
     };

@@ -11,7 +11,7 @@ pub const PAGES_USED: &str = "pagewarden_kv_pages_used";
 pub const WORKER_PAGES_USED: &str = "pagewarden_worker_kv_pages_used";
 
 /// Families kept in the report (the rest of the exposition is not the audit's business).
-const KEPT: [&str; 8] = [
+const KEPT: [&str; 12] = [
     VIOLATIONS,
     WORKER_VIOLATIONS,
     PAGES_USED,
@@ -20,6 +20,10 @@ const KEPT: [&str; 8] = [
     "pagewarden_requests_total",
     "pagewarden_rejections_total",
     "pagewarden_cluster_workers",
+    "pagewarden_prefix_cache_lookups_total",
+    "pagewarden_prefix_cache_hits_total",
+    "pagewarden_prefix_cache_hit_tokens_total",
+    "pagewarden_prefix_cache_pages",
 ];
 
 /// One sample: `name{labels} value`.

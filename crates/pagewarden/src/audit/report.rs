@@ -14,9 +14,11 @@ use serde::Serialize;
 
 use super::client::Outcome;
 use super::prom::ViolationDelta;
+use super::timing::TimingProbe;
 use super::workload::Calibration;
 
-/// Kinds of finding. The first five fail the audit; the rest are reported for the operator.
+/// Kinds of finding. The first five and the timing probe's `cross_tenant_cache_hit` and
+/// `timing_side_channel` fail the audit; the rest are reported for the operator.
 pub mod kind {
     pub const CROSS_TENANT_CANARY: &str = "cross_tenant_canary";
     /// Another request's canary of the same tenant: still leaked KV (there is no legitimate
@@ -33,6 +35,17 @@ pub mod kind {
     pub const SHORT_LENGTH: &str = "length_before_max_tokens";
     pub const VIOLATIONS_REPORTED: &str = "isolation_violations_reported";
     pub const METRICS_UNAVAILABLE: &str = "metrics_unavailable";
+    /// The timing probe: a request of tenant B on a prefix it never sent reported cached
+    /// tokens (another tenant's KV served to it).
+    pub const CROSS_TENANT_CACHE_HIT: &str = "cross_tenant_cache_hit";
+    /// The timing probe: tenant B tells the prefixes tenant A has cached from fresh ones by time
+    /// to first token (the AUC's 95 % interval lies above the target).
+    pub const TIMING_SIDE_CHANNEL: &str = "timing_side_channel";
+    /// The same with too few samples to fail the audit on.
+    pub const TIMING_PROBE_INCONCLUSIVE: &str = "timing_probe_inconclusive";
+    /// The timing probe: tenant B's request found cache entries only its own earlier attempt
+    /// can have sealed (a retry after a failure before the first token).
+    pub const PROBE_OWN_CACHE_HIT: &str = "probe_own_cache_hit";
 }
 
 /// One thing the audit found.
@@ -75,7 +88,7 @@ pub struct Finding {
 #[derive(Debug, Clone, Serialize)]
 pub struct RequestRow {
     pub id: usize,
-    /// "main", or "rerun" for the isolated second pass.
+    /// "main", "rerun" for the isolated second pass, or "probe" for the timing probe.
     pub phase: &'static str,
     pub tenant: String,
     pub scenario: &'static str,
@@ -95,6 +108,9 @@ pub struct RequestRow {
     pub prompt_tokens: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub completion_tokens: Option<u64>,
+    /// Prompt tokens the server took from its prefix cache, when it reports them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u64>,
     pub events: usize,
     pub start_ms: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -159,6 +175,7 @@ pub struct Counts {
     pub divergences: usize,
     pub leaked_pages: usize,
     pub overlong_accepted: usize,
+    pub cross_tenant_cache_hits: usize,
     pub findings: usize,
     pub failing_findings: usize,
 }
@@ -228,7 +245,11 @@ pub struct Report {
     pub metrics: Vec<MetricsReport>,
     pub fault_log: Vec<String>,
     pub notes: Vec<String>,
+    /// The timing probe's results; None when it did not run.
+    pub timing_probe: Option<TimingProbe>,
     pub findings: Vec<Finding>,
+    /// Every request: the load ("main"), the isolated re-runs ("rerun") and the timing probe
+    /// ("probe"); outcome and latency tables count the load only.
     pub requests: Vec<RequestRow>,
 }
 
@@ -287,6 +308,9 @@ impl Report {
             opt_ms(l.total_ms.p90),
             opt_ms(l.total_ms.p99)
         );
+        if let Some(p) = &self.timing_probe {
+            let _ = writeln!(s, "{}", p.summary_line());
+        }
         for n in &self.notes {
             let _ = writeln!(s, "note: {n}");
         }
@@ -315,7 +339,7 @@ impl Report {
             "| check | result |\n|---|---|\n\
              | cross-tenant canaries | {} |\n| cross-request canaries (same tenant) | {} |\n\
              | divergences from an isolated re-run | {} of {} compared ({} skipped; re-runs one tenant at a time, {} at once) |\n\
-             | leaked KV pages after the run | {} |\n| over-long prompts accepted | {} |\n",
+             | leaked KV pages after the run | {} |\n| over-long prompts accepted | {} |",
             c.cross_tenant_canaries,
             c.cross_request_canaries,
             c.divergences,
@@ -325,6 +349,22 @@ impl Report {
             c.leaked_pages,
             c.overlong_accepted,
         );
+        if let Some(p) = &self.timing_probe {
+            let _ = writeln!(
+                s,
+                "| cross-tenant prefix-cache hits (timing probe) | {} |\n\
+                 | timing probe: AUC of cached vs fresh prefixes by TTFT (target <= {}) | {} ({} + {} samples) |",
+                c.cross_tenant_cache_hits,
+                p.threshold,
+                match (p.auc, p.auc_ci95) {
+                    (Some(a), Some([lo, hi])) => format!("{a:.3}, 95% {lo:.3}-{hi:.3}"),
+                    _ => "-".into(),
+                },
+                p.b_on_a_cached.n,
+                p.b_fresh.n,
+            );
+        }
+        s.push('\n');
         let tenants: Vec<String> = self.tenants.iter().map(|t| format!("{} {}", t.name, t.requests)).collect();
         let _ = writeln!(
             s,
@@ -411,6 +451,10 @@ impl Report {
                 opt_ms(p.p99),
                 opt_ms(p.max)
             );
+        }
+
+        if let Some(p) = &self.timing_probe {
+            let _ = write!(s, "\n## Timing probe\n\n{}", p.markdown());
         }
 
         let _ = writeln!(s, "\n## Metrics\n");
@@ -547,6 +591,7 @@ impl Report {
             divergences: count(kind::DIVERGENCE),
             leaked_pages: count(kind::LEAKED_PAGES),
             overlong_accepted: count(kind::OVERLONG_ACCEPTED),
+            cross_tenant_cache_hits: count(kind::CROSS_TENANT_CACHE_HIT),
             findings: self.findings.len(),
             failing_findings: self.findings.iter().filter(|f| f.fails).count(),
         };
@@ -592,6 +637,7 @@ mod tests {
             finish_reason: Some("length".into()),
             prompt_tokens: Some(40),
             completion_tokens: Some(16),
+            cached_tokens: None,
             events: 17,
             start_ms: id as f64 * 100.0,
             ttft_ms: Some(20.0),
@@ -630,6 +676,7 @@ mod tests {
             metrics: vec![MetricsReport { url: "http://x/metrics".into(), ..Default::default() }],
             fault_log: vec!["kill -9 decode-1 at 3.2 s".into()],
             notes: vec![],
+            timing_probe: None,
             findings: vec![],
             requests: vec![
                 row(0, "alice", Outcome::Ok, "main"),
@@ -703,6 +750,21 @@ mod tests {
         assert!(summary.starts_with("pagewarden audit: FAIL"));
         // The summary names the finding but quotes no response text.
         assert!(summary.contains("cross_tenant_canary") && !summary.contains("kavorimu"));
+    }
+
+    #[test]
+    fn the_timing_probe_is_in_every_form_of_the_report() {
+        let mut r = sample_report();
+        assert!(serde_json::to_value(&r).unwrap()["timing_probe"].is_null());
+        assert!(!r.markdown().contains("## Timing probe"));
+        r.timing_probe = Some(super::super::timing::probe_of(&[10.0, 20.0], &[20.0, 10.0]));
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["timing_probe"]["auc"], 0.5);
+        assert_eq!(v["timing_probe"]["b_fresh"]["n"], 2);
+        assert!(v["timing_probe"]["auc_ci95"].is_array());
+        let md = r.markdown();
+        assert!(md.contains("## Timing probe") && md.contains("| cross-tenant prefix-cache hits (timing probe) | 0 |"));
+        assert!(r.summary(None).contains("timing probe: AUC 0.500"), "{}", r.summary(None));
     }
 
     #[test]

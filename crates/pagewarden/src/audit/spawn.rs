@@ -45,6 +45,9 @@ pub struct Deployment {
     workers: Arc<Mutex<Vec<Proc>>>,
     log: Arc<Mutex<Vec<String>>>,
     stop: Arc<AtomicBool>,
+    /// Whether the proxies inject frame faults (paused for the timing probe).
+    frame_faults: Arc<AtomicBool>,
+    started: Instant,
     injector: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -152,6 +155,8 @@ impl Deployment {
             workers: Arc::new(Mutex::new(Vec::new())),
             log: Arc::new(Mutex::new(Vec::new())),
             stop: Arc::new(AtomicBool::new(false)),
+            frame_faults: Arc::new(AtomicBool::new(true)),
+            started: Instant::now(),
             injector: None,
         };
         let frame_faults: Vec<Fault> = faults.iter().filter_map(|f| Fault::parse(f)).collect();
@@ -163,9 +168,10 @@ impl Deployment {
         for (i, name) in ["decode-0", "decode-1"].into_iter().enumerate() {
             let mut rng = seed ^ (0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i as u64 + 1)) | 1;
             let ff = frame_faults.clone();
+            let on = d.frame_faults.clone();
             let chooser = Box::new(move || {
                 // One transfer in five gets a fault.
-                if ff.is_empty() || !next(&mut rng).is_multiple_of(5) {
+                if ff.is_empty() || !on.load(Ordering::SeqCst) || !next(&mut rng).is_multiple_of(5) {
                     return Fault::Pass;
                 }
                 ff[(next(&mut rng) % ff.len() as u64) as usize]
@@ -175,6 +181,7 @@ impl Deployment {
             d.workers.lock().map_err(|_| anyhow!("lock"))?.push(w);
         }
         d.wait_ready()?;
+        d.started = Instant::now();
         if faults.iter().any(|f| f == "kill") {
             d.injector = Some(d.start_killer(seed));
         }
@@ -256,6 +263,19 @@ impl Deployment {
         }
     }
 
+    /// Stops injecting frame faults: the timing probe measures time to first token, which
+    /// delayed, stalled or retried transfers would only blur.
+    pub fn pause_frame_faults(&mut self) {
+        if self.frame_faults.swap(false, Ordering::SeqCst) {
+            if let Ok(mut l) = self.log.lock() {
+                l.push(format!(
+                    "t={:.1}s frame faults paused for the timing probe",
+                    self.started.elapsed().as_secs_f64()
+                ));
+            }
+        }
+    }
+
     /// What was injected, one line each.
     pub fn fault_log(&self) -> Vec<String> {
         let mut out = self.log.lock().map(|l| l.clone()).unwrap_or_default();
@@ -332,6 +352,12 @@ impl super::AuditHooks for SpawnHooks<'_> {
     fn on_load_done(&self) {
         if let Ok(mut d) = self.d.lock() {
             d.stop_faults();
+        }
+    }
+
+    fn on_probe_start(&self) {
+        if let Ok(mut d) = self.d.lock() {
+            d.pause_frame_faults();
         }
     }
 
