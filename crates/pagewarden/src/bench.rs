@@ -23,6 +23,9 @@ pub enum BenchCmd {
     /// KV transfer throughput between two processes over loopback TCP: raw bytes, frames
     /// without verification, and the full protocol (MACs and transfer checks), side by side.
     Transfer(crate::bench_transfer::TransferArgs),
+    /// Prefix cache on vs off: two local servers, multi-turn chats sharing one long system
+    /// prompt, time to first token per turn, and a check that the replies are identical.
+    PrefixCache(crate::bench_prefix::PrefixCacheBench),
 }
 
 #[derive(Args)]
@@ -76,6 +79,7 @@ pub fn run(cmd: &BenchCmd) -> Result<()> {
         BenchCmd::Model(b) => model_bench(b),
         BenchCmd::Serve(b) => crate::bench_serve::run(b),
         BenchCmd::Transfer(b) => crate::bench_transfer::run(b),
+        BenchCmd::PrefixCache(b) => crate::bench_prefix::run(b),
     }
 }
 

@@ -5,6 +5,7 @@
 
 mod audit;
 mod bench;
+mod bench_prefix;
 mod bench_serve;
 mod bench_transfer;
 mod eval;
