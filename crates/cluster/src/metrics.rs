@@ -43,6 +43,7 @@ impl WorkerMetrics {
             decode_tokens: e.decode_tokens,
             pages_total: e.pages_total,
             pages_used: e.pages_used,
+            cached_pages: e.cached_pages,
             queued: e.queued,
             running: e.running,
             reservations: self.reservations.load(Ordering::Relaxed),

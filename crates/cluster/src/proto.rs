@@ -244,6 +244,9 @@ pub struct Stats {
     pub decode_tokens: u64,
     pub pages_total: usize,
     pub pages_used: usize,
+    /// Pages held by the worker's prefix cache.
+    #[serde(default)]
+    pub cached_pages: usize,
     pub queued: usize,
     pub running: usize,
     pub reservations: u64,

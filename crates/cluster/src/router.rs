@@ -277,6 +277,7 @@ impl Router {
             seen.push(ws.engine);
             s.pages_total += ws.pages_total;
             s.pages_used += ws.pages_used;
+            s.cached_pages += ws.cached_pages;
             s.queued += ws.queued;
             s.running += ws.running;
             s.steps += ws.steps;

@@ -136,7 +136,20 @@ fn metrics_count_lookups_hits_and_hit_tokens_per_tenant() {
     assert_eq!(d("pagewarden_prefix_cache_hit_tokens_total"), hit);
     assert_eq!(metric(&after, "pagewarden_prefix_cache_lookups_total", "carol"), 1);
     assert_eq!(metric(&after, "pagewarden_prefix_cache_hits_total", "carol"), 0, "bob's prefix is not carol's");
-    assert!(after.contains("pagewarden_prefix_cache_pages "), "{after}");
+    // The gauge comes from the workers' periodic stats: wait for the next report.
+    let t0 = std::time::Instant::now();
+    let pages = loop {
+        let text = get(&url, None).body;
+        let v: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("pagewarden_prefix_cache_pages "))
+            .map_or(0, |v| v.trim().parse().unwrap());
+        if v > 0 || t0.elapsed() > std::time::Duration::from_secs(10) {
+            break v;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    assert!(pages > 0, "bob's and carol's prompts are cached");
 }
 
 #[test]

@@ -113,7 +113,7 @@ fn an_audit_of_a_real_server_passes_for_three_tenants() {
     let (server, tenants) = serve_with_three_tenants(&dir);
     let report = dir.join("report");
     let t0 = Instant::now();
-    let out = audit(&server.url, &tenants, &report, &["--context-window", &CONTEXT.to_string()]);
+    let out = audit(&server.url, &tenants, &report, &["--context-window", &CONTEXT.to_string(), "--timing-probe", "8"]);
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     eprintln!("audit took {:.1} s:\n{stdout}", t0.elapsed().as_secs_f64());
@@ -146,6 +146,13 @@ fn an_audit_of_a_real_server_passes_for_three_tenants() {
     assert_eq!(r["near_context"]["planned"], 1);
     assert_eq!(r["calibration"]["measured"], true);
     assert_eq!(r["metrics"][0]["pages_returned_to_zero"], true, "{}", r["metrics"]);
+    // The timing probe ran: tenant B never got a cached token, tenant A's repeats did.
+    let p = &r["timing_probe"];
+    assert_eq!(p["samples"], 8, "{p}");
+    assert!(p["auc"].as_f64().is_some(), "{p}");
+    assert!(p["b_on_a_cached"]["cached_tokens"].as_array().unwrap().iter().all(|n| n == 0), "{p}");
+    assert!(p["cross_tenant_hits"].as_array().unwrap().is_empty(), "{p}");
+    assert!(p["a_warm"]["cached_tokens"].as_array().unwrap().iter().any(|n| n.as_u64().unwrap() > 0), "{p}");
     assert!(r["metrics"][0]["violations"].as_array().unwrap().iter().all(|v| v["delta"] == 0.0));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -13,7 +13,8 @@ use serde_json::Value;
 fn audit(bin: &Path, report: &Path) -> (bool, String) {
     fetch::ensure_default_model().expect("default model");
     let out = Command::new(bin)
-        .args(["audit", "--spawn", "--requests", "200", "--concurrency", "6", "--seed", "11", "--report"])
+        .args(["audit", "--spawn", "--requests", "200", "--concurrency", "6", "--seed", "11", "--timing-probe", "8"])
+        .arg("--report")
         .arg(report)
         .output()
         .unwrap();
@@ -52,6 +53,7 @@ fn a_spawned_audit_with_faults_passes_on_the_normal_build_and_names_the_incident
     assert_eq!(r["tenants"].as_array().map(Vec::len), Some(3), "{}", r["tenants"]);
     assert!(r["requests_sent"].as_u64().unwrap() >= 200);
     assert!(!r["fault_log"].as_array().unwrap().is_empty(), "no fault was injected");
+    assert!(r["timing_probe"]["cross_tenant_hits"].as_array().unwrap().is_empty(), "{}", r["timing_probe"]);
     let _ = std::fs::remove_dir_all(&normal);
 
     let broken = base.join("incident");
