@@ -27,7 +27,9 @@ fn settled_metrics(server: &Server) -> String {
     let t0 = Instant::now();
     let mut prev = get(&server.url("/metrics"), None).body;
     loop {
-        std::thread::sleep(Duration::from_millis(100));
+        // Longer than the workers' stats period (250 ms): two reads within one period would
+        // look settled while the last steps are still unreported.
+        std::thread::sleep(Duration::from_millis(600));
         let now = get(&server.url("/metrics"), None).body;
         let idle = metric(&now, "pagewarden_running_sequences") == 0.0 && metric(&now, "pagewarden_queue_depth") == 0.0;
         let same = metric(&now, "pagewarden_engine_steps_total") == metric(&prev, "pagewarden_engine_steps_total");
