@@ -190,7 +190,10 @@ impl BlockTable {
         Self::check_len("k", row, k.len())?;
         Self::check_len("v", row, v.len())?;
         let (lease, slot) = self.locate(layer, pos)?;
-        self.writable(pos / self.pool.layout.page_size)?;
+        // `locate` checked the page against the pool; only its kind is left to check.
+        if let Slot::Shared(_) = lease {
+            return Err(KvError::ReadOnly { page: lease.page() });
+        }
         let page = lease.page();
         let pool = &self.pool;
         // SAFETY: `&mut self` is the only writer of this table's pages and excludes every reader
