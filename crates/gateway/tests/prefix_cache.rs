@@ -162,5 +162,8 @@ fn a_bad_cache_salt_is_refused_before_anything_runs() {
         assert_eq!(e["param"], "cache_salt", "{}", r.body);
         assert_eq!(e["type"], "invalid_request_error");
     }
-    assert_eq!(chat(ALICE, &body("tenant-bad", "Hi", json!({"cache_salt": "x".repeat(256)})))["object"], "chat.completion");
+    assert_eq!(
+        chat(ALICE, &body("tenant-bad", "Hi", json!({"cache_salt": "x".repeat(256)})))["object"],
+        "chat.completion"
+    );
 }

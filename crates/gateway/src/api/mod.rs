@@ -230,8 +230,7 @@ async fn generate_inner(
         Endpoint::Completions => "prompt",
     };
     let rs = st.backend.submit(gen_req).map_err(|e| ApiError::admission(&e, prompt_param))?;
-    let mut gen =
-        Generation::new(
+    let mut gen = Generation::new(
         st.clone(),
         rs,
         permit,

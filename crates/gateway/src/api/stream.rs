@@ -195,12 +195,11 @@ impl Generation {
                         self.out.push_back(Step::Text { text, logprobs });
                     }
                     if hit {
-                        let usage =
-                            Usage {
-                                prompt_tokens: self.prompt_tokens,
-                                completion_tokens: self.completion_tokens,
-                                cached_tokens: self.cached_tokens.unwrap_or(0),
-                            };
+                        let usage = Usage {
+                            prompt_tokens: self.prompt_tokens,
+                            completion_tokens: self.completion_tokens,
+                            cached_tokens: self.cached_tokens.unwrap_or(0),
+                        };
                         self.out.push_back(Step::Done { reason: "stop", usage });
                         self.end();
                     }
@@ -217,12 +216,11 @@ impl Generation {
                     if !text.is_empty() {
                         self.out.push_back(Step::Text { text, logprobs: Vec::new() });
                     }
-                    let usage =
-                        Usage {
-                            prompt_tokens: usage.prompt_tokens,
-                            completion_tokens: usage.completion_tokens,
-                            cached_tokens: self.cached_tokens.unwrap_or(usage.cached_tokens),
-                        };
+                    let usage = Usage {
+                        prompt_tokens: usage.prompt_tokens,
+                        completion_tokens: usage.completion_tokens,
+                        cached_tokens: self.cached_tokens.unwrap_or(usage.cached_tokens),
+                    };
                     self.completion_tokens = usage.completion_tokens;
                     self.out.push_back(Step::Done { reason, usage });
                     self.end();

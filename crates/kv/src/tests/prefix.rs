@@ -10,7 +10,9 @@ use crate::*;
 /// would compute. A hit that serves another tenant's or another prefix's page shows up as a
 /// mismatch.
 fn kv_row(tenant: u64, prompt: &[u32], layer: usize, pos: usize, is_v: bool) -> Vec<f32> {
-    let h = prompt[..=pos].iter().fold(tenant * 1_000_003 + layer as u64, |h, &t| h.wrapping_mul(31).wrapping_add(t as u64));
+    let h = prompt[..=pos]
+        .iter()
+        .fold(tenant * 1_000_003 + layer as u64, |h, &t| h.wrapping_mul(31).wrapping_add(t as u64));
     (0..8).map(|i| ((h.wrapping_add(i) % 1000) as f32) + 1.0 + if is_v { 0.5 } else { 0.0 }).collect()
 }
 

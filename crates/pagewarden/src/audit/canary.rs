@@ -122,6 +122,17 @@ impl CanaryIndex {
         }
     }
 
+    /// Registers a given canary (tests that replay a real run's texts).
+    #[cfg(test)]
+    pub fn insert(&mut self, text: &str, tenant: usize, request: usize) -> usize {
+        let idx = self.canaries.len();
+        for w in text.split('-').take(2).flat_map(|w| windows(w.as_bytes()).collect::<Vec<_>>()) {
+            assert!(self.fragments.insert(w, idx).is_none_or(|o| o == idx), "{text} shares a fragment");
+        }
+        self.canaries.push(Canary { text: text.into(), tenant, request });
+        idx
+    }
+
     /// Every canary (or fragment) in `text`, one hit per canary and contiguous match.
     pub fn scan(&self, text: &str) -> Vec<Hit> {
         let (norm, map) = normalise(text);
@@ -160,6 +171,45 @@ impl CanaryIndex {
         }
         hits
     }
+
+    /// Whether a fragment-only `hit` in `text` is the responding request misspelling one of its
+    /// `own` canaries: the matched letters are one stretch of letters within [`ECHO_EDITS`]
+    /// edits of some stretch of one of its own pseudo-words. A model that garbles its own secret
+    /// ("likritra" for its own "likritri") can land exactly on another canary's window, and with
+    /// tens of thousands of canaries from one syllable alphabet that happens in long runs. A
+    /// whole canary, or a match across a word boundary, is never excused.
+    pub fn echoes_own(&self, text: &str, hit: &Hit, own: &[usize]) -> bool {
+        if hit.whole {
+            return false;
+        }
+        let (matched, _) = normalise(&text[hit.start..hit.end]);
+        if matched.is_empty() || !matched.iter().all(u8::is_ascii_lowercase) {
+            return false;
+        }
+        own.iter()
+            .flat_map(|&i| self.canaries[i].text.split('-').take(2))
+            .any(|word| edits_to_a_stretch(&matched, word.as_bytes()) <= ECHO_EDITS)
+    }
+}
+
+/// Edits (substitutions, insertions, deletions) a fragment-only hit may be away from a stretch
+/// of one of its own canary words and still count as a misspelling of it. Two of eight letters:
+/// the four garbled copies seen in a 20,000-request run needed one, one, one and two.
+pub const ECHO_EDITS: usize = 2;
+
+/// The fewest edits that turn `needle` into some contiguous stretch of `hay` (edit distance with
+/// free start and end in `hay`).
+fn edits_to_a_stretch(needle: &[u8], hay: &[u8]) -> usize {
+    // prev[j]: edits from needle[..i] to a stretch of hay ending at j.
+    let mut prev = vec![0usize; hay.len() + 1];
+    for (i, &n) in needle.iter().enumerate() {
+        let mut cur = vec![i + 1; hay.len() + 1];
+        for (j, &h) in hay.iter().enumerate() {
+            cur[j + 1] = (prev[j] + usize::from(n != h)).min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev.into_iter().min().unwrap_or(needle.len())
 }
 
 fn windows(b: &[u8]) -> impl Iterator<Item = [u8; FRAGMENT]> + '_ {
@@ -284,6 +334,74 @@ mod tests {
             let hits: Vec<String> = idx.scan(doc).iter().map(|h| doc[h.start..h.end].to_string()).collect();
             assert!(hits.is_empty(), "{hits:?}");
         }
+    }
+
+    /// The four fragment-only findings of a 20,000-request run (seed 1): each response garbled
+    /// its own canary into a word holding another canary's 8-letter window. Quoted as the audit
+    /// saw them, with the responding request's own canaries and the foreign one.
+    #[test]
+    fn a_garbled_copy_of_the_requests_own_canary_is_an_echo_not_a_leak() {
+        let cases: [(&str, &[&str], &str); 4] = [
+            (
+                "The secret code is:  \"Likritra-Vutofolu-754",
+                &["likritri-trulazesa-6298", "zutatupa-vutofolu-7548"],
+                "nuzhotro-likritra-3368",
+            ),
+            (
+                "The secret code is:  - Tenazhipo-krenakezho-4748 - ",
+                &["kibitrezo-krenukezho-4748", "tenazhipo-kranakare-3228"],
+                "kravlere-penakezho-5146",
+            ),
+            (
+                "The code is:  \"Trukazukruzakregi-guzakregi-guzakregi-",
+                &["krazhuba-sufeluvo-0003", "trusukra-guzakregi-5225"],
+                "kruzakre-nekakruga-9983",
+            ),
+            ("  Fivozhazhazhazhazhazhazhazhazhazh", &["fivozhazi-datisazho-4586"], "vivozhazhu-folageka-7298"),
+        ];
+        for (text, own, foreign) in cases {
+            let mut idx = CanaryIndex::new();
+            let own: Vec<usize> = own.iter().map(|c| idx.insert(c, 1, 1)).collect();
+            let f = idx.insert(foreign, 0, 2);
+            let hits: Vec<Hit> = idx.scan(text).into_iter().filter(|h| h.canary == f).collect();
+            assert_eq!(hits.len(), 1, "{text}");
+            assert!(!hits[0].whole);
+            assert!(idx.echoes_own(text, &hits[0], &own), "{text}");
+            // The same words from a request whose own canaries are unrelated are a leak.
+            let mut other = CanaryIndex::new();
+            let unrelated = other.insert("bodamupe-sotenilu-1111", 1, 1);
+            let f = other.insert(foreign, 0, 2);
+            let hit = other.scan(text).into_iter().find(|h| h.canary == f).expect("the fragment still matches");
+            assert!(!other.echoes_own(text, &hit, &[unrelated]), "{text}");
+        }
+    }
+
+    #[test]
+    fn whole_canaries_and_matches_across_words_are_never_echoes() {
+        let mut idx = CanaryIndex::new();
+        let own = idx.insert("likritri-trulazesa-6298", 1, 1);
+        let foreign = idx.insert("likritra-trulozeso-3368", 0, 2);
+        // One letter from the request's own canary in each word, but the whole foreign canary.
+        let text = "code: likritra-trulozeso-3368";
+        let hit = idx.scan(text).into_iter().find(|h| h.canary == foreign).expect("hit");
+        assert!(hit.whole);
+        assert!(!idx.echoes_own(text, &hit, &[own]));
+        // Both foreign words without the digits: a fragment hit across the hyphen.
+        let text = "code: likritra trulozeso!";
+        let hit = idx.scan(text).into_iter().find(|h| h.canary == foreign).expect("hit");
+        assert!(!hit.whole);
+        assert!(!idx.echoes_own(text, &hit, &[own]));
+    }
+
+    #[test]
+    fn edits_to_a_stretch_counts_substitutions_insertions_and_deletions() {
+        assert_eq!(edits_to_a_stretch(b"likritra", b"likritri"), 1);
+        assert_eq!(edits_to_a_stretch(b"enakezho", b"krenukezho"), 1);
+        assert_eq!(edits_to_a_stretch(b"kruzakre", b"guzakregi"), 2);
+        assert_eq!(edits_to_a_stretch(b"ivozhazh", b"fivozhazi"), 1);
+        assert_eq!(edits_to_a_stretch(b"abcdefgh", b"xxabcdefghxx"), 0);
+        assert_eq!(edits_to_a_stretch(b"abcdefgh", b"abcefgh"), 1);
+        assert_eq!(edits_to_a_stretch(b"abcdefgh", b"zzzzzzzz"), 8);
     }
 
     #[test]

@@ -420,14 +420,29 @@ impl Ctx<'_> {
                     continue;
                 }
                 seen.push(h.canary);
+                let echo = self.canaries.echoes_own(text, &h, &spec.canaries);
                 let cross_tenant = c.tenant != spec.tenant;
-                let k = if cross_tenant { kind::CROSS_TENANT_CANARY } else { kind::CROSS_REQUEST_CANARY };
+                let k = if echo {
+                    kind::FRAGMENT_IN_OWN_CANARY
+                } else if cross_tenant {
+                    kind::CROSS_TENANT_CANARY
+                } else {
+                    kind::CROSS_REQUEST_CANARY
+                };
                 let what = if h.whole { "whole" } else { "as a fragment" };
+                let why = if echo {
+                    format!(
+                        ", inside a misspelt copy of the request's own canary (within {} edits)",
+                        canary::ECHO_EDITS
+                    )
+                } else {
+                    String::new()
+                };
                 let mut f = base(
                     k,
-                    true,
+                    !echo,
                     format!(
-                        "the canary of tenant {} (request {}) appeared {what} in the {pass}{place}",
+                        "the canary of tenant {} (request {}) appeared {what} in the {pass}{place}{why}",
                         self.tenant(c.tenant),
                         c.request
                     ),
@@ -1029,6 +1044,25 @@ mod tests {
         assert_eq!(f[1].canary_request, Some(2));
         assert_eq!(f[1].location.as_deref(), Some("response text"));
         assert!(f.iter().all(|f| f.fails));
+
+        // A fragment of bob's canary inside a misspelt copy of alice's own is reported, not
+        // failed; the same fragment in a response of a request with other canaries fails.
+        let mut echo_idx = CanaryIndex::new();
+        let alices = echo_idx.insert("likritri-trulazesa-6298", 0, 10);
+        echo_idx.insert("nuzhotro-likritra-3368", 1, 11);
+        let echo_ctx = Ctx { opts: &opts, canaries: &echo_idx, window: 100 };
+        let mut e = Exchange::new(Duration::ZERO);
+        e.status = Some(200);
+        e.outcome = Outcome::Ok;
+        e.text = "The secret code is: \"Likritra-Trulazesa-629".into();
+        let mut own = spec(10, 0, Scenario::Short, 16);
+        own.canaries = vec![alices];
+        let f = echo_ctx.examine(&own, &e, false);
+        assert_eq!((f[0].kind, f[0].fails), (kind::FRAGMENT_IN_OWN_CANARY, false));
+        assert_eq!(f[0].canary_request, Some(11));
+        let f = echo_ctx.examine(&spec(12, 0, Scenario::Short, 16), &e, false);
+        let kinds: Vec<(&str, bool)> = f.iter().map(|f| (f.kind, f.fails)).collect();
+        assert_eq!(kinds, [(kind::CROSS_TENANT_CANARY, true), (kind::CROSS_REQUEST_CANARY, true)]);
 
         // Over-long: 400 context_length_exceeded is right; 200 is a failure unless the server's
         // own count shows the request fitted; another refusal is reported, not failed.

@@ -24,6 +24,9 @@ pub mod kind {
     /// Another request's canary of the same tenant: still leaked KV (there is no legitimate
     /// way for a response to know it).
     pub const CROSS_REQUEST_CANARY: &str = "cross_request_canary";
+    /// A fragment of another canary inside a garbled copy of the request's own canary (see
+    /// `CanaryIndex::echoes_own`): reported, not failed.
+    pub const FRAGMENT_IN_OWN_CANARY: &str = "fragment_in_own_canary_copy";
     pub const DIVERGENCE: &str = "divergence";
     pub const LEAKED_PAGES: &str = "leaked_pages";
     pub const OVERLONG_ACCEPTED: &str = "overlong_accepted";
@@ -172,6 +175,8 @@ pub struct TenantRow {
 pub struct Counts {
     pub cross_tenant_canaries: usize,
     pub cross_request_canaries: usize,
+    /// Fragments found inside a garbled copy of the request's own canary (not failed).
+    pub fragments_in_own_canary_copies: usize,
     pub divergences: usize,
     pub leaked_pages: usize,
     pub overlong_accepted: usize,
@@ -281,7 +286,7 @@ impl Report {
         let mut s = format!(
             "pagewarden audit: {} - {} requests from {} tenants in {:.1} s (seed {})\n\
              cross-tenant canaries: {}, cross-request canaries: {}, divergences: {} of {} compared, leaked pages: {}, \
-             over-long prompts accepted: {}\n",
+             over-long prompts accepted: {}, fragments in own-canary copies (not failed): {}\n",
             self.verdict(),
             self.requests_sent,
             self.tenants.len(),
@@ -293,6 +298,7 @@ impl Report {
             self.divergence_checks.compared,
             c.leaked_pages,
             c.overlong_accepted,
+            c.fragments_in_own_canary_copies,
         );
         let outcomes: Vec<String> =
             self.outcomes.iter().filter(|(_, n)| **n > 0).map(|(k, n)| format!("{k} {n}")).collect();
@@ -339,7 +345,8 @@ impl Report {
             "| check | result |\n|---|---|\n\
              | cross-tenant canaries | {} |\n| cross-request canaries (same tenant) | {} |\n\
              | divergences from an isolated re-run | {} of {} compared ({} skipped; re-runs one tenant at a time, {} at once) |\n\
-             | leaked KV pages after the run | {} |\n| over-long prompts accepted | {} |",
+             | leaked KV pages after the run | {} |\n| over-long prompts accepted | {} |\n\
+             | another canary's fragment inside a misspelt copy of the request's own canary (reported, not failed) | {} |",
             c.cross_tenant_canaries,
             c.cross_request_canaries,
             c.divergences,
@@ -348,6 +355,7 @@ impl Report {
             self.divergence_checks.rerun_concurrency.max(1),
             c.leaked_pages,
             c.overlong_accepted,
+            c.fragments_in_own_canary_copies,
         );
         if let Some(p) = &self.timing_probe {
             let _ = writeln!(
@@ -588,6 +596,7 @@ impl Report {
         self.counts = Counts {
             cross_tenant_canaries: count(kind::CROSS_TENANT_CANARY),
             cross_request_canaries: count(kind::CROSS_REQUEST_CANARY),
+            fragments_in_own_canary_copies: count(kind::FRAGMENT_IN_OWN_CANARY),
             divergences: count(kind::DIVERGENCE),
             leaked_pages: count(kind::LEAKED_PAGES),
             overlong_accepted: count(kind::OVERLONG_ACCEPTED),
