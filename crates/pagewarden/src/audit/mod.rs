@@ -973,6 +973,11 @@ pub fn run_audit(opts: &AuditOptions, hooks: &dyn AuditHooks) -> Result<AuditOut
     })
 }
 
+/// A poisoned lock still holds what the other threads wrote: the report wants all of it.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1114,9 +1119,4 @@ mod tests {
         // NaN log-probs never compare equal: a missing value is a divergence too.
         assert!(divergence(&a, &ex(&["a", "b"], &[-0.1, f64::NAN], "ab")).is_some());
     }
-}
-
-/// A poisoned lock still holds what the other threads wrote: the report wants all of it.
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
