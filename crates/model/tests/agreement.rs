@@ -7,7 +7,7 @@ use model::{Llama, LoadOptions, Logits, SeqStep};
 use serde_json::Value;
 
 fn reference(name: &str) -> Value {
-    let path = format!("{}/../../../shared/reference/{name}", env!("CARGO_MANIFEST_DIR"));
+    let path = format!("{}/../../reference/{name}", env!("CARGO_MANIFEST_DIR"));
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))).unwrap()
 }
 

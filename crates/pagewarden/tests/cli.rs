@@ -17,7 +17,7 @@ fn ok_stdout(args: &[&str]) -> String {
 }
 
 fn reference(name: &str) -> Value {
-    let path = format!("{}/../../../shared/reference/{name}", env!("CARGO_MANIFEST_DIR"));
+    let path = format!("{}/../../reference/{name}", env!("CARGO_MANIFEST_DIR"));
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 

@@ -28,7 +28,7 @@ pub fn tok() -> &'static Tokenizer {
 }
 
 pub fn reference(name: &str) -> serde_json::Value {
-    let path = format!("{}/../../../shared/reference/{name}", env!("CARGO_MANIFEST_DIR"));
+    let path = format!("{}/../../reference/{name}", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {path}: {e}"));
     serde_json::from_str(&text).expect("reference JSON parses")
 }
