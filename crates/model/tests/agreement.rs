@@ -1,6 +1,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Teacher-forced agreement with llama.cpp on the default model, from the reference outputs
-//! measured with llama.cpp on this machine class (../shared/reference).
+//! measured with llama.cpp on this machine class (reference/, copied from ../shared/reference).
 
 use kv::{Capacity, KvDtype, KvPool, Owner, PoolConfig, RequestId, ScrubPolicy, TenantId};
 use model::{Llama, LoadOptions, Logits, SeqStep};

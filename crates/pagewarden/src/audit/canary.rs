@@ -103,34 +103,32 @@ impl CanaryIndex {
     pub fn issue(&mut self, rng: &mut Rng, tenant: usize, request: usize) -> usize {
         loop {
             let (a, b) = (pseudo_word(rng), pseudo_word(rng));
-            let text = format!("{a}-{b}-{:04}", rng.below(10_000));
-            let windows: Vec<[u8; FRAGMENT]> = windows(a.as_bytes()).chain(windows(b.as_bytes())).collect();
-            let mut distinct = windows.clone();
-            distinct.sort_unstable();
-            distinct.dedup();
-            // A fragment repeated inside one canary is harmless, but one shared with another
-            // canary would make a hit ambiguous.
-            if windows.iter().any(|w| self.fragments.contains_key(w)) {
-                continue;
+            if let Some(idx) = self.admit(format!("{a}-{b}-{:04}", rng.below(10_000)), tenant, request) {
+                return idx;
             }
-            let idx = self.canaries.len();
-            for w in distinct {
-                self.fragments.insert(w, idx);
-            }
-            self.canaries.push(Canary { text, tenant, request });
-            return idx;
         }
     }
 
     /// Registers a given canary (tests that replay a real run's texts).
     #[cfg(test)]
     pub fn insert(&mut self, text: &str, tenant: usize, request: usize) -> usize {
-        let idx = self.canaries.len();
-        for w in text.split('-').take(2).flat_map(|w| windows(w.as_bytes()).collect::<Vec<_>>()) {
-            assert!(self.fragments.insert(w, idx).is_none_or(|o| o == idx), "{text} shares a fragment");
+        self.admit(text.into(), tenant, request).unwrap_or_else(|| panic!("{text} shares a fragment"))
+    }
+
+    /// Registers `text` unless one of its fragments belongs to an earlier canary. A fragment
+    /// repeated inside one canary is harmless, but one shared with another canary would make a
+    /// hit ambiguous.
+    fn admit(&mut self, text: String, tenant: usize, request: usize) -> Option<usize> {
+        let windows: Vec<[u8; FRAGMENT]> = words(&text).flat_map(|w| windows(w.as_bytes())).collect();
+        if windows.iter().any(|w| self.fragments.contains_key(w)) {
+            return None;
         }
-        self.canaries.push(Canary { text: text.into(), tenant, request });
-        idx
+        let idx = self.canaries.len();
+        for w in windows {
+            self.fragments.insert(w, idx);
+        }
+        self.canaries.push(Canary { text, tenant, request });
+        Some(idx)
     }
 
     /// Every canary (or fragment) in `text`, one hit per canary and contiguous match.
@@ -187,7 +185,7 @@ impl CanaryIndex {
             return false;
         }
         own.iter()
-            .flat_map(|&i| self.canaries[i].text.split('-').take(2))
+            .flat_map(|&i| words(&self.canaries[i].text))
             .any(|word| edits_to_a_stretch(&matched, word.as_bytes()) <= ECHO_EDITS)
     }
 }
@@ -210,6 +208,11 @@ fn edits_to_a_stretch(needle: &[u8], hay: &[u8]) -> usize {
         prev = cur;
     }
     prev.into_iter().min().unwrap_or(needle.len())
+}
+
+/// The two pseudo-words of a canary (the digits are not fragments).
+fn words(canary: &str) -> impl Iterator<Item = &str> {
+    canary.split('-').take(2)
 }
 
 fn windows(b: &[u8]) -> impl Iterator<Item = [u8; FRAGMENT]> + '_ {
