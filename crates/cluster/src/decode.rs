@@ -1,7 +1,7 @@
 //! The decode worker's side of a route: reserve the whole sequence, hand out a ticket, accept
-//! KV only through authenticated connections and only as frames that verify under that
-//! ticket's key and pass the transfer checks against our own reservation and the admitted
-//! prompt; decode only from a complete transfer. Anything else fails the route, frees its
+//! KV only through encrypted links with a prefill worker and only as frames that open under
+//! that link's key for that ticket and pass the transfer checks against our own reservation
+//! and the admitted prompt; decode only from a complete transfer. Anything else fails the route, frees its
 //! pages and counts a violation.
 
 use std::collections::HashMap;
@@ -13,8 +13,9 @@ use engine::Event;
 use kv::BlockTable;
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc::{self, UnboundedSender};
-use wire::{Codec, Frame, Geometry, PageWrite, Received, Role, Ticket, TicketKey, TicketNonce, Transfer, WireError};
+use wire::{Frame, FrameRef, Geometry, PageWrite, Received, Role, Ticket, TicketNonce, Transfer, WireError};
 
+use crate::link::{refusal_reason, refuse_busy, HandshakeGate};
 use crate::net::{BoxIo, Listener};
 use crate::proto::{violation_kind, Failure, Spec, ToGateway};
 use crate::worker::{nonce_hex, Ctx};
@@ -28,12 +29,11 @@ pub(crate) enum Inbound {
 }
 
 struct Slot {
-    key: TicketKey,
-    /// Taken by the first connection that presents a verified frame of the ticket.
+    /// Taken by the first connection that presents an authentic frame of the ticket.
     tx: Option<mpsc::Sender<Inbound>>,
 }
 
-/// Live tickets: their keys, and where their frames go. A ticket leaves the table when its
+/// Live tickets, and where their frames go. A ticket leaves the table when its
 /// route ends (complete, failed or cancelled); frames naming it are then dropped as unknown.
 #[derive(Default, Clone)]
 pub(crate) struct TicketTable(Arc<Mutex<HashMap<TicketNonce, Slot>>>);
@@ -43,8 +43,8 @@ impl TicketTable {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn key(&self, n: &TicketNonce) -> Option<TicketKey> {
-        self.lock().get(n).map(|s| s.key.clone())
+    fn holds(&self, n: &TicketNonce) -> bool {
+        self.lock().contains_key(n)
     }
 
     fn claim(&self, n: &TicketNonce) -> Option<mpsc::Sender<Inbound>> {
@@ -99,12 +99,11 @@ async fn route_inner(ctx: &Ctx, spec: &Spec, out: &UnboundedSender<ToGateway>) -
         pages: table.pages() as u32,
         tokens: req.prompt.len() as u32,
     };
-    let key = TicketKey::derive(&ctx.master, &ticket);
     let mut transfer = Transfer::new(ticket, geometry, &req.prompt).map_err(|e| Failure::Internal(e.to_string()))?;
     let (tx, mut rx) = mpsc::channel(8);
-    ctx.tickets.lock().insert(nonce, Slot { key: key.clone(), tx: Some(tx) });
+    ctx.tickets.lock().insert(nonce, Slot { tx: Some(tx) });
     let guard = TicketGuard(ctx.tickets.clone(), nonce);
-    let _ = out.send(ToGateway::Reserved { route: spec.route, ticket: (&ticket).into(), key: *key.bytes() });
+    let _ = out.send(ToGateway::Reserved { route: spec.route, ticket: (&ticket).into() });
 
     // Until the first frame the prefill worker is computing, which may take long for a long
     // prompt on a loaded node: that wait is bounded by the request's deadline (and ended
@@ -197,8 +196,9 @@ fn write(table: &mut BlockTable, w: &PageWrite<'_>) -> Result<(), Failure> {
 }
 
 /// Accepts KV connections: each must complete the handshake as a prefill worker, or it gets
-/// nothing.
+/// nothing; at most `max_pending_handshakes` handshakes run at once.
 pub(crate) async fn accept_kv(ctx: Arc<Ctx>, mut listener: Listener) {
+    let gate = HandshakeGate::new(ctx.cfg.max_pending_handshakes);
     loop {
         let io = match listener.accept().await {
             Ok(io) => io,
@@ -208,24 +208,31 @@ pub(crate) async fn accept_kv(ctx: Arc<Ctx>, mut listener: Listener) {
                 continue;
             }
         };
-        tokio::spawn(kv_connection(ctx.clone(), io));
+        let Some(permit) = gate.try_enter() else {
+            ctx.metrics.links.failure("busy");
+            tokio::spawn(refuse_busy(io));
+            continue;
+        };
+        tokio::spawn(kv_connection(ctx.clone(), io, permit));
     }
 }
 
-async fn kv_connection(ctx: Arc<Ctx>, io: BoxIo) {
+async fn kv_connection(ctx: Arc<Ctx>, io: BoxIo, permit: tokio::sync::OwnedSemaphorePermit) {
     let link = match Link::accept(io, &ctx.cfg.identity, ctx.cfg.handshake_timeout).await {
         Ok(l) if l.peer == Role::Prefill => l,
         Ok(l) => {
+            ctx.metrics.links.failure("role");
             eprintln!("{}: refused a KV connection from a {:?} node", ctx.cfg.name, l.peer);
             return;
         }
         Err(e) => {
+            ctx.metrics.links.failure(refusal_reason(&e));
             eprintln!("{}: refused a KV connection: {e}", ctx.cfg.name);
             return;
         }
     };
-    let mut io = link.into_io();
-    let codec = Codec::default();
+    drop(permit);
+    let (mut io, mut opener) = link.into_kv_opener();
     let mut bound: Option<(TicketNonce, mpsc::Sender<Inbound>)> = None;
     let broken = |bound: &Option<(TicketNonce, mpsc::Sender<Inbound>)>, e: WireError| {
         match bound {
@@ -251,7 +258,7 @@ async fn kv_connection(ctx: Arc<Ctx>, io: BoxIo) {
             }
             Ok(Err(_)) | Err(_) => return broken(&bound, WireError::Truncated { needed: 4, had: 0 }),
         }
-        let total = match codec.frame_len(&prefix) {
+        let total = match opener.frame_len(&prefix) {
             Ok(t) => t,
             Err(e) => return broken(&bound, e),
         };
@@ -261,8 +268,8 @@ async fn kv_connection(ctx: Arc<Ctx>, io: BoxIo) {
         if !matches!(tokio::time::timeout(idle, io.read_exact(&mut buf[4..])).await, Ok(Ok(_))) {
             return broken(&bound, WireError::Truncated { needed: total, had: 4 });
         }
-        let frame = match codec.decode(&buf, &|n: &TicketNonce| ctx.tickets.key(n)) {
-            Ok(f) => f,
+        let frame = match opener.open(&mut buf, &|n: &TicketNonce| ctx.tickets.holds(n)) {
+            Ok(f) => FrameRef::into_owned(f),
             Err(e) => return broken(&bound, e),
         };
         let nonce = frame.ticket.nonce;

@@ -1,15 +1,16 @@
 //! Disaggregation: the gateway's router and the prefill and decode worker roles, talking over
-//! authenticated links (TCP between processes, in-memory pipes inside `serve`: the same code).
+//! authenticated, encrypted links (TCP between processes, in-memory pipes inside `serve`: the same code).
 //!
 //! The path of one request (see `docs/wire.md` for the bytes):
 //!
 //! 1. The router checks the request at its door (the engine's rule) and asks the least loaded
 //!    decode worker to reserve the whole sequence. The decode worker checks again at its own
 //!    door, reserves all pages or none through its engine's fair queue, and answers with a
-//!    [`wire::Ticket`] and a fresh per-ticket key.
-//! 2. The router hands prompt, ticket and key to the least loaded prefill worker, which checks
+//!    [`wire::Ticket`] (its nonce a fresh random capability).
+//! 2. The router hands prompt and ticket to the least loaded prefill worker, which checks
 //!    again at its door, computes the prompt's KV, reports the first sampled token and streams
-//!    MAC'd frames straight to the decode worker over a handshaken connection.
+//!    KV frames straight to the decode worker over an encrypted link; the frames' keys are
+//!    derived on both ends of that link, never sent.
 //! 3. The decode worker verifies every frame against *its* reservation and the admitted prompt
 //!    ([`wire::Transfer`]), writes it, and only on a complete transfer reports `Verified` and
 //!    decodes. Any violation fails the request, frees its pages and counts
@@ -26,10 +27,12 @@ pub mod net;
 mod prefill;
 pub mod proto;
 mod router;
+pub mod secrets;
 mod worker;
 
 pub use error::{random, ClusterError};
-pub use link::{Identity, Link};
+pub use link::{Identity, Link, HandshakeGate, MAX_PENDING_HANDSHAKES};
+pub use secrets::SecretRing;
 pub use metrics::WorkerMetrics;
 pub use net::{BoxIo, Listener, Net};
 pub use router::{Router, RouterConfig, WorkerInfo};

@@ -1,8 +1,9 @@
-//! An authenticated link between two nodes: the cluster-secret handshake and pairing check of
-//! the `wire` crate over a byte stream, then either control messages (JSON, each sealed with
-//! the session key, a direction and a counter, so nothing can be forged, replayed, reordered
-//! or reflected) or, on a KV connection, raw `wire` frames (which carry their own per-ticket
-//! MACs).
+//! An authenticated, encrypted link between two nodes: the `wire` crate's Noise key exchange
+//! and pairing check over a byte stream, then AES-256-GCM records whose nonces are counters
+//! kept by both ends. On a control link the records carry JSON control messages; on a KV link
+//! they carry `wire` KV frames ([`Link::into_kv_sealer`], [`Link::into_kv_opener`]). Nothing
+//! after the first two handshake messages is readable on the network, and nothing can be
+//! forged, replayed, reordered, dropped or reflected without failing the link.
 
 use std::time::Duration;
 
@@ -10,33 +11,35 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use wire::{
-    ClusterSecret, HandshakeMsg, Initiator, PairingInfo, Responder, Role, SessionKey, WireError, MAX_HANDSHAKE_MSG,
+    Exporter, HandshakeMsg, Initiator, KvOpener, KvSealer, PairingInfo, RecordOpener, RecordSealer, RefusalCode,
+    Responder, Role, WireError, AEAD_TAG_LEN, DEFAULT_MAX_FRAME, MAX_HANDSHAKE_MSG,
 };
 
 use crate::net::BoxIo;
-use crate::{random, ClusterError};
+use crate::secrets::SecretRing;
+use crate::ClusterError;
 
 /// The most a control message may take (a prompt of a full context window is ~100 KB).
 pub const MAX_CONTROL_MSG: usize = 8 << 20;
-const TAG: usize = 32;
 
 /// Who this node is, as its peers check it.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct Identity {
-    pub secret: ClusterSecret,
+    pub secrets: SecretRing,
     pub role: Role,
     pub pairing: PairingInfo,
 }
 
-/// A handshaken, paired connection.
+/// A handshaken, paired, encrypted connection.
 pub struct Link {
     io: BoxIo,
-    session: SessionKey,
+    sealer: RecordSealer,
+    opener: RecordOpener,
+    exporter: Exporter,
     pub peer: Role,
-    initiator: bool,
 }
 
-async fn read_hs(io: &mut BoxIo) -> Result<HandshakeMsg, ClusterError> {
+async fn read_clear(io: &mut BoxIo) -> Result<HandshakeMsg, ClusterError> {
     let mut buf = [0u8; MAX_HANDSHAKE_MSG];
     io.read_exact(&mut buf[..4]).await?;
     let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
@@ -47,28 +50,69 @@ async fn read_hs(io: &mut BoxIo) -> Result<HandshakeMsg, ClusterError> {
     Ok(HandshakeMsg::decode(&buf[..4 + len])?)
 }
 
-async fn write_hs(io: &mut BoxIo, msg: &HandshakeMsg) -> Result<(), ClusterError> {
+async fn write_clear(io: &mut BoxIo, msg: &HandshakeMsg) -> Result<(), ClusterError> {
     io.write_all(&msg.encode()).await?;
     io.flush().await?;
     Ok(())
 }
 
-/// Tells the peer why we refuse it (best effort) and returns the error.
-async fn refuse(io: &mut BoxIo, e: WireError) -> ClusterError {
-    let code = match &e {
-        WireError::Pairing(m) => Some(m.code()),
-        WireError::BadProof => Some(wire::RefusalCode::BadProof),
-        WireError::BadVersion { .. } => Some(wire::RefusalCode::Version),
-        _ => None,
-    };
-    if let Some(code) = code {
-        let _ = write_hs(io, &HandshakeMsg::Refused(code)).await;
+/// One record: `len u32 LE | ciphertext | tag`, the length authenticated as associated data.
+async fn write_record<W: tokio::io::AsyncWrite + Unpin>(
+    w: &mut W,
+    sealer: &mut RecordSealer,
+    mut body: Vec<u8>,
+) -> Result<(), ClusterError> {
+    let len = body.len() + AEAD_TAG_LEN;
+    if len > MAX_CONTROL_MSG {
+        return Err(WireError::Oversized { len, max: MAX_CONTROL_MSG }.into());
     }
-    e.into()
+    let prefix = (len as u32).to_le_bytes();
+    let tag = sealer.seal(&prefix, &mut body)?;
+    let mut out = Vec::with_capacity(4 + len);
+    out.extend_from_slice(&prefix);
+    out.extend_from_slice(&body);
+    out.extend_from_slice(&tag);
+    w.write_all(&out).await?;
+    w.flush().await?;
+    Ok(())
+}
+
+/// The next record's plaintext; `None` when the peer closed cleanly between records.
+async fn read_record<R: tokio::io::AsyncRead + Unpin>(
+    r: &mut R,
+    opener: &mut RecordOpener,
+) -> Result<Option<Vec<u8>>, ClusterError> {
+    let mut prefix = [0u8; 4];
+    match r.read_exact(&mut prefix).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let len = u32::from_le_bytes(prefix) as usize;
+    if !(AEAD_TAG_LEN..=MAX_CONTROL_MSG).contains(&len) {
+        return Err(WireError::Oversized { len, max: MAX_CONTROL_MSG }.into());
+    }
+    let mut buf = vec![0u8; len];
+    r.read_exact(&mut buf).await?;
+    let (body, tag) = buf.split_at_mut(len - AEAD_TAG_LEN);
+    opener.open(&prefix, body, tag)?;
+    buf.truncate(len - AEAD_TAG_LEN);
+    Ok(Some(buf))
+}
+
+/// The refusal code to tell a peer for a handshake error, if it may be told.
+fn refusal(e: &WireError) -> Option<RefusalCode> {
+    match e {
+        WireError::Pairing(m) => Some(m.code()),
+        WireError::BadProof => Some(RefusalCode::BadProof),
+        WireError::BadVersion { .. } => Some(RefusalCode::Version),
+        WireError::Reflection { .. } => Some(RefusalCode::Reflection),
+        _ => None,
+    }
 }
 
 impl Link {
-    /// Dials side of the handshake.
+    /// Dialling side of the handshake.
     pub async fn connect(io: BoxIo, me: &Identity, timeout: Duration) -> Result<Link, ClusterError> {
         tokio::time::timeout(timeout, Self::connect_inner(io, me))
             .await
@@ -76,20 +120,29 @@ impl Link {
     }
 
     async fn connect_inner(mut io: BoxIo, me: &Identity) -> Result<Link, ClusterError> {
-        let (init, hello) = Initiator::start(me.secret.clone(), me.role, random()?);
-        write_hs(&mut io, &hello).await?;
-        let challenge = read_hs(&mut io).await?;
-        let (proof, session, peer) = match init.on_challenge(&challenge) {
-            Ok(x) => x,
-            Err(e) => return Err(refuse(&mut io, e).await),
+        let (init, hello) = Initiator::start(&me.secrets.current(), me.role)?;
+        write_clear(&mut io, &hello).await?;
+        let reply = read_clear(&mut io).await?;
+        // A failed key exchange leaves no key to tell the peer anything under: just close.
+        let (keys, peer) = init.on_reply(&reply)?;
+        let (mut sealer, mut opener, exporter) = keys.into_parts()?;
+        // Our pairing record proves to the responder that we are live and hold the secret.
+        write_record(&mut io, &mut sealer, HandshakeMsg::Pairing { role: me.role, info: me.pairing }.encode()).await?;
+        let theirs = read_record(&mut io, &mut opener)
+            .await?
+            .ok_or(ClusterError::Message("the peer closed the link during the handshake".into()))?;
+        let checked = match HandshakeMsg::decode(&theirs)? {
+            HandshakeMsg::Pairing { role, info } if role == peer => me.pairing.check(&info).map_err(WireError::Pairing),
+            HandshakeMsg::Refused(code) => Err(WireError::Refused(code)),
+            _ => Err(WireError::Malformed("expected the peer's pairing")),
         };
-        write_hs(&mut io, &proof).await?;
-        write_hs(&mut io, &me.pairing.seal(me.role, &session)).await?;
-        let theirs = read_hs(&mut io).await?;
-        if let Err(e) = me.pairing.open_and_check(&theirs, peer, &session) {
-            return Err(refuse(&mut io, e).await);
+        if let Err(e) = checked {
+            if let Some(code) = refusal(&e) {
+                let _ = write_record(&mut io, &mut sealer, HandshakeMsg::Refused(code).encode()).await;
+            }
+            return Err(e.into());
         }
-        Ok(Link { io, session, peer, initiator: true })
+        Ok(Link { io, sealer, opener, exporter, peer })
     }
 
     /// Listening side of the handshake.
@@ -100,105 +153,123 @@ impl Link {
     }
 
     async fn accept_inner(mut io: BoxIo, me: &Identity) -> Result<Link, ClusterError> {
-        let hello = read_hs(&mut io).await?;
-        let (resp, challenge) = match Responder::on_hello(me.secret.clone(), me.role, random()?, &hello) {
-            Ok(x) => x,
-            Err(e) => return Err(refuse(&mut io, e).await),
+        let answered = match read_clear(&mut io).await {
+            Ok(hello) => Responder::on_hello(&me.secrets.accepted(), me.role, &hello),
+            Err(ClusterError::Wire(e)) => Err(e),
+            Err(e) => return Err(e),
         };
-        write_hs(&mut io, &challenge).await?;
-        let proof = read_hs(&mut io).await?;
-        let (session, peer) = match resp.on_proof(&proof) {
+        let (reply, keys, peer) = match answered {
             Ok(x) => x,
-            Err(e) => return Err(refuse(&mut io, e).await),
+            Err(e) => {
+                // In clear: there is no shared key. It tells a misconfigured node why, and
+                // tells an attacker nothing it did not know.
+                if let Some(code) = refusal(&e) {
+                    let _ = write_clear(&mut io, &HandshakeMsg::Refused(code)).await;
+                }
+                return Err(e.into());
+            }
         };
-        let theirs = read_hs(&mut io).await?;
-        if let Err(e) = me.pairing.open_and_check(&theirs, peer, &session) {
-            return Err(refuse(&mut io, e).await);
+        write_clear(&mut io, &reply).await?;
+        let (mut sealer, mut opener, exporter) = keys.into_parts()?;
+        // Only this record proves the initiator live: a replayed hello gets no further.
+        let theirs = read_record(&mut io, &mut opener)
+            .await?
+            .ok_or(ClusterError::Message("the peer closed the link during the handshake".into()))?;
+        let checked = match HandshakeMsg::decode(&theirs)? {
+            HandshakeMsg::Pairing { role, info } if role == peer => me.pairing.check(&info).map_err(WireError::Pairing),
+            _ => Err(WireError::Malformed("expected the peer's pairing")),
+        };
+        if let Err(e) = checked {
+            if let Some(code) = refusal(&e) {
+                let _ = write_record(&mut io, &mut sealer, HandshakeMsg::Refused(code).encode()).await;
+            }
+            return Err(e.into());
         }
-        write_hs(&mut io, &me.pairing.seal(me.role, &session)).await?;
-        Ok(Link { io, session, peer, initiator: false })
+        write_record(&mut io, &mut sealer, HandshakeMsg::Pairing { role: me.role, info: me.pairing }.encode()).await?;
+        Ok(Link { io, sealer, opener, exporter, peer })
     }
 
     /// Control-message halves.
     pub fn split(self) -> (LinkReader, LinkWriter) {
         let (rd, wr) = tokio::io::split(self.io);
-        // Each direction has its own label, so a message cannot be reflected back.
-        let (mine, theirs) = if self.initiator { (1u8, 2u8) } else { (2, 1) };
-        (
-            LinkReader { rd, key: *self.session.bytes(), dir: theirs, counter: 0 },
-            LinkWriter { wr, key: *self.session.bytes(), dir: mine, counter: 0 },
-        )
+        (LinkReader { rd, opener: self.opener }, LinkWriter { wr, sealer: self.sealer })
     }
 
-    /// The raw stream, for KV frames (self-authenticating under their ticket keys).
-    pub fn into_io(self) -> BoxIo {
-        self.io
+    /// The stream and the sealer of KV frames, for the sending end of a KV link.
+    pub fn into_kv_sealer(self) -> (BoxIo, KvSealer) {
+        (self.io, KvSealer::from_parts(self.sealer, self.exporter, DEFAULT_MAX_FRAME))
+    }
+
+    /// The stream and the opener of KV frames, for the receiving end of a KV link.
+    pub fn into_kv_opener(self) -> (BoxIo, KvOpener) {
+        (self.io, KvOpener::from_parts(self.opener, self.exporter, DEFAULT_MAX_FRAME))
     }
 }
 
-/// `blake3::Hash` compares in constant time.
-fn tag(key: &[u8; 32], dir: u8, counter: u64, body: &[u8]) -> blake3::Hash {
-    let mut h = blake3::Hasher::new_keyed(key);
-    h.update(&[dir]);
-    h.update(&counter.to_le_bytes());
-    h.update(body);
-    h.finalize()
+/// Caps the handshakes in progress on one listener: an unauthenticated peer can hold a
+/// connection only until the handshake timeout, and only this many at once, so a flood of
+/// idle or slow connections cannot starve a node of memory or tasks.
+#[derive(Clone, Debug)]
+pub struct HandshakeGate(std::sync::Arc<tokio::sync::Semaphore>);
+
+/// Handshakes one listener runs at once by default.
+pub const MAX_PENDING_HANDSHAKES: usize = 64;
+
+impl HandshakeGate {
+    pub fn new(max: usize) -> Self {
+        HandshakeGate(std::sync::Arc::new(tokio::sync::Semaphore::new(max.max(1))))
+    }
+
+    /// A place for one more handshake, held until the permit drops; `None` when full.
+    pub fn try_enter(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.0.clone().try_acquire_owned().ok()
+    }
+}
+
+/// Turns a connection away for lack of a handshake slot (in clear, best effort, bounded).
+pub async fn refuse_busy(mut io: BoxIo) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), write_clear(&mut io, &HandshakeMsg::Refused(RefusalCode::Busy))).await;
+}
+
+/// The label of a failed handshake or link, for `pagewarden_link_refusals_total{reason}`.
+pub fn refusal_reason(e: &ClusterError) -> &'static str {
+    match e {
+        ClusterError::Wire(WireError::BadProof | WireError::Refused(RefusalCode::BadProof)) => "bad_proof",
+        ClusterError::Wire(WireError::Reflection { .. }) => "reflection",
+        ClusterError::Wire(WireError::BadVersion { .. } | WireError::Refused(RefusalCode::Version)) => "version",
+        ClusterError::Wire(WireError::Pairing(_)) => "pairing",
+        ClusterError::Wire(WireError::BadMac) => "bad_mac",
+        ClusterError::Wire(WireError::Refused(_)) => "refused",
+        ClusterError::WrongRole { .. } => "role",
+        ClusterError::Timeout(_) => "timeout",
+        ClusterError::Io(_) => "io",
+        _ => "malformed",
+    }
 }
 
 pub struct LinkReader {
     rd: ReadHalf<BoxIo>,
-    key: [u8; 32],
-    dir: u8,
-    counter: u64,
+    opener: RecordOpener,
 }
 
 pub struct LinkWriter {
     wr: WriteHalf<BoxIo>,
-    key: [u8; 32],
-    dir: u8,
-    counter: u64,
+    sealer: RecordSealer,
 }
 
 impl LinkReader {
     /// The next message; `None` when the peer closed the link cleanly between messages.
     pub async fn recv<T: DeserializeOwned>(&mut self) -> Result<Option<T>, ClusterError> {
-        let mut len = [0u8; 4];
-        match self.rd.read_exact(&mut len).await {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-            Err(e) => return Err(e.into()),
+        match read_record(&mut self.rd, &mut self.opener).await? {
+            None => Ok(None),
+            Some(body) => serde_json::from_slice(&body).map(Some).map_err(|e| ClusterError::Message(e.to_string())),
         }
-        let len = u32::from_le_bytes(len) as usize;
-        if !(TAG..=MAX_CONTROL_MSG).contains(&len) {
-            return Err(WireError::Oversized { len, max: MAX_CONTROL_MSG }.into());
-        }
-        let mut buf = vec![0u8; len];
-        self.rd.read_exact(&mut buf).await?;
-        let (body, t) = buf.split_at(len - TAG);
-        let got: [u8; TAG] = t.try_into().map_err(|_| WireError::BadMac)?;
-        if tag(&self.key, self.dir, self.counter, body) != got {
-            return Err(WireError::BadMac.into());
-        }
-        self.counter += 1;
-        serde_json::from_slice(body).map(Some).map_err(|e| ClusterError::Message(e.to_string()))
     }
 }
 
 impl LinkWriter {
     pub async fn send<T: Serialize>(&mut self, msg: &T) -> Result<(), ClusterError> {
         let body = serde_json::to_vec(msg).map_err(|e| ClusterError::Message(e.to_string()))?;
-        let len = body.len() + TAG;
-        if len > MAX_CONTROL_MSG {
-            return Err(WireError::Oversized { len, max: MAX_CONTROL_MSG }.into());
-        }
-        let t = tag(&self.key, self.dir, self.counter, &body);
-        self.counter += 1;
-        let mut out = Vec::with_capacity(4 + len);
-        out.extend_from_slice(&(len as u32).to_le_bytes());
-        out.extend_from_slice(&body);
-        out.extend_from_slice(t.as_bytes());
-        self.wr.write_all(&out).await?;
-        self.wr.flush().await?;
-        Ok(())
+        write_record(&mut self.wr, &mut self.sealer, body).await
     }
 }

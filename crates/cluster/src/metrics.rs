@@ -18,6 +18,32 @@ pub const TRANSFERS_COMPLETED_TOTAL: &str = "pagewarden_kv_transfers_completed_t
 pub const ISOLATION_VIOLATIONS_TOTAL: &str = "pagewarden_isolation_violations_total";
 pub const PAGES_USED: &str = "pagewarden_kv_pages_used";
 pub const PAGES_TOTAL: &str = "pagewarden_kv_pages_total";
+pub const LINK_FAILURES_TOTAL: &str = "pagewarden_link_failures_total";
+
+/// Node links that failed, by reason ([`crate::link::refusal_reason`]): handshakes refused
+/// (another secret, a reflection, a full handshake gate, a pairing mismatch, a timeout) and
+/// established links that ended in an error (a record that failed to open: tampering).
+#[derive(Default, Debug)]
+pub struct LinkMetrics(Mutex<BTreeMap<&'static str, u64>>);
+
+impl LinkMetrics {
+    pub fn failure(&self, reason: &'static str) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()).entry(reason).or_default() += 1;
+    }
+
+    pub fn snapshot(&self) -> Vec<(String, u64)> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    }
+}
+
+/// Prometheus text of link failures; `labels` come before the reason (may be empty).
+pub fn render_link_failures(labels: &str, failures: &[(String, u64)]) -> String {
+    let mut out = format!("# TYPE {LINK_FAILURES_TOTAL} counter\n");
+    for (reason, n) in failures {
+        out.push_str(&format!("{LINK_FAILURES_TOTAL}{{{labels}reason=\"{reason}\"}} {n}\n"));
+    }
+    out
+}
 
 #[derive(Default)]
 pub struct WorkerMetrics {
@@ -26,6 +52,7 @@ pub struct WorkerMetrics {
     pub frames_received: AtomicU64,
     pub transfers_completed: AtomicU64,
     violations: Mutex<BTreeMap<&'static str, u64>>,
+    pub links: LinkMetrics,
 }
 
 impl WorkerMetrics {
@@ -57,6 +84,7 @@ impl WorkerMetrics {
                 .iter()
                 .map(|(k, v)| (k.to_string(), *v))
                 .collect(),
+            link_failures: self.links.snapshot(),
         }
     }
 }
@@ -77,6 +105,7 @@ pub fn render(role: &str, s: &Stats) -> String {
     for (k, v) in &s.violations {
         out.push_str(&format!("{ISOLATION_VIOLATIONS_TOTAL}{{role=\"{role}\",kind=\"{k}\"}} {v}\n"));
     }
+    out.push_str(&render_link_failures(&format!("role=\"{role}\","), &s.link_failures));
     out
 }
 

@@ -1,14 +1,15 @@
 //! The prefill worker's route: check at our own door, compute the prompt's KV, report the
-//! first token, stream the KV as MAC'd frames to the decode worker named by the gateway.
+//! first token, stream the KV as encrypted frames to the decode worker named by the gateway.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use engine::Event;
 use kv::BlockTable;
-use tokio::io::{AsyncWriteExt, BufWriter};
-use tokio::sync::mpsc::UnboundedSender;
-use wire::{CloseFrame, Codec, Frame, KvFrame, PromptDigest, Role, Ticket, TicketKey};
+use std::io::IoSlice;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc::{self, UnboundedSender};
+use wire::{CloseFrame, KvFrameMut, KvSealer, PromptDigest, Role, SealedParts, Ticket};
 
 use crate::net::BoxIo;
 use crate::proto::{Failure, Spec, ToGateway};
@@ -19,14 +20,13 @@ pub(crate) async fn run(
     ctx: Arc<Ctx>,
     spec: Spec,
     ticket: Ticket,
-    key: [u8; 32],
     decode_addr: String,
     out: UnboundedSender<ToGateway>,
 ) {
     let route = spec.route;
     let deadline = spec.deadline();
     let failure =
-        match tokio::time::timeout_at(deadline.into(), route_inner(&ctx, &spec, ticket, key, &decode_addr, &out)).await
+        match tokio::time::timeout_at(deadline.into(), route_inner(&ctx, &spec, ticket, &decode_addr, &out)).await
         {
             Ok(Ok(())) => return,
             Ok(Err(f)) => f,
@@ -39,7 +39,6 @@ async fn route_inner(
     ctx: &Ctx,
     spec: &Spec,
     ticket: Ticket,
-    key: [u8; 32],
     decode_addr: &str,
     out: &UnboundedSender<ToGateway>,
 ) -> Result<(), Failure> {
@@ -86,29 +85,34 @@ async fn route_inner(
     if link.peer != Role::Decode {
         return Err(unreachable(ClusterError::WrongRole { got: link.peer, want: "decode" }));
     }
-    let frames = send_kv(ctx, link.into_io(), &table, &ticket, &TicketKey::from_bytes(key), &req.prompt, first.token)
-        .await
-        .map_err(unreachable)?;
+    let (io, sealer) = link.into_kv_sealer();
+    let frames =
+        send_kv(ctx, io, sealer, &table, &ticket, &req.prompt, first.token).await.map_err(unreachable)?;
     drop(table);
     let _ = out.send(ToGateway::Sent { route: spec.route, frames });
     Ok(())
 }
 
-/// One frame per page (every layer), then the close; returns the number of frames.
+/// One frame per page (every layer), then the close; returns the number of frames. Sealing
+/// runs on this task while a writer task sends the previous frame (head, payload and tag in
+/// one vectored write, the payload encrypted where it was exported), so encryption overlaps
+/// the network instead of adding to it.
 async fn send_kv(
     ctx: &Ctx,
     io: BoxIo,
+    mut sealer: KvSealer,
     table: &BlockTable,
     ticket: &Ticket,
-    key: &TicketKey,
     prompt: &[u32],
     first_token: u32,
 ) -> Result<u32, ClusterError> {
-    let codec = Codec::default();
     let layout = *table.layout();
     let (ps, n, layers) = (layout.page_size, prompt.len(), layout.n_layers as u32);
-    let mut io = BufWriter::with_capacity(1 << 20, io);
+    let (tx, rx) = mpsc::channel::<Outgoing>(2);
+    let writer = tokio::spawn(write_frames(io, rx));
+    let id = ticket.id();
     let mut seq = 0u32;
+    let mut sent = Ok(());
     for page in 0..n.div_ceil(ps) {
         let (start, end) = (page * ps, ((page + 1) * ps).min(n));
         let mut payload = Vec::new();
@@ -117,15 +121,61 @@ async fn send_kv(
                 .export_rows(layer, start, end - start, &mut payload)
                 .map_err(|e| ClusterError::Message(format!("reading the prompt's KV: {e}")))?;
         }
-        let kv = KvFrame { page_index: page as u32, layers: 0..layers, tokens: start as u32..end as u32, payload };
-        io.write_all(&codec.encode(&Frame::kv(ticket.id(), seq, kv), key)?).await?;
+        let kv = KvFrameMut { page_index: page as u32, layers: 0..layers, tokens: start as u32..end as u32, payload: &mut payload };
+        let parts = sealer.seal_kv(&id, seq, kv)?;
+        if tx.send(Outgoing::Kv(parts, payload)).await.is_err() {
+            sent = Err(ClusterError::Message("the KV link's writer stopped".into()));
+            break;
+        }
         ctx.metrics.frames_sent.fetch_add(1, Ordering::Relaxed);
         seq += 1;
     }
-    let close = CloseFrame { tokens: n as u32, prompt_digest: PromptDigest::of(prompt), first_token };
-    io.write_all(&codec.encode(&Frame::close(ticket.id(), seq, close), key)?).await?;
-    ctx.metrics.frames_sent.fetch_add(1, Ordering::Relaxed);
+    if sent.is_ok() {
+        let close = CloseFrame { tokens: n as u32, prompt_digest: PromptDigest::of(prompt), first_token };
+        if tx.send(Outgoing::Close(sealer.seal_close(&id, seq, &close)?)).await.is_ok() {
+            ctx.metrics.frames_sent.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    drop(tx);
+    // The writer's own error (a broken connection) says more than ours.
+    writer.await.map_err(|e| ClusterError::Message(format!("the KV link's writer failed: {e}")))??;
+    sent?;
+    Ok(seq + 1)
+}
+
+enum Outgoing {
+    Kv(SealedParts, Vec<u8>),
+    Close(Vec<u8>),
+}
+
+async fn write_frames(mut io: BoxIo, mut rx: mpsc::Receiver<Outgoing>) -> Result<(), ClusterError> {
+    while let Some(frame) = rx.recv().await {
+        match &frame {
+            Outgoing::Kv(parts, payload) => write_all_vectored(&mut io, [&parts.head, payload, &parts.tag]).await?,
+            Outgoing::Close(bytes) => io.write_all(bytes).await?,
+        }
+    }
     io.flush().await?;
     io.shutdown().await?;
-    Ok(seq + 1)
+    Ok(())
+}
+
+/// Writes every byte of `parts`, in order, with as few writes as the stream allows.
+async fn write_all_vectored(io: &mut BoxIo, parts: [&[u8]; 3]) -> std::io::Result<()> {
+    let (mut part, mut offset) = (0, 0);
+    while part < parts.len() {
+        let slices: Vec<IoSlice<'_>> =
+            parts[part..].iter().enumerate().map(|(i, p)| IoSlice::new(if i == 0 { &p[offset..] } else { p })).collect();
+        let mut n = io.write_vectored(&slices).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while part < parts.len() && n >= parts[part].len() - offset {
+            n -= parts[part].len() - offset;
+            part += 1;
+            offset = 0;
+        }
+        offset += n;
+    }
+    Ok(())
 }

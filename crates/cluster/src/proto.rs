@@ -8,7 +8,7 @@ use engine::{AdmissionError, EngineError, FinishReason, GenRequest, TokenEvent, 
 use kv::{RequestId, TenantId};
 use sampling::{RawSamplingParams, SamplingParams, StopTokens, TopLogprob};
 use serde::{Deserialize, Serialize};
-use wire::{Role, Ticket, TicketKey, TicketNonce};
+use wire::{Role, Ticket, TicketNonce};
 
 /// Sent by a worker right after the handshake.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -116,14 +116,11 @@ impl From<TicketWire> for Ticket {
 pub enum ToWorker {
     /// Decode: reserve the whole sequence and answer with a ticket.
     Reserve(Spec),
-    /// Prefill: compute the prompt and send its KV to `decode_addr` under `ticket` and `key`.
-    Prefill { spec: Spec, ticket: TicketWire, key: [u8; 32], decode_addr: String },
+    /// Prefill: compute the prompt and send its KV to `decode_addr` under `ticket` (the frames'
+    /// key is derived on both ends of the KV link, never sent).
+    Prefill { spec: Spec, ticket: TicketWire, decode_addr: String },
     /// Stop the route and free everything it holds.
     Cancel { route: u64 },
-}
-
-pub fn ticket_key(key: &[u8; 32]) -> TicketKey {
-    TicketKey::from_bytes(*key)
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -254,15 +251,17 @@ pub struct Stats {
     pub frames_received: u64,
     pub transfers_completed: u64,
     pub violations: Vec<(String, u64)>,
+    /// Handshakes and links this worker refused, by reason.
+    #[serde(default)]
+    pub link_failures: Vec<(String, u64)>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ToGateway {
-    /// Decode: pages reserved; the ticket and key to send the KV under.
+    /// Decode: pages reserved; the ticket to send the KV under.
     Reserved {
         route: u64,
         ticket: TicketWire,
-        key: [u8; 32],
     },
     /// Prefill: the first sampled token (held by the gateway until decode verified the KV).
     First {

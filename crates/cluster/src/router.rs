@@ -13,7 +13,8 @@ use engine::{
 use tokio::sync::mpsc;
 use wire::{Role, Ticket};
 
-use crate::link::Identity;
+use crate::link::{refusal_reason, refuse_busy, HandshakeGate, Identity};
+use crate::metrics::LinkMetrics;
 use crate::net::{BoxIo, Listener};
 use crate::proto::{
     role_name, violation_kind, Failure, Finish, Register, Registered, Spec, Stats, ToGateway, ToWorker,
@@ -29,6 +30,8 @@ pub struct RouterConfig {
     pub handshake_timeout: Duration,
     /// How long after the prefill worker sent the KV the decode worker may take to verify it.
     pub transfer_timeout: Duration,
+    /// Handshakes the cluster listener runs at once; more connections are turned away.
+    pub max_pending_handshakes: usize,
 }
 
 /// A registered worker, as the dashboards see it.
@@ -71,6 +74,8 @@ struct Inner {
     next_route: AtomicU64,
     next_worker: AtomicU64,
     stopping: AtomicBool,
+    gate: HandshakeGate,
+    links: LinkMetrics,
 }
 
 /// Cheap to clone; every clone is the same router.
@@ -83,6 +88,8 @@ impl Router {
     pub fn new(cfg: RouterConfig) -> Router {
         Router {
             inner: Arc::new(Inner {
+                gate: HandshakeGate::new(cfg.max_pending_handshakes),
+                links: LinkMetrics::default(),
                 cfg,
                 workers: Mutex::new(Vec::new()),
                 next_route: AtomicU64::new(1),
@@ -105,9 +112,15 @@ impl Router {
         loop {
             match listener.accept().await {
                 Ok(io) => {
+                    let Some(permit) = self.inner.gate.try_enter() else {
+                        self.inner.links.failure("busy");
+                        tokio::spawn(refuse_busy(io));
+                        continue;
+                    };
                     let r = self.clone();
                     tokio::spawn(async move {
-                        if let Err(e) = r.connection(io).await {
+                        if let Err(e) = r.connection(io, permit).await {
+                            r.inner.links.failure(refusal_reason(&e));
                             eprintln!("gateway: worker connection: {e}");
                         }
                     });
@@ -120,9 +133,10 @@ impl Router {
         }
     }
 
-    async fn connection(&self, io: BoxIo) -> Result<(), ClusterError> {
+    async fn connection(&self, io: BoxIo, permit: tokio::sync::OwnedSemaphorePermit) -> Result<(), ClusterError> {
         let cfg = &self.inner.cfg;
         let link = Link::accept(io, &cfg.identity, cfg.handshake_timeout).await?;
+        drop(permit);
         let role = link.peer;
         if role == Role::Gateway {
             return Err(ClusterError::WrongRole { got: role, want: "prefill or decode" });
@@ -222,6 +236,11 @@ impl Router {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// Links to this gateway that failed, by reason.
+    pub fn link_failures(&self) -> Vec<(String, u64)> {
+        self.inner.links.snapshot()
     }
 
     /// Whether a request could be routed now (a prefill and a decode worker are registered).
@@ -374,14 +393,14 @@ impl Router {
                 RouteMsg::Msg(m) => m,
             };
             match (from, msg) {
-                (Role::Decode, ToGateway::Reserved { ticket, key, .. }) => {
+                (Role::Decode, ToGateway::Reserved { ticket, .. }) => {
                     let t: Ticket = ticket.into();
                     if t.request != req.id || t.tenant != req.tenant || t.tokens as usize != req.prompt.len() {
                         return Outcome::Fail(EngineError::IsolationViolation { kind: "wrong_ticket" });
                     }
                     let _ = ev.send(Event::Started);
                     let decode_addr = decode.kv_addr.clone().unwrap_or_default();
-                    let _ = prefill.tx.send(ToWorker::Prefill { spec: spec.clone(), ticket, key, decode_addr });
+                    let _ = prefill.tx.send(ToWorker::Prefill { spec: spec.clone(), ticket, decode_addr });
                 }
                 (Role::Prefill, ToGateway::First { token, cached_tokens, .. }) => {
                     gate.first = Some(token.into());

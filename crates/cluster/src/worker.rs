@@ -15,7 +15,7 @@ use crate::link::Identity;
 use crate::metrics::WorkerMetrics;
 use crate::net::Net;
 use crate::proto::{Failure, Register, Registered, ToGateway, ToWorker};
-use crate::{decode, prefill, random, ClusterError, Link};
+use crate::{decode, prefill, ClusterError, Link};
 
 #[derive(Clone)]
 pub struct WorkerConfig {
@@ -31,6 +31,8 @@ pub struct WorkerConfig {
     pub handshake_timeout: Duration,
     /// Decode: how long a reservation waits for its KV before it is freed.
     pub transfer_timeout: Duration,
+    /// Decode: handshakes the KV listener runs at once; more connections are turned away.
+    pub max_pending_handshakes: usize,
 }
 
 /// What every route task of a worker shares.
@@ -39,8 +41,6 @@ pub(crate) struct Ctx {
     pub engine: EngineHandle,
     pub net: Net,
     pub metrics: Arc<WorkerMetrics>,
-    /// Decode: the node-local secret ticket keys are derived from.
-    pub master: [u8; 32],
     pub tickets: TicketTable,
     pub kv_addr: Option<String>,
 }
@@ -75,24 +75,31 @@ pub async fn run_worker(
             engine: engine.clone(),
             net: net.clone(),
             metrics: metrics.clone(),
-            master: [0; 32],
             tickets: tickets.clone(),
             kv_addr: kv_addr.clone(),
         });
         tokio::spawn(decode::accept_kv(ctx, listener));
     }
-    let ctx = Arc::new(Ctx { cfg, engine, net, metrics, master: random()?, tickets, kv_addr });
+    let ctx = Arc::new(Ctx { cfg, engine, net, metrics, tickets, kv_addr });
     let mut pause = Duration::from_millis(100);
     loop {
         match session(&ctx).await {
             Ok(()) => pause = Duration::from_millis(100),
-            // Misconfiguration (another secret, model or KV layout; a refused registration):
-            // retrying cannot fix it, so stop and say why.
+            // A busy gateway is worth another try.
+            Err(e @ ClusterError::Wire(WireError::Refused(wire::RefusalCode::Busy))) => {
+                ctx.metrics.links.failure(crate::link::refusal_reason(&e));
+                eprintln!("{}: gateway link: {e}; retrying in {} ms", ctx.cfg.name, pause.as_millis());
+            }
+            // Misconfiguration (another secret, role, model or KV layout; a refused
+            // registration): retrying cannot fix it, so stop and say why.
             Err(
                 e @ (ClusterError::Rejected(_)
-                | ClusterError::Wire(WireError::Pairing(_) | WireError::Refused(_) | WireError::BadProof)),
+                | ClusterError::Wire(
+                    WireError::Pairing(_) | WireError::Refused(_) | WireError::BadProof | WireError::Reflection { .. },
+                )),
             ) => return Err(e),
             Err(e) => {
+                ctx.metrics.links.failure(crate::link::refusal_reason(&e));
                 eprintln!("{}: gateway link: {e}; retrying in {} ms", ctx.cfg.name, pause.as_millis());
             }
         }
@@ -182,8 +189,8 @@ async fn session(ctx: &Arc<Ctx>) -> Result<(), ClusterError> {
             ToWorker::Reserve(spec) if ctx.role() == Role::Decode => {
                 spawn_route(&routes, spec.route, decode::reserve(ctx.clone(), spec, out.clone()));
             }
-            ToWorker::Prefill { spec, ticket, key, decode_addr } if ctx.role() == Role::Prefill => {
-                let fut = prefill::run(ctx.clone(), spec.clone(), ticket.into(), key, decode_addr, out.clone());
+            ToWorker::Prefill { spec, ticket, decode_addr } if ctx.role() == Role::Prefill => {
+                let fut = prefill::run(ctx.clone(), spec.clone(), ticket.into(), decode_addr, out.clone());
                 spawn_route(&routes, spec.route, fut);
             }
             ToWorker::Reserve(spec) | ToWorker::Prefill { spec, .. } => {

@@ -4,15 +4,15 @@
 
 use std::time::Duration;
 
-use cluster::{BoxIo, ClusterError, Identity, Link};
+use cluster::{BoxIo, ClusterError, Identity, Link, SecretRing};
 use kv::{KvDtype, KvLayout};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use wire::{ClusterSecret, HandshakeMsg, PairingInfo, Role, WireError};
+use wire::{ClusterSecret, HandshakeMsg, PairingInfo, RefusalCode, Role, WireError, AEAD_TAG_LEN, NOISE_MSG_LEN};
 
 fn identity(secret: &str, role: Role, page_size: usize) -> Identity {
     let layout = KvLayout { n_layers: 2, n_kv_heads: 2, head_dim: 4, page_size, dtype: KvDtype::F16 };
     Identity {
-        secret: ClusterSecret::from_passphrase(secret.as_bytes()),
+        secrets: SecretRing::single(ClusterSecret::from_passphrase(secret.as_bytes())),
         role,
         pairing: PairingInfo::new([7; 32], &layout).unwrap(),
     }
@@ -37,7 +37,7 @@ async fn a_peer_without_the_secret_is_refused_and_gets_no_session() {
         identity("secret-two-0123456789", Role::Gateway, 16),
     )
     .await;
-    assert!(matches!(i, Err(ClusterError::Wire(WireError::BadProof))), "{:?}", i.err());
+    assert!(matches!(i, Err(ClusterError::Wire(WireError::Refused(RefusalCode::BadProof)))), "{:?}", i.err());
     assert!(r.is_err());
 }
 
@@ -66,13 +66,12 @@ async fn control_messages_round_trip_in_both_directions() {
     }
 }
 
-/// Bytes the initiator sends during the handshake (hello, proof, pairing).
+/// Bytes the initiator sends during the handshake (Noise hello, pairing record).
 fn handshake_bytes() -> usize {
-    let hello = HandshakeMsg::Hello { role: Role::Decode, nonce: [0; 32] };
-    let proof = HandshakeMsg::Proof { proof: [0; 32] };
+    let hello = HandshakeMsg::Hello([0; NOISE_MSG_LEN]);
     let id = identity("x", Role::Decode, 16);
-    let pairing = HandshakeMsg::Pairing { role: Role::Decode, info: id.pairing, mac: [0; 32] };
-    hello.encode().len() + proof.encode().len() + pairing.encode().len()
+    let pairing = HandshakeMsg::Pairing { role: Role::Decode, info: id.pairing };
+    hello.encode().len() + 4 + pairing.encode().len() + AEAD_TAG_LEN
 }
 
 /// A man in the middle on the initiator's direction: relays the handshake, then hands the

@@ -64,12 +64,14 @@ struct RawCluster {
     listen: Option<String>,
     gateway: Option<String>,
     secret_file: Option<PathBuf>,
+    accept_secret_files: Option<Vec<PathBuf>>,
     kv_listen: Option<String>,
     kv_advertise: Option<String>,
     name: Option<String>,
     metrics_listen: Option<String>,
     transfer_timeout_ms: Option<u64>,
     handshake_timeout_ms: Option<u64>,
+    max_pending_handshakes: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -146,6 +148,12 @@ pub struct ClusterSettings {
     /// A file holding the shared cluster secret (at least 32 characters); required by the
     /// gateway, prefill and decode roles. `serve` uses a random in-memory secret.
     pub secret_file: Option<PathBuf>,
+    /// Secrets accepted from peers besides `secret_file`, never dialled with: set during a
+    /// rotation (docs/cluster.md), reloaded on SIGHUP.
+    pub accept_secret_files: Vec<PathBuf>,
+    /// Handshakes a listener (the gateway's cluster port, a decode worker's KV port) runs at
+    /// once; further connections are refused and counted.
+    pub max_pending_handshakes: usize,
     /// Decode: where prefill workers connect to send KV.
     pub kv_listen: String,
     /// Decode: the address prefill workers are given (default: the bound `kv_listen`).
@@ -162,26 +170,52 @@ pub struct ClusterSettings {
 pub const MIN_SECRET_LEN: usize = 32;
 
 impl ClusterSettings {
-    /// Reads the cluster secret file.
-    pub fn secret(&self) -> Result<wire::ClusterSecret, ConfigError> {
+    /// Reads the cluster secret files: the one to dial with (`secret_file`) and the others to
+    /// accept (`accept_secret_files`).
+    pub fn secrets(&self) -> Result<(wire::ClusterSecret, Vec<wire::ClusterSecret>), ConfigError> {
         let path = self.secret_file.as_ref().ok_or_else(|| {
             invalid("cluster.secret_file", "is required for the gateway, prefill and decode roles (a file with a random secret of 32+ characters, the same on every node)")
         })?;
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| invalid("cluster.secret_file", format!("cannot read {}: {e}", path.display())))?;
-        let secret = text.trim();
-        if secret.len() < MIN_SECRET_LEN {
+        let current = read_secret_file("cluster.secret_file", path)?;
+        let others = self
+            .accept_secret_files
+            .iter()
+            .map(|p| read_secret_file("cluster.accept_secret_files", p))
+            .collect::<Result<_, _>>()?;
+        Ok((current, others))
+    }
+}
+
+/// One secret file: at least [`MIN_SECRET_LEN`] characters, and readable by its owner only
+/// (anyone who can read it can join the cluster and read its traffic).
+fn read_secret_file(field: &'static str, path: &Path) -> Result<wire::ClusterSecret, ConfigError> {
+    let meta = std::fs::metadata(path).map_err(|e| invalid(field, format!("cannot read {}: {e}", path.display())))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
             return Err(invalid(
-                "cluster.secret_file",
+                field,
                 format!(
-                    "the secret in {} has {} characters; use at least {MIN_SECRET_LEN}",
+                    "{} is readable by group or others (mode {mode:04o}); run `chmod 600 {}`",
                     path.display(),
-                    secret.len()
+                    path.display()
                 ),
             ));
         }
-        Ok(wire::ClusterSecret::from_passphrase(secret.as_bytes()))
     }
+    let _ = meta;
+    let text =
+        std::fs::read_to_string(path).map_err(|e| invalid(field, format!("cannot read {}: {e}", path.display())))?;
+    let secret = text.trim();
+    if secret.len() < MIN_SECRET_LEN {
+        return Err(invalid(
+            field,
+            format!("the secret in {} has {} characters; use at least {MIN_SECRET_LEN}", path.display(), secret.len()),
+        ));
+    }
+    Ok(wire::ClusterSecret::from_passphrase(secret.as_bytes()))
 }
 
 #[derive(Debug, Clone)]
@@ -231,6 +265,8 @@ pub struct Config {
     pub cluster: ClusterSettings,
     /// Empty: one development tenant (see [`crate::tenants::dev_tenant`]).
     pub tenants: Vec<TenantConfig>,
+    /// The file this config was loaded from, if any: what a reload (SIGHUP) reads again.
+    pub source: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -265,6 +301,8 @@ fn builtin_defaults() -> Config {
             listen: "127.0.0.1:7100".into(),
             gateway: "127.0.0.1:7100".into(),
             secret_file: None,
+            accept_secret_files: Vec::new(),
+            max_pending_handshakes: cluster::MAX_PENDING_HANDSHAKES,
             kv_listen: "127.0.0.1:0".into(),
             kv_advertise: None,
             name: None,
@@ -273,6 +311,7 @@ fn builtin_defaults() -> Config {
             handshake_timeout: Duration::from_secs(10),
         },
         tenants: Vec::new(),
+        source: None,
     }
 }
 
@@ -317,7 +356,9 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
-        Self::parse(&text, &path.display().to_string())
+        let mut config = Self::parse(&text, &path.display().to_string())?;
+        config.source = Some(path.to_path_buf());
+        Ok(config)
     }
 
     /// Validates a config given as TOML text.
@@ -390,6 +431,12 @@ impl Config {
             listen: c.listen.unwrap_or(d.listen),
             gateway: c.gateway.unwrap_or(d.gateway),
             secret_file: c.secret_file,
+            accept_secret_files: c.accept_secret_files.unwrap_or_default(),
+            max_pending_handshakes: positive(
+                "cluster.max_pending_handshakes",
+                c.max_pending_handshakes,
+                cluster::MAX_PENDING_HANDSHAKES,
+            )?,
             kv_listen: c.kv_listen.unwrap_or(d.kv_listen),
             kv_advertise: c.kv_advertise,
             name: c.name,
@@ -443,6 +490,7 @@ impl Config {
             limits,
             cluster,
             tenants,
+            source: None,
         })
     }
 }

@@ -15,7 +15,7 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
-use cluster::{run_worker, Identity, Net, RouterConfig, WorkerConfig, WorkerMetrics};
+use cluster::{run_worker, Identity, Net, RouterConfig, SecretRing, WorkerConfig, WorkerMetrics};
 use engine::{Engine, EngineConfig};
 use gguf::GgufFile;
 use kv::{Capacity, KvLayout, KvPool, PoolConfig};
@@ -98,6 +98,7 @@ async fn metrics(State(st): State<Arc<AppState>>) -> Response {
         .metrics
         .render(&stats, |t| st.tenants.by_id(t).map_or_else(|| format!("tenant-{}", t.0), |x| x.config.name.clone()));
     body.push_str(&crate::metrics::render_workers(&st.backend.worker_info()));
+    body.push_str(&cluster::metrics::render_link_failures("", &st.backend.link_failures()));
     text_response(StatusCode::OK, "text/plain; version=0.0.4", body)
 }
 
@@ -166,7 +167,8 @@ impl ModelInfo {
     }
 
     pub fn pairing(&self) -> Result<wire::PairingInfo, ServeError> {
-        wire::PairingInfo::new(self.digest, &self.layout).map_err(|e| ServeError::Io(e.to_string()))
+        wire::PairingInfo::new(self.digest, &self.layout)
+            .ok_or_else(|| ServeError::Io("the model's KV layout does not fit the wire format".into()))
     }
 }
 
@@ -225,14 +227,42 @@ async fn wait_idle(st: &AppState, deadline: Instant) -> bool {
     }
 }
 
-fn router_config(config: &Config, info: &ModelInfo, secret: ClusterSecret) -> Result<RouterConfig, ServeError> {
+fn router_config(config: &Config, info: &ModelInfo, secrets: SecretRing) -> Result<RouterConfig, ServeError> {
     Ok(RouterConfig {
-        identity: Identity { secret, role: Role::Gateway, pairing: info.pairing()? },
+        identity: Identity { secrets, role: Role::Gateway, pairing: info.pairing()? },
         context: info.context,
         vocab: info.config.vocab,
         handshake_timeout: config.cluster.handshake_timeout,
         transfer_timeout: config.cluster.transfer_timeout,
+        max_pending_handshakes: config.cluster.max_pending_handshakes,
     })
+}
+
+/// The node's cluster secrets from its config, and a reload of them on every SIGHUP (when
+/// the config came from a file): how a secret is rotated without a restart. A reload that
+/// fails (unreadable file, loose permissions, short secret) keeps the secrets in use.
+pub fn cluster_secrets(config: &Config) -> Result<SecretRing, ServeError> {
+    let (current, others) = config.cluster.secrets()?;
+    let ring = SecretRing::new(current, others);
+    println!("cluster: {}", ring.describe());
+    #[cfg(unix)]
+    if let Some(path) = config.source.clone() {
+        let ring = ring.clone();
+        tokio::spawn(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let Ok(mut hup) = signal(SignalKind::hangup()) else { return };
+            while hup.recv().await.is_some() {
+                match Config::load(&path).map_err(ServeError::from).and_then(|c| Ok(c.cluster.secrets()?)) {
+                    Ok((current, others)) => {
+                        ring.replace(current, others);
+                        println!("cluster: reloaded: {}", ring.describe());
+                    }
+                    Err(e) => eprintln!("cluster: reload failed, keeping the secrets in use: {e}"),
+                }
+            }
+        });
+    }
+    Ok(ring)
 }
 
 /// Runs the single-process server until `shutdown` completes, then drains and returns: the
@@ -255,8 +285,11 @@ where
     let prefill_pool = pool_of(&config, info.layout, info.context)?;
     let engine = Engine::start_with_prefill_pool(llama, pool, prefill_pool, engine_config(&config));
 
-    let secret = ClusterSecret::from_bytes(cluster::random().map_err(|e| ServeError::Io(e.to_string()))?);
-    let rcfg = router_config(&config, &info, secret.clone())?;
+    // In one process the links are in-memory pipes; they run the same handshake and
+    // encryption under a secret that never leaves the process.
+    let secrets =
+        SecretRing::single(ClusterSecret::from_bytes(cluster::random().map_err(|e| ServeError::Io(e.to_string()))?));
+    let rcfg = router_config(&config, &info, secrets.clone())?;
     let router = cluster::Router::new(rcfg);
     let net = Net::default();
     let (listener, _) = net.listen("mem:gateway").await.map_err(|e| ServeError::Io(e.to_string()))?;
@@ -267,11 +300,12 @@ where
         let wcfg = WorkerConfig {
             name: name.into(),
             gateway: "mem:gateway".into(),
-            identity: Identity { secret: secret.clone(), role, pairing },
+            identity: Identity { secrets: secrets.clone(), role, pairing },
             kv_listen: Some(format!("mem:{name}")),
             kv_advertise: None,
             handshake_timeout: config.cluster.handshake_timeout,
             transfer_timeout: config.cluster.transfer_timeout,
+            max_pending_handshakes: config.cluster.max_pending_handshakes,
         };
         let (h, net) = (engine.handle(), net.clone());
         let metrics = Arc::new(WorkerMetrics::default());
@@ -305,7 +339,7 @@ where
     F: Future<Output = ()> + Send,
     R: FnOnce(SocketAddr),
 {
-    let secret = config.cluster.secret()?;
+    let secrets = cluster_secrets(&config)?;
     let cfg = config.clone();
     let (info, tokenizer, template) = tokio::task::spawn_blocking(move || -> Result<_, ServeError> {
         let (info, file) = ModelInfo::read(&cfg)?;
@@ -316,7 +350,7 @@ where
     })
     .await
     .map_err(|e| ServeError::Io(format!("model loading task failed: {e}")))??;
-    let router = cluster::Router::new(router_config(&config, &info, secret)?);
+    let router = cluster::Router::new(router_config(&config, &info, secrets)?);
     let net = Net::default();
     let (listener, bound) = net
         .listen(&config.cluster.listen)

@@ -62,25 +62,27 @@ pub fn run(role: Role, args: &WorkerArgs) -> anyhow::Result<()> {
     if let Some(t) = args.pool_tokens {
         config.pool.size = Some(gateway::config::PoolSize::Tokens(t));
     }
-    let secret = config.cluster.secret()?;
+    // Read before the model loads, so a missing or loose secret file fails at once.
+    config.cluster.secrets()?;
     let role_name = if role == Role::Prefill { "prefill" } else { "decode" };
     let name = config.cluster.name.clone().unwrap_or_else(|| format!("{role_name}-{}", std::process::id()));
     let loaded = gateway::load_model(&config)?;
     let pairing = loaded.info.pairing()?;
     let engine = Engine::start(loaded.llama, loaded.pool, gateway::engine_config(&config));
-    let wcfg = WorkerConfig {
-        name: name.clone(),
-        gateway: config.cluster.gateway.clone(),
-        identity: Identity { secret, role, pairing },
-        kv_listen: (role == Role::Decode).then(|| config.cluster.kv_listen.clone()),
-        kv_advertise: config.cluster.kv_advertise.clone(),
-        handshake_timeout: config.cluster.handshake_timeout,
-        transfer_timeout: config.cluster.transfer_timeout,
-    };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
     let handle = engine.handle();
     let metrics = Arc::new(WorkerMetrics::default());
     let result = rt.block_on(async {
+        let wcfg = WorkerConfig {
+            name: name.clone(),
+            gateway: config.cluster.gateway.clone(),
+            identity: Identity { secrets: gateway::server::cluster_secrets(&config)?, role, pairing },
+            kv_listen: (role == Role::Decode).then(|| config.cluster.kv_listen.clone()),
+            kv_advertise: config.cluster.kv_advertise.clone(),
+            handshake_timeout: config.cluster.handshake_timeout,
+            transfer_timeout: config.cluster.transfer_timeout,
+            max_pending_handshakes: config.cluster.max_pending_handshakes,
+        };
         if let Some(addr) = &config.cluster.metrics_listen {
             let l = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("metrics listener on {addr}"))?;
             println!("metrics on http://{}/metrics", l.local_addr()?);

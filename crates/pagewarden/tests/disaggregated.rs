@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use cluster::proto::{Failure, Register, Registered, Spec, Stats, TicketWire, ToGateway, ToWorker};
-use cluster::{Identity, Link, Net};
+use cluster::{Identity, Link, Net, SecretRing};
 use common::cluster::{metric, Cluster, SECRET};
 use common::{chat, generate_cli, PROMPTS};
 use serde_json::Value;
@@ -111,7 +111,7 @@ fn a_worker_with_another_page_size_or_secret_is_refused_and_exits_naming_the_rea
     let text = std::fs::read_to_string(&c.config).unwrap().replace("[pool]\n", "[pool]\npage_size = 32\n");
     std::fs::write(&page, text).unwrap();
     let secret = c.dir.join("other-secret.toml");
-    std::fs::write(c.dir.join("other-secret"), "another-secret-of-enough-length-0123456789").unwrap();
+    common::write_secret(&c.dir.join("other-secret"), "another-secret-of-enough-length-0123456789");
     let text = std::fs::read_to_string(&c.config).unwrap().replace("/secret\"", "/other-secret\"");
     std::fs::write(&secret, text).unwrap();
     for (config, why) in [(&page, "PageSize"), (&secret, "cluster secret")] {
@@ -135,7 +135,7 @@ async fn direct(role: Role, config: &std::path::Path) -> (Vec<ToGateway>, Stats)
     let model = fetch::ensure_default_model().unwrap();
     let layout = kv::KvLayout { n_layers: 30, n_kv_heads: 3, head_dim: 64, page_size: 16, dtype: kv::KvDtype::F16 };
     let me = Identity {
-        secret: ClusterSecret::from_passphrase(SECRET.as_bytes()),
+        secrets: SecretRing::single(ClusterSecret::from_passphrase(SECRET.as_bytes())),
         role: Role::Gateway,
         pairing: PairingInfo::new(cluster::model_digest(&model).unwrap(), &layout).unwrap(),
     };
@@ -166,7 +166,7 @@ async fn direct(role: Role, config: &std::path::Path) -> (Vec<ToGateway>, Stats)
     };
     let msg = if role == Role::Prefill {
         let ticket = TicketWire { request: 1, tenant: 1, nonce: [7; 16], pages: 564, tokens: 9000 };
-        ToWorker::Prefill { spec, ticket, key: [9; 32], decode_addr: "127.0.0.1:1".into() }
+        ToWorker::Prefill { spec, ticket, decode_addr: "127.0.0.1:1".into() }
     } else {
         ToWorker::Reserve(spec)
     };

@@ -1,7 +1,7 @@
 //! The one error type of the crate. Every rejection is a value naming what was wrong; none
 //! carries payload bytes or token ids (invariant 10: log ids, never prompt text).
 
-use crate::handshake::{PairingMismatch, RefusalCode};
+use crate::pairing::{PairingMismatch, RefusalCode, Role};
 use thiserror::Error;
 
 /// Why a frame, a transfer or a handshake was refused.
@@ -20,7 +20,7 @@ pub enum WireError {
     BadVersion { got: u16, supported: u16 },
     #[error("malformed frame: {0}")]
     Malformed(&'static str),
-    #[error("MAC check failed")]
+    #[error("authentication failed (tampered, replayed, reordered or foreign bytes)")]
     BadMac,
     #[error("frame names a ticket unknown to this node")]
     UnknownTicket,
@@ -58,13 +58,15 @@ pub enum WireError {
     AfterClose,
 
     // ---- handshake ----
-    #[error("peer failed to prove knowledge of the cluster secret")]
+    #[error("the key exchange failed: the peer does not hold an accepted cluster secret")]
     BadProof,
-    #[error("peer echoed our own nonce")]
-    NonceReuse,
+    #[error("the peer claims our own role ({role:?}): a reflected handshake or a misconfigured node")]
+    Reflection { role: Role },
+    #[error("cryptographic operation failed: {0}")]
+    Crypto(&'static str),
     #[error("refusing to pair: {0}")]
     Pairing(PairingMismatch),
-    #[error("peer refused: {0:?}")]
+    #[error("the peer refused us: {}", .0.reason())]
     Refused(RefusalCode),
 }
 
@@ -97,7 +99,8 @@ impl WireError {
             Incomplete { .. } => "incomplete",
             AfterClose => "after_close",
             BadProof => "bad_proof",
-            NonceReuse => "nonce_reuse",
+            Reflection { .. } => "reflection",
+            Crypto(_) => "crypto",
             Pairing(_) => "pairing",
             Refused(_) => "refused",
         }

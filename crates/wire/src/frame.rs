@@ -1,20 +1,67 @@
 //! The values that travel: tickets and frames. Byte layout is in `codec.rs` and `docs/wire.md`.
 
-use crate::mac::PromptDigest;
+use crate::keys::ct_eq32;
 use kv::{RequestId, TenantId};
 use std::ops::Range;
 
-/// The wire format version written in every frame and handshake header.
-pub const WIRE_VERSION: u16 = 1;
+/// The wire format version written in every frame and handshake header. Version 2: Noise
+/// handshake, every byte after it encrypted (version 1 sent MAC'd plaintext).
+pub const WIRE_VERSION: u16 = 2;
+
+const CTX_PROMPT: &str = "pagewarden wire v1 prompt digest";
+
+/// BLAKE3 digest of a prompt's token ids, as carried in the closing frame.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct PromptDigest(pub [u8; 32]);
+
+impl PromptDigest {
+    /// Digest of `tokens`: domain-separated, length-prefixed, each id as u32 little-endian.
+    pub fn of(tokens: &[u32]) -> Self {
+        let mut h = blake3::Hasher::new_derive_key(CTX_PROMPT);
+        h.update(&(tokens.len() as u64).to_le_bytes());
+        for t in tokens {
+            h.update(&t.to_le_bytes());
+        }
+        PromptDigest(*h.finalize().as_bytes())
+    }
+
+    /// Constant-time comparison.
+    pub fn matches(&self, other: &PromptDigest) -> bool {
+        ct_eq32(&self.0, &other.0)
+    }
+}
+
+impl std::fmt::Debug for PromptDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PromptDigest(")?;
+        for b in &self.0[..8] {
+            write!(f, "{b:02x}")?;
+        }
+        write!(f, "..)")
+    }
+}
 
 /// A fresh random nonce chosen by the decode worker for each reservation: it names the ticket
-/// on the wire and makes every ticket (and its derived key) distinct even when ids repeat.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// in frames and makes every ticket (and its derived key) distinct even when ids repeat.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct TicketNonce(pub [u8; 16]);
+
+impl std::fmt::Debug for TicketNonce {
+    /// Its first four bytes only: enough to follow a ticket in logs, not to name it in a frame.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TicketNonce(")?;
+        for b in &self.0[..4] {
+            write!(f, "{b:02x}")?;
+        }
+        write!(f, "..)")
+    }
+}
 
 /// What a decode worker returns for a reservation: the request, its tenant, the generation
 /// nonce, how many pages it reserved and how many prompt tokens it expects to receive.
-/// The per-ticket MAC key ([`crate::TicketKey`]) is handed beside it, never inside frames.
+/// The nonce is a capability: it travels only inside encrypted links, and a frame naming a
+/// ticket the receiver does not hold is dropped. Its key ([`crate::TicketKey`]) is derived on
+/// both ends of the KV link and never travels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Ticket {
     pub request: RequestId,
@@ -148,5 +195,19 @@ impl FrameRef<'_> {
             FrameBodyRef::Close(c) => FrameBody::Close(c),
         };
         Frame { ticket: self.ticket, seq: self.seq, body }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_digest_depends_on_every_token_and_the_length() {
+        let a = PromptDigest::of(&[1, 2, 3]);
+        assert!(a.matches(&PromptDigest::of(&[1, 2, 3])));
+        assert!(!a.matches(&PromptDigest::of(&[1, 2, 4])));
+        assert!(!a.matches(&PromptDigest::of(&[1, 2])));
+        assert!(!PromptDigest::of(&[]).matches(&PromptDigest::of(&[0])));
     }
 }

@@ -1,18 +1,28 @@
 //! The wire protocol of pagewarden: what crosses between the gateway, prefill workers and
-//! decode workers. A pure library (no sockets): frames, their codec and MACs, the decode
-//! worker's transfer checks, and the node handshake. The format is in `docs/wire.md`.
+//! decode workers. A pure library (no sockets): the node key exchange, the encrypted record
+//! layer, KV frames and their codec, and the decode worker's transfer checks. The format is in
+//! `docs/wire.md`.
 //!
 //! Why it exists: in a disaggregated deployment, the KV cache of a prompt is computed on one
 //! node and used on another. A transfer that is short, foreign, forged or for another prompt
 //! must never be taken as complete, or the decode worker attends over pages that still hold
-//! another tenant's KV (the 2026 incident in `DESIGN.md`).
+//! another tenant's KV (the 2026 incident in `DESIGN.md`); and KV, prompts and outputs on the
+//! network are as readable as the prompts themselves, so nothing crosses in clear.
 //!
 //! What it enforces:
 //!
-//! * **Bound and verified transfer (invariant 5).** Every frame names its ticket (request,
-//!   tenant, generation nonce) and carries a keyed BLAKE3 MAC under a per-ticket
-//!   [`TicketKey`] that never travels in frames; [`decode`] checks it in constant time before
-//!   reading any other field, and checks every length against what remains ([`Codec`]).
+//! * **Authenticated, confidential links (invariants 11 and 12).** [`Initiator`] and
+//!   [`Responder`] run `Noise_NNpsk0_25519_AESGCM_SHA256` keyed by the [`ClusterSecret`]:
+//!   both sides prove the secret, every connection gets fresh keys (forward secrecy), a peer
+//!   claiming our own role is refused. Every later byte is an AES-256-GCM record
+//!   ([`RecordSealer`], [`RecordOpener`]) whose nonce is a counter never sent, so nothing can
+//!   be read, dropped, repeated, reordered or carried over from another connection.
+//! * **Paired nodes (invariant 2).** [`PairingInfo::check`], run inside the encrypted link,
+//!   refuses peers whose model, page size, KV dtype or layout differ.
+//! * **Bound and verified transfer (invariant 5).** Every KV frame's header (ticket, sequence,
+//!   page, token range) is sealed under the link key, its body under a per-ticket
+//!   [`TicketKey`] that both ends derive from the link ([`Exporter`]) and that never travels,
+//!   with the header as associated data ([`KvSealer`], [`KvOpener`]).
 //! * **Coverage against the receiver's reservation (invariants 4 and 5).** A
 //!   [`Transfer<Receiving>`] is built from the decode worker's own ticket, geometry and the
 //!   admitted prompt; it refuses duplicates, overlaps, reordering, out-of-range pages, layers
@@ -21,9 +31,6 @@
 //!   written exactly once. Any error consumes the transfer: fail closed.
 //! * **Frames for unknown or closed tickets are dropped (invariant 6)**:
 //!   [`WireError::UnknownTicket`], [`WireError::AfterClose`].
-//! * **Authenticated, paired nodes (invariants 2 and 11).** [`Initiator`] / [`Responder`]
-//!   prove knowledge of the [`ClusterSecret`] over fresh nonces from both sides;
-//!   [`PairingInfo::check`] refuses peers whose model, page size, KV dtype or layout differ.
 //!
 //! Every rejection is a typed [`WireError`] whose [`WireError::kind`] labels the
 //! `pagewarden_isolation_violations_total{kind}` counter.
@@ -32,21 +39,29 @@ mod codec;
 mod error;
 mod frame;
 mod handshake;
-mod mac;
+mod keys;
+mod pairing;
+mod reader;
+mod record;
 mod transfer;
 
-pub use codec::{decode, encode, Codec, EncodedFrame, KeyLookup, DEFAULT_MAX_FRAME, FRAME_MAGIC, HEADER_LEN};
+pub use codec::{
+    KvFrameMut, KvOpener, KvSealer, SealedParts, TicketLookup, DEFAULT_MAX_FRAME, FRAME_MAGIC, FRAME_OVERHEAD,
+    HEADER_LEN, HEADER_PLAIN_LEN,
+};
 pub use error::WireError;
 pub use frame::{
-    CloseFrame, Frame, FrameBody, FrameBodyRef, FrameRef, KvFrame, KvFrameRef, Ticket, TicketId, TicketNonce,
-    WIRE_VERSION,
+    CloseFrame, Frame, FrameBody, FrameBodyRef, FrameRef, KvFrame, KvFrameRef, PromptDigest, Ticket, TicketId,
+    TicketNonce, WIRE_VERSION,
 };
 pub use handshake::{
-    ClusterSecret, HandshakeMsg, Initiator, LayoutShape, PairingInfo, PairingMismatch, RefusalCode, Responder, Role,
-    SessionKey, HANDSHAKE_MAGIC, MAX_HANDSHAKE_MSG,
+    ClusterSecret, HandshakeMsg, Initiator, Responder, HANDSHAKE_MAGIC, MAX_HANDSHAKE_MSG, NOISE_MSG_LEN,
+    NOISE_PROTOCOL,
 };
+pub use keys::{Exporter, SessionKeys, TicketKey};
 pub use kv::{RequestId, TenantId};
-pub use mac::{PromptDigest, TicketKey, TAG_LEN};
+pub use pairing::{LayoutShape, PairingInfo, PairingMismatch, RefusalCode, Role};
+pub use record::{RecordOpener, RecordSealer, AEAD_TAG_LEN};
 pub use transfer::{Complete, Geometry, PageWrite, Received, Receiving, Transfer};
 
 /// Fixtures shared by the unit tests: a 3-layer model, 4-slot pages, a 10-token prompt in a
@@ -54,7 +69,7 @@ pub use transfer::{Complete, Geometry, PageWrite, Received, Receiving, Transfer}
 #[cfg(test)]
 pub(crate) mod testutil {
     use super::*;
-    use std::collections::HashMap;
+    use std::collections::HashSet;
     use std::ops::Range;
 
     pub const GEOM: Geometry = Geometry { page_size: 4, n_layers: 3, row_bytes: 2 };
@@ -71,13 +86,27 @@ pub(crate) mod testutil {
         Ticket { request: RequestId(8), tenant: TenantId(4), nonce: TicketNonce([2; 16]), pages: 4, tokens: 10 }
     }
 
-    pub fn key_of(t: &Ticket) -> TicketKey {
-        TicketKey::derive(&[9; 32], t)
+    /// Both ends' view of one session, from a seed (the initiator is the KV sender).
+    pub fn session(initiator: bool, seed: [u8; 32]) -> SessionKeys {
+        let mut k2 = seed;
+        k2[0] ^= 0xff;
+        SessionKeys::from_split(initiator, &seed, &k2, b"test handshake hash")
     }
 
-    /// The receiver's key table: both tickets.
-    pub fn keys() -> HashMap<TicketNonce, TicketKey> {
-        [ticket(), other_ticket()].iter().map(|t| (t.nonce, key_of(t))).collect()
+    /// A KV link: the prefill worker's sealer and the decode worker's opener of one session.
+    pub fn link_with(seed: [u8; 32]) -> (KvSealer, KvOpener) {
+        let s = KvSealer::new(session(true, seed), DEFAULT_MAX_FRAME).unwrap_or_else(|e| panic!("{e}"));
+        let o = KvOpener::new(session(false, seed), DEFAULT_MAX_FRAME).unwrap_or_else(|e| panic!("{e}"));
+        (s, o)
+    }
+
+    pub fn link() -> (KvSealer, KvOpener) {
+        link_with([3; 32])
+    }
+
+    /// The receiver's tickets: both.
+    pub fn tickets() -> HashSet<TicketNonce> {
+        [ticket().nonce, other_ticket().nonce].into_iter().collect()
     }
 
     pub fn kv(t: &Ticket, seq: u32, page: u32, layers: Range<u32>, tokens: Range<u32>) -> Frame {

@@ -5,7 +5,7 @@
 use proptest::prelude::*;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use wire::{decode, Codec, HandshakeMsg, TicketKey, TicketNonce};
+use wire::{HandshakeMsg, KvOpener, KvSealer, SessionKeys, TicketNonce, DEFAULT_MAX_FRAME};
 
 struct Counting;
 
@@ -38,15 +38,21 @@ fn measure<T>(f: impl FnOnce() -> T) -> (usize, usize) {
     r
 }
 
-fn any_key(_: &TicketNonce) -> Option<TicketKey> {
-    Some(TicketKey::from_bytes([3; 32]))
+fn any_ticket(_: &TicketNonce) -> bool {
+    true
 }
 
-/// A header claiming `len` bytes, then `rest`.
+fn session(initiator: bool) -> SessionKeys {
+    SessionKeys::from_split(initiator, &[1; 32], &[2; 32], b"h")
+}
+
+fn opener() -> KvOpener {
+    KvOpener::new(session(false), DEFAULT_MAX_FRAME).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A frame claiming `len` bytes, then `rest`.
 fn claiming(len: u32, rest: &[u8]) -> Vec<u8> {
     let mut v = len.to_le_bytes().to_vec();
-    v.extend_from_slice(b"PWKV");
-    v.extend_from_slice(&1u16.to_le_bytes());
     v.extend_from_slice(rest);
     v
 }
@@ -54,40 +60,51 @@ fn claiming(len: u32, rest: &[u8]) -> Vec<u8> {
 #[test]
 fn huge_length_fields_allocate_nothing() {
     for len in [u32::MAX, 1 << 30, 16 << 20, 1 << 20] {
-        let bytes = claiming(len, &[1; 64]);
-        let (largest, _) = measure(|| decode(&bytes, &any_key));
+        let mut bytes = claiming(len, &[1; 64]);
+        let mut o = opener();
+        let (largest, _) = measure(|| o.open(&mut bytes, &any_ticket).is_err());
         assert_eq!(largest, 0, "len {len}");
-        let (largest, _) = measure(|| HandshakeMsg::decode(&bytes));
+        let mut hs = claiming(len, b"PWHS");
+        hs.extend_from_slice(&[2, 0, 1]);
+        let (largest, _) = measure(|| HandshakeMsg::decode(&hs));
         assert_eq!(largest, 0, "handshake len {len}");
     }
     let prefix = claiming(1 << 20, &[]);
-    let (largest, _) = measure(|| Codec::new(64).frame_len(&prefix));
+    let small = KvOpener::new(session(false), 64).unwrap_or_else(|e| panic!("{e}"));
+    let (largest, _) = measure(|| small.frame_len(&prefix));
     assert_eq!(largest, 0);
 }
 
 proptest! {
     #[test]
-    fn decoding_arbitrary_bytes_allocates_at_most_their_length(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
-        let (_, total) = measure(|| decode(&bytes, &any_key));
-        prop_assert!(total <= bytes.len(), "allocated {} for {} bytes", total, bytes.len());
-        let (_, total) = measure(|| Codec::default().decode_borrowed(&bytes, &any_key));
+    fn opening_arbitrary_bytes_allocates_nothing(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+        let mut o = opener();
+        let mut b = bytes.clone();
+        let (_, total) = measure(|| o.open(&mut b, &any_ticket).is_err());
         prop_assert_eq!(total, 0);
         let (_, total) = measure(|| HandshakeMsg::decode(&bytes));
         prop_assert_eq!(total, 0);
     }
 
     #[test]
-    fn decoding_a_valid_frame_allocates_at_most_its_length(
+    fn opening_a_valid_frame_allocates_nothing(
         payload in proptest::collection::vec(any::<u8>(), 0..4096),
         seq in any::<u32>(), page in any::<u32>(),
     ) {
         let ticket = wire::TicketId { nonce: TicketNonce([0; 16]), request: wire::RequestId(1), tenant: wire::TenantId(2) };
         let frame = wire::Frame::kv(ticket, seq, wire::KvFrame { page_index: page, layers: 0..1, tokens: 0..1, payload });
-        let bytes = wire::encode(&frame, &TicketKey::from_bytes([3; 32])).unwrap_or_default();
-        let (_, total) = measure(|| decode(&bytes, &any_key));
-        prop_assert!(total <= bytes.len());
-        let (_, total) = measure(|| Codec::default().decode_borrowed(&bytes, &any_key));
-        prop_assert_eq!(total, 0, "the borrowed decode allocates nothing");
-        prop_assert_eq!(decode(&bytes, &any_key), Ok(frame));
+        let mut sealer = KvSealer::new(session(true), DEFAULT_MAX_FRAME).unwrap_or_else(|e| panic!("{e}"));
+        let mut bytes = sealer.seal(&frame).unwrap_or_default();
+        let mut o = opener();
+        let (_, total) = measure(|| o.open(&mut bytes, &any_ticket).map(|f| f.seq));
+        prop_assert_eq!(total, 0, "opening allocates nothing");
+        let mut again = sealer_and_open(&frame);
+        prop_assert_eq!(again.take(), Some(frame));
     }
+}
+
+fn sealer_and_open(frame: &wire::Frame) -> Option<wire::Frame> {
+    let mut sealer = KvSealer::new(session(true), DEFAULT_MAX_FRAME).ok()?;
+    let bytes = sealer.seal(frame).ok()?;
+    opener().open_owned(&bytes, &any_ticket).ok()
 }

@@ -119,8 +119,8 @@ fn relay(mut from: TcpStream, st: &Mutex<State>) {
         let _ = std::io::copy(&mut back_from, &mut back_to);
         let _ = back_to.shutdown(Shutdown::Write);
     });
-    // Hello, Proof, Pairing from the dialing side: relayed as they are.
-    for _ in 0..3 {
+    // The dialing side's handshake (Noise hello, then its pairing record): relayed as it is.
+    for _ in 0..2 {
         let Some(u) = read_unit(&mut from) else { return };
         if to.write_all(&u).is_err() {
             return;

@@ -94,6 +94,18 @@ fn tenant_add(config: &Path, name: &str) -> anyhow::Result<String> {
 }
 
 /// A fresh random number (the cluster secret of the spawned deployment).
+/// Writes a secret file readable by its owner only (the roles refuse anything looser).
+fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    #[cfg(unix)]
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    options.mode(0o600);
+    options.open(path)?.write_all(bytes)
+}
+
 fn random_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
@@ -114,7 +126,7 @@ impl Deployment {
         let dir = std::env::temp_dir().join(format!("pw-audit-{}-{seed}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
         let secret: String = std::iter::repeat_with(|| char::from(b'a' + (random_u64() % 26) as u8)).take(48).collect();
-        std::fs::write(dir.join("secret"), secret)?;
+        write_private(&dir.join("secret"), secret.as_bytes())?;
         let config = dir.join("pagewarden.toml");
         std::fs::write(&config, "")?;
         let mut keys = Vec::new();

@@ -90,7 +90,7 @@ impl Cluster {
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
         ));
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("secret"), SECRET).unwrap();
+        super::write_secret(&dir.join("secret"), SECRET);
         let config = dir.join("pagewarden.toml");
         std::fs::write(&config, "").unwrap();
         let out = Command::new(bin()).args(["tenant", "add", "tester", "--config"]).arg(&config).output().unwrap();

@@ -141,3 +141,11 @@ pub fn generate_cli(prompt: &str, max_tokens: usize) -> serde_json::Value {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     serde_json::from_slice(&out.stdout).unwrap()
 }
+
+/// Writes a secret file readable by its owner only, as the roles require.
+pub fn write_secret(path: &std::path::Path, text: &str) {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path).unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+}
