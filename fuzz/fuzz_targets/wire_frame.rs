@@ -1,27 +1,25 @@
-//! KV frames at a decode worker holding two tickets. `Raw`: arbitrary bytes as from any peer;
-//! without the key only the checks before the MAC are reachable. `Authenticated`: frames with
-//! arbitrary fields (kinds, flags, ids, sequence numbers, ranges, payload lengths), laid out by
-//! hand and MAC'd with the ticket key, as a sender holding the key could (a compromised
-//! prefill worker), so the authenticated parser and the transfer checks see them all.
+//! KV frames at a decode worker holding two tickets, on one KV link. `Raw`: arbitrary bytes
+//! as from anyone on the network; without the link's keys nothing opens, and only the length
+//! checks are reachable. `Authenticated`: frames with arbitrary header fields (kinds, flags,
+//! ids, sequence numbers, ranges, body lengths), laid out by hand and sealed with the link's
+//! keys (`KvSealer::seal_raw`), as a sender holding them could (a compromised prefill
+//! worker), so the authenticated parser and the transfer checks see them all.
 //!
-//! Properties: nothing panics; the borrowed decode agrees with the owned one; a decoded frame
-//! re-encodes to its own bytes; every write the transfer accepts stays inside the reservation
-//! and writes fresh slots; the transfer completes only with every reserved slot written.
+//! Properties: nothing panics; a frame that opens has exactly the fields that were sealed;
+//! every write the transfer accepts stays inside the reservation and writes fresh slots; the
+//! transfer completes only with every reserved slot written.
 #![no_main]
 use std::collections::HashSet;
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 use wire::{
-    Codec, Frame, FrameRef, Geometry, PromptDigest, Received, RequestId, TenantId, Ticket, TicketKey, TicketNonce,
-    Transfer, FRAME_MAGIC, WIRE_VERSION,
+    Frame, FrameRef, Geometry, KvOpener, KvSealer, PromptDigest, Received, RequestId, SessionKeys, TenantId, Ticket,
+    TicketNonce, Transfer, DEFAULT_MAX_FRAME, FRAME_MAGIC, HEADER_PLAIN_LEN, WIRE_VERSION,
 };
 
 /// 3 layers, 4-slot pages, 2-byte rows; a 10-token prompt in 4 reserved pages.
 const GEOM: Geometry = Geometry { page_size: 4, n_layers: 3, row_bytes: 2 };
-const KEY: [u8; 32] = [9; 32];
-const OTHER_KEY: [u8; 32] = [8; 32];
-
 fn ticket() -> Ticket {
     Ticket { request: RequestId(7), tenant: TenantId(3), nonce: TicketNonce([1; 16]), pages: 4, tokens: 10 }
 }
@@ -34,18 +32,12 @@ fn prompt() -> Vec<u32> {
     (100..110).collect()
 }
 
-fn key_bytes(nonce: &[u8]) -> Option<[u8; 32]> {
-    if nonce == ticket().nonce.0 {
-        Some(KEY)
-    } else if nonce == other_ticket().nonce.0 {
-        Some(OTHER_KEY)
-    } else {
-        None
-    }
+fn session(initiator: bool) -> SessionKeys {
+    SessionKeys::from_split(initiator, &[9; 32], &[8; 32], b"fuzz")
 }
 
-fn keys(nonce: &TicketNonce) -> Option<TicketKey> {
-    key_bytes(&nonce.0).map(TicketKey::from_bytes)
+fn held(nonce: &TicketNonce) -> bool {
+    *nonce == ticket().nonce || *nonce == other_ticket().nonce
 }
 
 #[derive(Debug, Arbitrary)]
@@ -100,43 +92,47 @@ struct Spec {
     seq: Option<u32>,
     flags: Option<u8>,
     body: Body,
-    /// Overrides the KV payload length field.
+    /// Overrides the body length field.
     payload_len_field: Option<u32>,
 }
 
 fuzz_target!(|input: Input| {
-    let codec = Codec::default();
+    let mut opener = KvOpener::new(session(false), DEFAULT_MAX_FRAME).expect("opener");
     match input {
-        Input::Raw(bytes) => {
-            if let Some(frame) = decode_checked(&codec, &bytes) {
-                feed(&[frame]);
-            }
+        Input::Raw(mut bytes) => {
+            // Nobody without the link's keys gets a frame opened.
+            assert!(opener.open(&mut bytes, &held).is_err(), "raw bytes opened");
         }
         Input::Authenticated(specs) => {
-            let frames: Vec<Frame> = specs
-                .iter()
-                .take(32)
-                .enumerate()
-                .filter_map(|(i, spec)| decode_checked(&codec, &authentic_bytes(spec, i as u32)))
-                .collect();
+            let mut sealer = KvSealer::new(session(true), DEFAULT_MAX_FRAME).expect("sealer");
+            let mut frames = Vec::new();
+            for (i, spec) in specs.iter().take(32).enumerate() {
+                let (plain, mut body) = lay_out(spec, i as u32);
+                let Ok(mut bytes) = sealer.seal_raw(&plain, &mut body.clone()) else { return };
+                match opener.open(&mut bytes, &held) {
+                    Ok(frame) => {
+                        check_fields(&frame, &plain, &mut body);
+                        frames.push(frame.into_owned());
+                    }
+                    // A refused frame ends the link, as the decode worker drops it.
+                    Err(_) => break,
+                }
+            }
             feed(&frames);
         }
     }
 });
 
-/// The frame `spec` describes, laid out by hand (so it may be malformed) and MAC'd with the
-/// key of the nonce it names (ours for an unknown nonce).
-fn authentic_bytes(spec: &Spec, index: u32) -> Vec<u8> {
+/// The header in clear and the body `spec` describes, laid out by hand (so it may be
+/// malformed).
+fn lay_out(spec: &Spec, index: u32) -> ([u8; HEADER_PLAIN_LEN], Vec<u8>) {
     let (nonce, request, tenant) = match spec.who {
         Who::Ours => (ticket().nonce.0, ticket().request.0, ticket().tenant.0),
         Who::Other => (other_ticket().nonce.0, other_ticket().request.0, other_ticket().tenant.0),
         Who::OursRelabelled(r, t) => (ticket().nonce.0, r, t),
         Who::Unknown(n) => (n, 0, 0),
     };
-    let mut b = vec![0u8; 4];
-    b.extend_from_slice(&FRAME_MAGIC);
-    b.extend_from_slice(&WIRE_VERSION.to_le_bytes());
-    let (kind, body) = match &spec.body {
+    let (kind, fields, body) = match &spec.body {
         Body::Kv { page, layers, tokens, big, payload } => {
             let mut fields = [*page as u32, layers.0 as u32, layers.1 as u32, tokens.0 as u32, tokens.1 as u32];
             if let Some(big) = big {
@@ -152,44 +148,51 @@ fn authentic_bytes(spec: &Spec, index: u32) -> Vec<u8> {
                 }
                 Payload::Given(p) => p.clone(),
             };
-            let mut body = Vec::new();
-            for v in fields.into_iter().chain([spec.payload_len_field.unwrap_or(payload.len() as u32)]) {
-                body.extend_from_slice(&v.to_le_bytes());
-            }
-            body.extend_from_slice(&payload);
-            (1u8, body)
+            (1u8, fields, payload)
         }
         Body::Close { tokens, other_prompt, first_token } => {
             let digest = PromptDigest::of(other_prompt.as_deref().unwrap_or(&prompt()));
             let mut body = tokens.unwrap_or(10).to_le_bytes().to_vec();
             body.extend_from_slice(&digest.0);
             body.extend_from_slice(&first_token.to_le_bytes());
-            (2u8, body)
+            (2u8, [0; 5], body)
         }
-        Body::Bytes { kind, body } => (*kind, body.clone()),
+        Body::Bytes { kind, body } => (*kind, [0; 5], body.clone()),
     };
-    b.push(kind);
-    b.push(spec.flags.unwrap_or(0));
-    b.extend_from_slice(&nonce);
-    b.extend_from_slice(&request.to_le_bytes());
-    b.extend_from_slice(&tenant.to_le_bytes());
-    b.extend_from_slice(&spec.seq.unwrap_or(index).to_le_bytes());
-    b.extend_from_slice(&body);
-    let len = (b.len() + 32 - 4) as u32;
-    b[..4].copy_from_slice(&len.to_le_bytes());
-    let tag = blake3::keyed_hash(&key_bytes(&nonce).unwrap_or(KEY), &b);
-    b.extend_from_slice(tag.as_bytes());
-    b
+    let mut h = Vec::with_capacity(HEADER_PLAIN_LEN);
+    h.extend_from_slice(&FRAME_MAGIC);
+    h.extend_from_slice(&WIRE_VERSION.to_le_bytes());
+    h.push(kind);
+    h.push(spec.flags.unwrap_or(0));
+    h.extend_from_slice(&nonce);
+    h.extend_from_slice(&request.to_le_bytes());
+    h.extend_from_slice(&tenant.to_le_bytes());
+    h.extend_from_slice(&spec.seq.unwrap_or(index).to_le_bytes());
+    for v in fields {
+        h.extend_from_slice(&v.to_le_bytes());
+    }
+    h.extend_from_slice(&spec.payload_len_field.unwrap_or(body.len() as u32).to_le_bytes());
+    let mut plain = [0u8; HEADER_PLAIN_LEN];
+    plain.copy_from_slice(&h);
+    (plain, body)
 }
 
-/// Decodes both ways; they must agree, and a decoded frame must re-encode to its own bytes.
-fn decode_checked(codec: &Codec, bytes: &[u8]) -> Option<Frame> {
-    let owned = codec.decode(bytes, &keys);
-    assert_eq!(owned, codec.decode_borrowed(bytes, &keys).map(FrameRef::into_owned));
-    let frame = owned.ok()?;
-    let key = keys(&frame.ticket.nonce).expect("decoded frames have a known ticket");
-    assert_eq!(codec.encode(&frame, &key).as_deref(), Ok(bytes), "decoding is not canonical");
-    Some(frame)
+/// A frame that opened says exactly what was sealed.
+fn check_fields(frame: &FrameRef<'_>, plain: &[u8; HEADER_PLAIN_LEN], body: &mut [u8]) {
+    let word = |at: usize| u32::from_le_bytes([plain[at], plain[at + 1], plain[at + 2], plain[at + 3]]);
+    assert_eq!(frame.ticket.nonce.0[..], plain[8..24]);
+    assert_eq!(frame.seq, word(40));
+    match &frame.body {
+        wire::FrameBodyRef::Kv(kv) => {
+            assert_eq!(plain[6], 1);
+            assert_eq!((kv.page_index, kv.layers.clone(), kv.tokens.clone()), (word(44), word(48)..word(52), word(56)..word(60)));
+            assert_eq!(kv.payload, &body[..]);
+        }
+        wire::FrameBodyRef::Close(c) => {
+            assert_eq!(plain[6], 2);
+            assert_eq!(c.tokens.to_le_bytes()[..], body[..4]);
+        }
+    }
 }
 
 /// Feeds frames to a transfer for `ticket()`, skipping those it refuses (as if dropped), and

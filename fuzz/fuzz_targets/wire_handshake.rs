@@ -1,25 +1,20 @@
-//! Handshake messages from a peer without the cluster secret. `Raw`: arbitrary bytes read as
-//! up to four length-prefixed messages. `Messages`: messages of every kind with arbitrary
-//! fields, encoded, some bytes flipped, parsed again.
+//! Handshake messages from a peer without the cluster secret. `Raw`: arbitrary bytes read as up
+//! to four length-prefixed messages. `Messages`: messages of every kind with arbitrary fields,
+//! encoded, some bytes flipped, parsed again; genuine hellos and replies among them, so flips
+//! of real Noise messages are tried too.
 //!
-//! Properties: parsing never panics and a parsed message re-encodes to its own bytes; parsed
-//! messages drive the responder, the initiator and the pairing check without a panic, and
-//! none of them authenticates.
+//! Properties: parsing never panics and a parsed message re-encodes to its own bytes; no
+//! parsed message other than an untouched genuine one finishes a key exchange at the
+//! responder or the initiator; a responder never pairs with its own role.
 #![no_main]
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
-use wire::{ClusterSecret, HandshakeMsg, Initiator, LayoutShape, PairingInfo, RefusalCode, Responder, Role};
-
-const NI: [u8; 32] = [1; 32];
-const NR: [u8; 32] = [2; 32];
+use wire::{
+    ClusterSecret, HandshakeMsg, Initiator, LayoutShape, PairingInfo, RefusalCode, Responder, Role, NOISE_MSG_LEN,
+};
 
 fn secret() -> ClusterSecret {
     ClusterSecret::from_bytes([5; 32])
-}
-
-fn info() -> PairingInfo {
-    let layout = LayoutShape { n_layers: 30, n_kv_heads: 3, head_dim: 64 };
-    PairingInfo { model_digest: [3; 32], page_size: 16, kv_dtype: kv::KvDtype::F16, layout }
 }
 
 #[derive(Debug, Arbitrary)]
@@ -30,24 +25,11 @@ enum Input {
 
 #[derive(Debug, Arbitrary)]
 enum Msg {
-    Hello {
-        role: u8,
-        nonce: Option<[u8; 32]>,
-    },
-    Challenge {
-        role: u8,
-        nonce: Option<[u8; 32]>,
-        proof: [u8; 32],
-    },
-    Proof {
-        proof: [u8; 32],
-    },
-    /// Our pairing info, or arbitrary fields.
-    Pairing {
-        role: u8,
-        info: Option<([u8; 32], u32, bool, [u32; 3])>,
-        mac: [u8; 32],
-    },
+    /// A genuine hello of this role, or arbitrary bytes as a hello.
+    Hello(u8, Option<[u8; NOISE_MSG_LEN]>),
+    /// A genuine reply to a genuine hello, or arbitrary bytes as a reply.
+    Reply(Option<[u8; NOISE_MSG_LEN]>),
+    Pairing { role: u8, info: ([u8; 32], u32, bool, [u32; 3]) },
     Refused(u8),
 }
 
@@ -56,64 +38,67 @@ fn role(r: u8) -> Role {
 }
 
 impl Msg {
-    /// The message; an absent nonce echoes one of the handshake's own, to try reflections.
     fn build(&self) -> HandshakeMsg {
-        let echo = |n: &Option<[u8; 32]>, r: u8| n.unwrap_or(if r % 2 == 0 { NI } else { NR });
         match self {
-            Msg::Hello { role: r, nonce } => HandshakeMsg::Hello { role: role(*r), nonce: echo(nonce, *r) },
-            Msg::Challenge { role: r, nonce, proof } => {
-                HandshakeMsg::Challenge { role: role(*r), nonce: echo(nonce, *r), proof: *proof }
+            Msg::Hello(r, None) => Initiator::start(&secret(), role(*r)).expect("hello").1,
+            Msg::Hello(_, Some(b)) => HandshakeMsg::Hello(*b),
+            Msg::Reply(None) => {
+                let (_, hello) = Initiator::start(&secret(), Role::Prefill).expect("hello");
+                Responder::on_hello(&[secret()], Role::Decode, &hello).expect("genuine hello").0
             }
-            Msg::Proof { proof } => HandshakeMsg::Proof { proof: *proof },
-            Msg::Pairing { role: r, info: fields, mac } => {
-                let info = match fields {
-                    None => info(),
-                    Some((digest, page_size, f32, l)) => PairingInfo {
-                        model_digest: *digest,
-                        page_size: *page_size,
-                        kv_dtype: if *f32 { kv::KvDtype::F32 } else { kv::KvDtype::F16 },
-                        layout: LayoutShape { n_layers: l[0], n_kv_heads: l[1], head_dim: l[2] },
-                    },
-                };
-                HandshakeMsg::Pairing { role: role(*r), info, mac: *mac }
-            }
+            Msg::Reply(Some(b)) => HandshakeMsg::Reply(*b),
+            Msg::Pairing { role: r, info: (digest, page_size, f32, l) } => HandshakeMsg::Pairing {
+                role: role(*r),
+                info: PairingInfo {
+                    model_digest: *digest,
+                    page_size: *page_size,
+                    kv_dtype: if *f32 { kv::KvDtype::F32 } else { kv::KvDtype::F16 },
+                    layout: LayoutShape { n_layers: l[0], n_kv_heads: l[1], head_dim: l[2] },
+                },
+            },
             Msg::Refused(c) => {
                 use RefusalCode::*;
-                HandshakeMsg::Refused([BadProof, Version, ModelDigest, PageSize, KvDtype, Layout][*c as usize % 6])
+                let codes = [BadProof, Version, ModelDigest, PageSize, KvDtype, Layout, Reflection, Busy];
+                HandshakeMsg::Refused(codes[*c as usize % codes.len()])
             }
         }
+    }
+
+    fn genuine(&self) -> bool {
+        matches!(self, Msg::Hello(_, None) | Msg::Reply(None))
     }
 }
 
 fuzz_target!(|input: Input| {
-    let mut msgs = Vec::new();
     match input {
         Input::Raw(data) => {
             let _ = HandshakeMsg::decode(&data);
             let mut rest = &data[..];
-            while rest.len() >= 4 && msgs.len() < 4 {
+            let mut n = 0;
+            while rest.len() >= 4 && n < 4 {
                 let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
                 let (m, tail) = rest.split_at(len.saturating_add(4).min(rest.len()));
                 rest = tail;
+                n += 1;
                 if let Some(msg) = parse(m) {
-                    msgs.push(msg);
+                    drive(&msg, false);
                 }
             }
         }
         Input::Messages(specs) => {
             for (spec, flips) in specs.iter().take(4) {
-                let mut bytes = spec.build().encode();
+                let genuine = spec.build().encode();
+                let mut bytes = genuine.clone();
                 let n = bytes.len();
                 for (at, x) in flips {
                     bytes[*at as usize % n] ^= x;
                 }
                 if let Some(msg) = parse(&bytes) {
-                    msgs.push(msg);
+                    drive(&msg, spec.genuine() && bytes == genuine);
                 }
             }
         }
     }
-    drive(&msgs);
 });
 
 fn parse(bytes: &[u8]) -> Option<HandshakeMsg> {
@@ -122,26 +107,18 @@ fn parse(bytes: &[u8]) -> Option<HandshakeMsg> {
     Some(msg)
 }
 
-fn drive(msgs: &[HandshakeMsg]) {
-    // A genuine session between two holders of the secret, to attack its later steps.
-    let (_, hello) = Initiator::start(secret(), Role::Prefill, NI);
-    let (genuine_resp, challenge) = Responder::on_hello(secret(), Role::Decode, NR, &hello).expect("genuine hello");
-    let (_, session, _) = Initiator::start(secret(), Role::Prefill, NI).0.on_challenge(&challenge).expect("genuine");
-    let mut genuine_resp = Some(genuine_resp);
-    for (i, msg) in msgs.iter().enumerate() {
-        let (init, _) = Initiator::start(secret(), Role::Prefill, NI);
-        assert!(init.on_challenge(msg).is_err(), "initiator accepted a forged challenge");
-        for peer in [Role::Gateway, Role::Prefill, Role::Decode] {
-            assert!(info().open_and_check(msg, peer, &session).is_err(), "forged pairing accepted");
-        }
-        // The responder answers any fresh hello, then must refuse whatever proof follows.
-        if let Ok((resp, _)) = Responder::on_hello(secret(), Role::Decode, NR, msg) {
-            if let Some(next) = msgs.get(i + 1) {
-                assert!(resp.on_proof(next).is_err(), "responder accepted a forged proof");
+/// Offers `msg` to a responder of every role and to a fresh initiator.
+fn drive(msg: &HandshakeMsg, genuine: bool) {
+    for me in [Role::Gateway, Role::Prefill, Role::Decode] {
+        match Responder::on_hello(&[secret()], me, msg) {
+            Ok((_, _, peer)) => {
+                assert!(genuine, "the responder took a forged hello");
+                assert_ne!(peer, me, "the responder paired with its own role");
             }
-        }
-        if let Some(resp) = genuine_resp.take() {
-            assert!(resp.on_proof(msg).is_err(), "responder accepted a forged proof");
+            Err(_) => {}
         }
     }
+    let (init, _) = Initiator::start(&secret(), Role::Prefill).expect("hello");
+    // A fresh initiator's ephemeral is new: no reply, genuine or not, was made for it.
+    assert!(init.on_reply(msg).is_err(), "the initiator took a reply made for another hello");
 }

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use engine::Event;
 use kv::BlockTable;
@@ -134,7 +134,10 @@ async fn route_inner(ctx: &Ctx, spec: &Spec, out: &UnboundedSender<ToGateway>) -
             let _ = out.send(ToGateway::Verified { route: spec.route, first: c.first_token });
             return decode(ctx, spec, req, table, c.first_token, out).await;
         }
-        match transfer.receive(&frame) {
+        let t0 = Instant::now();
+        let received = transfer.receive(&frame);
+        ctx.metrics.kv_crypto_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        match received {
             Ok(Received::Written(next, w)) => {
                 write(&mut table, &w)?;
                 transfer = next;
@@ -268,8 +271,11 @@ async fn kv_connection(ctx: Arc<Ctx>, io: BoxIo, permit: tokio::sync::OwnedSemap
         if !matches!(tokio::time::timeout(idle, io.read_exact(&mut buf[4..])).await, Ok(Ok(_))) {
             return broken(&bound, WireError::Truncated { needed: total, had: 4 });
         }
-        let frame = match opener.open(&mut buf, &|n: &TicketNonce| ctx.tickets.holds(n)) {
-            Ok(f) => FrameRef::into_owned(f),
+        let t0 = Instant::now();
+        let opened = opener.open(&mut buf, &|n: &TicketNonce| ctx.tickets.holds(n)).map(FrameRef::into_owned);
+        ctx.metrics.kv_crypto_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let frame = match opened {
+            Ok(f) => f,
             Err(e) => return broken(&bound, e),
         };
         let nonce = frame.ticket.nonce;

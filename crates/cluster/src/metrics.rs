@@ -19,6 +19,7 @@ pub const ISOLATION_VIOLATIONS_TOTAL: &str = "pagewarden_isolation_violations_to
 pub const PAGES_USED: &str = "pagewarden_kv_pages_used";
 pub const PAGES_TOTAL: &str = "pagewarden_kv_pages_total";
 pub const LINK_FAILURES_TOTAL: &str = "pagewarden_link_failures_total";
+pub const KV_CRYPTO_SECONDS_TOTAL: &str = "pagewarden_kv_crypto_seconds_total";
 
 /// Node links that failed, by reason ([`crate::link::refusal_reason`]): handshakes refused
 /// (another secret, a reflection, a full handshake gate, a pairing mismatch, a timeout) and
@@ -51,6 +52,8 @@ pub struct WorkerMetrics {
     pub frames_sent: AtomicU64,
     pub frames_received: AtomicU64,
     pub transfers_completed: AtomicU64,
+    /// Nanoseconds spent sealing KV frames (prefill), or opening and checking them (decode).
+    pub kv_crypto_ns: AtomicU64,
     violations: Mutex<BTreeMap<&'static str, u64>>,
     pub links: LinkMetrics,
 }
@@ -76,6 +79,7 @@ impl WorkerMetrics {
             reservations: self.reservations.load(Ordering::Relaxed),
             frames_sent: self.frames_sent.load(Ordering::Relaxed),
             frames_received: self.frames_received.load(Ordering::Relaxed),
+            kv_crypto_ns: self.kv_crypto_ns.load(Ordering::Relaxed),
             transfers_completed: self.transfers_completed.load(Ordering::Relaxed),
             violations: self
                 .violations
@@ -101,6 +105,11 @@ pub fn render(role: &str, s: &Stats) -> String {
     line(TRANSFERS_COMPLETED_TOTAL, "counter", s.transfers_completed);
     line(PAGES_USED, "gauge", s.pages_used as u64);
     line(PAGES_TOTAL, "gauge", s.pages_total as u64);
+    out.push_str(&format!(
+        "# HELP {KV_CRYPTO_SECONDS_TOTAL} Time spent sealing KV frames (prefill) or opening and checking them (decode).\n\
+         # TYPE {KV_CRYPTO_SECONDS_TOTAL} counter\n{KV_CRYPTO_SECONDS_TOTAL}{{role=\"{role}\"}} {}\n",
+        s.kv_crypto_ns as f64 / 1e9
+    ));
     out.push_str(&format!("# TYPE {ISOLATION_VIOLATIONS_TOTAL} counter\n"));
     for (k, v) in &s.violations {
         out.push_str(&format!("{ISOLATION_VIOLATIONS_TOTAL}{{role=\"{role}\",kind=\"{k}\"}} {v}\n"));

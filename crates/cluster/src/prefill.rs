@@ -3,6 +3,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 use engine::Event;
 use kv::BlockTable;
@@ -122,7 +123,9 @@ async fn send_kv(
                 .map_err(|e| ClusterError::Message(format!("reading the prompt's KV: {e}")))?;
         }
         let kv = KvFrameMut { page_index: page as u32, layers: 0..layers, tokens: start as u32..end as u32, payload: &mut payload };
+        let t0 = Instant::now();
         let parts = sealer.seal_kv(&id, seq, kv)?;
+        ctx.metrics.kv_crypto_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         if tx.send(Outgoing::Kv(parts, payload)).await.is_err() {
             sent = Err(ClusterError::Message("the KV link's writer stopped".into()));
             break;

@@ -249,6 +249,8 @@ pub struct Stats {
     pub reservations: u64,
     pub frames_sent: u64,
     pub frames_received: u64,
+    #[serde(default)]
+    pub kv_crypto_ns: u64,
     pub transfers_completed: u64,
     pub violations: Vec<(String, u64)>,
     /// Handshakes and links this worker refused, by reason.

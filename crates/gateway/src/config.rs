@@ -562,4 +562,52 @@ mod tests {
         assert_eq!(pool_capacity_tokens(PoolSize::Tokens(40), 16, 100), 32);
         assert_eq!(pool_capacity_tokens(PoolSize::Bytes(250), 16, 100), 32);
     }
+
+    fn cluster_with(dir: &Path, files: &[(&str, &str, u32)]) -> ClusterSettings {
+        use std::os::unix::fs::PermissionsExt;
+        for (name, text, mode) in files {
+            let p = dir.join(name);
+            std::fs::write(&p, text).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(*mode)).unwrap();
+        }
+        let mut c = builtin_defaults().cluster;
+        c.secret_file = Some(dir.join(files[0].0));
+        c.accept_secret_files = files[1..].iter().map(|f| dir.join(f.0)).collect();
+        c
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("pw-config-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn a_secret_file_readable_by_group_or_others_is_refused_naming_the_file_and_the_fix() {
+        let dir = scratch("loose");
+        let long = "s".repeat(40);
+        for mode in [0o644, 0o640, 0o604] {
+            let c = cluster_with(&dir, &[("secret", &long, mode)]);
+            let e = c.secrets().err().unwrap().to_string();
+            assert!(e.contains("chmod 600") && e.contains(&dir.join("secret").display().to_string()), "{e}");
+        }
+        let c = cluster_with(&dir, &[("secret", &long, 0o600), ("next", &long, 0o644)]);
+        assert!(c.secrets().err().unwrap().to_string().contains("accept_secret_files"));
+        let c = cluster_with(&dir, &[("secret", &long, 0o600), ("next", &"t".repeat(40), 0o400)]);
+        let (current, others) = c.secrets().unwrap();
+        assert_eq!(others.len(), 1);
+        assert_ne!(current.fingerprint(), others[0].fingerprint());
+        let c = cluster_with(&dir, &[("secret", "short", 0o600)]);
+        assert!(c.secrets().err().unwrap().to_string().contains("at least 32"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn rotation_settings_parse_and_the_handshake_cap_must_be_positive() {
+        let c = Config::from_toml_str("[cluster]\naccept_secret_files = [\"a\", \"b\"]\nmax_pending_handshakes = 8\n").unwrap();
+        assert_eq!(c.cluster.accept_secret_files, vec![PathBuf::from("a"), PathBuf::from("b")]);
+        assert_eq!(c.cluster.max_pending_handshakes, 8);
+        assert_eq!(Config::default().cluster.max_pending_handshakes, cluster::MAX_PENDING_HANDSHAKES);
+        assert!(Config::from_toml_str("[cluster]\nmax_pending_handshakes = 0\n").is_err());
+    }
 }

@@ -31,7 +31,7 @@ use crate::error::WireError;
 use crate::frame::{CloseFrame, Frame, FrameBodyRef, FrameRef, KvFrameRef, PromptDigest, TicketId, TicketNonce, WIRE_VERSION};
 use crate::keys::{Exporter, SessionKeys, TicketKey};
 use crate::reader::Reader;
-use crate::record::{counter_nonce, RecordOpener, RecordSealer, AEAD_TAG_LEN};
+use crate::record::{RecordOpener, RecordSealer, AEAD_TAG_LEN};
 use kv::{RequestId, TenantId};
 
 /// First bytes of every frame header.
@@ -113,6 +113,46 @@ fn check_range(what: &'static str, r: &Range<u32>) -> Result<(), WireError> {
     }
 }
 
+/// Where a body to seal lies: encrypted where it is, or from a source into a buffer.
+enum Body<'a> {
+    InPlace(&'a mut [u8]),
+    Copy { src: &'a [u8], dst: &'a mut [u8] },
+}
+
+impl Body<'_> {
+    fn len(&self) -> usize {
+        match self {
+            Body::InPlace(b) => b.len(),
+            Body::Copy { src, .. } => src.len(),
+        }
+    }
+}
+
+/// Seals the body under the ticket key (nonce: `seq`, associated data: the header in clear),
+/// then the header under the link key (associated data: the length prefix).
+fn seal_parts(
+    link: &mut RecordSealer,
+    key: &TicketKey,
+    plain: &[u8; HEADER_PLAIN_LEN],
+    seq: u32,
+    body: Body<'_>,
+) -> Result<SealedParts, WireError> {
+    let body_len = body.len();
+    let tag = match body {
+        Body::InPlace(b) => key.seal(seq, plain, b),
+        Body::Copy { src, dst } => key.seal_from(seq, plain, src, dst)?,
+    };
+    let len = u32::try_from(HEADER_PLAIN_LEN + 2 * AEAD_TAG_LEN + body_len)
+        .map_err(|_| WireError::Oversized { len: body_len, max: u32::MAX as usize })?;
+    let mut head = [0u8; HEADER_LEN];
+    let (prefix, rest) = head.split_at_mut(4);
+    prefix.copy_from_slice(&len.to_le_bytes());
+    let (hdr, hdr_tag) = rest.split_at_mut(HEADER_PLAIN_LEN);
+    hdr.copy_from_slice(plain);
+    hdr_tag.copy_from_slice(&link.seal(prefix, hdr)?);
+    Ok(SealedParts { head, tag })
+}
+
 /// The sending end of a KV link (a prefill worker): one ticket per link, sequence numbers
 /// strictly increasing, so no (key, nonce) pair is ever used twice.
 #[derive(Debug)]
@@ -160,7 +200,7 @@ impl KvSealer {
         seq: u32,
         kind: u8,
         fields: [u32; 5],
-        body: &mut [u8],
+        body: Body<'_>,
     ) -> Result<SealedParts, WireError> {
         let total = FRAME_OVERHEAD.saturating_add(body.len());
         if total > self.max_frame {
@@ -184,16 +224,9 @@ impl KvSealer {
             put(&v.to_le_bytes());
         }
         put(&body_len.to_le_bytes());
-        let key = self.ticket_key(ticket, seq)?;
-        let tag = key.key.seal(counter_nonce(seq as u64), &plain, body)?;
-        let mut head = [0u8; HEADER_LEN];
-        head[..4].copy_from_slice(&((total - 4) as u32).to_le_bytes());
-        let (len, rest) = head.split_at_mut(4);
-        let (hdr, hdr_tag) = rest.split_at_mut(HEADER_PLAIN_LEN);
-        hdr.copy_from_slice(&plain);
-        let t = self.link.seal(len, hdr)?;
-        hdr_tag.copy_from_slice(&t);
-        Ok(SealedParts { head, tag })
+        self.ticket_key(ticket, seq)?;
+        let Some((key, _)) = &self.ticket else { return Err(WireError::Crypto("ticket key")) };
+        seal_parts(&mut self.link, key, &plain, seq, body)
     }
 
     /// Seals a KV frame of `ticket`, encrypting its payload in place.
@@ -201,7 +234,23 @@ impl KvSealer {
         check_range("layer", &kv.layers)?;
         check_range("token", &kv.tokens)?;
         let fields = [kv.page_index, kv.layers.start, kv.layers.end, kv.tokens.start, kv.tokens.end];
-        self.seal_frame(ticket, seq, KIND_KV, fields, kv.payload)
+        self.seal_frame(ticket, seq, KIND_KV, fields, Body::InPlace(kv.payload))
+    }
+
+    /// Seals a KV frame of `ticket` whose payload lies in `kv.payload`, writing the ciphertext
+    /// to `out` (resized to fit) in the same pass: for a payload the sender must keep.
+    pub fn seal_kv_into(
+        &mut self,
+        ticket: &TicketId,
+        seq: u32,
+        kv: KvFrameRef<'_>,
+        out: &mut Vec<u8>,
+    ) -> Result<SealedParts, WireError> {
+        check_range("layer", &kv.layers)?;
+        check_range("token", &kv.tokens)?;
+        let fields = [kv.page_index, kv.layers.start, kv.layers.end, kv.tokens.start, kv.tokens.end];
+        out.resize(kv.payload.len(), 0);
+        self.seal_frame(ticket, seq, KIND_KV, fields, Body::Copy { src: kv.payload, dst: out })
     }
 
     /// Seals the closing frame of `ticket`: the whole frame.
@@ -210,8 +259,21 @@ impl KvSealer {
         body[..4].copy_from_slice(&close.tokens.to_le_bytes());
         body[4..36].copy_from_slice(&close.prompt_digest.0);
         body[36..].copy_from_slice(&close.first_token.to_le_bytes());
-        let parts = self.seal_frame(ticket, seq, KIND_CLOSE, [0; 5], &mut body)?;
+        let parts = self.seal_frame(ticket, seq, KIND_CLOSE, [0; 5], Body::InPlace(&mut body))?;
         Ok(parts.to_vec(&body))
+    }
+
+    /// Seals a hand-made header in clear and a body, as a sender holding the link's keys but
+    /// not following the protocol could (a compromised prefill worker): the body key is the
+    /// one of the ticket the header names; no check of the header, the ticket binding or the
+    /// sequence. For fuzzing the receiver; never used by a node.
+    #[cfg(feature = "fuzzing")]
+    pub fn seal_raw(&mut self, plain: &[u8; HEADER_PLAIN_LEN], body: &mut [u8]) -> Result<Vec<u8>, WireError> {
+        let mut r = Reader::new(&plain[8..44]);
+        let ticket = TicketId { nonce: TicketNonce(r.array()?), request: RequestId(r.u64()?), tenant: TenantId(r.u64()?) };
+        let seq = r.u32()?;
+        let key = self.exporter.ticket_key(&ticket)?;
+        Ok(seal_parts(&mut self.link, &key, plain, seq, Body::InPlace(body))?.to_vec(body))
     }
 
     /// Seals any frame into one buffer (copies the payload): tests and tools.
@@ -313,7 +375,7 @@ impl KvOpener {
             }
         };
         let (body, body_tag) = rest.split_at_mut(body_len);
-        key.key.open(counter_nonce(seq as u64), &plain, body, body_tag)?;
+        key.open(seq, &plain, body, body_tag)?;
         let body: &'a [u8] = body;
         let body = match kind {
             KIND_KV => {
@@ -401,6 +463,23 @@ mod tests {
         let FrameBodyRef::Kv(kv) = &f.body else { panic!("not a KV frame") };
         assert_eq!(kv.payload, &before[..]);
         assert_eq!(kv.payload.as_ptr() as usize, base + HEADER_LEN);
+    }
+
+    #[test]
+    fn sealing_from_a_source_gives_the_bytes_of_sealing_in_place_and_keeps_the_source() {
+        let (mut a, _) = link();
+        let (mut b, mut o) = link();
+        let source: Vec<u8> = (0..48u8).collect();
+        let mut copy = source.clone();
+        let m = KvFrameMut { page_index: 1, layers: 0..3, tokens: 4..8, payload: &mut copy };
+        let in_place = a.seal_kv(&ticket().id(), 0, m).unwrap_or_else(|e| panic!("{e}")).to_vec(&copy);
+        let mut out = Vec::new();
+        let r = KvFrameRef { page_index: 1, layers: 0..3, tokens: 4..8, payload: &source };
+        let parts = b.seal_kv_into(&ticket().id(), 0, r, &mut out).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(parts.to_vec(&out), in_place);
+        assert_eq!(source, (0..48u8).collect::<Vec<_>>());
+        let opened = o.open_owned(&in_place, &tickets()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(opened, kv_with(&ticket(), 0, 1, 0..3, 4..8, source));
     }
 
     #[test]

@@ -6,7 +6,9 @@ use subtle::ConstantTimeEq;
 
 use crate::error::WireError;
 use crate::frame::TicketId;
-use crate::record::{AeadKey, RecordOpener, RecordSealer};
+use aegis::aegis128l::Aegis128L;
+
+use crate::record::{RecordOpener, RecordSealer, AEAD_TAG_LEN};
 
 const CTX_I2R: &str = "pagewarden wire v2 record key initiator to responder";
 const CTX_R2I: &str = "pagewarden wire v2 record key responder to initiator";
@@ -81,7 +83,9 @@ impl Exporter {
         h.update(&ticket.nonce.0);
         h.update(&ticket.request.0.to_le_bytes());
         h.update(&ticket.tenant.0.to_le_bytes());
-        Ok(TicketKey { id: *ticket, key: AeadKey::new(h.finalize().as_bytes())? })
+        let mut key = [0u8; 16];
+        key.copy_from_slice(&h.finalize().as_bytes()[..16]);
+        Ok(TicketKey { id: *ticket, key })
     }
 }
 
@@ -91,18 +95,58 @@ impl std::fmt::Debug for Exporter {
     }
 }
 
-/// The AEAD key of one ticket's frame bodies on one link: derived on both ends from the link's
+/// The key of one ticket's frame bodies on one link: derived on both ends from the link's
 /// [`Exporter`] and the ticket, never sent. A frame of one ticket cannot open as another's,
 /// and a frame carried to another link cannot open at all.
-#[derive(Debug)]
+///
+/// Bodies (the KV payloads: nearly every byte a KV link carries) use AEGIS-128L (the `aegis`
+/// crate, libaegis with run-time AES-NI/VAES dispatch), which runs at about twice AES-GCM's
+/// speed on this CPU class; nonces are the frame's sequence number, unique per key.
 pub struct TicketKey {
     pub(crate) id: TicketId,
-    pub(crate) key: AeadKey,
+    key: [u8; 16],
 }
 
 impl TicketKey {
     /// The ticket this key belongs to.
     pub fn ticket(&self) -> &TicketId {
         &self.id
+    }
+
+    fn nonce(seq: u32) -> [u8; 16] {
+        let mut n = [0u8; 16];
+        n[12..].copy_from_slice(&seq.to_be_bytes());
+        n
+    }
+
+    /// Encrypts body `seq` in place; returns its tag over `aad` and the ciphertext.
+    pub(crate) fn seal(&self, seq: u32, aad: &[u8], body: &mut [u8]) -> [u8; AEAD_TAG_LEN] {
+        Aegis128L::<AEAD_TAG_LEN>::new(&self.key, &Self::nonce(seq)).encrypt_in_place(body, aad)
+    }
+
+    /// Encrypts body `seq` from `src` into `dst` (of the same length) in one pass: the sender's
+    /// copy out of its source and the encryption together.
+    pub(crate) fn seal_from(&self, seq: u32, aad: &[u8], src: &[u8], dst: &mut [u8]) -> Result<[u8; AEAD_TAG_LEN], WireError> {
+        if src.len() != dst.len() {
+            return Err(WireError::Malformed("ciphertext buffer of another length than the body"));
+        }
+        let mut e = Aegis128L::<AEAD_TAG_LEN>::new(&self.key, &Self::nonce(seq)).encryptor(aad);
+        e.update(src, dst);
+        Ok(e.finalize())
+    }
+
+    /// Decrypts body `seq` in place if `tag` authenticates it and `aad` (libaegis compares in
+    /// constant time and wipes the output on failure).
+    pub(crate) fn open(&self, seq: u32, aad: &[u8], body: &mut [u8], tag: &[u8]) -> Result<(), WireError> {
+        let tag: [u8; AEAD_TAG_LEN] = tag.try_into().map_err(|_| WireError::BadMac)?;
+        Aegis128L::<AEAD_TAG_LEN>::new(&self.key, &Self::nonce(seq))
+            .decrypt_in_place(body, &tag, aad)
+            .map_err(|_| WireError::BadMac)
+    }
+}
+
+impl std::fmt::Debug for TicketKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TicketKey {{ ticket: {:?}, <redacted> }}", self.id)
     }
 }

@@ -112,6 +112,10 @@ pub(crate) mod testutil {
     pub fn kv(t: &Ticket, seq: u32, page: u32, layers: Range<u32>, tokens: Range<u32>) -> Frame {
         let n = GEOM.payload_len(layers.end - layers.start, tokens.end - tokens.start).unwrap_or(0) as usize;
         let payload = (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seq as u8)).collect();
+        kv_with(t, seq, page, layers, tokens, payload)
+    }
+
+    pub fn kv_with(t: &Ticket, seq: u32, page: u32, layers: Range<u32>, tokens: Range<u32>, payload: Vec<u8>) -> Frame {
         Frame::kv(t.id(), seq, KvFrame { page_index: page, layers, tokens, payload })
     }
 

@@ -14,7 +14,7 @@ use crate::error::WireError;
 pub const AEAD_TAG_LEN: usize = 16;
 
 /// One AES-256-GCM key. Never printed.
-pub(crate) struct AeadKey(LessSafeKey);
+struct AeadKey(LessSafeKey);
 
 impl AeadKey {
     pub(crate) fn new(bytes: &[u8; 32]) -> Result<Self, WireError> {
@@ -52,7 +52,7 @@ impl std::fmt::Debug for AeadKey {
 }
 
 /// Noise's nonce layout: four zero bytes, then the counter big-endian.
-pub(crate) fn counter_nonce(n: u64) -> [u8; 12] {
+fn counter_nonce(n: u64) -> [u8; 12] {
     let mut nonce = [0u8; 12];
     nonce[4..].copy_from_slice(&n.to_be_bytes());
     nonce

@@ -120,13 +120,26 @@ impl Cluster {
 
     /// Starts a worker (`prefill` or `decode`); returns its index in `workers`.
     pub fn add_worker(&mut self, role: &str, name: &str, kv_advertise: Option<&str>) -> usize {
-        let cfg = self.config.to_str().unwrap().to_string();
+        let (gateway, config) = (self.cluster_addr.clone(), self.config.clone());
+        self.add_worker_at(role, name, kv_advertise, &gateway, &config)
+    }
+
+    /// [`Cluster::add_worker`] dialling `gateway` (a relay, say) with its own `config` file.
+    pub fn add_worker_at(
+        &mut self,
+        role: &str,
+        name: &str,
+        kv_advertise: Option<&str>,
+        gateway: &str,
+        config: &std::path::Path,
+    ) -> usize {
+        let cfg = config.to_str().unwrap().to_string();
         let mut args = vec![
             role,
             "--config",
             &cfg,
             "--gateway",
-            &self.cluster_addr,
+            gateway,
             "--name",
             name,
             "--metrics-listen",
@@ -167,6 +180,10 @@ impl Cluster {
             assert!(t0.elapsed() < Duration::from_secs(120), "workers did not register:\n{m}");
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    pub fn gateway_pid(&self) -> u32 {
+        self.gateway.id()
     }
 
     pub fn gateway_metrics(&self) -> String {
