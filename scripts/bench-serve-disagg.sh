@@ -18,7 +18,7 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 
 key=$("$pw" tenant add bench --config "$work/pw.toml" | head -1)
 printf 'max_concurrent = 64\nmax_queued = 64\n' >>"$work/pw.toml"
-head -c 48 /dev/urandom | base64 >"$work/secret"
+(umask 077; head -c 48 /dev/urandom | base64 >"$work/secret")
 { printf 'threads = 1\n[cluster]\nsecret_file = "%s"\nlisten = "127.0.0.1:18190"\ngateway = "127.0.0.1:18190"\n' "$work/secret"
   cat "$work/pw.toml"; } >"$work/disagg.toml"
 

@@ -52,7 +52,8 @@ pub struct WorkerMetrics {
     pub frames_sent: AtomicU64,
     pub frames_received: AtomicU64,
     pub transfers_completed: AtomicU64,
-    /// Nanoseconds spent sealing KV frames (prefill), or opening and checking them (decode).
+    /// Nanoseconds spent on KV links' handshakes and sealing frames (prefill), or opening and
+    /// checking frames (decode).
     pub kv_crypto_ns: AtomicU64,
     violations: Mutex<BTreeMap<&'static str, u64>>,
     pub links: LinkMetrics,
@@ -106,7 +107,7 @@ pub fn render(role: &str, s: &Stats) -> String {
     line(PAGES_USED, "gauge", s.pages_used as u64);
     line(PAGES_TOTAL, "gauge", s.pages_total as u64);
     out.push_str(&format!(
-        "# HELP {KV_CRYPTO_SECONDS_TOTAL} Time spent sealing KV frames (prefill) or opening and checking them (decode).\n\
+        "# HELP {KV_CRYPTO_SECONDS_TOTAL} Time spent on KV link handshakes and sealing frames (prefill), or opening and checking frames (decode).\n\
          # TYPE {KV_CRYPTO_SECONDS_TOTAL} counter\n{KV_CRYPTO_SECONDS_TOTAL}{{role=\"{role}\"}} {}\n",
         s.kv_crypto_ns as f64 / 1e9
     ));

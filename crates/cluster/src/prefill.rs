@@ -82,7 +82,10 @@ async fn route_inner(
         .await
         .map_err(|_| unreachable(ClusterError::Timeout("connecting")))?
         .map_err(unreachable)?;
+    // The handshake is part of what encryption costs a transfer: counted with the sealing.
+    let t0 = Instant::now();
     let link = Link::connect(io, &ctx.cfg.identity, timeout).await.map_err(unreachable)?;
+    ctx.metrics.kv_crypto_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
     if link.peer != Role::Decode {
         return Err(unreachable(ClusterError::WrongRole { got: link.peer, want: "decode" }));
     }

@@ -167,7 +167,7 @@ struct Ratios {
 
 #[derive(Serialize)]
 struct InProcess {
-    /// Whole KV frames through the codec (AEGIS-128L bodies, AES-256-GCM headers), one core.
+    /// Whole KV frames through the codec (AEGIS-128X2 bodies, AES-256-GCM headers), one core.
     seal_gib_per_s: f64,
     open_gib_per_s: f64,
     /// The record layer's AES-256-GCM (control messages, frame headers) on page-sized records.
@@ -373,7 +373,7 @@ fn print_report(r: &Report) {
     );
     let p = &r.in_process;
     println!(
-        "one core: KV frames sealed {:.2} GiB/s, opened {:.2} GiB/s (AEGIS-128L bodies); AES-256-GCM records \
+        "one core: KV frames sealed {:.2} GiB/s, opened {:.2} GiB/s (AEGIS-128X2 bodies); AES-256-GCM records \
          {:.2} GiB/s; keyed BLAKE3 (v1 MAC) {:.2} GiB/s; Noise handshake {:.0} us (both ends)",
         p.seal_gib_per_s, p.open_gib_per_s, p.aes_gcm_gib_per_s, p.blake3_mac_gib_per_s, p.handshake_us
     );

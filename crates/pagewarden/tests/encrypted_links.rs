@@ -274,7 +274,8 @@ fn the_cluster_secret_rotates_without_a_restart_and_the_old_one_is_then_refused(
         assert!(Command::new("kill").args(["-HUP", &c.gateway_pid().to_string()]).status().unwrap().success());
     };
     let new_id = identity("the-next-cluster-secret-0123456789abcdef-xyz", Role::Prefill);
-    let accepts = |id: &Identity| dial(&c.cluster_addr, id).is_ok();
+    let cluster_addr = c.cluster_addr.clone();
+    let accepts = |id: &Identity| dial(&cluster_addr, id).is_ok();
 
     // Step 1: every node accepts both; nodes still dial with the old one.
     let text = std::fs::read_to_string(&c.config).unwrap();
@@ -291,8 +292,7 @@ fn the_cluster_secret_rotates_without_a_restart_and_the_old_one_is_then_refused(
         .replace(&format!("accept_secret_files = [\"{}\"]", new.display()), &format!("accept_secret_files = [\"{}\"]", old.display()));
     let new_config = c.dir.join("rotated.toml");
     std::fs::write(&new_config, &swapped).unwrap();
-    let gateway = c.cluster_addr.clone();
-    let d = c.add_worker_at("decode", "decode-a", None, &gateway, &new_config);
+    let d = c.add_worker_at("decode", "decode-a", None, &cluster_addr, &new_config);
     c.wait_workers(1, 1);
     let (status, body) = c.post("/v1/chat/completions", &chat("What is 12 times 7?", 8));
     assert_eq!(status, 200, "{body}");

@@ -1,8 +1,8 @@
 //! KV frames on an encrypted link. Two AEAD seals per frame: the fixed-size header under the
-//! link's key (its nonce the link's record counter, never sent), so nothing of it (ids, ticket,
+//! link's key (AES-256-GCM; its nonce the link's record counter, never sent), so nothing of it (ids, ticket,
 //! ranges) is readable on the network and no frame can be dropped, repeated, reordered or
 //! carried over from another connection unseen; and the body (KV payload, or the close's
-//! fields) under the ticket's key, derived on both ends from the link and the ticket, with the
+//! fields) under the ticket's key (AEGIS-128X2), derived on both ends from the link and the ticket, with the
 //! header in clear as associated data and the frame's sequence number as nonce.
 //!
 //! ```text
@@ -570,7 +570,9 @@ mod tests {
         let (mut s, _) = link();
         let bad = Frame::kv(ticket().id(), 0, crate::KvFrame { page_index: 0, layers: 2..2, tokens: 0..4, payload: vec![] });
         assert!(matches!(s.seal(&bad), Err(WireError::BadRange { what: "layer", .. })));
-        let bad = Frame::kv(ticket().id(), 0, crate::KvFrame { page_index: 0, layers: 0..1, tokens: 5..4, payload: vec![] });
+        #[allow(clippy::reversed_empty_ranges)]
+        let inverted = 5..4;
+        let bad = Frame::kv(ticket().id(), 0, crate::KvFrame { page_index: 0, layers: 0..1, tokens: inverted, payload: vec![] });
         assert!(matches!(s.seal(&bad), Err(WireError::BadRange { what: "token", .. })));
     }
 

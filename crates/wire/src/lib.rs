@@ -20,7 +20,7 @@
 //! * **Paired nodes (invariant 2).** [`PairingInfo::check`], run inside the encrypted link,
 //!   refuses peers whose model, page size, KV dtype or layout differ.
 //! * **Bound and verified transfer (invariant 5).** Every KV frame's header (ticket, sequence,
-//!   page, token range) is sealed under the link key, its body under a per-ticket
+//!   page, token range) is sealed under the link key, its body (AEGIS-128X2) under a per-ticket
 //!   [`TicketKey`] that both ends derive from the link ([`Exporter`]) and that never travels,
 //!   with the header as associated data ([`KvSealer`], [`KvOpener`]).
 //! * **Coverage against the receiver's reservation (invariants 4 and 5).** A
