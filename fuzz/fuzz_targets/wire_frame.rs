@@ -185,7 +185,10 @@ fn check_fields(frame: &FrameRef<'_>, plain: &[u8; HEADER_PLAIN_LEN], body: &mut
     match &frame.body {
         wire::FrameBodyRef::Kv(kv) => {
             assert_eq!(plain[6], 1);
-            assert_eq!((kv.page_index, kv.layers.clone(), kv.tokens.clone()), (word(44), word(48)..word(52), word(56)..word(60)));
+            assert_eq!(
+                (kv.page_index, kv.layers.clone(), kv.tokens.clone()),
+                (word(44), word(48)..word(52), word(56)..word(60))
+            );
             assert_eq!(kv.payload, &body[..]);
         }
         wire::FrameBodyRef::Close(c) => {

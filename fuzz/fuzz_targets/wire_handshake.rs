@@ -29,7 +29,10 @@ enum Msg {
     Hello(u8, Option<[u8; NOISE_MSG_LEN]>),
     /// A genuine reply to a genuine hello, or arbitrary bytes as a reply.
     Reply(Option<[u8; NOISE_MSG_LEN]>),
-    Pairing { role: u8, info: ([u8; 32], u32, bool, [u32; 3]) },
+    Pairing {
+        role: u8,
+        info: ([u8; 32], u32, bool, [u32; 3]),
+    },
     Refused(u8),
 }
 

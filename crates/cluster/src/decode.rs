@@ -1,8 +1,8 @@
 //! The decode worker's side of a route: reserve the whole sequence, hand out a ticket, accept
 //! KV only through encrypted links with a prefill worker and only as frames that open under
 //! that link's key for that ticket and pass the transfer checks against our own reservation
-//! and the admitted prompt; decode only from a complete transfer. Anything else fails the route, frees its
-//! pages and counts a violation.
+//! and the admitted prompt; decode only from a complete transfer. Anything else fails the
+//! route, frees its pages and counts a violation.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;

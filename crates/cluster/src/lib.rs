@@ -31,11 +31,11 @@ pub mod secrets;
 mod worker;
 
 pub use error::{random, ClusterError};
-pub use link::{Identity, Link, HandshakeGate, MAX_PENDING_HANDSHAKES};
-pub use secrets::SecretRing;
+pub use link::{HandshakeGate, Identity, Link, MAX_PENDING_HANDSHAKES};
 pub use metrics::WorkerMetrics;
 pub use net::{BoxIo, Listener, Net};
 pub use router::{Router, RouterConfig, WorkerInfo};
+pub use secrets::SecretRing;
 pub use worker::{run_worker, WorkerConfig};
 
 /// BLAKE3 of a model file: what nodes compare at pairing.

@@ -228,7 +228,9 @@ impl HandshakeGate {
 
 /// Turns a connection away for lack of a handshake slot (in clear, best effort, bounded).
 pub async fn refuse_busy(mut io: BoxIo) {
-    let _ = tokio::time::timeout(Duration::from_secs(1), write_clear(&mut io, &HandshakeMsg::Refused(RefusalCode::Busy))).await;
+    let _ =
+        tokio::time::timeout(Duration::from_secs(1), write_clear(&mut io, &HandshakeMsg::Refused(RefusalCode::Busy)))
+            .await;
 }
 
 /// The label of a failed handshake or link, for `pagewarden_link_refusals_total{reason}`.

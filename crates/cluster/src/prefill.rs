@@ -27,8 +27,7 @@ pub(crate) async fn run(
     let route = spec.route;
     let deadline = spec.deadline();
     let failure =
-        match tokio::time::timeout_at(deadline.into(), route_inner(&ctx, &spec, ticket, &decode_addr, &out)).await
-        {
+        match tokio::time::timeout_at(deadline.into(), route_inner(&ctx, &spec, ticket, &decode_addr, &out)).await {
             Ok(Ok(())) => return,
             Ok(Err(f)) => f,
             Err(_) => Failure::DeadlineExceeded,
@@ -90,8 +89,7 @@ async fn route_inner(
         return Err(unreachable(ClusterError::WrongRole { got: link.peer, want: "decode" }));
     }
     let (io, sealer) = link.into_kv_sealer();
-    let frames =
-        send_kv(ctx, io, sealer, &table, &ticket, &req.prompt, first.token).await.map_err(unreachable)?;
+    let frames = send_kv(ctx, io, sealer, &table, &ticket, &req.prompt, first.token).await.map_err(unreachable)?;
     drop(table);
     let _ = out.send(ToGateway::Sent { route: spec.route, frames });
     Ok(())
@@ -125,7 +123,12 @@ async fn send_kv(
                 .export_rows(layer, start, end - start, &mut payload)
                 .map_err(|e| ClusterError::Message(format!("reading the prompt's KV: {e}")))?;
         }
-        let kv = KvFrameMut { page_index: page as u32, layers: 0..layers, tokens: start as u32..end as u32, payload: &mut payload };
+        let kv = KvFrameMut {
+            page_index: page as u32,
+            layers: 0..layers,
+            tokens: start as u32..end as u32,
+            payload: &mut payload,
+        };
         let t0 = Instant::now();
         let parts = sealer.seal_kv(&id, seq, kv)?;
         ctx.metrics.kv_crypto_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -170,8 +173,11 @@ async fn write_frames(mut io: BoxIo, mut rx: mpsc::Receiver<Outgoing>) -> Result
 async fn write_all_vectored(io: &mut BoxIo, parts: [&[u8]; 3]) -> std::io::Result<()> {
     let (mut part, mut offset) = (0, 0);
     while part < parts.len() {
-        let slices: Vec<IoSlice<'_>> =
-            parts[part..].iter().enumerate().map(|(i, p)| IoSlice::new(if i == 0 { &p[offset..] } else { p })).collect();
+        let slices: Vec<IoSlice<'_>> = parts[part..]
+            .iter()
+            .enumerate()
+            .map(|(i, p)| IoSlice::new(if i == 0 { &p[offset..] } else { p }))
+            .collect();
         let mut n = io.write_vectored(&slices).await?;
         if n == 0 {
             return Err(std::io::ErrorKind::WriteZero.into());

@@ -604,7 +604,8 @@ mod tests {
 
     #[test]
     fn rotation_settings_parse_and_the_handshake_cap_must_be_positive() {
-        let c = Config::from_toml_str("[cluster]\naccept_secret_files = [\"a\", \"b\"]\nmax_pending_handshakes = 8\n").unwrap();
+        let c = Config::from_toml_str("[cluster]\naccept_secret_files = [\"a\", \"b\"]\nmax_pending_handshakes = 8\n")
+            .unwrap();
         assert_eq!(c.cluster.accept_secret_files, vec![PathBuf::from("a"), PathBuf::from("b")]);
         assert_eq!(c.cluster.max_pending_handshakes, 8);
         assert_eq!(Config::default().cluster.max_pending_handshakes, cluster::MAX_PENDING_HANDSHAKES);

@@ -34,7 +34,7 @@ use clap::Args;
 use kv::{KvDtype, KvLayout, RequestId, TenantId};
 use serde::{Deserialize, Serialize};
 use wire::{
-    ClusterSecret, CloseFrame, FrameBodyRef, FrameRef, Geometry, HandshakeMsg, Initiator, KvFrameMut, KvFrameRef,
+    CloseFrame, ClusterSecret, FrameBodyRef, FrameRef, Geometry, HandshakeMsg, Initiator, KvFrameMut, KvFrameRef,
     KvOpener, KvSealer, PromptDigest, Received, Responder, Role, SealedParts, SessionKeys, Ticket, TicketId,
     TicketNonce, Transfer, DEFAULT_MAX_FRAME, HEADER_LEN, MAX_HANDSHAKE_MSG,
 };
@@ -110,7 +110,10 @@ impl Mode {
     }
 
     fn parse(s: &str) -> Result<Self> {
-        MODES.into_iter().find(|m| m.name() == s).with_context(|| format!("unknown mode {s:?} (raw, framed, mac, encrypted)"))
+        MODES
+            .into_iter()
+            .find(|m| m.name() == s)
+            .with_context(|| format!("unknown mode {s:?} (raw, framed, mac, encrypted)"))
     }
 
     fn name(self) -> &'static str {
@@ -739,7 +742,8 @@ fn receive(
         }
         Mode::Encrypted => {
             let hello = read_handshake(stream)?;
-            let (reply, keys, _) = Responder::on_hello(&[ClusterSecret::from_bytes(BENCH_SECRET)], Role::Decode, &hello)?;
+            let (reply, keys, _) =
+                Responder::on_hello(&[ClusterSecret::from_bytes(BENCH_SECRET)], Role::Decode, &hello)?;
             stream.write_all(&reply.encode())?;
             let mut opener = KvOpener::new(keys, max)?;
             let p = plan(frames, run, g)?;

@@ -139,7 +139,12 @@ fn a_recording_relay_on_every_cluster_link_reads_no_prompt_output_token_id_or_kv
     }
     // KV in clear compresses (f16 values of nearby magnitude); ciphertext does not.
     let packed = miniz_oxide::deflate::compress_to_vec(&kv_bytes, 6);
-    assert!(packed.len() as f64 > 0.99 * kv_bytes.len() as f64, "KV capture compresses to {} of {}", packed.len(), kv_bytes.len());
+    assert!(
+        packed.len() as f64 > 0.99 * kv_bytes.len() as f64,
+        "KV capture compresses to {} of {}",
+        packed.len(),
+        kv_bytes.len()
+    );
     let m = c.worker_metrics(d);
     assert_eq!(metric(&m, "pagewarden_isolation_violations_total", ""), 0.0, "{m}");
     assert_eq!(metric(&m, "pagewarden_link_failures_total", ""), 0.0, "{m}");
@@ -289,7 +294,10 @@ fn the_cluster_secret_rotates_without_a_restart_and_the_old_one_is_then_refused(
     // Step 2: a node dialling with the new secret (and still accepting the old) joins.
     let swapped = both
         .replace(&format!("secret_file = \"{}\"", old.display()), &format!("secret_file = \"{}\"", new.display()))
-        .replace(&format!("accept_secret_files = [\"{}\"]", new.display()), &format!("accept_secret_files = [\"{}\"]", old.display()));
+        .replace(
+            &format!("accept_secret_files = [\"{}\"]", new.display()),
+            &format!("accept_secret_files = [\"{}\"]", old.display()),
+        );
     let new_config = c.dir.join("rotated.toml");
     std::fs::write(&new_config, &swapped).unwrap();
     let d = c.add_worker_at("decode", "decode-a", None, &cluster_addr, &new_config);

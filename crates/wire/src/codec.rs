@@ -28,7 +28,9 @@ use std::collections::HashSet;
 use std::ops::Range;
 
 use crate::error::WireError;
-use crate::frame::{CloseFrame, Frame, FrameBodyRef, FrameRef, KvFrameRef, PromptDigest, TicketId, TicketNonce, WIRE_VERSION};
+use crate::frame::{
+    CloseFrame, Frame, FrameBodyRef, FrameRef, KvFrameRef, PromptDigest, TicketId, TicketNonce, WIRE_VERSION,
+};
 use crate::keys::{Exporter, SessionKeys, TicketKey};
 use crate::reader::Reader;
 use crate::record::{RecordOpener, RecordSealer, AEAD_TAG_LEN};
@@ -206,7 +208,8 @@ impl KvSealer {
         if total > self.max_frame {
             return Err(WireError::Oversized { len: total, max: self.max_frame });
         }
-        let body_len = u32::try_from(body.len()).map_err(|_| WireError::Oversized { len: total, max: self.max_frame })?;
+        let body_len =
+            u32::try_from(body.len()).map_err(|_| WireError::Oversized { len: total, max: self.max_frame })?;
         let mut plain = [0u8; HEADER_PLAIN_LEN];
         let mut at = 0;
         let mut put = |b: &[u8]| {
@@ -270,7 +273,8 @@ impl KvSealer {
     #[cfg(feature = "fuzzing")]
     pub fn seal_raw(&mut self, plain: &[u8; HEADER_PLAIN_LEN], body: &mut [u8]) -> Result<Vec<u8>, WireError> {
         let mut r = Reader::new(&plain[8..44]);
-        let ticket = TicketId { nonce: TicketNonce(r.array()?), request: RequestId(r.u64()?), tenant: TenantId(r.u64()?) };
+        let ticket =
+            TicketId { nonce: TicketNonce(r.array()?), request: RequestId(r.u64()?), tenant: TenantId(r.u64()?) };
         let seq = r.u32()?;
         let key = self.exporter.ticket_key(&ticket)?;
         Ok(seal_parts(&mut self.link, &key, plain, seq, Body::InPlace(body))?.to_vec(body))
@@ -281,7 +285,12 @@ impl KvSealer {
         match frame.borrowed().body {
             FrameBodyRef::Kv(kv) => {
                 let mut payload = kv.payload.to_vec();
-                let m = KvFrameMut { page_index: kv.page_index, layers: kv.layers, tokens: kv.tokens, payload: &mut payload };
+                let m = KvFrameMut {
+                    page_index: kv.page_index,
+                    layers: kv.layers,
+                    tokens: kv.tokens,
+                    payload: &mut payload,
+                };
                 Ok(self.seal_kv(&frame.ticket, frame.seq, m)?.to_vec(&payload))
             }
             FrameBodyRef::Close(c) => self.seal_close(&frame.ticket, frame.seq, &c),
@@ -493,7 +502,9 @@ mod tests {
                 let ok = match i {
                     0..=3 => matches!(
                         err,
-                        Some(WireError::Truncated { .. } | WireError::TrailingBytes { .. } | WireError::Oversized { .. })
+                        Some(
+                            WireError::Truncated { .. } | WireError::TrailingBytes { .. } | WireError::Oversized { .. }
+                        )
                     ),
                     _ => err == Some(WireError::BadMac),
                 };
@@ -524,7 +535,10 @@ mod tests {
     fn every_truncation_is_rejected_as_truncated() {
         let bytes = seal_all(&[kv(&ticket(), 0, 0, 0..3, 0..4)]).remove(0);
         for n in 0..bytes.len() {
-            assert!(matches!(link().1.open_owned(&bytes[..n], &tickets()), Err(WireError::Truncated { .. })), "prefix {n}");
+            assert!(
+                matches!(link().1.open_owned(&bytes[..n], &tickets()), Err(WireError::Truncated { .. })),
+                "prefix {n}"
+            );
         }
         let mut long = bytes.clone();
         long.push(0);
@@ -568,11 +582,16 @@ mod tests {
     #[test]
     fn empty_or_inverted_ranges_are_refused_when_sealing() {
         let (mut s, _) = link();
-        let bad = Frame::kv(ticket().id(), 0, crate::KvFrame { page_index: 0, layers: 2..2, tokens: 0..4, payload: vec![] });
+        let bad =
+            Frame::kv(ticket().id(), 0, crate::KvFrame { page_index: 0, layers: 2..2, tokens: 0..4, payload: vec![] });
         assert!(matches!(s.seal(&bad), Err(WireError::BadRange { what: "layer", .. })));
         #[allow(clippy::reversed_empty_ranges)]
         let inverted = 5..4;
-        let bad = Frame::kv(ticket().id(), 0, crate::KvFrame { page_index: 0, layers: 0..1, tokens: inverted, payload: vec![] });
+        let bad = Frame::kv(
+            ticket().id(),
+            0,
+            crate::KvFrame { page_index: 0, layers: 0..1, tokens: inverted, payload: vec![] },
+        );
         assert!(matches!(s.seal(&bad), Err(WireError::BadRange { what: "token", .. })));
     }
 

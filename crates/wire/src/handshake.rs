@@ -76,7 +76,10 @@ pub enum HandshakeMsg {
     /// Noise message 2, in clear (its payload, the role, is encrypted).
     Reply([u8; NOISE_MSG_LEN]),
     /// Sent only inside a record.
-    Pairing { role: Role, info: PairingInfo },
+    Pairing {
+        role: Role,
+        info: PairingInfo,
+    },
     Refused(RefusalCode),
 }
 
@@ -148,9 +151,9 @@ impl HandshakeMsg {
                 let layout = LayoutShape { n_layers: r.u32()?, n_kv_heads: r.u32()?, head_dim: r.u32()? };
                 HandshakeMsg::Pairing { role, info: PairingInfo { model_digest, page_size, kv_dtype, layout } }
             }
-            KIND_REFUSED => {
-                HandshakeMsg::Refused(RefusalCode::from_u8(r.u8()?).ok_or(WireError::Malformed("unknown refusal code"))?)
-            }
+            KIND_REFUSED => HandshakeMsg::Refused(
+                RefusalCode::from_u8(r.u8()?).ok_or(WireError::Malformed("unknown refusal code"))?,
+            ),
             _ => return Err(WireError::Malformed("unknown handshake message kind")),
         };
         r.finish()?;
@@ -314,11 +317,14 @@ mod tests {
         assert_eq!((pi, pr), (Role::Decode, Role::Prefill));
         assert!(ki.is_initiator() && !kr.is_initiator());
         assert!(agree(ki, kr));
-        let ((a, _), (b, _)) = exchange(&secret(), &[secret()], Role::Prefill, Role::Decode).unwrap_or_else(|e| panic!("{e}"));
-        let ((c, _), _) = exchange(&secret(), &[secret()], Role::Prefill, Role::Decode).unwrap_or_else(|e| panic!("{e}"));
+        let ((a, _), (b, _)) =
+            exchange(&secret(), &[secret()], Role::Prefill, Role::Decode).unwrap_or_else(|e| panic!("{e}"));
+        let ((c, _), _) =
+            exchange(&secret(), &[secret()], Role::Prefill, Role::Decode).unwrap_or_else(|e| panic!("{e}"));
         assert!(agree(a, b));
         let (_, _, ea) = c.into_parts().unwrap_or_else(|e| panic!("{e}"));
-        let ((d, _), _) = exchange(&secret(), &[secret()], Role::Prefill, Role::Decode).unwrap_or_else(|e| panic!("{e}"));
+        let ((d, _), _) =
+            exchange(&secret(), &[secret()], Role::Prefill, Role::Decode).unwrap_or_else(|e| panic!("{e}"));
         let (_, _, ed) = d.into_parts().unwrap_or_else(|e| panic!("{e}"));
         assert_ne!(ea, ed, "every connection gets fresh keys");
     }
@@ -339,7 +345,8 @@ mod tests {
         let next = ClusterSecret::from_passphrase(b"the next secret, rotated in");
         let accepted = [next.clone(), secret()];
         for dial in [&secret(), &next] {
-            let ((ki, _), (kr, _)) = exchange(dial, &accepted, Role::Gateway, Role::Prefill).unwrap_or_else(|e| panic!("{e}"));
+            let ((ki, _), (kr, _)) =
+                exchange(dial, &accepted, Role::Gateway, Role::Prefill).unwrap_or_else(|e| panic!("{e}"));
             assert!(agree(ki, kr));
         }
         let old = ClusterSecret::from_passphrase(b"retired");
@@ -359,17 +366,19 @@ mod tests {
             Some(WireError::Reflection { role: Role::Gateway })
         );
         // A reply fed back to the initiator as if it were a hello, or a hello as a reply.
-        assert!(init.on_reply(&HandshakeMsg::Reply(match hello {
-            HandshakeMsg::Hello(m) => m,
-            _ => [0; NOISE_MSG_LEN],
-        }))
-        .is_err());
+        assert!(init
+            .on_reply(&HandshakeMsg::Reply(match hello {
+                HandshakeMsg::Hello(m) => m,
+                _ => [0; NOISE_MSG_LEN],
+            }))
+            .is_err());
     }
 
     #[test]
     fn a_recorded_reply_does_not_finish_another_handshake() {
         let (_, hello) = Initiator::start(&secret(), Role::Prefill).unwrap_or_else(|e| panic!("{e}"));
-        let (old_reply, _, _) = Responder::on_hello(&[secret()], Role::Decode, &hello).unwrap_or_else(|e| panic!("{e}"));
+        let (old_reply, _, _) =
+            Responder::on_hello(&[secret()], Role::Decode, &hello).unwrap_or_else(|e| panic!("{e}"));
         let (fresh, _) = Initiator::start(&secret(), Role::Prefill).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(fresh.on_reply(&old_reply).err(), Some(WireError::BadProof));
     }
@@ -379,9 +388,11 @@ mod tests {
         // The responder answers a replayed hello, but the keys differ from the original
         // session's (fresh responder ephemeral): the replayer's records cannot open.
         let (init, hello) = Initiator::start(&secret(), Role::Prefill).unwrap_or_else(|e| panic!("{e}"));
-        let (reply, k_first, _) = Responder::on_hello(&[secret()], Role::Decode, &hello).unwrap_or_else(|e| panic!("{e}"));
+        let (reply, k_first, _) =
+            Responder::on_hello(&[secret()], Role::Decode, &hello).unwrap_or_else(|e| panic!("{e}"));
         let (k_init, _) = init.on_reply(&reply).unwrap_or_else(|e| panic!("{e}"));
-        let (_, k_replayed, _) = Responder::on_hello(&[secret()], Role::Decode, &hello).unwrap_or_else(|e| panic!("{e}"));
+        let (_, k_replayed, _) =
+            Responder::on_hello(&[secret()], Role::Decode, &hello).unwrap_or_else(|e| panic!("{e}"));
         assert!(!agree(k_init, k_replayed));
         let _ = k_first;
     }
@@ -398,7 +409,8 @@ mod tests {
         }
         let (init_bytes, reply) = {
             let (init, hello) = Initiator::start(&secret(), Role::Prefill).unwrap_or_else(|e| panic!("{e}"));
-            let (reply, _, _) = Responder::on_hello(&[secret()], Role::Decode, &hello).unwrap_or_else(|e| panic!("{e}"));
+            let (reply, _, _) =
+                Responder::on_hello(&[secret()], Role::Decode, &hello).unwrap_or_else(|e| panic!("{e}"));
             (init, reply.encode())
         };
         drop(init_bytes);

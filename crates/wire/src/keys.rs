@@ -127,7 +127,13 @@ impl TicketKey {
 
     /// Encrypts body `seq` from `src` into `dst` (of the same length) in one pass: the sender's
     /// copy out of its source and the encryption together.
-    pub(crate) fn seal_from(&self, seq: u32, aad: &[u8], src: &[u8], dst: &mut [u8]) -> Result<[u8; AEAD_TAG_LEN], WireError> {
+    pub(crate) fn seal_from(
+        &self,
+        seq: u32,
+        aad: &[u8],
+        src: &[u8],
+        dst: &mut [u8],
+    ) -> Result<[u8; AEAD_TAG_LEN], WireError> {
         if src.len() != dst.len() {
             return Err(WireError::Malformed("ciphertext buffer of another length than the body"));
         }

@@ -84,7 +84,9 @@ impl RefusalCode {
 
     pub(crate) fn from_u8(v: u8) -> Option<Self> {
         use RefusalCode::*;
-        [BadProof, Version, ModelDigest, PageSize, KvDtype, Layout, Reflection, Busy].into_iter().find(|c| *c as u8 == v)
+        [BadProof, Version, ModelDigest, PageSize, KvDtype, Layout, Reflection, Busy]
+            .into_iter()
+            .find(|c| *c as u8 == v)
     }
 }
 

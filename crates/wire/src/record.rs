@@ -105,7 +105,10 @@ mod tests {
     use super::*;
 
     fn pair() -> (RecordSealer, RecordOpener) {
-        (RecordSealer::new(&[3; 32]).unwrap_or_else(|e| panic!("{e}")), RecordOpener::new(&[3; 32]).unwrap_or_else(|e| panic!("{e}")))
+        (
+            RecordSealer::new(&[3; 32]).unwrap_or_else(|e| panic!("{e}")),
+            RecordOpener::new(&[3; 32]).unwrap_or_else(|e| panic!("{e}")),
+        )
     }
 
     #[test]

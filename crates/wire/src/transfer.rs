@@ -450,10 +450,8 @@ mod tests {
     #[test]
     fn sealed_stream_completes_through_the_codec_and_a_foreign_frame_fails_it() {
         let (mut s, mut o) = link();
-        let decoded: Result<Vec<Frame>, WireError> = honest_frames(&ticket())
-            .iter()
-            .map(|f| s.seal(f).and_then(|b| o.open_owned(&b, &tickets())))
-            .collect();
+        let decoded: Result<Vec<Frame>, WireError> =
+            honest_frames(&ticket()).iter().map(|f| s.seal(f).and_then(|b| o.open_owned(&b, &tickets()))).collect();
         let decoded = decoded.unwrap_or_else(|e| panic!("{e}"));
         assert!(run(&decoded).is_ok());
         // Authentic on its own link, but for another ticket the receiver also holds: the link

@@ -134,17 +134,8 @@ impl Cluster {
         config: &std::path::Path,
     ) -> usize {
         let cfg = config.to_str().unwrap().to_string();
-        let mut args = vec![
-            role,
-            "--config",
-            &cfg,
-            "--gateway",
-            gateway,
-            "--name",
-            name,
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ];
+        let mut args =
+            vec![role, "--config", &cfg, "--gateway", gateway, "--name", name, "--metrics-listen", "127.0.0.1:0"];
         if role == "decode" {
             args.extend(["--kv-listen", "127.0.0.1:0"]);
         }
