@@ -722,50 +722,66 @@ fn receive(
         }
         Mode::Mac => {
             let p = plan(frames, run, g)?;
-            let mut transfer = Transfer::new(p.ticket, *g, &p.prompt)?;
-            let (mut count, mut bytes) = (0u64, 0u64);
-            loop {
-                let frame = read_frame(stream, buf, max)?;
-                let parsed = open_mac(frame, p.ticket.id(), g)?;
-                count += 1;
-                match transfer.receive_ref(&parsed)? {
-                    Received::Written(next, write) => {
-                        bytes += write.payload.len() as u64;
-                        transfer = next;
-                    }
-                    Received::Complete(done) => {
-                        ensure!(done.frames() == frames, "completed after {} of {frames} KV frames", done.frames());
-                        return Ok((count, bytes));
-                    }
-                }
-            }
+            receive_transfer(stream, buf, frames, &p, g, &mut Opener::Mac(p.ticket.id()))
         }
         Mode::Encrypted => {
             let hello = read_handshake(stream)?;
             let (reply, keys, _) =
                 Responder::on_hello(&[ClusterSecret::from_bytes(BENCH_SECRET)], Role::Decode, &hello)?;
             stream.write_all(&reply.encode())?;
-            let mut opener = KvOpener::new(keys, max)?;
             let p = plan(frames, run, g)?;
-            let nonce = p.ticket.nonce;
-            // This receiver's ticket table: the one ticket it issued for the run.
-            let held = move |n: &TicketNonce| *n == nonce;
-            let mut transfer = Transfer::new(p.ticket, *g, &p.prompt)?;
-            let (mut count, mut bytes) = (0u64, 0u64);
-            loop {
-                let frame = read_frame(stream, buf, max)?;
-                let opened = opener.open(frame, &held)?;
-                count += 1;
-                match transfer.receive_ref(&opened)? {
-                    Received::Written(next, write) => {
-                        bytes += write.payload.len() as u64;
-                        transfer = next;
-                    }
-                    Received::Complete(done) => {
-                        ensure!(done.frames() == frames, "completed after {} of {frames} KV frames", done.frames());
-                        return Ok((count, bytes));
-                    }
-                }
+            receive_transfer(
+                stream,
+                buf,
+                frames,
+                &p,
+                g,
+                &mut Opener::Encrypted(Box::new(KvOpener::new(keys, max)?), p.ticket.nonce),
+            )
+        }
+    }
+}
+
+/// How a receiving mode authenticates its frames.
+enum Opener {
+    /// Version 1: the MAC, then the header in clear.
+    Mac(TicketId),
+    /// Version 2: the link's opener, and the one ticket this receiver issued for the run.
+    Encrypted(Box<KvOpener>, TicketNonce),
+}
+
+impl Opener {
+    fn open<'a>(&mut self, frame: &'a mut [u8], g: &Geometry) -> Result<FrameRef<'a>> {
+        match self {
+            Opener::Mac(ticket) => open_mac(frame, *ticket, g),
+            Opener::Encrypted(opener, nonce) => Ok(opener.open(frame, &|n: &TicketNonce| n == nonce)?),
+        }
+    }
+}
+
+/// Reads and checks frames until the transfer completes; returns (frames, payload bytes).
+fn receive_transfer(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+    frames: u32,
+    p: &Plan,
+    g: &Geometry,
+    opener: &mut Opener,
+) -> Result<(u64, u64)> {
+    let mut transfer = Transfer::new(p.ticket, *g, &p.prompt)?;
+    let (mut count, mut bytes) = (0u64, 0u64);
+    loop {
+        let frame = read_frame(stream, buf, DEFAULT_MAX_FRAME)?;
+        let opened = opener.open(frame, g)?;
+        count += 1;
+        match transfer.receive_ref(&opened)? {
+            Received::Written(next, write) => {
+                bytes += write.payload.len() as u64;
+                transfer = next;
+            }
+            Received::Complete(done) => {
+                ensure!(done.frames() == frames, "completed after {} of {frames} KV frames", done.frames());
+                return Ok((count, bytes));
             }
         }
     }
