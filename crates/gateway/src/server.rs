@@ -238,13 +238,18 @@ fn router_config(config: &Config, info: &ModelInfo, secrets: SecretRing) -> Resu
     })
 }
 
-/// The node's cluster secrets from its config, and a reload of them on every SIGHUP (when
-/// the config came from a file): how a secret is rotated without a restart. A reload that
-/// fails (unreadable file, loose permissions, short secret) keeps the secrets in use.
+/// The node's cluster secrets from its config (read once, so a bad file fails at start-up).
 pub fn cluster_secrets(config: &Config) -> Result<SecretRing, ServeError> {
     let (current, others) = config.cluster.secrets()?;
     let ring = SecretRing::new(current, others);
     println!("cluster: {}", ring.describe());
+    Ok(ring)
+}
+
+/// Reloads `ring` from the config file on every SIGHUP (when the config came from a file): how
+/// a secret is rotated without a restart. A reload that fails (unreadable file, loose
+/// permissions, short secret) keeps the secrets in use. Needs a running Tokio runtime.
+pub fn reload_secrets_on_sighup(config: &Config, ring: &SecretRing) {
     #[cfg(unix)]
     if let Some(path) = config.source.clone() {
         let ring = ring.clone();
@@ -262,7 +267,6 @@ pub fn cluster_secrets(config: &Config) -> Result<SecretRing, ServeError> {
             }
         });
     }
-    Ok(ring)
 }
 
 /// Runs the single-process server until `shutdown` completes, then drains and returns: the
@@ -340,6 +344,7 @@ where
     R: FnOnce(SocketAddr),
 {
     let secrets = cluster_secrets(&config)?;
+    reload_secrets_on_sighup(&config, &secrets);
     let cfg = config.clone();
     let (info, tokenizer, template) = tokio::task::spawn_blocking(move || -> Result<_, ServeError> {
         let (info, file) = ModelInfo::read(&cfg)?;

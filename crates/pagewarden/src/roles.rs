@@ -63,7 +63,7 @@ pub fn run(role: Role, args: &WorkerArgs) -> anyhow::Result<()> {
         config.pool.size = Some(gateway::config::PoolSize::Tokens(t));
     }
     // Read before the model loads, so a missing or loose secret file fails at once.
-    config.cluster.secrets()?;
+    let secrets = gateway::server::cluster_secrets(&config)?;
     let role_name = if role == Role::Prefill { "prefill" } else { "decode" };
     let name = config.cluster.name.clone().unwrap_or_else(|| format!("{role_name}-{}", std::process::id()));
     let loaded = gateway::load_model(&config)?;
@@ -73,10 +73,11 @@ pub fn run(role: Role, args: &WorkerArgs) -> anyhow::Result<()> {
     let handle = engine.handle();
     let metrics = Arc::new(WorkerMetrics::default());
     let result = rt.block_on(async {
+        gateway::server::reload_secrets_on_sighup(&config, &secrets);
         let wcfg = WorkerConfig {
             name: name.clone(),
             gateway: config.cluster.gateway.clone(),
-            identity: Identity { secrets: gateway::server::cluster_secrets(&config)?, role, pairing },
+            identity: Identity { secrets: secrets.clone(), role, pairing },
             kv_listen: (role == Role::Decode).then(|| config.cluster.kv_listen.clone()),
             kv_advertise: config.cluster.kv_advertise.clone(),
             handshake_timeout: config.cluster.handshake_timeout,

@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use cluster::proto::{Register, Registered, ToGateway, ToWorker};
 use cluster::{Identity, Link, Net, SecretRing};
 use common::cluster::{metric, Cluster, SECRET};
+use common::relay::read_unit;
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use wire::{CloseFrame, ClusterSecret, Frame, KvFrame, PairingInfo, PromptDigest, Role, Ticket};
@@ -62,16 +63,6 @@ struct ProxyState {
 struct Proxy {
     addr: String,
     state: Arc<Mutex<ProxyState>>,
-}
-
-fn read_unit(s: &mut TcpStream) -> Option<Vec<u8>> {
-    let mut len = [0u8; 4];
-    s.read_exact(&mut len).ok()?;
-    let n = u32::from_le_bytes(len) as usize;
-    let mut buf = len.to_vec();
-    buf.resize(4 + n, 0);
-    s.read_exact(&mut buf[4..]).ok()?;
-    Some(buf)
 }
 
 impl Proxy {

@@ -319,11 +319,6 @@ impl KvOpener {
         KvOpener { link, exporter, max_frame: max_frame.min(u32::MAX as usize + 4), ticket: None }
     }
 
-    /// The largest whole frame this opener accepts.
-    pub fn max_frame(&self) -> usize {
-        self.max_frame
-    }
-
     /// Total size of the frame whose first bytes are `prefix` (at least 4), checked against
     /// the maximum: what a stream reader must read before calling [`KvOpener::open`].
     pub fn frame_len(&self, prefix: &[u8]) -> Result<usize, WireError> {

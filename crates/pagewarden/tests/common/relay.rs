@@ -35,7 +35,8 @@ pub struct Relay {
     state: Arc<Mutex<State>>,
 }
 
-fn read_unit(s: &mut TcpStream) -> Option<Vec<u8>> {
+/// One length-prefixed unit, prefix included; `None` at the end of the stream or past 64 MiB.
+pub fn read_unit(s: &mut TcpStream) -> Option<Vec<u8>> {
     let mut len = [0u8; 4];
     s.read_exact(&mut len).ok()?;
     let n = u32::from_le_bytes(len) as usize;
