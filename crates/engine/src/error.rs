@@ -1,5 +1,7 @@
 use thiserror::Error;
 
+use crate::ViolationKind;
+
 /// Why a request was refused at the door. Nothing was queued, reserved or computed for it.
 #[derive(Debug, Clone, Error, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum AdmissionError {
@@ -34,7 +36,10 @@ pub enum EngineError {
     /// A page ownership or integrity check failed (invariant 10): the request is failed and
     /// its pages freed; `kind` names the check for metrics.
     #[error("isolation check failed ({kind}); the request was stopped")]
-    IsolationViolation { kind: &'static str },
+    IsolationViolation { kind: ViolationKind },
+    /// The tenant was removed or its key rotated while the request ran.
+    #[error("the API key of this request was revoked")]
+    TenantRevoked,
     /// A worker refused the request at its own door (the gateway's check should have).
     #[error("a worker refused the request: {0}")]
     Refused(AdmissionError),
@@ -52,13 +57,13 @@ impl EngineError {
         use kv::KvError;
         match e {
             model::ModelError::Kv(KvError::StaleGeneration { .. }) => {
-                EngineError::IsolationViolation { kind: "generation_mismatch" }
+                EngineError::IsolationViolation { kind: ViolationKind::GenerationMismatch }
             }
             model::ModelError::Kv(KvError::WrongOwner { .. }) => {
-                EngineError::IsolationViolation { kind: "owner_mismatch" }
+                EngineError::IsolationViolation { kind: ViolationKind::OwnerMismatch }
             }
             model::ModelError::Kv(KvError::Unwritten { .. }) => {
-                EngineError::IsolationViolation { kind: "unwritten_read" }
+                EngineError::IsolationViolation { kind: ViolationKind::UnwrittenRead }
             }
             other => EngineError::Internal(other.to_string()),
         }
@@ -75,9 +80,9 @@ mod tests {
     fn ownership_and_written_slot_failures_are_isolation_violations() {
         let o = |t| Owner { tenant: TenantId(t), request: RequestId(t) };
         let cases = [
-            (KvError::StaleGeneration { page: 3, expected: 1, found: 2 }, "generation_mismatch"),
-            (KvError::WrongOwner { page: 3, expected: o(1), found: o(2) }, "owner_mismatch"),
-            (KvError::Unwritten { layer: 0, pos: 5 }, "unwritten_read"),
+            (KvError::StaleGeneration { page: 3, expected: 1, found: 2 }, ViolationKind::GenerationMismatch),
+            (KvError::WrongOwner { page: 3, expected: o(1), found: o(2) }, ViolationKind::OwnerMismatch),
+            (KvError::Unwritten { layer: 0, pos: 5 }, ViolationKind::UnwrittenRead),
         ];
         for (e, kind) in cases {
             assert_eq!(EngineError::from_model(&ModelError::Kv(e)), EngineError::IsolationViolation { kind });

@@ -18,7 +18,9 @@
 mod error;
 mod request;
 mod scheduler;
+mod violation;
 
 pub use error::{AdmissionError, EngineError};
 pub use request::{Event, EventSender, FinishReason, GenRequest, RequestStream, TokenEvent, Usage};
-pub use scheduler::{door_check, Engine, EngineConfig, EngineHandle, EngineStats};
+pub use scheduler::{door_check, Engine, EngineConfig, EngineHandle, EngineStats, Revoke, TenantPolicy};
+pub use violation::ViolationKind;

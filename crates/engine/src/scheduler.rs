@@ -1,6 +1,6 @@
 //! The step loop: admission, continuous batching, chunked prefill, sampling, cancellation.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
@@ -11,7 +11,9 @@ use model::{Llama, Logits, SeqStep};
 use sampling::Sampler;
 use tokio::sync::mpsc as tmpsc;
 
-use crate::{AdmissionError, EngineError, Event, FinishReason, GenRequest, RequestStream, TokenEvent, Usage};
+use crate::{
+    AdmissionError, EngineError, Event, FinishReason, GenRequest, RequestStream, TokenEvent, Usage, ViolationKind,
+};
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -59,6 +61,33 @@ pub struct EngineStats {
     pub cached_pages: usize,
 }
 
+/// What the gateway's tenant table tells an engine (sent at registration and on every change).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantPolicy {
+    /// Tenants that may run here; `None` until a table arrives (any tenant may).
+    pub live: Option<HashSet<TenantId>>,
+    /// Tenants whose running and queued requests end now and whose cached prefixes are dropped
+    /// (removed, or their key rotated).
+    pub revoke: Revoke,
+    /// The most of the main pool one tenant may hold (0 < share <= 1). Applied only while the
+    /// table has more than one tenant, so a lone tenant can use the whole pool.
+    pub max_share: f64,
+}
+
+/// Which tenants' state a [`TenantPolicy`] ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Revoke {
+    These(Vec<TenantId>),
+    /// Every cached prefix (the worker cannot tell which tenants they belong to any more).
+    AllCaches,
+}
+
+impl Default for TenantPolicy {
+    fn default() -> Self {
+        TenantPolicy { live: None, revoke: Revoke::These(Vec::new()), max_share: 1.0 }
+    }
+}
+
 struct Shared {
     queued: AtomicUsize,
     stopping: AtomicBool,
@@ -68,6 +97,7 @@ struct Shared {
 enum Msg {
     Submit(Box<Pending>),
     Resume(Box<Resume>),
+    Tenants(TenantPolicy),
     Shutdown,
 }
 
@@ -183,6 +213,7 @@ impl Engine {
             running: Vec::new(),
             prefill_cursor: 0,
             stats: EngineStats::default(),
+            policy: TenantPolicy::default(),
         };
         let thread = std::thread::Builder::new().name("pw-engine".into()).spawn(move || lp.run()).ok();
         Engine { handle, thread }
@@ -277,6 +308,13 @@ impl EngineHandle {
         Ok(RequestStream { rx, id })
     }
 
+    /// Applies the gateway's tenant table: revoked tenants' requests end with
+    /// [`EngineError::TenantRevoked`] and their cached prefixes go, before any later request is
+    /// admitted; tenants outside `live` are refused from then on.
+    pub fn apply_tenants(&self, policy: TenantPolicy) {
+        let _ = self.tx.send(Msg::Tenants(policy));
+    }
+
     /// Stops admitting; queued and running requests continue (see `Engine`'s drop for the end).
     pub fn stop_admitting(&self) {
         self.shared.stopping.store(true, Ordering::SeqCst);
@@ -351,6 +389,7 @@ struct Loop {
     running: Vec<Running>,
     prefill_cursor: usize,
     stats: EngineStats,
+    policy: TenantPolicy,
 }
 
 impl Loop {
@@ -393,6 +432,7 @@ impl Loop {
             match msg {
                 Msg::Shutdown => return false,
                 Msg::Resume(r) => self.resume(*r),
+                Msg::Tenants(p) => self.apply_tenants(p),
                 Msg::Submit(p) => {
                     let t = (p.kind == Kind::Prefill, p.req.tenant);
                     let q = self.queues.entry(t).or_default();
@@ -451,8 +491,19 @@ impl Loop {
         let mut misses = 0;
         while self.running.len() < self.cfg.max_running && misses < self.rotation.len() {
             let Some(key) = self.rotation.pop_front() else { break };
+            let live = self.is_live(key.1);
             let Some(q) = self.queues.get_mut(&key) else { continue };
             let Some(head) = q.front() else { continue };
+            if !live {
+                if let Some(p) = q.pop_front() {
+                    self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+                    let _ = p.tx.send(Event::Failed(EngineError::TenantRevoked));
+                }
+                if !q.is_empty() {
+                    self.rotation.push_back(key);
+                }
+                continue;
+            }
             let owner = Owner { tenant: key.1, request: head.req.id };
             let (pool, tokens) = match head.kind {
                 Kind::Prefill => (&self.prefill_pool, head.req.prompt.len()),
@@ -462,6 +513,12 @@ impl Loop {
             // only narrow it. Reservations (empty pages for a transfer) never use the cache.
             let scope = (self.cfg.prefix_cache && head.kind != Kind::Reserve)
                 .then(|| pool.scope(head.req.tenant, head.req.cache_salt.as_deref()));
+            if head.kind != Kind::Prefill && !within_share(&self.policy, &self.pool, key.1, tokens) {
+                // Over its share: this tenant waits, the others go on.
+                misses += 1;
+                self.rotation.push_back(key);
+                continue;
+            }
             let reserved = match &scope {
                 Some(scope) => pool.reserve_cached(owner, tokens, scope, &head.req.prompt),
                 None => pool.reserve(owner, tokens).map(|kv| (kv, 0)),
@@ -518,6 +575,45 @@ impl Loop {
         }
     }
 
+    fn is_live(&self, tenant: TenantId) -> bool {
+        self.policy.live.as_ref().is_none_or(|l| l.contains(&tenant))
+    }
+
+    fn apply_tenants(&mut self, p: TenantPolicy) {
+        let revoked = |t: TenantId, p: &TenantPolicy| match &p.revoke {
+            Revoke::These(ts) => ts.contains(&t),
+            Revoke::AllCaches => false,
+        } || p.live.as_ref().is_some_and(|l| !l.contains(&t));
+        // Caches first: whoever sees a request's end event sees its tenant's cache gone.
+        let pools = [&self.pool, &self.prefill_pool];
+        let pools = if self.prefill_pool.same_pool(&self.pool) { &pools[..1] } else { &pools[..] };
+        for pool in pools {
+            match &p.revoke {
+                Revoke::AllCaches => pool.clear_prefix_cache(),
+                Revoke::These(_) => {
+                    pool.forget_tenants(&|t| revoked(t, &p));
+                }
+            }
+        }
+        for i in (0..self.running.len()).rev() {
+            if revoked(self.running[i].req.tenant, &p) {
+                end(self.running.remove(i), Event::Failed(EngineError::TenantRevoked));
+            }
+        }
+        let mut left = 0;
+        for (key, q) in self.queues.iter_mut() {
+            if revoked(key.1, &p) {
+                for pending in q.drain(..) {
+                    let _ = pending.tx.send(Event::Failed(EngineError::TenantRevoked));
+                    left += 1;
+                }
+            }
+        }
+        self.shared.queued.fetch_sub(left, Ordering::SeqCst);
+        self.rotation.retain(|t| self.queues.get(t).is_some_and(|q| !q.is_empty()));
+        self.policy = TenantPolicy { revoke: Revoke::These(Vec::new()), ..p };
+    }
+
     /// One forward pass over every running sequence, then sampling.
     fn step(&mut self) {
         // Which sequences take part, with how many tokens, in running order.
@@ -565,22 +661,38 @@ impl Loop {
             steps.push(SeqStep { tokens, start, kv: &mut r.kv, logits });
         }
         let result = self.model.forward(&mut steps);
-        drop(steps);
+        let mut failed = Vec::new();
         let outputs = match result {
             Ok(o) => o,
-            Err(e) => {
-                // Fail closed: every sequence of the step is stopped and its pages freed.
-                let err = EngineError::from_model(&e);
-                for &(i, _) in plan.iter().rev() {
-                    end(self.running.remove(i), Event::Failed(err.clone()));
+            Err(_) => {
+                // One sequence's failure must not end the others': run each alone (every
+                // sequence's KV and logits depend only on itself, so a rerun writes the same
+                // values), and fail closed only the ones that fail on their own.
+                let mut outputs = Vec::with_capacity(steps.len());
+                for (at, step) in steps.iter_mut().enumerate() {
+                    let alone = SeqStep { tokens: step.tokens, start: step.start, kv: &mut *step.kv, logits: step.logits };
+                    match self.model.forward(&mut [alone]) {
+                        Ok(mut o) => outputs.push(o.pop().unwrap_or_default()),
+                        Err(e) => {
+                            outputs.push(Vec::new());
+                            failed.push((at, EngineError::from_model(&e)));
+                        }
+                    }
                 }
-                return;
+                outputs
             }
         };
+        drop(steps);
+        for (at, err) in failed {
+            self.running[plan[at].0].end = Some(End::Event(Event::Failed(err)));
+        }
         self.stats.steps += 1;
         let mut sealing_failed = Vec::new();
         for (&(i, take), logits) in plan.iter().zip(outputs) {
             let r = &mut self.running[i];
+            if r.end.is_some() {
+                continue;
+            }
             if r.decoding() {
                 self.stats.decode_tokens += 1;
             } else {
@@ -632,9 +744,14 @@ impl Loop {
         let owner = Owner { tenant: req.tenant, request: req.id };
         let n = req.prompt.len();
         let refused = if kv.owner() != owner {
-            Some(EngineError::IsolationViolation { kind: "owner_mismatch" })
+            Some(EngineError::IsolationViolation { kind: ViolationKind::OwnerMismatch })
         } else if kv.capacity() < n + req.max_tokens {
-            Some(EngineError::IsolationViolation { kind: "short_reservation" })
+            Some(EngineError::IsolationViolation { kind: ViolationKind::ShortReservation })
+        } else if first as usize >= self.model.config.vocab {
+            // A first token the model cannot embed would fail the step it joins.
+            Some(EngineError::IsolationViolation { kind: ViolationKind::BadFirstToken })
+        } else if !self.is_live(req.tenant) {
+            Some(EngineError::TenantRevoked)
         } else {
             kv.verify_written(n).err().map(|e| EngineError::from_model(&model::ModelError::Kv(e)))
         };
@@ -706,6 +823,22 @@ impl Loop {
         s.cached_pages = self.pool.cached_pages()
             + if self.prefill_pool.same_pool(&self.pool) { 0 } else { self.prefill_pool.cached_pages() };
     }
+}
+
+/// Whether `tenant` may take `tokens` more slots of the main pool: always when it holds
+/// nothing (one request of the context window must always be able to run), else only within
+/// its share while more than one tenant can send requests.
+fn within_share(policy: &TenantPolicy, pool: &KvPool, tenant: TenantId, tokens: usize) -> bool {
+    let multi = policy.live.as_ref().is_some_and(|l| l.len() > 1);
+    if !multi || policy.max_share >= 1.0 {
+        return true;
+    }
+    let held = pool.pages_held_by(tenant);
+    if held == 0 {
+        return true;
+    }
+    let cap = (policy.max_share * pool.total_pages() as f64).ceil() as usize;
+    held + pool.layout().pages_for(tokens) <= cap
 }
 
 /// Ends a running request: its pages are freed before the final event, so whoever sees the

@@ -120,7 +120,7 @@ fn resume_refuses_pages_with_an_unwritten_prompt_slot_and_frees_them() {
         dst.import_rows(layer, 0, 1, &buf).unwrap();
     }
     let e = tokens_of(d.handle().resume(r, dst, first.token).unwrap()).unwrap_err();
-    assert_eq!(e, EngineError::IsolationViolation { kind: "unwritten_read" });
+    assert_eq!(e, EngineError::IsolationViolation { kind: engine::ViolationKind::UnwrittenRead });
     assert_eq!(d.handle().pool().used_pages(), 0);
 }
 
@@ -130,7 +130,7 @@ fn resume_refuses_another_requests_reservation() {
     let dh = d.handle();
     let other = reserve(&dh, req(8, 10, 4));
     let e = tokens_of(dh.resume(req(9, 10, 4), other, 1).unwrap()).unwrap_err();
-    assert_eq!(e, EngineError::IsolationViolation { kind: "owner_mismatch" });
+    assert_eq!(e, EngineError::IsolationViolation { kind: engine::ViolationKind::OwnerMismatch });
     assert_eq!(dh.pool().used_pages(), 0);
 }
 
@@ -187,4 +187,102 @@ fn a_reservation_waiting_for_pages_does_not_hold_up_the_same_tenants_prefills() 
     assert!(t0.elapsed() < std::time::Duration::from_secs(5), "the prefill waited behind the reservation");
     drop((kv, held));
     assert!(matches!(waiting.blocking_next(), Some(Event::Reserved(_))));
+}
+
+/// Resumes `r` from a copy of its own prefill, as a decode worker would.
+fn handed_over(ph: &EngineHandle, dh: &EngineHandle, r: &GenRequest) -> (BlockTable, u32) {
+    let (first, kv) = prefill(ph, r.clone());
+    let mut dst = reserve(dh, r.clone());
+    copy(&kv, &mut dst, r.prompt.len(), 2);
+    (dst, first.token)
+}
+
+fn alone(h: &EngineHandle, r: &GenRequest) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut s = h.submit(r.clone()).unwrap();
+    while let Some(ev) = s.blocking_next() {
+        if let Event::Token(t) = ev {
+            out.push(t.token);
+        }
+    }
+    out
+}
+
+#[test]
+fn a_first_token_outside_the_vocabulary_is_refused_before_it_joins_a_step() {
+    let (p, d) = (engine(1024), engine(1024));
+    let (ph, dh) = (p.handle(), d.handle());
+    let r = req(1, 20, 8);
+    let (kv, _) = handed_over(&ph, &dh, &r);
+    let vocab = TinySpec::default().vocab as u32;
+    let e = tokens_of(dh.resume(r, kv, vocab).unwrap()).unwrap_err();
+    assert_eq!(e, EngineError::IsolationViolation { kind: engine::ViolationKind::BadFirstToken });
+    assert_eq!(dh.pool().used_pages(), 0, "its pages are freed");
+}
+
+#[test]
+fn a_sequence_failing_mid_step_fails_alone_and_its_batch_mates_output_is_unchanged() {
+    let (p, d) = (engine(1024), engine(1024));
+    let (ph, dh) = (p.handle(), d.handle());
+    let bob = req(1, 20, 24);
+    let mut rogue = req(2, 16, 24);
+    rogue.tenant = TenantId(6);
+    let expected = alone(&ph, &bob);
+    let (bob_kv, bob_first) = handed_over(&ph, &dh, &bob);
+    let (rogue_kv, rogue_first) = handed_over(&ph, &dh, &rogue);
+    // The rogue's second page (positions 16..32, past its prompt, so the resume check passes)
+    // goes stale: it fails at its first decode write, in the middle of a step with bob.
+    rogue_kv.debug_make_page_stale(1);
+    let bob_stream = dh.resume(bob.clone(), bob_kv, bob_first).unwrap();
+    let rogue_stream = dh.resume(rogue, rogue_kv, rogue_first).unwrap();
+    let e = tokens_of(rogue_stream).unwrap_err();
+    assert_eq!(e, EngineError::IsolationViolation { kind: engine::ViolationKind::GenerationMismatch });
+    let mut got = vec![bob_first];
+    got.extend(tokens_of(bob_stream).unwrap());
+    assert_eq!(got, expected, "bob's output equals his output alone");
+}
+
+#[test]
+fn revoking_a_tenant_ends_its_requests_and_drops_its_cached_prefixes() {
+    use std::collections::HashSet;
+    let e = engine(1024);
+    let h = e.handle();
+    let (alice, bob) = (TenantId(5), TenantId(6));
+    let a = req(1, 40, 400);
+    let mut b = req(2, 40, 4);
+    b.tenant = bob;
+    let _ = alone(&h, &b);
+    let _ = alone(&h, &req(3, 40, 4));
+    assert_eq!(h.pool().cached_pages_of(alice), 2);
+    assert_eq!(h.pool().cached_pages_of(bob), 2);
+    let running = h.submit(a).unwrap();
+    h.apply_tenants(engine::TenantPolicy {
+        live: Some(HashSet::from([alice, bob])),
+        revoke: engine::Revoke::These(vec![alice]),
+        max_share: 1.0,
+    });
+    let err = tokens_of_any(running);
+    assert_eq!(err, Some(EngineError::TenantRevoked));
+    assert_eq!(h.pool().cached_pages_of(alice), 0);
+    assert_eq!(h.pool().cached_pages_of(bob), 2, "bob keeps his");
+    // A tenant outside the table is refused from now on.
+    h.apply_tenants(engine::TenantPolicy {
+        live: Some(HashSet::from([bob])),
+        revoke: engine::Revoke::These(vec![]),
+        max_share: 1.0,
+    });
+    assert_eq!(tokens_of_any(h.submit(req(4, 10, 4)).unwrap()), Some(EngineError::TenantRevoked));
+    assert_eq!(h.pool().used_pages(), h.pool().idle_cached_pages());
+}
+
+/// The error a stream ends with, if any.
+fn tokens_of_any(mut s: engine::RequestStream) -> Option<EngineError> {
+    while let Some(ev) = s.blocking_next() {
+        match ev {
+            Event::Failed(e) => return Some(e),
+            Event::Finished { .. } => return None,
+            _ => {}
+        }
+    }
+    None
 }

@@ -220,7 +220,6 @@ impl PoolInner {
         unsafe { self.arena.is_zero(page as usize * self.page_elems, self.page_elems) }
     }
 
-    #[cfg(test)]
     pub(crate) fn tamper(&self, page: u32, generation: u64, owner: Owner) {
         let meta = &self.meta[page as usize];
         meta.generation.store(generation, Ordering::Release);
@@ -454,6 +453,29 @@ impl KvPool {
     /// Cached pages no request holds: a reservation may evict them.
     pub fn idle_cached_pages(&self) -> usize {
         self.inner.cache().idle()
+    }
+
+    /// Pages `tenant` holds that no one else could take: its requests' pages, not its idle
+    /// cached ones (a reservation evicts those when it needs them). What a fair share counts.
+    pub fn pages_held_by(&self, tenant: TenantId) -> usize {
+        let idle = self.inner.cache().idle_of(tenant);
+        self.pages_used_by(tenant).saturating_sub(idle)
+    }
+
+    /// Cached pages of `tenant`, idle or in use.
+    pub fn cached_pages_of(&self, tenant: TenantId) -> usize {
+        self.inner.cache().count_of(tenant)
+    }
+
+    /// Drops every cache entry of the tenants `forget` picks (a removed tenant, a rotated key):
+    /// no later request can hit them, idle pages are freed now and pages still held by
+    /// requests when those end. Returns how many entries went.
+    pub fn forget_tenants(&self, forget: &dyn Fn(TenantId) -> bool) -> usize {
+        let gone = self.inner.cache().forget(forget);
+        let n = gone.len();
+        // Dropped after the cache lock: each last reference frees its page.
+        drop(gone);
+        n
     }
 
     /// Drops every cache entry; pages still held by requests are freed when those end.

@@ -161,6 +161,23 @@ impl PrefixCache {
         self.entries.len()
     }
 
+    /// Removes every entry of the tenants `forget` picks, idle or in use (a page in use is
+    /// freed when its last holder drops it), and returns them for the caller to drop.
+    pub(crate) fn forget(&mut self, forget: &dyn Fn(TenantId) -> bool) -> Vec<Arc<SealedPage>> {
+        let keys: Vec<PrefixKey> = self.entries.iter().filter(|(_, e)| forget(e.tenant)).map(|(k, _)| *k).collect();
+        keys.iter().filter_map(|k| self.entries.remove(k)).map(|e| e.page).collect()
+    }
+
+    /// Entries of `tenant` nobody but the cache holds.
+    pub(crate) fn idle_of(&self, tenant: TenantId) -> usize {
+        self.entries.values().filter(|e| e.tenant == tenant && Arc::strong_count(&e.page) == 1).count()
+    }
+
+    /// Entries of `tenant`, idle or in use.
+    pub(crate) fn count_of(&self, tenant: TenantId) -> usize {
+        self.entries.values().filter(|e| e.tenant == tenant).count()
+    }
+
     /// Empties the cache; the returned pages are freed when the caller drops them.
     pub(crate) fn clear(&mut self) -> Vec<Arc<SealedPage>> {
         self.entries.drain().map(|(_, e)| e.page).collect()

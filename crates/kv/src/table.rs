@@ -378,6 +378,15 @@ impl BlockTable {
         }
     }
 
+    /// Test support: makes page `index` of this table stale (its generation moves on, as if
+    /// the page had been freed and leased again), so the next access to it fails closed.
+    #[doc(hidden)]
+    pub fn debug_make_page_stale(&self, index: usize) {
+        if let Some(lease) = self.leases.get(index) {
+            self.pool.tamper(lease.page(), lease.generation() + 1, self.owner);
+        }
+    }
+
     /// Test support: whether every byte of every page of this table is zero.
     #[doc(hidden)]
     pub fn debug_pages_zeroed(&self) -> bool {

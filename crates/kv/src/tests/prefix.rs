@@ -167,6 +167,26 @@ fn a_page_leaves_the_cache_but_lives_until_its_last_holder_drops_it() {
     assert!(p.debug_free_pages_zeroed());
 }
 
+#[test]
+fn forgetting_a_tenant_drops_only_its_entries_and_its_next_request_misses() {
+    let p = pool(64);
+    let (alice_holder, _) = run(&p, 1, 1, None, &PROMPT);
+    let (bob, _) = run(&p, 2, 2, None, &PROMPT);
+    drop(bob);
+    assert_eq!((p.cached_pages_of(TenantId(1)), p.cached_pages_of(TenantId(2))), (2, 2));
+    // Alice's request still holds her pages: they leave the cache now, the pool at its drop.
+    assert_eq!(p.pages_held_by(TenantId(2)), 0, "bob's idle cached pages are not held");
+    assert_eq!(p.forget_tenants(&|t| t == TenantId(1)), 2);
+    assert_eq!((p.cached_pages_of(TenantId(1)), p.cached_pages_of(TenantId(2))), (0, 2));
+    check_reads(&alice_holder, &PROMPT);
+    drop(alice_holder);
+    assert_eq!(p.pages_used_by(TenantId(1)), 0);
+    let (_, cached) = run(&p, 1, 3, None, &PROMPT);
+    assert_eq!(cached, 0, "a forgotten tenant's prefix is computed again");
+    let (_, cached) = run(&p, 2, 4, None, &PROMPT);
+    assert_eq!(cached, 8, "another tenant keeps its cache");
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
