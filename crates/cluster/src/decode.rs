@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use engine::Event;
+use engine::{Event, ViolationKind};
 use kv::BlockTable;
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc::{self, UnboundedSender};
@@ -17,7 +17,7 @@ use wire::{Frame, FrameRef, Geometry, PageWrite, Received, Role, Ticket, TicketN
 
 use crate::link::{refusal_reason, refuse_busy, HandshakeGate};
 use crate::net::{BoxIo, Listener};
-use crate::proto::{violation_kind, Failure, Spec, ToGateway};
+use crate::proto::{Failure, Spec, ToGateway};
 use crate::worker::{nonce_hex, Ctx};
 use crate::{random, Link};
 
@@ -70,7 +70,7 @@ pub(crate) async fn reserve(ctx: Arc<Ctx>, spec: Spec, out: UnboundedSender<ToGa
         Err(_) => Failure::DeadlineExceeded,
     };
     if let Failure::Violation(kind) = &failure {
-        let kind = violation_kind(kind);
+        let kind = *kind;
         ctx.metrics.violation(kind);
         eprintln!(
             "{}: isolation violation kind={kind} route={route} request={} tenant={}: request failed, pages freed",
@@ -117,8 +117,8 @@ async fn route_inner(ctx: &Ctx, spec: &Spec, out: &UnboundedSender<ToGateway>) -
         };
         let inbound = match next {
             Ok(Some(i)) => i,
-            Ok(None) => return Err(Failure::Violation("truncated".into())),
-            Err(_) => return Err(Failure::Violation("truncated".into())),
+            Ok(None) => return Err(Failure::Violation(ViolationKind::Truncated)),
+            Err(_) => return Err(Failure::Violation(ViolationKind::Truncated)),
         };
         stall_limit = Some(tokio::time::Instant::now() + ctx.cfg.transfer_timeout);
         let frame = match inbound {
@@ -181,7 +181,7 @@ async fn decode(
 }
 
 fn violation(e: WireError) -> Failure {
-    Failure::Violation(e.kind().to_string())
+    Failure::Violation(ViolationKind::from_label(e.kind()))
 }
 
 /// Writes a verified frame's rows into our reservation: one layer at a time, at the page the
@@ -193,7 +193,7 @@ fn write(table: &mut BlockTable, w: &PageWrite<'_>) -> Result<(), Failure> {
     let start = w.page_index as usize * ps + w.slots.start as usize;
     for (i, layer) in (w.layers.start..w.layers.end).enumerate() {
         let rows = &w.payload[i * per_layer..(i + 1) * per_layer];
-        table.import_rows(layer as usize, start, n, rows).map_err(|_| Failure::Violation("reservation".into()))?;
+        table.import_rows(layer as usize, start, n, rows).map_err(|_| Failure::Violation(ViolationKind::Reservation))?;
     }
     Ok(())
 }
@@ -243,7 +243,7 @@ async fn kv_connection(ctx: Arc<Ctx>, io: BoxIo, permit: tokio::sync::OwnedSemap
                 let _ = tx.try_send(Inbound::Broken(e));
             }
             // Nothing to attribute it to: count it here.
-            None => ctx.metrics.violation(violation_kind(e.kind())),
+            None => ctx.metrics.violation(ViolationKind::from_label(e.kind())),
         }
     };
     let mut buf = Vec::new();
@@ -293,7 +293,7 @@ async fn kv_connection(ctx: Arc<Ctx>, io: BoxIo, permit: tokio::sync::OwnedSemap
                         ctx.cfg.name,
                         nonce_hex(&nonce)
                     );
-                    ctx.metrics.violation("ticket_busy");
+                    ctx.metrics.violation(ViolationKind::TicketBusy);
                     return;
                 }
             },

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use engine::EngineHandle;
+use engine::{EngineHandle, ViolationKind};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -55,12 +55,12 @@ pub struct WorkerMetrics {
     /// Nanoseconds spent on KV links' handshakes and sealing frames (prefill), or opening and
     /// checking frames (decode).
     pub kv_crypto_ns: AtomicU64,
-    violations: Mutex<BTreeMap<&'static str, u64>>,
+    violations: Mutex<BTreeMap<ViolationKind, u64>>,
     pub links: LinkMetrics,
 }
 
 impl WorkerMetrics {
-    pub fn violation(&self, kind: &'static str) {
+    pub fn violation(&self, kind: ViolationKind) {
         *self.violations.lock().unwrap_or_else(|e| e.into_inner()).entry(kind).or_default() += 1;
     }
 
@@ -87,7 +87,7 @@ impl WorkerMetrics {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .iter()
-                .map(|(k, v)| (k.to_string(), *v))
+                .map(|(k, v)| (*k, *v))
                 .collect(),
             link_failures: self.links.snapshot(),
         }

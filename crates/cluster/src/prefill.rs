@@ -60,7 +60,7 @@ async fn route_inner(
     // The ticket must be for this request and prompt; a gateway bug must not make us send
     // one request's KV under another's ticket.
     if ticket.request != req.id || ticket.tenant != req.tenant || ticket.tokens as usize != req.prompt.len() {
-        return Err(Failure::Violation("wrong_ticket".into()));
+        return Err(Failure::Violation(engine::ViolationKind::WrongTicket));
     }
     let mut stream = ctx.engine.prefill(req.clone()).map_err(Failure::Refused)?;
     let mut cached_tokens = None;

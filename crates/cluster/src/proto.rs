@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use engine::{AdmissionError, EngineError, FinishReason, GenRequest, TokenEvent, Usage};
+use engine::{AdmissionError, EngineError, FinishReason, GenRequest, TokenEvent, Usage, ViolationKind};
 use kv::{RequestId, TenantId};
 use sampling::{RawSamplingParams, SamplingParams, StopTokens, TopLogprob};
 use serde::{Deserialize, Serialize};
@@ -22,8 +22,27 @@ pub struct Register {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Registered {
-    Accepted,
+    /// Accepted, with the gateway's tenant table: the worker applies it before it serves.
+    Accepted(TenantTable),
     Rejected(String),
+}
+
+/// The gateway's tenants as workers need them: who may run, and an epoch per tenant that
+/// changes when its key does. A worker drops the cached prefixes (and ends the requests) of a
+/// tenant that left the table or whose epoch changed. Ids are never reused, so a cache keyed
+/// by id can never answer another tenant.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TenantTable {
+    pub tenants: Vec<TenantEntry>,
+    /// The most of a decode pool one tenant may hold while the table has several tenants.
+    pub max_share: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantEntry {
+    pub id: u64,
+    /// A digest of the tenant's key digest: equal epochs, same key.
+    pub epoch: [u8; 16],
 }
 
 /// A route's time limit when the request has no deadline of its own.
@@ -121,6 +140,8 @@ pub enum ToWorker {
     Prefill { spec: Spec, ticket: TicketWire, decode_addr: String },
     /// Stop the route and free everything it holds.
     Cancel { route: u64 },
+    /// The gateway's tenant table changed (a tenant added, removed, or its key rotated).
+    Tenants(TenantTable),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -154,8 +175,11 @@ pub enum Failure {
     QueueTimeout,
     DeadlineExceeded,
     ShuttingDown,
-    /// An integrity or ownership check failed; `kind` labels the violations counter.
-    Violation(String),
+    /// An integrity or ownership check failed; `kind` labels the violations counter (one of
+    /// a fixed set: a peer cannot mint labels).
+    Violation(ViolationKind),
+    /// The request's tenant was removed or its key rotated.
+    Revoked,
     /// The prefill worker could not reach the decode worker (retryable).
     Unreachable(String),
     Internal(String),
@@ -167,7 +191,8 @@ impl Failure {
             EngineError::QueueTimeout => Failure::QueueTimeout,
             EngineError::DeadlineExceeded => Failure::DeadlineExceeded,
             EngineError::ShuttingDown => Failure::ShuttingDown,
-            EngineError::IsolationViolation { kind } => Failure::Violation((*kind).to_string()),
+            EngineError::IsolationViolation { kind } => Failure::Violation(*kind),
+            EngineError::TenantRevoked => Failure::Revoked,
             EngineError::Refused(a) => Failure::Refused(a.clone()),
             EngineError::Unavailable(m) => Failure::Unreachable(m.clone()),
             EngineError::Internal(m) => Failure::Internal(m.clone()),
@@ -180,48 +205,12 @@ impl Failure {
             Failure::QueueTimeout => EngineError::QueueTimeout,
             Failure::DeadlineExceeded => EngineError::DeadlineExceeded,
             Failure::ShuttingDown => EngineError::ShuttingDown,
-            Failure::Violation(k) => EngineError::IsolationViolation { kind: violation_kind(k) },
+            Failure::Violation(kind) => EngineError::IsolationViolation { kind: *kind },
+            Failure::Revoked => EngineError::TenantRevoked,
             Failure::Unreachable(m) => EngineError::Unavailable(m.clone()),
             Failure::Internal(m) => EngineError::Internal(m.clone()),
         }
     }
-}
-
-/// Maps a reported violation kind onto the fixed label set (a peer cannot mint labels).
-pub fn violation_kind(k: &str) -> &'static str {
-    const KINDS: &[&str] = &[
-        "truncated",
-        "oversized",
-        "trailing_bytes",
-        "bad_magic",
-        "bad_version",
-        "malformed",
-        "bad_mac",
-        "unknown_ticket",
-        "bad_range",
-        "reservation",
-        "wrong_ticket",
-        "out_of_order",
-        "page_out_of_range",
-        "layer_out_of_range",
-        "token_out_of_range",
-        "tokens_outside_page",
-        "payload_length",
-        "duplicate",
-        "overlap",
-        "token_count",
-        "prompt_digest",
-        "incomplete",
-        "after_close",
-        "generation_mismatch",
-        "owner_mismatch",
-        "unwritten_read",
-        "short_reservation",
-        "first_token_mismatch",
-        "transfer_timeout",
-        "ticket_busy",
-    ];
-    KINDS.iter().find(|x| **x == k).copied().unwrap_or("other")
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -252,7 +241,7 @@ pub struct Stats {
     #[serde(default)]
     pub kv_crypto_ns: u64,
     pub transfers_completed: u64,
-    pub violations: Vec<(String, u64)>,
+    pub violations: Vec<(ViolationKind, u64)>,
     /// Handshakes and links this worker refused, by reason.
     #[serde(default)]
     pub link_failures: Vec<(String, u64)>,

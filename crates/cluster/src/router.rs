@@ -8,16 +8,17 @@ use std::time::{Duration, Instant};
 
 use engine::{
     AdmissionError, EngineError, EngineStats, Event, EventSender, FinishReason, GenRequest, RequestStream, TokenEvent,
-    Usage,
+    Usage, ViolationKind,
 };
 use tokio::sync::mpsc;
+use kv::TenantId;
 use wire::{Role, Ticket};
 
 use crate::link::{refusal_reason, refuse_busy, HandshakeGate, Identity};
 use crate::metrics::LinkMetrics;
 use crate::net::{BoxIo, Listener};
 use crate::proto::{
-    role_name, violation_kind, Failure, Finish, Register, Registered, Spec, Stats, ToGateway, ToWorker,
+    role_name, Failure, Finish, Register, Registered, Spec, Stats, TenantTable, ToGateway, ToWorker,
 };
 use crate::{ClusterError, Link};
 
@@ -76,6 +77,23 @@ struct Inner {
     stopping: AtomicBool,
     gate: HandshakeGate,
     links: LinkMetrics,
+    /// The gateway's tenant table, sent to every worker at registration and on each change.
+    tenants: Mutex<TenantTable>,
+    revocations: tokio::sync::watch::Sender<Revocations>,
+}
+
+/// Which tenants were revoked (removed, key rotated), and when, counted in revocations: a
+/// request admitted before a revocation of its tenant ends; one admitted after runs.
+#[derive(Debug, Default)]
+struct Revocations {
+    count: u64,
+    at: HashMap<TenantId, u64>,
+}
+
+impl Revocations {
+    fn revoked_since(&self, tenant: TenantId, mark: u64) -> bool {
+        self.at.get(&tenant).is_some_and(|&at| at > mark)
+    }
 }
 
 /// Cheap to clone; every clone is the same router.
@@ -95,6 +113,8 @@ impl Router {
                 next_route: AtomicU64::new(1),
                 next_worker: AtomicU64::new(1),
                 stopping: AtomicBool::new(false),
+                tenants: Mutex::new(TenantTable { tenants: Vec::new(), max_share: 1.0 }),
+                revocations: tokio::sync::watch::Sender::new(Revocations::default()),
             }),
         }
     }
@@ -173,7 +193,8 @@ impl Router {
             wr.send(&Registered::Rejected(m.clone())).await?;
             return Err(ClusterError::Rejected(m));
         }
-        wr.send(&Registered::Accepted).await?;
+        let table = self.inner.tenants.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        wr.send(&Registered::Accepted(table)).await?;
         let (tx, mut rx) = mpsc::unbounded_channel::<ToWorker>();
         let w = Arc::new(WorkerConn {
             id: self.inner.next_worker.fetch_add(1, Ordering::Relaxed),
@@ -268,14 +289,47 @@ impl Router {
         engine::door_check(prompt, max_tokens, cfg.context, capacity.unwrap_or(cfg.context), cfg.vocab)
     }
 
+    /// Replaces the tenant table and sends it to every worker. The requests of the tenants in
+    /// `revoke` (removed, or their key rotated) that were admitted before this call end with
+    /// [`EngineError::TenantRevoked`]; workers drop those tenants' cached prefixes.
+    pub fn set_tenants(&self, table: TenantTable, revoke: &[TenantId]) {
+        {
+            // Workers get tables in the order they were set: the send happens under the lock.
+            let mut current = self.inner.tenants.lock().unwrap_or_else(|e| e.into_inner());
+            *current = table.clone();
+            if !revoke.is_empty() {
+                self.inner.revocations.send_modify(|r| {
+                    r.count += 1;
+                    for t in revoke {
+                        r.at.insert(*t, r.count);
+                    }
+                });
+            }
+            for w in self.workers().iter() {
+                let _ = w.tx.send(ToWorker::Tenants(table.clone()));
+            }
+        }
+    }
+
+    /// Take this before authenticating a request and pass it to [`Router::submit`]: a
+    /// revocation after it ends the request even if the key was valid when checked.
+    pub fn revocation_mark(&self) -> u64 {
+        self.inner.revocations.borrow().count
+    }
+
     /// Checks the request, then runs it on the cluster; the stream has the engine's contract.
-    pub fn submit(&self, req: GenRequest) -> Result<RequestStream, AdmissionError> {
+    /// `mark` is [`Router::revocation_mark`] from before the request's key was checked.
+    pub fn submit(&self, req: GenRequest, mark: u64) -> Result<RequestStream, AdmissionError> {
         self.check(&req.prompt, req.max_tokens)?;
         if self.inner.stopping.load(Ordering::SeqCst) {
             return Err(AdmissionError::ShuttingDown);
         }
         let (tx, rs) = RequestStream::channel(req.id);
-        tokio::spawn(self.clone().orchestrate(req, tx));
+        if self.inner.revocations.borrow().revoked_since(req.tenant, mark) {
+            let _ = tx.send(Event::Failed(EngineError::TenantRevoked));
+            return Ok(rs);
+        }
+        tokio::spawn(self.clone().orchestrate(req, tx, mark));
         Ok(rs)
     }
 
@@ -328,10 +382,10 @@ impl Router {
         fresh.or_else(|| of_role().min_by_key(|w| w.inflight.load(Ordering::Relaxed))).cloned()
     }
 
-    async fn orchestrate(self, req: GenRequest, ev: EventSender) {
+    async fn orchestrate(self, req: GenRequest, ev: EventSender, mark: u64) {
         let mut avoid = Vec::new();
         for attempt in 0..2 {
-            match self.attempt(&req, &ev, &mut avoid).await {
+            match self.attempt(&req, &ev, &mut avoid, mark).await {
                 Outcome::Done => return,
                 Outcome::Retry(e) if attempt == 0 => {
                     eprintln!("gateway: request {} failed before its first token ({e}); retrying once", req.id.0);
@@ -344,7 +398,11 @@ impl Router {
         }
     }
 
-    async fn attempt(&self, req: &GenRequest, ev: &EventSender, avoid: &mut Vec<u64>) -> Outcome {
+    async fn attempt(&self, req: &GenRequest, ev: &EventSender, avoid: &mut Vec<u64>, mark: u64) -> Outcome {
+        let mut revocations = self.inner.revocations.subscribe();
+        if revocations.borrow_and_update().revoked_since(req.tenant, mark) {
+            return Outcome::Fail(EngineError::TenantRevoked);
+        }
         let Some(decode) = self.pick(Role::Decode, avoid) else {
             return Outcome::Fail(EngineError::Unavailable("no decode worker is registered".into()));
         };
@@ -378,6 +436,12 @@ impl Router {
                     None => return Outcome::Fail(EngineError::Internal("route channel closed".into())),
                 },
                 _ = ev.closed() => return Outcome::Done,
+                Ok(()) = revocations.changed() => {
+                    if revocations.borrow_and_update().revoked_since(req.tenant, mark) {
+                        return Outcome::Fail(EngineError::TenantRevoked);
+                    }
+                    continue;
+                }
                 _ = tokio::time::sleep_until(deadline.into()) => return Outcome::Fail(EngineError::DeadlineExceeded),
                 _ = verify_sleep => {
                     return Outcome::Retry(EngineError::Unavailable("the decode worker did not verify the KV in time".into()));
@@ -396,7 +460,7 @@ impl Router {
                 (Role::Decode, ToGateway::Reserved { ticket, .. }) => {
                     let t: Ticket = ticket.into();
                     if t.request != req.id || t.tenant != req.tenant || t.tokens as usize != req.prompt.len() {
-                        return Outcome::Fail(EngineError::IsolationViolation { kind: "wrong_ticket" });
+                        return Outcome::Fail(EngineError::IsolationViolation { kind: ViolationKind::WrongTicket });
                     }
                     let _ = ev.send(Event::Started);
                     let decode_addr = decode.kv_addr.clone().unwrap_or_default();
@@ -461,11 +525,11 @@ struct FirstTokenGate {
 
 impl FirstTokenGate {
     /// Releases what can be; `Ok(true)` once the request finished.
-    fn release(&mut self, req: &GenRequest, ev: &EventSender) -> Result<bool, &'static str> {
+    fn release(&mut self, req: &GenRequest, ev: &EventSender) -> Result<bool, ViolationKind> {
         if !self.released {
             let (Some(first), Some(verified)) = (&self.first, self.verified) else { return Ok(false) };
             if first.token != verified {
-                return Err(violation_kind("first_token_mismatch"));
+                return Err(ViolationKind::FirstTokenMismatch);
             }
             self.released = true;
             if !req.stop_tokens.contains(first.token) {

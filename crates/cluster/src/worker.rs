@@ -1,11 +1,12 @@
 //! What both worker roles share: registering with the gateway over an authenticated link,
 //! the control loop that runs one task per route, cancellation, and stats reporting.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use engine::EngineHandle;
+use engine::{EngineHandle, Revoke, TenantPolicy};
+use kv::TenantId;
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use wire::{Role, TicketNonce, WireError};
@@ -14,7 +15,7 @@ use crate::decode::TicketTable;
 use crate::link::Identity;
 use crate::metrics::WorkerMetrics;
 use crate::net::Net;
-use crate::proto::{Failure, Register, Registered, ToGateway, ToWorker};
+use crate::proto::{Failure, Register, Registered, TenantTable, ToGateway, ToWorker};
 use crate::{decode, prefill, ClusterError, Link};
 
 #[derive(Clone)]
@@ -43,6 +44,8 @@ pub(crate) struct Ctx {
     pub metrics: Arc<WorkerMetrics>,
     pub tickets: TicketTable,
     pub kv_addr: Option<String>,
+    /// The last tenant table applied (id -> key epoch); `None` before the first.
+    pub tenants: Mutex<Option<HashMap<u64, [u8; 16]>>>,
 }
 
 impl Ctx {
@@ -77,10 +80,11 @@ pub async fn run_worker(
             metrics: metrics.clone(),
             tickets: tickets.clone(),
             kv_addr: kv_addr.clone(),
+            tenants: Mutex::new(None),
         });
         tokio::spawn(decode::accept_kv(ctx, listener));
     }
-    let ctx = Arc::new(Ctx { cfg, engine, net, metrics, tickets, kv_addr });
+    let ctx = Arc::new(Ctx { cfg, engine, net, metrics, tickets, kv_addr, tenants: Mutex::new(None) });
     let mut pause = Duration::from_millis(100);
     loop {
         match session(&ctx).await {
@@ -150,7 +154,7 @@ async fn session(ctx: &Arc<Ctx>) -> Result<(), ClusterError> {
     };
     wr.send(&reg).await?;
     match tokio::time::timeout(timeout, rd.recv::<Registered>()).await {
-        Ok(Ok(Some(Registered::Accepted))) => {}
+        Ok(Ok(Some(Registered::Accepted(table)))) => apply_tenants(ctx, &table),
         Ok(Ok(Some(Registered::Rejected(m)))) => return Err(ClusterError::Rejected(m)),
         Ok(Ok(None)) => return Err(ClusterError::Message("the gateway closed the link".into())),
         Ok(Err(e)) => return Err(e),
@@ -186,6 +190,7 @@ async fn session(ctx: &Arc<Ctx>) -> Result<(), ClusterError> {
         };
         match msg {
             ToWorker::Cancel { route } => routes.cancel(route),
+            ToWorker::Tenants(table) => apply_tenants(&ctx, &table),
             ToWorker::Reserve(spec) if ctx.role() == Role::Decode => {
                 spawn_route(&routes, spec.route, decode::reserve(ctx.clone(), spec, out.clone()));
             }
@@ -203,6 +208,33 @@ async fn session(ctx: &Arc<Ctx>) -> Result<(), ClusterError> {
     stats.abort();
     writer.abort();
     result
+}
+
+/// Applies the gateway's tenant table to this worker's engine before anything after it runs:
+/// tenants that left the table or whose key changed lose their requests and cached prefixes.
+/// The first table a worker sees drops every cached prefix: it cannot tell whose they were
+/// (another gateway's table, or one from before a restart, may have used the same ids).
+fn apply_tenants(ctx: &Ctx, table: &TenantTable) {
+    let new: HashMap<u64, [u8; 16]> = table.tenants.iter().map(|t| (t.id, t.epoch)).collect();
+    let mut known = ctx.tenants.lock().unwrap_or_else(|e| e.into_inner());
+    let revoke = match known.as_ref() {
+        None => Revoke::AllCaches,
+        Some(old) => Revoke::These(
+            old.iter().filter(|(id, epoch)| new.get(id) != Some(epoch)).map(|(id, _)| TenantId(*id)).collect(),
+        ),
+    };
+    let gone = match &revoke {
+        Revoke::These(ts) => ts.len(),
+        Revoke::AllCaches => 0,
+    };
+    let max_share = if table.max_share > 0.0 && table.max_share <= 1.0 { table.max_share } else { 1.0 };
+    ctx.engine.apply_tenants(TenantPolicy {
+        live: Some(new.keys().map(|id| TenantId(*id)).collect::<HashSet<_>>()),
+        revoke,
+        max_share,
+    });
+    eprintln!("{}: tenant table applied: {} tenants, {gone} revoked", ctx.cfg.name, new.len());
+    *known = Some(new);
 }
 
 /// Runs one route as its own task, registered so a `Cancel` or the end of the session aborts it.

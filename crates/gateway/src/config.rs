@@ -48,6 +48,9 @@ struct RawConfig {
     cluster: RawCluster,
     #[serde(default)]
     prefix_cache: RawPrefixCache,
+    /// The highest tenant id ever given out (`tenant add` raises it; nothing lowers it), so a
+    /// removed tenant's id is never given to another.
+    last_tenant_id: Option<u64>,
     #[serde(default)]
     tenants: Vec<RawTenant>,
 }
@@ -100,11 +103,14 @@ struct RawLimits {
     request_timeout_s: Option<u64>,
     drain_timeout_s: Option<u64>,
     max_tokens_default: Option<usize>,
+    max_tokens_ceiling: Option<usize>,
+    tenant_pool_share: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawTenant {
+    id: Option<u64>,
     name: String,
     key_sha256: String,
     max_concurrent: Option<usize>,
@@ -224,11 +230,18 @@ pub struct Limits {
     pub request_timeout: Duration,
     pub drain_timeout: Duration,
     pub max_tokens_default: usize,
+    /// The largest `max_tokens` a request may ask for (400 beyond).
+    pub max_tokens_ceiling: usize,
+    /// The most of a decode pool one tenant may hold while the table has several tenants
+    /// (its other requests wait in its own queue).
+    pub tenant_pool_share: f64,
 }
 
-/// One tenant: its name (logs, metrics), the SHA-256 digest of its key, and its limits.
+/// One tenant: its id (what keys caches, limits, metrics and logs; given once and never
+/// reused), its name, the SHA-256 digest of its key, and its limits.
 #[derive(Clone)]
 pub struct TenantConfig {
+    pub id: kv::TenantId,
     pub name: String,
     pub key_sha256: [u8; 32],
     pub max_concurrent: usize,
@@ -240,6 +253,7 @@ pub struct TenantConfig {
 impl std::fmt::Debug for TenantConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TenantConfig")
+            .field("id", &self.id.0)
             .field("name", &self.name)
             .field("max_concurrent", &self.max_concurrent)
             .field("max_queued", &self.max_queued)
@@ -265,6 +279,8 @@ pub struct Config {
     pub cluster: ClusterSettings,
     /// Empty: one development tenant (see [`crate::tenants::dev_tenant`]).
     pub tenants: Vec<TenantConfig>,
+    /// The highest tenant id ever given out (at least every tenant's id).
+    pub last_tenant_id: u64,
     /// The file this config was loaded from, if any: what a reload (SIGHUP) reads again.
     pub source: Option<PathBuf>,
 }
@@ -296,6 +312,8 @@ fn builtin_defaults() -> Config {
             request_timeout: Duration::from_secs(300),
             drain_timeout: Duration::from_secs(30),
             max_tokens_default: 256,
+            max_tokens_ceiling: DEFAULT_MAX_TOKENS_CEILING,
+            tenant_pool_share: DEFAULT_TENANT_POOL_SHARE,
         },
         cluster: ClusterSettings {
             listen: "127.0.0.1:7100".into(),
@@ -311,9 +329,13 @@ fn builtin_defaults() -> Config {
             handshake_timeout: Duration::from_secs(10),
         },
         tenants: Vec::new(),
+        last_tenant_id: 0,
         source: None,
     }
 }
+
+pub const DEFAULT_MAX_TOKENS_CEILING: usize = 4096;
+pub const DEFAULT_TENANT_POOL_SHARE: f64 = 0.5;
 
 fn positive(field: &str, v: Option<usize>, default: usize) -> Result<usize, ConfigError> {
     match v {
@@ -423,6 +445,16 @@ impl Config {
             request_timeout: Duration::from_secs(positive_u64("limits.request_timeout_s", l.request_timeout_s, 300)?),
             drain_timeout: Duration::from_secs(l.drain_timeout_s.unwrap_or(30)),
             max_tokens_default: positive("limits.max_tokens_default", l.max_tokens_default, 256)?,
+            max_tokens_ceiling: positive(
+                "limits.max_tokens_ceiling",
+                l.max_tokens_ceiling,
+                DEFAULT_MAX_TOKENS_CEILING,
+            )?,
+            tenant_pool_share: match l.tenant_pool_share {
+                None => DEFAULT_TENANT_POOL_SHARE,
+                Some(s) if s > 0.0 && s <= 1.0 => s,
+                Some(s) => return Err(invalid("limits.tenant_pool_share", format!("must be in (0, 1], got {s}"))),
+            },
         };
 
         let c = raw.cluster;
@@ -470,7 +502,28 @@ impl Config {
             if tenants.iter().any(|o| o.key_sha256 == key_sha256) {
                 return Err(invalid(field("key_sha256"), "the same key digest is given to two tenants"));
             }
+            let id = match t.id {
+                None => {
+                    return Err(invalid(
+                        field("id"),
+                        "is missing: every tenant needs a numeric id, given once and never reused (it keys \
+                         caches, limits and metrics); `pagewarden tenant add` assigns one",
+                    ))
+                }
+                Some(0) => return Err(invalid(field("id"), "must be at least 1, got 0")),
+                Some(id) => id,
+            };
+            if tenants.iter().any(|o| o.id.0 == id) {
+                return Err(invalid(field("id"), format!("{id} is given to two tenants")));
+            }
+            if raw.last_tenant_id.is_some_and(|last| id > last) {
+                return Err(invalid(
+                    field("id"),
+                    format!("{id} is above last_tenant_id; ids above it may be given out again by `tenant add`"),
+                ));
+            }
             tenants.push(TenantConfig {
+                id: kv::TenantId(id),
                 name: t.name,
                 key_sha256,
                 max_concurrent: positive(&field("max_concurrent"), t.max_concurrent, 8)?,
@@ -489,6 +542,7 @@ impl Config {
             engine,
             limits,
             cluster,
+            last_tenant_id: raw.last_tenant_id.unwrap_or(0).max(tenants.iter().map(|t| t.id.0).max().unwrap_or(0)),
             tenants,
             source: None,
         })

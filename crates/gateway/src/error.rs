@@ -130,6 +130,11 @@ impl ApiError {
             }
             EngineError::Refused(a) => Self::admission(a, "messages"),
             EngineError::Unavailable(_) => Self::unavailable("no_worker", e.to_string(), 2),
+            EngineError::TenantRevoked => {
+                let mut err = Self::unauthorized(e.to_string());
+                err.reason = "key_revoked";
+                err
+            }
             EngineError::IsolationViolation { .. } | EngineError::Internal(_) => Self::internal(e.to_string()),
         }
     }

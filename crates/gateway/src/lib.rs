@@ -29,7 +29,7 @@ pub use server::{
     engine_config, load_model, model_path, run_gateway_cli, run_serve_cli, serve, serve_gateway, LoadedModel,
     ModelInfo, ServeError,
 };
-pub use tenants::{add_tenant, TenantError};
+pub use tenants::{add_tenant, remove_tenant, rotate_key, TenantError};
 
 /// The config file `pagewarden tenant add` writes when `--config` is not given.
 pub const DEFAULT_CONFIG_FILE: &str = "pagewarden.toml";
@@ -39,12 +39,41 @@ pub const DEFAULT_CONFIG_FILE: &str = "pagewarden.toml";
 /// key's SHA-256 digest is stored.
 pub fn run_tenant_add_cli(config_path: Option<&Path>, name: &str) -> Result<(), TenantError> {
     let path = config_path.unwrap_or(Path::new(DEFAULT_CONFIG_FILE));
-    let key = add_tenant(path, name)?;
+    let (id, key) = add_tenant(path, name)?;
     println!("{key}");
     eprintln!(
-        "tenant `{name}` added to {}; the key above is shown only this once (only its SHA-256 digest is stored). \
-         Start the server with: pagewarden serve --config {}",
+        "tenant `{name}` (id {}) added to {}; the key above is shown only this once (only its SHA-256 digest is \
+         stored). Start the server with `pagewarden serve --config {}`, or {RELOAD_HINT}",
+        id.0,
         path.display(),
+        path.display()
+    );
+    Ok(())
+}
+
+const RELOAD_HINT: &str = "send SIGHUP to a running server or gateway to apply it (`kill -HUP PID`)";
+
+/// `pagewarden tenant remove NAME [--config FILE]`.
+pub fn run_tenant_remove_cli(config_path: Option<&Path>, name: &str) -> Result<(), TenantError> {
+    let path = config_path.unwrap_or(Path::new(DEFAULT_CONFIG_FILE));
+    let id = remove_tenant(path, name)?;
+    eprintln!(
+        "tenant `{name}` (id {}) removed from {}; its id will not be given out again. {RELOAD_HINT}: its key is \
+         refused at once, its requests end and its cached prefixes are dropped on every worker.",
+        id.0,
+        path.display()
+    );
+    Ok(())
+}
+
+/// `pagewarden tenant rotate-key NAME [--config FILE]`: prints the new key once.
+pub fn run_tenant_rotate_key_cli(config_path: Option<&Path>, name: &str) -> Result<(), TenantError> {
+    let path = config_path.unwrap_or(Path::new(DEFAULT_CONFIG_FILE));
+    let key = rotate_key(path, name)?;
+    println!("{key}");
+    eprintln!(
+        "tenant `{name}` has a new key (shown only this once) in {}. {RELOAD_HINT}: the old key is refused at \
+         once, requests made with it end and the tenant's cached prefixes are dropped.",
         path.display()
     );
     Ok(())

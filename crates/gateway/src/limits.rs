@@ -170,7 +170,7 @@ mod tests {
     use super::*;
 
     fn cfg(max_concurrent: usize, max_queued: usize, tpm: u64) -> TenantConfig {
-        TenantConfig { name: "t".into(), key_sha256: [0; 32], max_concurrent, max_queued, tokens_per_minute: tpm }
+        TenantConfig { id: TenantId(1), name: "t".into(), key_sha256: [0; 32], max_concurrent, max_queued, tokens_per_minute: tpm }
     }
 
     #[test]

@@ -157,8 +157,8 @@ impl Metrics {
     }
 
     /// Invariant 10: an ownership or integrity violation.
-    pub fn isolation_violation(&self, kind: &'static str) {
-        bump(&self.violations, kind);
+    pub fn isolation_violation(&self, kind: engine::ViolationKind) {
+        bump(&self.violations, kind.label());
     }
 
     pub fn time_to_first_token(&self, d: Duration) {

@@ -29,7 +29,7 @@ use crate::config::{effective_context, pool_capacity_tokens, Config, ConfigError
 use crate::error::ApiError;
 use crate::limits::Limiter;
 use crate::metrics::Metrics;
-use crate::tenants::{dev_key_path, dev_tenant, TenantError, Tenants};
+use crate::tenants::{dev_key_path, dev_tenant, TenantDirectory, TenantError, Tenants};
 
 /// Why the server did not start (or stopped abnormally).
 #[derive(Debug, thiserror::Error)]
@@ -52,7 +52,8 @@ pub struct AppState {
     pub tokenizer: Tokenizer,
     pub template: ChatTemplate,
     pub stop_tokens: StopTokens,
-    pub tenants: Tenants,
+    /// Replaced whole on SIGHUP.
+    pub tenants: TenantDirectory,
     pub limiter: Limiter,
     pub metrics: Metrics,
     /// The served context window (at most the model's).
@@ -94,9 +95,10 @@ async fn ready(State(st): State<Arc<AppState>>) -> Response {
 
 async fn metrics(State(st): State<Arc<AppState>>) -> Response {
     let stats = st.backend.stats();
+    let tenants = st.tenants.current();
     let mut body = st
         .metrics
-        .render(&stats, |t| st.tenants.by_id(t).map_or_else(|| format!("tenant-{}", t.0), |x| x.config.name.clone()));
+        .render(&stats, |t| tenants.by_id(t).map_or_else(|| format!("tenant-{}", t.0), |x| x.config.name.clone()));
     body.push_str(&crate::metrics::render_workers(&st.backend.worker_info()));
     body.push_str(&cluster::metrics::render_link_failures("", &st.backend.link_failures()));
     text_response(StatusCode::OK, "text/plain; version=0.0.4", body)
@@ -295,6 +297,8 @@ where
         SecretRing::single(ClusterSecret::from_bytes(cluster::random().map_err(|e| ServeError::Io(e.to_string()))?));
     let rcfg = router_config(&config, &info, secrets.clone())?;
     let router = cluster::Router::new(rcfg);
+    let tenants = initial_tenants(&config)?;
+    router.set_tenants(tenants.0.table(config.limits.tenant_pool_share), &[]);
     let net = Net::default();
     let (listener, _) = net.listen("mem:gateway").await.map_err(|e| ServeError::Io(e.to_string()))?;
     tokio::spawn(router.clone().serve(listener));
@@ -326,7 +330,8 @@ where
     let on_drain = move || {
         handle.stop_admitting();
     };
-    let result = run_http(config, router.clone(), tokenizer, template, info.context, shutdown, ready, on_drain).await;
+    let result =
+        run_http(config, router.clone(), tenants, tokenizer, template, info.context, shutdown, ready, on_drain).await;
     // Dropping the engine fails whatever is still queued or running (their clients get an error
     // response or an error event) and frees their pages.
     let _ = tokio::task::spawn_blocking(move || drop(engine)).await;
@@ -356,6 +361,9 @@ where
     .await
     .map_err(|e| ServeError::Io(format!("model loading task failed: {e}")))??;
     let router = cluster::Router::new(router_config(&config, &info, secrets)?);
+    let tenants = initial_tenants(&config)?;
+    // Set before the listener opens: every worker registers with the real table.
+    router.set_tenants(tenants.0.table(config.limits.tenant_pool_share), &[]);
     let net = Net::default();
     let (listener, bound) = net
         .listen(&config.cluster.listen)
@@ -364,7 +372,55 @@ where
     println!("cluster listening on {bound}");
     tokio::spawn(router.clone().serve(listener));
     let r2 = router.clone();
-    run_http(config, router, tokenizer, template, info.context, shutdown, ready, move || r2.fail_all()).await
+    run_http(config, router, tenants, tokenizer, template, info.context, shutdown, ready, move || r2.fail_all()).await
+}
+
+/// The configured tenants, or the development tenant when none is configured (`true`).
+fn initial_tenants(config: &Config) -> Result<(Tenants, bool), ServeError> {
+    if config.tenants.is_empty() {
+        return Ok((Tenants::new(vec![dev_tenant()?]), true));
+    }
+    Ok((Tenants::new(config.tenants.clone()), false))
+}
+
+/// Re-reads the tenants from the config file on every SIGHUP (when it came from a file): a
+/// removed tenant's or a rotated key's old key is refused from then on, the tenant's requests
+/// in flight end with an error and every worker drops its cached prefixes. A file that fails
+/// to load keeps the tenants in use. Needs a running Tokio runtime.
+fn reload_tenants_on_sighup(st: &Arc<AppState>, dev: bool) {
+    #[cfg(unix)]
+    if let Some(path) = st.config.source.clone() {
+        let st = st.clone();
+        tokio::spawn(async move {
+            use tokio::signal::unix::{signal, SignalKind};
+            let Ok(mut hup) = signal(SignalKind::hangup()) else { return };
+            while hup.recv().await.is_some() {
+                let config = match Config::load(&path) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        eprintln!("tenants: reload failed, keeping the tenants in use: {e}");
+                        continue;
+                    }
+                };
+                if dev && config.tenants.is_empty() {
+                    continue;
+                }
+                apply_tenants(&st, Tenants::new(config.tenants));
+            }
+        });
+    }
+}
+
+/// Installs a new tenant table: the gateway's own lookups first (old keys refused at once),
+/// then the limits, then the router, which ends the revoked tenants' requests and tells every
+/// worker.
+pub fn apply_tenants(st: &AppState, next: Tenants) {
+    let table = next.table(st.config.limits.tenant_pool_share);
+    let count = next.len();
+    let revoked = st.tenants.replace(next);
+    st.backend.set_tenants(table, &revoked);
+    let ids: Vec<u64> = revoked.iter().map(|t| t.0).collect();
+    eprintln!("tenants: reloaded: {count} tenants; revoked (removed or key rotated): {ids:?}");
 }
 
 /// The HTTP side shared by `serve` and `gateway`: binds, serves, and on `shutdown` drains
@@ -374,6 +430,7 @@ where
 async fn run_http<F, R, D>(
     config: Config,
     backend: cluster::Router,
+    (tenants, dev): (Tenants, bool),
     tokenizer: Tokenizer,
     template: ChatTemplate,
     context: usize,
@@ -386,13 +443,7 @@ where
     R: FnOnce(SocketAddr),
     D: FnOnce(),
 {
-    let mut tenant_configs = config.tenants.clone();
-    let dev = tenant_configs.is_empty();
-    if dev {
-        tenant_configs.push(dev_tenant()?);
-    }
     let stop_tokens = StopTokens::new(tokenizer.stop_tokens());
-    let tenants = Tenants::new(tenant_configs);
     let limiter = Limiter::new(tenants.iter().map(|t| (t.id, &t.config)));
     let started_at =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default();
@@ -402,7 +453,7 @@ where
         tokenizer,
         template,
         stop_tokens,
-        tenants,
+        tenants: TenantDirectory::new(tenants),
         limiter,
         metrics: Metrics::default(),
         context,
@@ -413,6 +464,7 @@ where
         config,
     });
 
+    reload_tenants_on_sighup(&st, dev);
     let listener = tokio::net::TcpListener::bind(st.config.listen)
         .await
         .map_err(|e| ServeError::Io(format!("cannot listen on {}: {e}", st.config.listen)))?;

@@ -5,6 +5,7 @@
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
 
 use kv::TenantId;
 use sha2::{Digest, Sha256};
@@ -12,7 +13,7 @@ use subtle::{ConditionallySelectable, ConstantTimeEq};
 
 use crate::config::{valid_tenant_name, Config, ConfigError, TenantConfig};
 
-/// An authenticated tenant: its engine id (index + 1) and configuration.
+/// An authenticated tenant: its id and configuration.
 #[derive(Debug, Clone)]
 pub struct Tenant {
     pub id: TenantId,
@@ -25,6 +26,47 @@ pub struct Tenants {
     list: Vec<Tenant>,
 }
 
+/// The tenant table in use, replaced whole on reload (SIGHUP): a request reads one table.
+#[derive(Debug)]
+pub struct TenantDirectory {
+    current: RwLock<Arc<Tenants>>,
+}
+
+impl TenantDirectory {
+    pub fn new(tenants: Tenants) -> TenantDirectory {
+        TenantDirectory { current: RwLock::new(Arc::new(tenants)) }
+    }
+
+    pub fn current(&self) -> Arc<Tenants> {
+        self.current.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Installs `next`; returns the ids whose requests and cached prefixes must end: tenants
+    /// no longer present and tenants whose key changed.
+    pub fn replace(&self, next: Tenants) -> Vec<TenantId> {
+        let mut cur = self.current.write().unwrap_or_else(|e| e.into_inner());
+        let revoked = cur
+            .iter()
+            .filter(|old| next.by_id(old.id).is_none_or(|new| new.config.key_sha256 != old.config.key_sha256))
+            .map(|t| t.id)
+            .collect();
+        *cur = Arc::new(next);
+        revoked
+    }
+}
+
+/// What workers learn of a tenant's key: a digest of its digest, so a rotated key is told
+/// apart without the key's digest leaving the gateway.
+pub fn key_epoch(key_sha256: &[u8; 32]) -> [u8; 16] {
+    let mut h = Sha256::new();
+    h.update(b"pagewarden tenant key epoch v1");
+    h.update(key_sha256);
+    let d: [u8; 32] = h.finalize().into();
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&d[..16]);
+    out
+}
+
 pub fn sha256(data: &[u8]) -> [u8; 32] {
     Sha256::digest(data).into()
 }
@@ -35,9 +77,19 @@ pub fn hex(bytes: &[u8]) -> String {
 
 impl Tenants {
     pub fn new(configs: Vec<TenantConfig>) -> Tenants {
-        let list =
-            configs.into_iter().enumerate().map(|(i, config)| Tenant { id: TenantId(i as u64 + 1), config }).collect();
-        Tenants { list }
+        Tenants { list: configs.into_iter().map(|config| Tenant { id: config.id, config }).collect() }
+    }
+
+    /// The table workers get: ids and key epochs, and the pool share.
+    pub fn table(&self, max_share: f64) -> cluster::proto::TenantTable {
+        cluster::proto::TenantTable {
+            tenants: self
+                .list
+                .iter()
+                .map(|t| cluster::proto::TenantEntry { id: t.id.0, epoch: key_epoch(&t.config.key_sha256) })
+                .collect(),
+            max_share,
+        }
     }
 
     /// The tenant whose key digest equals SHA-256(`key`). Every tenant's digest is compared, in
@@ -83,6 +135,10 @@ pub enum TenantError {
     BadName(String),
     #[error("tenant `{0}` already exists in the config file")]
     Exists(String),
+    #[error("there is no tenant `{0}` in the config file")]
+    NotFound(String),
+    #[error("the config file is not valid TOML: {0}")]
+    Toml(String),
     #[error(transparent)]
     Config(#[from] ConfigError),
     #[error("{action} {path}: {source}")]
@@ -101,36 +157,111 @@ pub fn generate_key() -> Result<String, TenantError> {
     Ok(format!("pw-{}", hex(&buf)))
 }
 
-/// `pagewarden tenant add NAME`: makes a key, appends the tenant (name and key digest only) to
-/// the config file (created if missing), and returns the key, which is shown once and stored
-/// nowhere.
-pub fn add_tenant(config_path: &Path, name: &str) -> Result<String, TenantError> {
+/// The config file as an editable document (comments and layout kept), empty if missing.
+fn read_document(path: &Path) -> Result<(String, toml_edit::DocumentMut), TenantError> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(s) => s,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
+        Err(e) => return Err(io_err("reading", path)(e)),
+    };
+    // Validate as a config first, so an edit never starts from a file the server would refuse.
+    Config::from_toml_str(&text)?;
+    let doc = text.parse::<toml_edit::DocumentMut>().map_err(|e| TenantError::Toml(e.to_string()))?;
+    Ok((text, doc))
+}
+
+/// Writes `doc` back after checking the result is a valid config. Written to a temporary file
+/// in the same directory and renamed over the old one, so a running gateway reloading on
+/// SIGHUP reads either the old file or the new one, never half of one.
+fn write_document(path: &Path, doc: &toml_edit::DocumentMut) -> Result<(), TenantError> {
+    let text = doc.to_string();
+    Config::from_toml_str(&text)?;
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let tmp = dir.join(format!(".{}.tmp-{}", path.file_name().and_then(|n| n.to_str()).unwrap_or("config"), std::process::id()));
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        // Keep the old file's permissions when there is one.
+        let mode = std::fs::metadata(path).map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()));
+        opts.mode(mode.unwrap_or(0o644) & 0o777);
+    }
+    let mut f = opts.open(&tmp).map_err(io_err("creating", &tmp))?;
+    f.write_all(text.as_bytes()).map_err(io_err("writing", &tmp))?;
+    f.sync_all().map_err(io_err("writing", &tmp))?;
+    std::fs::rename(&tmp, path).map_err(io_err("replacing", path))
+}
+
+/// The `[[tenants]]` array of `doc`, created if missing.
+fn tenant_tables(doc: &mut toml_edit::DocumentMut) -> Result<&mut toml_edit::ArrayOfTables, TenantError> {
+    doc.entry("tenants")
+        .or_insert_with(|| toml_edit::Item::ArrayOfTables(toml_edit::ArrayOfTables::new()))
+        .as_array_of_tables_mut()
+        .ok_or_else(|| TenantError::Toml("`tenants` must be an array of tables ([[tenants]])".into()))
+}
+
+fn key_digest_value(key: &str) -> toml_edit::Item {
+    toml_edit::value(hex(&sha256(key.as_bytes())))
+}
+
+/// `pagewarden tenant add NAME`: makes a key, appends the tenant (its new id, name and key
+/// digest only) to the config file (created if missing), and returns the id and the key,
+/// which is shown once and stored nowhere. The id is one above every id ever given out
+/// (`last_tenant_id`, which it raises), so a removed tenant's id is never reused.
+pub fn add_tenant(config_path: &Path, name: &str) -> Result<(TenantId, String), TenantError> {
     if !valid_tenant_name(name) {
         return Err(TenantError::BadName(name.to_string()));
     }
-    let existing = match std::fs::read_to_string(config_path) {
-        Ok(s) => s,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
-        Err(e) => return Err(io_err("reading", config_path)(e)),
-    };
-    let config = Config::from_toml_str(&existing)?;
+    let (text, mut doc) = read_document(config_path)?;
+    let config = Config::from_toml_str(&text)?;
     if config.tenants.iter().any(|t| t.name == name) {
         return Err(TenantError::Exists(name.to_string()));
     }
+    let id = config.last_tenant_id + 1;
     let key = generate_key()?;
-    let mut block = String::new();
-    if !existing.is_empty() && !existing.ends_with('\n') {
-        block.push('\n');
-    }
-    block.push_str(&format!("\n[[tenants]]\nname = \"{name}\"\nkey_sha256 = \"{}\"\n", hex(&sha256(key.as_bytes()))));
-    // Check that the result is still a valid config before writing anything.
-    Config::from_toml_str(&format!("{existing}{block}"))?;
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(config_path)
-        .map_err(io_err("opening", config_path))?;
-    f.write_all(block.as_bytes()).map_err(io_err("writing", config_path))?;
+    doc["last_tenant_id"] = toml_edit::value(id as i64);
+    let mut t = toml_edit::Table::new();
+    t["id"] = toml_edit::value(id as i64);
+    t["name"] = toml_edit::value(name);
+    t["key_sha256"] = key_digest_value(&key);
+    tenant_tables(&mut doc)?.push(t);
+    write_document(config_path, &doc)?;
+    Ok((TenantId(id), key))
+}
+
+/// The index of tenant `name` in the file's `[[tenants]]`.
+fn find_tenant(doc: &mut toml_edit::DocumentMut, name: &str) -> Result<usize, TenantError> {
+    tenant_tables(doc)?
+        .iter()
+        .position(|t| t.get("name").and_then(|v| v.as_str()) == Some(name))
+        .ok_or_else(|| TenantError::NotFound(name.to_string()))
+}
+
+/// `pagewarden tenant remove NAME`: removes the tenant from the config file; `last_tenant_id`
+/// keeps its id from being given out again. A running gateway applies it on SIGHUP.
+pub fn remove_tenant(config_path: &Path, name: &str) -> Result<TenantId, TenantError> {
+    let (text, mut doc) = read_document(config_path)?;
+    let config = Config::from_toml_str(&text)?;
+    let id = config.tenants.iter().find(|t| t.name == name).map(|t| t.id).ok_or_else(|| TenantError::NotFound(name.to_string()))?;
+    let at = find_tenant(&mut doc, name)?;
+    doc["last_tenant_id"] = toml_edit::value(config.last_tenant_id as i64);
+    tenant_tables(&mut doc)?.remove(at);
+    write_document(config_path, &doc)?;
+    Ok(id)
+}
+
+/// `pagewarden tenant rotate-key NAME`: gives the tenant a new key (same id, limits and
+/// name) and returns it; the old key stops working when the gateway reloads.
+pub fn rotate_key(config_path: &Path, name: &str) -> Result<String, TenantError> {
+    let (_, mut doc) = read_document(config_path)?;
+    let at = find_tenant(&mut doc, name)?;
+    let key = generate_key()?;
+    let table = tenant_tables(&mut doc)?
+        .get_mut(at)
+        .ok_or_else(|| TenantError::NotFound(name.to_string()))?;
+    table["key_sha256"] = key_digest_value(&key);
+    write_document(config_path, &doc)?;
     Ok(key)
 }
 
@@ -163,6 +294,7 @@ pub fn dev_tenant() -> Result<TenantConfig, TenantError> {
         }
     };
     Ok(TenantConfig {
+        id: TenantId(1),
         name: "dev".into(),
         key_sha256: sha256(key.as_bytes()),
         max_concurrent: 8,
@@ -175,8 +307,9 @@ pub fn dev_tenant() -> Result<TenantConfig, TenantError> {
 mod tests {
     use super::*;
 
-    fn tenant(name: &str, key: &str) -> TenantConfig {
+    fn tenant(id: u64, name: &str, key: &str) -> TenantConfig {
         TenantConfig {
+            id: TenantId(id),
             name: name.into(),
             key_sha256: sha256(key.as_bytes()),
             max_concurrent: 1,
@@ -187,10 +320,10 @@ mod tests {
 
     #[test]
     fn constant_time_lookup_finds_the_right_tenant() {
-        let ts = Tenants::new(vec![tenant("a", "key-a"), tenant("b", "key-b"), tenant("c", "key-c")]);
+        let ts = Tenants::new(vec![tenant(4, "a", "key-a"), tenant(2, "b", "key-b"), tenant(9, "c", "key-c")]);
         assert_eq!(ts.authenticate("key-a").map(|t| t.config.name.as_str()), Some("a"));
         assert_eq!(ts.authenticate("key-b").map(|t| t.config.name.as_str()), Some("b"));
-        assert_eq!(ts.authenticate("key-c").map(|t| t.id), Some(TenantId(3)));
+        assert_eq!(ts.authenticate("key-c").map(|t| t.id), Some(TenantId(9)), "the configured id, not the position");
         assert!(ts.authenticate("key-d").is_none());
         assert!(ts.authenticate("").is_none());
         assert!(Tenants::new(vec![]).authenticate("key-a").is_none());
@@ -221,8 +354,9 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("pagewarden.toml");
         std::fs::write(&path, "listen = \"127.0.0.1:0\"\n").unwrap();
-        let key = add_tenant(&path, "alice").unwrap();
-        let key2 = add_tenant(&path, "bob").unwrap();
+        let (id, key) = add_tenant(&path, "alice").unwrap();
+        let (id2, key2) = add_tenant(&path, "bob").unwrap();
+        assert_eq!((id, id2), (TenantId(1), TenantId(2)));
         assert_ne!(key, key2);
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(!text.contains(&key), "the key itself must not be stored");
@@ -233,6 +367,36 @@ mod tests {
         assert_eq!(ts.authenticate(&key2).map(|t| t.config.name.as_str()), Some("bob"));
         assert!(matches!(add_tenant(&path, "alice"), Err(TenantError::Exists(_))));
         assert!(matches!(add_tenant(&path, "bad name"), Err(TenantError::BadName(_))));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn ids_are_never_reused_after_removal_and_rotation_keeps_the_id() {
+        let dir = std::env::temp_dir().join(format!("pw-gw-tenant-ids-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("pagewarden.toml");
+        std::fs::write(&path, "# operator's note, kept\nlisten = \"127.0.0.1:0\"\n").unwrap();
+        let (alice, _) = add_tenant(&path, "alice").unwrap();
+        let (bob, bob_key) = add_tenant(&path, "bob").unwrap();
+        assert_eq!(remove_tenant(&path, "bob").unwrap(), bob);
+        assert!(matches!(remove_tenant(&path, "bob"), Err(TenantError::NotFound(_))));
+        let (carol, _) = add_tenant(&path, "carol").unwrap();
+        assert_eq!(carol, TenantId(3), "bob's id 2 is not given out again");
+        let (bob_again, _) = add_tenant(&path, "bob").unwrap();
+        assert_eq!(bob_again, TenantId(4), "not even to a tenant of the same name");
+        let cfg = Config::load(&path).unwrap();
+        let old = Tenants::new(cfg.tenants);
+        assert!(old.authenticate(&bob_key).is_none());
+        let old_alice_key_digest = old.by_id(alice).unwrap().config.key_sha256;
+        let new_key = rotate_key(&path, "alice").unwrap();
+        let cfg = Config::load(&path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.starts_with("# operator's note, kept"), "{text}");
+        let next = Tenants::new(cfg.tenants);
+        assert_eq!(next.authenticate(&new_key).map(|t| t.id), Some(alice), "same id after rotation");
+        assert_ne!(next.by_id(alice).unwrap().config.key_sha256, old_alice_key_digest);
+        let dir_ = TenantDirectory::new(old);
+        assert_eq!(dir_.replace(next), vec![alice], "a rotated key revokes its tenant's state");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -113,6 +113,20 @@ enum TenantCmd {
         #[arg(long)]
         config: Option<PathBuf>,
     },
+    /// Remove a tenant; its id is never given out again. SIGHUP applies it to a running
+    /// server: the key is refused, its requests end, its cached prefixes are dropped.
+    Remove {
+        name: String,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+    /// Give a tenant a new key (printed once; same id and limits). SIGHUP applies it to a
+    /// running server: the old key is refused and the tenant's cached prefixes are dropped.
+    RotateKey {
+        name: String,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
 }
 
 fn main() {
@@ -129,6 +143,12 @@ fn main() {
         Cmd::Decode(args) => roles::run(wire::Role::Decode, &args),
         Cmd::Tenant { what: TenantCmd::Add { name, config } } => {
             gateway::run_tenant_add_cli(config.as_deref(), &name).map_err(Into::into)
+        }
+        Cmd::Tenant { what: TenantCmd::Remove { name, config } } => {
+            gateway::run_tenant_remove_cli(config.as_deref(), &name).map_err(Into::into)
+        }
+        Cmd::Tenant { what: TenantCmd::RotateKey { name, config } } => {
+            gateway::run_tenant_rotate_key_cli(config.as_deref(), &name).map_err(Into::into)
         }
         Cmd::FetchModel => fetch::ensure_default_model().map(|p| println!("{}", p.display())).map_err(Into::into),
         Cmd::Tokenize { m, parse_special, text } => textcmd::tokenize(&m, parse_special, &text),

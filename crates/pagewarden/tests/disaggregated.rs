@@ -152,7 +152,8 @@ async fn direct(role: Role, config: &std::path::Path) -> (Vec<ToGateway>, Stats)
     let (mut rd, mut wr) = link.split();
     let reg: Register = rd.recv().await.unwrap().unwrap();
     assert_eq!(reg.context, 8192);
-    wr.send(&Registered::Accepted).await.unwrap();
+    let tenants = vec![cluster::proto::TenantEntry { id: 1, epoch: [0; 16] }];
+    wr.send(&Registered::Accepted(cluster::proto::TenantTable { tenants, max_share: 1.0 })).await.unwrap();
     let spec = Spec {
         route: 1,
         request: 1,

@@ -226,7 +226,7 @@ async fn rogue_prefill(c_addr: String, lies: Arc<Mutex<Vec<Lie>>>) {
     let link = Link::connect(net.dial(&c_addr).await.unwrap(), &me, Duration::from_secs(10)).await.unwrap();
     let (mut rd, mut wr) = link.split();
     wr.send(&Register { name: "rogue".into(), kv_addr: None, context: 8192, capacity_tokens: 16384 }).await.unwrap();
-    assert!(matches!(rd.recv::<Registered>().await.unwrap(), Some(Registered::Accepted)));
+    assert!(matches!(rd.recv::<Registered>().await.unwrap(), Some(Registered::Accepted(_))));
     while let Ok(Some(m)) = rd.recv::<ToWorker>().await {
         let ToWorker::Prefill { spec, ticket, decode_addr } = m else { continue };
         let lie = lies.lock().unwrap().remove(0);

@@ -120,7 +120,7 @@ pub fn authenticate(st: &AppState, headers: &HeaderMap) -> Result<Tenant, ApiErr
         Some((scheme, key)) if scheme.eq_ignore_ascii_case("bearer") => key.trim(),
         _ => return Err(ApiError::unauthorized("malformed Authorization header: expected `Bearer KEY`")),
     };
-    st.tenants.authenticate(key).cloned().ok_or_else(|| ApiError::unauthorized("incorrect API key"))
+    st.tenants.current().authenticate(key).cloned().ok_or_else(|| ApiError::unauthorized("incorrect API key"))
 }
 
 /// The body, at most `limit` bytes (413 beyond).
@@ -201,6 +201,8 @@ async fn generate_inner(
     if st.is_draining() {
         return Err(ApiError::draining());
     }
+    // Taken before the key is checked: a revocation after it ends this request.
+    let mark = st.backend.revocation_mark();
     let tenant = authenticate(st, req.headers())?;
     log.tenant = tenant.config.name.clone();
     let (parts, body) = req.into_parts();
@@ -229,7 +231,7 @@ async fn generate_inner(
         Endpoint::Chat => "messages",
         Endpoint::Completions => "prompt",
     };
-    let rs = st.backend.submit(gen_req).map_err(|e| ApiError::admission(&e, prompt_param))?;
+    let rs = st.backend.submit(gen_req, mark).map_err(|e| ApiError::admission(&e, prompt_param))?;
     let mut gen = Generation::new(
         st.clone(),
         rs,

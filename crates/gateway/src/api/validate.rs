@@ -307,6 +307,14 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
     let max_tokens = max_tokens
         .unwrap_or_else(|| st.config.limits.max_tokens_default.min(st.context.saturating_sub(prompt.len())).max(1));
     st.backend.check(&prompt, max_tokens).map_err(|e| ApiError::admission(&e, endpoint.prompt_param()))?;
+    // After the door check, so a request over the window is still told its lengths.
+    let ceiling = st.config.limits.max_tokens_ceiling;
+    if max_tokens > ceiling {
+        return Err(ApiError::invalid_param(
+            "max_tokens",
+            format!("`max_tokens` is {max_tokens}; this server allows at most {ceiling} per request"),
+        ));
+    }
 
     Ok(Validated {
         endpoint,

@@ -16,8 +16,16 @@ pub const MODEL: &str = "SmolLM2-135M-Instruct";
 pub const ALICE: &str = "key-alice";
 pub const BOB: &str = "key-bob";
 
+/// A tenant with a fixed id per name (alice 1, bob 2, carol 3, others 4).
 pub fn tenant(name: &str, key: &str, max_concurrent: usize) -> TenantConfig {
+    let id = match name {
+        "alice" => 1,
+        "bob" => 2,
+        "carol" => 3,
+        _ => 4,
+    };
     TenantConfig {
+        id: kv::TenantId(id),
         name: name.into(),
         key_sha256: sha256(key.as_bytes()),
         max_concurrent,
