@@ -20,6 +20,7 @@ pub const PAGES_USED: &str = "pagewarden_kv_pages_used";
 pub const PAGES_TOTAL: &str = "pagewarden_kv_pages_total";
 pub const LINK_FAILURES_TOTAL: &str = "pagewarden_link_failures_total";
 pub const KV_CRYPTO_SECONDS_TOTAL: &str = "pagewarden_kv_crypto_seconds_total";
+pub const PREFIX_CACHE_PAGES: &str = "pagewarden_worker_prefix_cache_pages";
 
 /// Node links that failed, by reason ([`crate::link::refusal_reason`]): handshakes refused
 /// (another secret, a reflection, a full handshake gate, a pairing mismatch, a timeout) and
@@ -75,6 +76,7 @@ impl WorkerMetrics {
             pages_total: e.pages_total,
             pages_used: e.pages_used,
             cached_pages: e.cached_pages,
+            cached_pages_by_tenant: e.cached_pages_by_tenant.iter().map(|(t, n)| (t.0, *n)).collect(),
             queued: e.queued,
             running: e.running,
             reservations: self.reservations.load(Ordering::Relaxed),
@@ -106,6 +108,13 @@ pub fn render(role: &str, s: &Stats) -> String {
     line(TRANSFERS_COMPLETED_TOTAL, "counter", s.transfers_completed);
     line(PAGES_USED, "gauge", s.pages_used as u64);
     line(PAGES_TOTAL, "gauge", s.pages_total as u64);
+    // Tenant ids only: this listener is the operator's, but names stay at the gateway.
+    out.push_str(&format!(
+        "# HELP {PREFIX_CACHE_PAGES} Pages in this worker's prefix caches, by tenant id.\n# TYPE {PREFIX_CACHE_PAGES} gauge\n"
+    ));
+    for (t, n) in &s.cached_pages_by_tenant {
+        out.push_str(&format!("{PREFIX_CACHE_PAGES}{{role=\"{role}\",tenant=\"{t}\"}} {n}\n"));
+    }
     out.push_str(&format!(
         "# HELP {KV_CRYPTO_SECONDS_TOTAL} Time spent on KV link handshakes and sealing frames (prefill), or opening and checking frames (decode).\n\
          # TYPE {KV_CRYPTO_SECONDS_TOTAL} counter\n{KV_CRYPTO_SECONDS_TOTAL}{{role=\"{role}\"}} {}\n",

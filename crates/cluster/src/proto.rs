@@ -233,6 +233,9 @@ pub struct Stats {
     /// Pages held by the worker's prefix cache.
     #[serde(default)]
     pub cached_pages: usize,
+    /// The same, per tenant id.
+    #[serde(default)]
+    pub cached_pages_by_tenant: Vec<(u64, usize)>,
     pub queued: usize,
     pub running: usize,
     pub reservations: u64,

@@ -59,6 +59,8 @@ pub struct EngineStats {
     pub cached_tokens: u64,
     /// Pages held by the prefix caches (main and prefill pool).
     pub cached_pages: usize,
+    /// The same, per tenant (filled by [`EngineHandle::stats`]).
+    pub cached_pages_by_tenant: Vec<(TenantId, usize)>,
 }
 
 /// What the gateway's tenant table tells an engine (sent at registration and on every change).
@@ -336,6 +338,14 @@ impl EngineHandle {
         s.pages_total = self.pool.total_pages();
         // Idle cached pages belong to no request: a reservation takes them when it needs them.
         s.pages_used = self.pool.used_pages().saturating_sub(self.pool.idle_cached_pages());
+        let mut cached = self.pool.cached_pages_by_tenant();
+        if !self.prefill_pool.same_pool(&self.pool) {
+            for (t, n) in self.prefill_pool.cached_pages_by_tenant() {
+                *cached.entry(t).or_default() += n;
+            }
+        }
+        s.cached_pages_by_tenant = cached.into_iter().collect();
+        s.cached_pages_by_tenant.sort_by_key(|(t, _)| t.0);
         s
     }
 }

@@ -462,6 +462,11 @@ impl KvPool {
         self.pages_used_by(tenant).saturating_sub(idle)
     }
 
+    /// Cached pages per tenant, idle or in use.
+    pub fn cached_pages_by_tenant(&self) -> HashMap<TenantId, usize> {
+        self.inner.cache().count_by_tenant()
+    }
+
     /// Cached pages of `tenant`, idle or in use.
     pub fn cached_pages_of(&self, tenant: TenantId) -> usize {
         self.inner.cache().count_of(tenant)

@@ -173,6 +173,15 @@ impl PrefixCache {
         self.entries.values().filter(|e| e.tenant == tenant && Arc::strong_count(&e.page) == 1).count()
     }
 
+    /// Entries per tenant, idle or in use.
+    pub(crate) fn count_by_tenant(&self) -> HashMap<TenantId, usize> {
+        let mut out = HashMap::new();
+        for e in self.entries.values() {
+            *out.entry(e.tenant).or_default() += 1;
+        }
+        out
+    }
+
     /// Entries of `tenant`, idle or in use.
     pub(crate) fn count_of(&self, tenant: TenantId) -> usize {
         self.entries.values().filter(|e| e.tenant == tenant).count()
