@@ -49,7 +49,17 @@ struct RawConfig {
     #[serde(default)]
     prefix_cache: RawPrefixCache,
     #[serde(default)]
+    metrics: RawMetrics,
+    #[serde(default)]
     tenants: Vec<RawTenant>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMetrics {
+    listen: Option<String>,
+    token_file: Option<PathBuf>,
+    tenant_names: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -100,6 +110,7 @@ struct RawLimits {
     request_timeout_s: Option<u64>,
     drain_timeout_s: Option<u64>,
     max_tokens_default: Option<usize>,
+    body_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -110,6 +121,7 @@ struct RawTenant {
     max_concurrent: Option<usize>,
     max_queued: Option<usize>,
     tokens_per_minute: Option<u64>,
+    max_body_bytes: Option<usize>,
 }
 
 /// Pool size as configured; `None` in [`PoolSettings::size`] means the default, 2x the context
@@ -189,6 +201,13 @@ impl ClusterSettings {
 /// One secret file: at least [`MIN_SECRET_LEN`] characters, and readable by its owner only
 /// (anyone who can read it can join the cluster and read its traffic).
 fn read_secret_file(field: &'static str, path: &Path) -> Result<wire::ClusterSecret, ConfigError> {
+    let secret = read_private_text(field, path)?;
+    Ok(wire::ClusterSecret::from_passphrase(secret.as_bytes()))
+}
+
+/// The trimmed text of a file that must be private (mode 600) and hold at least
+/// [`MIN_SECRET_LEN`] characters: a cluster secret or the metrics token.
+fn read_private_text(field: &'static str, path: &Path) -> Result<String, ConfigError> {
     let meta = std::fs::metadata(path).map_err(|e| invalid(field, format!("cannot read {}: {e}", path.display())))?;
     #[cfg(unix)]
     {
@@ -215,7 +234,27 @@ fn read_secret_file(field: &'static str, path: &Path) -> Result<wire::ClusterSec
             format!("the secret in {} has {} characters; use at least {MIN_SECRET_LEN}", path.display(), secret.len()),
         ));
     }
-    Ok(wire::ClusterSecret::from_passphrase(secret.as_bytes()))
+    Ok(secret.to_string())
+}
+
+/// `[metrics]`: where `/metrics` is served and what its labels say. The exposition shows
+/// per-tenant load and cache use, so the public listener serves it only with the token.
+#[derive(Debug, Clone, Default)]
+pub struct MetricsSettings {
+    /// A listener of its own (no authentication: for a private network or a local scraper).
+    pub listen: Option<SocketAddr>,
+    /// A file holding the bearer token `/metrics` on the public listener asks for.
+    pub token_file: Option<PathBuf>,
+    /// Tenant labels are names (true) or numeric ids (false, the default).
+    pub tenant_names: bool,
+}
+
+impl MetricsSettings {
+    /// Reads the token file, if one is configured (mode 600, 32+ characters, like a cluster
+    /// secret: whoever holds it sees every tenant's load).
+    pub fn token(&self) -> Result<Option<String>, ConfigError> {
+        self.token_file.as_deref().map(|p| read_private_text("metrics.token_file", p)).transpose()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -224,6 +263,8 @@ pub struct Limits {
     pub request_timeout: Duration,
     pub drain_timeout: Duration,
     pub max_tokens_default: usize,
+    /// The whole request body must arrive within this (a slow upload holds a tenant's slot).
+    pub body_timeout: Duration,
 }
 
 /// One tenant: its name (logs, metrics), the SHA-256 digest of its key, and its limits.
@@ -235,6 +276,8 @@ pub struct TenantConfig {
     pub max_queued: usize,
     /// 0 = unlimited.
     pub tokens_per_minute: u64,
+    /// Overrides `[limits] max_body_bytes` for this tenant.
+    pub max_body_bytes: Option<usize>,
 }
 
 impl std::fmt::Debug for TenantConfig {
@@ -244,6 +287,7 @@ impl std::fmt::Debug for TenantConfig {
             .field("max_concurrent", &self.max_concurrent)
             .field("max_queued", &self.max_queued)
             .field("tokens_per_minute", &self.tokens_per_minute)
+            .field("max_body_bytes", &self.max_body_bytes)
             .finish_non_exhaustive()
     }
 }
@@ -263,6 +307,7 @@ pub struct Config {
     pub engine: EngineSettings,
     pub limits: Limits,
     pub cluster: ClusterSettings,
+    pub metrics: MetricsSettings,
     /// Empty: one development tenant (see [`crate::tenants::dev_tenant`]).
     pub tenants: Vec<TenantConfig>,
     /// The file this config was loaded from, if any: what a reload (SIGHUP) reads again.
@@ -296,6 +341,7 @@ fn builtin_defaults() -> Config {
             request_timeout: Duration::from_secs(300),
             drain_timeout: Duration::from_secs(30),
             max_tokens_default: 256,
+            body_timeout: Duration::from_millis(30_000),
         },
         cluster: ClusterSettings {
             listen: "127.0.0.1:7100".into(),
@@ -310,6 +356,7 @@ fn builtin_defaults() -> Config {
             transfer_timeout: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(10),
         },
+        metrics: MetricsSettings::default(),
         tenants: Vec::new(),
         source: None,
     }
@@ -423,6 +470,21 @@ impl Config {
             request_timeout: Duration::from_secs(positive_u64("limits.request_timeout_s", l.request_timeout_s, 300)?),
             drain_timeout: Duration::from_secs(l.drain_timeout_s.unwrap_or(30)),
             max_tokens_default: positive("limits.max_tokens_default", l.max_tokens_default, 256)?,
+            body_timeout: Duration::from_millis(positive_u64("limits.body_timeout_ms", l.body_timeout_ms, 30_000)?),
+        };
+
+        let m = raw.metrics;
+        let metrics = MetricsSettings {
+            listen: m
+                .listen
+                .map(|a| {
+                    a.parse().map_err(|_| {
+                        invalid("metrics.listen", format!("`{a}` is not an address such as 127.0.0.1:9090"))
+                    })
+                })
+                .transpose()?,
+            token_file: m.token_file,
+            tenant_names: m.tenant_names.unwrap_or(false),
         };
 
         let c = raw.cluster;
@@ -476,6 +538,10 @@ impl Config {
                 max_concurrent: positive(&field("max_concurrent"), t.max_concurrent, 8)?,
                 max_queued: positive(&field("max_queued"), t.max_queued, 32)?,
                 tokens_per_minute: t.tokens_per_minute.unwrap_or(0),
+                max_body_bytes: match t.max_body_bytes {
+                    Some(0) => return Err(invalid(field("max_body_bytes"), "must be at least 1, got 0")),
+                    v => v,
+                },
             });
         }
 
@@ -489,6 +555,7 @@ impl Config {
             engine,
             limits,
             cluster,
+            metrics,
             tenants,
             source: None,
         })

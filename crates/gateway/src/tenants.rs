@@ -168,6 +168,7 @@ pub fn dev_tenant() -> Result<TenantConfig, TenantError> {
         max_concurrent: 8,
         max_queued: 32,
         tokens_per_minute: 0,
+        max_body_bytes: None,
     })
 }
 
@@ -182,6 +183,7 @@ mod tests {
             max_concurrent: 1,
             max_queued: 1,
             tokens_per_minute: 0,
+            max_body_bytes: None,
         }
     }
 
