@@ -19,7 +19,7 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 
 key=$("$pw" tenant add bench --config "$work/pw.toml" | head -1)
 (umask 077; head -c 48 /dev/urandom | base64 >"$work/secret")
-{ printf 'threads = 1\n[cluster]\nsecret_file = "%s"\nlisten = "127.0.0.1:18290"\ngateway = "127.0.0.1:18290"\n' "$work/secret"
+{ printf 'threads = 1\n[metrics]\nlisten = "127.0.0.1:18284"\n[cluster]\nsecret_file = "%s"\nlisten = "127.0.0.1:18290"\ngateway = "127.0.0.1:18290"\n' "$work/secret"
   cat "$work/pw.toml"; } >"$work/disagg.toml"
 "$pw" gateway --config "$work/disagg.toml" --listen 127.0.0.1:18283 >"$work/gw.log" 2>&1 &
 "$pw" prefill --config "$work/disagg.toml" --name prefill-a --metrics-listen 127.0.0.1:18291 >"$work/prefill.log" 2>&1 &
@@ -36,14 +36,14 @@ req() { # salt max_tokens
     curl -sf http://127.0.0.1:18283/v1/completions -H "Authorization: Bearer $key" -H 'Content-Type: application/json' -d @-
 }
 prompt_tokens=$(req warm 1 | sed 's/.*"prompt_tokens":\([0-9]*\).*/\1/')
-t0=$(metric http://127.0.0.1:18283 pagewarden_time_to_first_token_seconds_sum)
-c0=$(metric http://127.0.0.1:18283 pagewarden_time_to_first_token_seconds_count)
+t0=$(metric http://127.0.0.1:18284 pagewarden_time_to_first_token_seconds_sum)
+c0=$(metric http://127.0.0.1:18284 pagewarden_time_to_first_token_seconds_count)
 p0=$(metric http://127.0.0.1:18291 pagewarden_kv_crypto_seconds_total)
 d0=$(metric http://127.0.0.1:18292 pagewarden_kv_crypto_seconds_total)
 for i in $(seq 1 "$n"); do req "run-$i-$RANDOM" 1 >/dev/null; done
 sleep 1
-t1=$(metric http://127.0.0.1:18283 pagewarden_time_to_first_token_seconds_sum)
-c1=$(metric http://127.0.0.1:18283 pagewarden_time_to_first_token_seconds_count)
+t1=$(metric http://127.0.0.1:18284 pagewarden_time_to_first_token_seconds_sum)
+c1=$(metric http://127.0.0.1:18284 pagewarden_time_to_first_token_seconds_count)
 p1=$(metric http://127.0.0.1:18291 pagewarden_kv_crypto_seconds_total)
 d1=$(metric http://127.0.0.1:18292 pagewarden_kv_crypto_seconds_total)
 awk -v n="$n" -v pt="$prompt_tokens" -v t0="$t0" -v t1="$t1" -v c0="$c0" -v c1="$c1" \

@@ -52,7 +52,17 @@ struct RawConfig {
     /// removed tenant's id is never given to another.
     last_tenant_id: Option<u64>,
     #[serde(default)]
+    metrics: RawMetrics,
+    #[serde(default)]
     tenants: Vec<RawTenant>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMetrics {
+    listen: Option<String>,
+    token_file: Option<PathBuf>,
+    tenant_names: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -105,6 +115,7 @@ struct RawLimits {
     max_tokens_default: Option<usize>,
     max_tokens_ceiling: Option<usize>,
     tenant_pool_share: Option<f64>,
+    body_timeout_ms: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -116,6 +127,7 @@ struct RawTenant {
     max_concurrent: Option<usize>,
     max_queued: Option<usize>,
     tokens_per_minute: Option<u64>,
+    max_body_bytes: Option<usize>,
 }
 
 /// Pool size as configured; `None` in [`PoolSettings::size`] means the default, 2x the context
@@ -195,6 +207,13 @@ impl ClusterSettings {
 /// One secret file: at least [`MIN_SECRET_LEN`] characters, and readable by its owner only
 /// (anyone who can read it can join the cluster and read its traffic).
 fn read_secret_file(field: &'static str, path: &Path) -> Result<wire::ClusterSecret, ConfigError> {
+    let secret = read_private_text(field, path)?;
+    Ok(wire::ClusterSecret::from_passphrase(secret.as_bytes()))
+}
+
+/// The trimmed text of a file that must be private (mode 600) and hold at least
+/// [`MIN_SECRET_LEN`] characters: a cluster secret or the metrics token.
+fn read_private_text(field: &'static str, path: &Path) -> Result<String, ConfigError> {
     let meta = std::fs::metadata(path).map_err(|e| invalid(field, format!("cannot read {}: {e}", path.display())))?;
     #[cfg(unix)]
     {
@@ -221,7 +240,27 @@ fn read_secret_file(field: &'static str, path: &Path) -> Result<wire::ClusterSec
             format!("the secret in {} has {} characters; use at least {MIN_SECRET_LEN}", path.display(), secret.len()),
         ));
     }
-    Ok(wire::ClusterSecret::from_passphrase(secret.as_bytes()))
+    Ok(secret.to_string())
+}
+
+/// `[metrics]`: where `/metrics` is served and what its labels say. The exposition shows
+/// per-tenant load and cache use, so the public listener serves it only with the token.
+#[derive(Debug, Clone, Default)]
+pub struct MetricsSettings {
+    /// A listener of its own (no authentication: for a private network or a local scraper).
+    pub listen: Option<SocketAddr>,
+    /// A file holding the bearer token `/metrics` on the public listener asks for.
+    pub token_file: Option<PathBuf>,
+    /// Tenant labels are names (true) or numeric ids (false, the default).
+    pub tenant_names: bool,
+}
+
+impl MetricsSettings {
+    /// Reads the token file, if one is configured (mode 600, 32+ characters, like a cluster
+    /// secret: whoever holds it sees every tenant's load).
+    pub fn token(&self) -> Result<Option<String>, ConfigError> {
+        self.token_file.as_deref().map(|p| read_private_text("metrics.token_file", p)).transpose()
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -235,6 +274,8 @@ pub struct Limits {
     /// The most of a decode pool one tenant may hold while the table has several tenants
     /// (its other requests wait in its own queue).
     pub tenant_pool_share: f64,
+    /// The whole request body must arrive within this (a slow upload holds a tenant's slot).
+    pub body_timeout: Duration,
 }
 
 /// One tenant: its id (what keys caches, limits, metrics and logs; given once and never
@@ -248,6 +289,8 @@ pub struct TenantConfig {
     pub max_queued: usize,
     /// 0 = unlimited.
     pub tokens_per_minute: u64,
+    /// Overrides `[limits] max_body_bytes` for this tenant.
+    pub max_body_bytes: Option<usize>,
 }
 
 impl std::fmt::Debug for TenantConfig {
@@ -258,6 +301,7 @@ impl std::fmt::Debug for TenantConfig {
             .field("max_concurrent", &self.max_concurrent)
             .field("max_queued", &self.max_queued)
             .field("tokens_per_minute", &self.tokens_per_minute)
+            .field("max_body_bytes", &self.max_body_bytes)
             .finish_non_exhaustive()
     }
 }
@@ -277,6 +321,7 @@ pub struct Config {
     pub engine: EngineSettings,
     pub limits: Limits,
     pub cluster: ClusterSettings,
+    pub metrics: MetricsSettings,
     /// Empty: one development tenant (see [`crate::tenants::dev_tenant`]).
     pub tenants: Vec<TenantConfig>,
     /// The highest tenant id ever given out (at least every tenant's id).
@@ -314,6 +359,7 @@ fn builtin_defaults() -> Config {
             max_tokens_default: 256,
             max_tokens_ceiling: DEFAULT_MAX_TOKENS_CEILING,
             tenant_pool_share: DEFAULT_TENANT_POOL_SHARE,
+            body_timeout: Duration::from_millis(30_000),
         },
         cluster: ClusterSettings {
             listen: "127.0.0.1:7100".into(),
@@ -328,6 +374,7 @@ fn builtin_defaults() -> Config {
             transfer_timeout: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(10),
         },
+        metrics: MetricsSettings::default(),
         tenants: Vec::new(),
         last_tenant_id: 0,
         source: None,
@@ -455,6 +502,21 @@ impl Config {
                 Some(s) if s > 0.0 && s <= 1.0 => s,
                 Some(s) => return Err(invalid("limits.tenant_pool_share", format!("must be in (0, 1], got {s}"))),
             },
+            body_timeout: Duration::from_millis(positive_u64("limits.body_timeout_ms", l.body_timeout_ms, 30_000)?),
+        };
+
+        let m = raw.metrics;
+        let metrics = MetricsSettings {
+            listen: m
+                .listen
+                .map(|a| {
+                    a.parse().map_err(|_| {
+                        invalid("metrics.listen", format!("`{a}` is not an address such as 127.0.0.1:9090"))
+                    })
+                })
+                .transpose()?,
+            token_file: m.token_file,
+            tenant_names: m.tenant_names.unwrap_or(false),
         };
 
         let c = raw.cluster;
@@ -529,6 +591,10 @@ impl Config {
                 max_concurrent: positive(&field("max_concurrent"), t.max_concurrent, 8)?,
                 max_queued: positive(&field("max_queued"), t.max_queued, 32)?,
                 tokens_per_minute: t.tokens_per_minute.unwrap_or(0),
+                max_body_bytes: match t.max_body_bytes {
+                    Some(0) => return Err(invalid(field("max_body_bytes"), "must be at least 1, got 0")),
+                    v => v,
+                },
             });
         }
 
@@ -543,6 +609,7 @@ impl Config {
             limits,
             cluster,
             last_tenant_id: raw.last_tenant_id.unwrap_or(0).max(tenants.iter().map(|t| t.id.0).max().unwrap_or(0)),
+            metrics,
             tenants,
             source: None,
         })

@@ -78,6 +78,30 @@ impl ApiError {
         )
     }
 
+    /// 408: the body did not arrive within `[limits] body_timeout_ms`. The connection is
+    /// closed after it (the rest of the body is never read).
+    pub fn body_timeout(timeout_ms: u128) -> Self {
+        let mut e = Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "invalid_request_error",
+            "body_timeout",
+            format!("the request body did not arrive within {timeout_ms} ms"),
+        );
+        e.code = Some("body_timeout");
+        e
+    }
+
+    /// 404 for `/metrics` on the public listener when no `[metrics]` access is configured.
+    pub fn metrics_disabled() -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            "not_found",
+            "/metrics is not served on this listener: set `[metrics] listen` (a listener of its own) or \
+             `[metrics] token_file` (a bearer token for this one) in the config",
+        )
+    }
+
     /// 429: a tenant limit.
     pub fn rate_limited(reason: &'static str, message: impl Into<String>, retry_after: u64) -> Self {
         let mut e = Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", reason, message);

@@ -1,10 +1,11 @@
 //! The gateway: pagewarden's OpenAI-compatible HTTP server.
 //!
 //! A request's path: [`api`] authenticates the key ([`tenants`], constant-time digest lookup),
-//! reads the body (size-limited), parses and validates it into a request only the validator
-//! can build ([`api::validate`]: bad JSON or a bad field is a 400 naming it; the engine's door
-//! check runs there, so a request that cannot be served whole is refused before any page is
-//! reserved), takes the tenant's [`limits`], submits to the engine, and waits for the first
+//! takes the tenant's concurrency and queue slots ([`limits`]) before any work for it, reads
+//! the body (size-limited, with a deadline), parses and validates it into a request only the
+//! validator can build ([`api::validate`]: bad JSON or a bad field is a 400 naming it; the
+//! engine's door check runs there, so a request that cannot be served whole is refused before
+//! any page is reserved), charges the tenant's tokens per minute, submits to the engine, and waits for the first
 //! result before answering, so that errors up to then are proper HTTP errors built by one
 //! function ([`error::ApiError::response`]). Streams are server-sent events in OpenAI's chunk
 //! format; a failure after streaming began ends with an error event and no `[DONE]`. A client

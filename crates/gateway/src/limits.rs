@@ -1,9 +1,12 @@
 //! Per-tenant limits: concurrent requests, queued requests and tokens per minute.
 //!
-//! Checked after parsing and the door check, before submitting to the engine. A request holds a
-//! [`Permit`] for its whole life (released on drop); its queue slot is released when the engine
-//! starts it ([`Permit::started`]). The token bucket charges prompt + max_tokens at admission
-//! and refunds the unused completion tokens at the end.
+//! A request takes its concurrency and queue slots ([`Limiter::acquire`]) right after
+//! authentication, before its body is read or tokenized: reading, rendering and tokenizing a
+//! prompt cost the server as much as queueing it, so a tenant limited to N requests gets at most
+//! N of those at once. The token bucket is charged ([`Permit::charge`]) once validation knows
+//! prompt + max_tokens, and the unused completion tokens are refunded at the end. A request
+//! holds its [`Permit`] for its whole life (released on drop); its queue slot is released when
+//! the engine starts it ([`Permit::started`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -27,6 +30,18 @@ struct TenantState {
 }
 
 impl TenantState {
+    fn new(t: &TenantConfig, now: Instant) -> TenantState {
+        TenantState {
+            max_concurrent: t.max_concurrent,
+            max_queued: t.max_queued,
+            tokens_per_minute: t.tokens_per_minute,
+            running: 0,
+            queued: 0,
+            tokens: t.tokens_per_minute as f64,
+            refilled: now,
+        }
+    }
+
     fn refill(&mut self, now: Instant) {
         let cap = self.tokens_per_minute as f64;
         let secs = now.duration_since(self.refilled).as_secs_f64();
@@ -44,23 +59,7 @@ pub struct Limiter {
 impl Limiter {
     pub fn new<'a>(tenants: impl IntoIterator<Item = (TenantId, &'a TenantConfig)>) -> Limiter {
         let now = Instant::now();
-        let map = tenants
-            .into_iter()
-            .map(|(id, t)| {
-                (
-                    id,
-                    TenantState {
-                        max_concurrent: t.max_concurrent,
-                        max_queued: t.max_queued,
-                        tokens_per_minute: t.tokens_per_minute,
-                        running: 0,
-                        queued: 0,
-                        tokens: t.tokens_per_minute as f64,
-                        refilled: now,
-                    },
-                )
-            })
-            .collect();
+        let map = tenants.into_iter().map(|(id, t)| (id, TenantState::new(t, now))).collect();
         Limiter { inner: Arc::new(Mutex::new(map)) }
     }
 
@@ -68,9 +67,35 @@ impl Limiter {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Admits one request that will use up to `tokens` (prompt + max_tokens), or says which
-    /// limit it hit (429 with Retry-After).
-    pub fn acquire(&self, tenant: TenantId, tokens: usize) -> Result<Permit, ApiError> {
+    /// Takes a new tenant table (a config reload): new tenants are added, existing ones take
+    /// the new limits but keep their running and queued counts and their token bucket (a
+    /// reload must not hand anyone a fresh minute of tokens), and tenants no longer present are
+    /// removed; their permits still out find no entry when they drop.
+    pub fn reconfigure<'a>(&self, tenants: impl IntoIterator<Item = (TenantId, &'a TenantConfig)>) {
+        let now = Instant::now();
+        let mut map = self.lock();
+        let mut next = HashMap::new();
+        for (id, t) in tenants {
+            let s = match map.remove(&id) {
+                Some(mut s) => {
+                    s.refill(now);
+                    s.max_concurrent = t.max_concurrent;
+                    s.max_queued = t.max_queued;
+                    s.tokens_per_minute = t.tokens_per_minute;
+                    // A lowered limit caps what is left in the bucket.
+                    s.tokens = s.tokens.min(t.tokens_per_minute as f64);
+                    s
+                }
+                None => TenantState::new(t, now),
+            };
+            next.insert(id, s);
+        }
+        *map = next;
+    }
+
+    /// Admits one request of `tenant` to its concurrency and queue slots, or says which limit
+    /// it hit (429 with Retry-After). Called before the body is read.
+    pub fn acquire(&self, tenant: TenantId) -> Result<Permit, ApiError> {
         let mut map = self.lock();
         let Some(s) = map.get_mut(&tenant) else {
             return Err(ApiError::internal("tenant has no limits"));
@@ -89,36 +114,9 @@ impl Limiter {
                 1,
             ));
         }
-        let mut charged = 0.0;
-        if s.tokens_per_minute > 0 {
-            let cap = s.tokens_per_minute as f64;
-            let need = tokens as f64;
-            if need > cap {
-                return Err(ApiError::rate_limited(
-                    "tenant_tokens_per_minute",
-                    format!(
-                        "the request needs {tokens} tokens (prompt + max_tokens), more than this key's limit of {} \
-                         tokens per minute; lower max_tokens",
-                        s.tokens_per_minute
-                    ),
-                    60,
-                ));
-            }
-            s.refill(Instant::now());
-            if s.tokens < need {
-                let wait = ((need - s.tokens) * 60.0 / cap).ceil() as u64;
-                return Err(ApiError::rate_limited(
-                    "tenant_tokens_per_minute",
-                    format!("this key's limit of {} tokens per minute is used up", s.tokens_per_minute),
-                    wait,
-                ));
-            }
-            s.tokens -= need;
-            charged = need;
-        }
         s.running += 1;
         s.queued += 1;
-        Ok(Permit { limiter: self.clone(), tenant, queued: true, charged })
+        Ok(Permit { limiter: self.clone(), tenant, queued: true, charged: 0.0 })
     }
 }
 
@@ -132,6 +130,43 @@ pub struct Permit {
 }
 
 impl Permit {
+    /// Charges the request's `tokens` (prompt + max_tokens) to the tenant's per-minute bucket,
+    /// or says why not (429 with Retry-After). Called once validation knows the count.
+    pub fn charge(&mut self, tokens: usize) -> Result<(), ApiError> {
+        let mut map = self.limiter.lock();
+        // The tenant was removed by a reload after this request was admitted: it no longer has
+        // a bucket to charge, and its key no longer authenticates new requests.
+        let Some(s) = map.get_mut(&self.tenant) else { return Ok(()) };
+        if s.tokens_per_minute == 0 {
+            return Ok(());
+        }
+        let cap = s.tokens_per_minute as f64;
+        let need = tokens as f64;
+        if need > cap {
+            return Err(ApiError::rate_limited(
+                "tenant_tokens_per_minute",
+                format!(
+                    "the request needs {tokens} tokens (prompt + max_tokens), more than this key's limit of {} \
+                     tokens per minute; lower max_tokens",
+                    s.tokens_per_minute
+                ),
+                60,
+            ));
+        }
+        s.refill(Instant::now());
+        if s.tokens < need {
+            let wait = ((need - s.tokens) * 60.0 / cap).ceil() as u64;
+            return Err(ApiError::rate_limited(
+                "tenant_tokens_per_minute",
+                format!("this key's limit of {} tokens per minute is used up", s.tokens_per_minute),
+                wait,
+            ));
+        }
+        s.tokens -= need;
+        self.charged += need;
+        Ok(())
+    }
+
     /// The engine started the request: it no longer counts as queued.
     pub fn started(&mut self) {
         if std::mem::take(&mut self.queued) {
@@ -170,41 +205,116 @@ mod tests {
     use super::*;
 
     fn cfg(max_concurrent: usize, max_queued: usize, tpm: u64) -> TenantConfig {
-        TenantConfig { id: TenantId(1), name: "t".into(), key_sha256: [0; 32], max_concurrent, max_queued, tokens_per_minute: tpm }
+        TenantConfig {
+            id: TenantId(1),
+            name: "t".into(),
+            key_sha256: [0; 32],
+            max_concurrent,
+            max_queued,
+            tokens_per_minute: tpm,
+            max_body_bytes: None,
+        }
+    }
+
+    fn running(l: &Limiter, t: u64) -> Option<(usize, usize)> {
+        l.lock().get(&TenantId(t)).map(|s| (s.running, s.queued))
     }
 
     #[test]
     fn concurrency_limit_is_released_on_drop() {
         let c = cfg(1, 5, 0);
         let l = Limiter::new([(TenantId(1), &c)]);
-        let p = l.acquire(TenantId(1), 10).unwrap();
-        let e = l.acquire(TenantId(1), 10).unwrap_err();
+        let p = l.acquire(TenantId(1)).unwrap();
+        let e = l.acquire(TenantId(1)).unwrap_err();
         assert_eq!(e.status.as_u16(), 429);
+        assert_eq!(e.reason, "tenant_concurrency");
         assert_eq!(e.retry_after, Some(1));
         drop(p);
-        assert!(l.acquire(TenantId(1), 10).is_ok());
+        assert!(l.acquire(TenantId(1)).is_ok());
     }
 
     #[test]
     fn queue_limit_counts_only_unstarted_requests() {
         let c = cfg(5, 1, 0);
         let l = Limiter::new([(TenantId(1), &c)]);
-        let mut p = l.acquire(TenantId(1), 1).unwrap();
-        assert_eq!(l.acquire(TenantId(1), 1).unwrap_err().reason, "tenant_queue");
+        let mut p = l.acquire(TenantId(1)).unwrap();
+        assert_eq!(l.acquire(TenantId(1)).unwrap_err().reason, "tenant_queue");
         p.started();
-        let _q = l.acquire(TenantId(1), 1).unwrap();
+        let _q = l.acquire(TenantId(1)).unwrap();
+    }
+
+    #[test]
+    fn an_unknown_tenant_has_no_limits() {
+        let l = Limiter::new([]);
+        assert_eq!(l.acquire(TenantId(9)).unwrap_err().status.as_u16(), 500);
     }
 
     #[test]
     fn token_bucket_charges_and_refunds() {
         let c = cfg(10, 10, 100);
         let l = Limiter::new([(TenantId(1), &c)]);
-        let mut p = l.acquire(TenantId(1), 80).unwrap();
-        let e = l.acquire(TenantId(1), 30).unwrap_err();
+        let mut p = l.acquire(TenantId(1)).unwrap();
+        p.charge(80).unwrap();
+        let mut q = l.acquire(TenantId(1)).unwrap();
+        let e = q.charge(30).unwrap_err();
         assert_eq!(e.reason, "tenant_tokens_per_minute");
         assert!(e.retry_after.unwrap_or(0) >= 1);
         p.refund(50);
-        assert!(l.acquire(TenantId(1), 30).is_ok());
-        assert!(l.acquire(TenantId(1), 101).is_err());
+        assert!(q.charge(30).is_ok());
+        let e = l.acquire(TenantId(1)).unwrap().charge(101).unwrap_err();
+        assert!(e.message.contains("lower max_tokens"), "{}", e.message);
+        // Refunds never exceed what was charged.
+        q.refund(1000);
+        p.refund(1000);
+        assert!(l.lock()[&TenantId(1)].tokens <= 100.0);
+    }
+
+    #[test]
+    fn a_refused_charge_releases_the_slots_when_the_permit_drops() {
+        let c = cfg(1, 1, 10);
+        let l = Limiter::new([(TenantId(1), &c)]);
+        let mut p = l.acquire(TenantId(1)).unwrap();
+        assert!(p.charge(11).is_err());
+        drop(p);
+        assert_eq!(running(&l, 1), Some((0, 0)));
+        assert!(l.acquire(TenantId(1)).is_ok());
+    }
+
+    #[test]
+    fn unlimited_tokens_charge_nothing() {
+        let c = cfg(1, 1, 0);
+        let l = Limiter::new([(TenantId(1), &c)]);
+        assert!(l.acquire(TenantId(1)).unwrap().charge(usize::MAX / 2).is_ok());
+    }
+
+    #[test]
+    fn reconfigure_adds_updates_and_removes_tenants_keeping_counts_and_buckets() {
+        let (a, b) = (cfg(1, 5, 100), cfg(3, 5, 0));
+        let l = Limiter::new([(TenantId(1), &a), (TenantId(2), &b)]);
+        let mut p1 = l.acquire(TenantId(1)).unwrap();
+        p1.charge(90).unwrap();
+        let p2 = l.acquire(TenantId(2)).unwrap();
+
+        // Tenant 1 gets a higher concurrency and a larger bucket, 2 goes, 3 arrives.
+        let (a2, c) = (cfg(2, 5, 200), cfg(1, 1, 0));
+        l.reconfigure([(TenantId(1), &a2), (TenantId(3), &c)]);
+        assert_eq!(running(&l, 1), Some((1, 1)), "running and queued counts survive");
+        let t = l.lock()[&TenantId(1)].tokens;
+        assert!((10.0..20.0).contains(&t), "the bucket is kept, not refilled: {t}");
+        let _second = l.acquire(TenantId(1)).unwrap();
+        assert_eq!(l.acquire(TenantId(1)).unwrap_err().reason, "tenant_concurrency");
+        assert!(running(&l, 2).is_none());
+        assert_eq!(l.acquire(TenantId(2)).unwrap_err().status.as_u16(), 500);
+        drop(p2); // finds no entry: nothing happens
+        assert!(l.acquire(TenantId(3)).is_ok());
+
+        // A lowered limit applies to the next request and caps the bucket.
+        let a3 = cfg(1, 5, 5);
+        l.reconfigure([(TenantId(1), &a3)]);
+        assert!(l.lock()[&TenantId(1)].tokens <= 5.0);
+        assert_eq!(l.acquire(TenantId(1)).unwrap_err().reason, "tenant_concurrency");
+        drop(p1);
+        drop(_second);
+        assert_eq!(running(&l, 1), Some((0, 0)));
     }
 }

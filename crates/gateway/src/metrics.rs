@@ -1,5 +1,9 @@
 //! Prometheus metrics in the text exposition format. Every metric name is a constant of this
 //! module; nothing else spells one.
+//!
+//! Tenants are labelled by numeric id unless `[metrics] tenant_names` is set, and every label
+//! value that is not a fixed string of this crate (worker names from registration, kinds a
+//! worker reports) goes through [`label`]: a peer must not be able to write exposition lines.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -44,11 +48,11 @@ pub fn render_workers(workers: &[cluster::WorkerInfo]) -> String {
         "# TYPE {WORKER_INFLIGHT} gauge\n# TYPE {WORKER_PAGES_USED} gauge\n# TYPE {WORKER_VIOLATIONS_TOTAL} counter"
     );
     for w in workers {
-        let l = format!("worker=\"{}\",role=\"{}\"", w.name, w.role);
+        let l = format!("worker=\"{}\",role=\"{}\"", label(&w.name), label(&w.role));
         let _ = writeln!(out, "{WORKER_INFLIGHT}{{{l}}} {}", w.inflight);
         let _ = writeln!(out, "{WORKER_PAGES_USED}{{{l}}} {}", w.stats.pages_used);
         for (kind, n) in &w.stats.violations {
-            let _ = writeln!(out, "{WORKER_VIOLATIONS_TOTAL}{{{l},kind=\"{kind}\"}} {n}");
+            let _ = writeln!(out, "{WORKER_VIOLATIONS_TOTAL}{{{l},kind=\"{}\"}} {n}", kind.label());
         }
     }
     out
@@ -121,8 +125,8 @@ pub struct Metrics {
     violations: Mutex<BTreeMap<&'static str, u64>>,
     ttft: Histogram,
     itl: Histogram,
-    /// Per tenant name: (lookups, hits, hit tokens).
-    prefix: Mutex<BTreeMap<String, [u64; 3]>>,
+    /// Per tenant: (lookups, hits, hit tokens).
+    prefix: Mutex<BTreeMap<kv::TenantId, [u64; 3]>>,
 }
 
 impl Default for Metrics {
@@ -142,9 +146,25 @@ fn bump<K: Ord>(m: &Mutex<BTreeMap<K, u64>>, k: K) {
     *m.lock().unwrap_or_else(|e| e.into_inner()).entry(k).or_default() += 1;
 }
 
-/// Escapes a label value.
-fn label(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+/// The most characters of a label value kept (a longer one is cut, on a character boundary).
+pub const MAX_LABEL_CHARS: usize = 64;
+
+/// A label value, escaped as the exposition format wants (backslash, double quote, newline)
+/// and cut to [`MAX_LABEL_CHARS`] characters: values a peer chose (a worker's name) can then
+/// neither end the label early nor start a line of their own, nor grow the scrape without end.
+/// Other control characters are replaced, so that no log viewer or terminal acts on them.
+pub fn label(v: &str) -> String {
+    let mut out = String::with_capacity(v.len().min(MAX_LABEL_CHARS) + 2);
+    for c in v.chars().take(MAX_LABEL_CHARS) {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c if c.is_control() => out.push('?'),
+            c => out.push(c),
+        }
+    }
+    out
 }
 
 impl Metrics {
@@ -170,9 +190,9 @@ impl Metrics {
     }
 
     /// One request's prefix-cache lookup: `cached_tokens` served from the tenant's cache.
-    pub fn prefix_lookup(&self, tenant: &str, cached_tokens: usize) {
+    pub fn prefix_lookup(&self, tenant: kv::TenantId, cached_tokens: usize) {
         let mut m = self.prefix.lock().unwrap_or_else(|e| e.into_inner());
-        let c = m.entry(tenant.to_string()).or_default();
+        let c = m.entry(tenant).or_default();
         c[0] += 1;
         if cached_tokens > 0 {
             c[1] += 1;
@@ -180,8 +200,9 @@ impl Metrics {
         }
     }
 
-    /// The exposition text; `tenant_name` names engine tenants in the KV pages label.
-    pub fn render(&self, stats: &EngineStats, tenant_name: impl Fn(kv::TenantId) -> String) -> String {
+    /// The exposition text; `tenant_label` gives a tenant's label value (its id, or its name
+    /// when `[metrics] tenant_names` is set).
+    pub fn render(&self, stats: &EngineStats, tenant_label: impl Fn(kv::TenantId) -> String) -> String {
         let mut out = String::new();
         let counter_map = |out: &mut String, name: &str, help: &str, key: &str, rows: Vec<(String, u64)>| {
             let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter");
@@ -216,13 +237,13 @@ impl Metrics {
         gauge(&mut out, KV_PAGES_TOTAL, "Pages in the KV pool.", stats.pages_total as u64);
         let _ = writeln!(out, "# HELP {KV_PAGES_USED} KV pages leased, by tenant.\n# TYPE {KV_PAGES_USED} gauge");
         for (t, pages) in &stats.pages_by_tenant {
-            let _ = writeln!(out, "{KV_PAGES_USED}{{tenant=\"{}\"}} {pages}", label(&tenant_name(*t)));
+            let _ = writeln!(out, "{KV_PAGES_USED}{{tenant=\"{}\"}} {pages}", label(&tenant_label(*t)));
         }
         counter(&mut out, ENGINE_STEPS_TOTAL, "Forward steps run.", stats.steps);
         counter(&mut out, PREFILL_TOKENS_TOTAL, "Prompt tokens prefilled.", stats.prefill_tokens);
         counter(&mut out, DECODE_TOKENS_TOTAL, "Tokens decoded.", stats.decode_tokens);
         let prefix: Vec<(String, [u64; 3])> =
-            self.prefix.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (k.clone(), *v)).collect();
+            self.prefix.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (tenant_label(*k), *v)).collect();
         for (i, (name, help)) in [
             (PREFIX_CACHE_LOOKUPS_TOTAL, "Prefix-cache lookups (one per prefilled request), by tenant."),
             (PREFIX_CACHE_HITS_TOTAL, "Prefix-cache lookups that reused at least one page, by tenant."),
@@ -248,8 +269,8 @@ mod tests {
         m.request(200);
         m.rejection("invalid_request");
         m.time_to_first_token(Duration::from_millis(30));
-        m.prefix_lookup("tenant-1", 0);
-        m.prefix_lookup("tenant-1", 32);
+        m.prefix_lookup(kv::TenantId(1), 0);
+        m.prefix_lookup(kv::TenantId(1), 32);
         let stats = EngineStats { pages_by_tenant: vec![(kv::TenantId(1), 3)], ..Default::default() };
         let text = m.render(&stats, |t| format!("tenant-{}", t.0));
         for name in [
@@ -279,5 +300,32 @@ mod tests {
         assert!(text.contains("pagewarden_kv_pages_used{tenant=\"tenant-1\"} 3"));
         assert!(text.contains("pagewarden_isolation_violations_total{kind=\"generation_mismatch\"} 0"));
         assert!(text.contains("pagewarden_time_to_first_token_seconds_bucket{le=\"0.05\"} 1"));
+    }
+
+    #[test]
+    fn label_values_are_escaped_and_capped() {
+        assert_eq!(label(r#"a"b\c"#), r#"a\"b\\c"#);
+        assert_eq!(label("a\nb\rc"), "a\\nb?c");
+        assert_eq!(label(&"é".repeat(100)).chars().count(), MAX_LABEL_CHARS);
+    }
+
+    #[test]
+    fn a_worker_name_cannot_write_exposition_lines() {
+        let w = cluster::WorkerInfo {
+            name: "evil\"} 1\npagewarden_isolation_violations_total{kind=\"x\"} 99\n#".into(),
+            role: "decode",
+            inflight: 0,
+            stats: cluster::proto::Stats {
+                violations: vec![(engine::ViolationKind::BadMac, 1)],
+                ..Default::default()
+            },
+        };
+        let text = render_workers(&[w]);
+        for line in text.lines().filter(|l| !l.starts_with('#')) {
+            assert!(line.starts_with("pagewarden_"), "{line}");
+            assert!(!line.starts_with("pagewarden_isolation_violations_total"), "{text}");
+        }
+        assert!(text.contains(r#"worker="evil\"} 1\npagewarden_isolation"#), "{text}");
+        assert!(text.contains(r#"kind="bad_mac""#), "{text}");
     }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
@@ -56,6 +56,8 @@ pub struct AppState {
     pub tenants: TenantDirectory,
     pub limiter: Limiter,
     pub metrics: Metrics,
+    /// SHA-256 of the `[metrics] token_file` token: `/metrics` on the public listener needs it.
+    pub metrics_token: Option<[u8; 32]>,
     /// The served context window (at most the model's).
     pub context: usize,
     pub draining: AtomicBool,
@@ -93,12 +95,47 @@ async fn ready(State(st): State<Arc<AppState>>) -> Response {
     }
 }
 
-async fn metrics(State(st): State<Arc<AppState>>) -> Response {
+/// `/metrics` on the public listener: per-tenant load and cache use are not for every API
+/// client, so it is served only with the `[metrics] token_file` token (404 without one
+/// configured, 401 without the right one).
+async fn metrics(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let Some(token) = &st.metrics_token else {
+        let e = ApiError::metrics_disabled();
+        st.metrics.request(e.status.as_u16());
+        return e.response();
+    };
+    if !bearer_matches(&headers, token) {
+        let e = ApiError::unauthorized("/metrics needs `Authorization: Bearer TOKEN` with the metrics token");
+        st.metrics.request(e.status.as_u16());
+        return e.response();
+    }
+    metrics_text(&st)
+}
+
+/// Whether the request carries `Authorization: Bearer T` with SHA-256(T) equal to `digest`,
+/// compared in constant time (comparing digests also hides the token's length).
+fn bearer_matches(headers: &HeaderMap, digest: &[u8; 32]) -> bool {
+    use subtle::ConstantTimeEq;
+    let text = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or_default().trim();
+    let presented = match text.split_once(' ') {
+        Some((scheme, t)) if scheme.eq_ignore_ascii_case("bearer") => t.trim(),
+        _ => return false,
+    };
+    bool::from(crate::tenants::sha256(presented.as_bytes()).ct_eq(digest))
+}
+
+/// `/metrics` on the `[metrics] listen` listener: no authentication (a private network).
+async fn metrics_open(State(st): State<Arc<AppState>>) -> Response {
+    metrics_text(&st)
+}
+
+fn metrics_text(st: &AppState) -> Response {
     let stats = st.backend.stats();
     let tenants = st.tenants.current();
-    let mut body = st
-        .metrics
-        .render(&stats, |t| tenants.by_id(t).map_or_else(|| format!("tenant-{}", t.0), |x| x.config.name.clone()));
+    let mut body = st.metrics.render(&stats, |t| {
+        let name = st.config.metrics.tenant_names.then(|| tenants.by_id(t).map(|x| x.config.name.clone())).flatten();
+        name.unwrap_or_else(|| t.0.to_string())
+    });
     body.push_str(&crate::metrics::render_workers(&st.backend.worker_info()));
     body.push_str(&cluster::metrics::render_link_failures("", &st.backend.link_failures()));
     text_response(StatusCode::OK, "text/plain; version=0.0.4", body)
@@ -125,6 +162,16 @@ pub fn router(st: Arc<AppState>) -> Router {
         .route("/v1/models", get(api::models))
         .route("/v1/chat/completions", post(api::chat::chat_completions))
         .route("/v1/completions", post(api::completions::completions))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(st)
+}
+
+/// The routes of the `[metrics] listen` listener.
+fn metrics_router(st: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics_open))
+        .route("/health", get(health))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(st)
@@ -417,6 +464,7 @@ fn reload_tenants_on_sighup(st: &Arc<AppState>, dev: bool) {
 pub fn apply_tenants(st: &AppState, next: Tenants) {
     let table = next.table(st.config.limits.tenant_pool_share);
     let count = next.len();
+    st.limiter.reconfigure(next.iter().map(|t| (t.id, &t.config)));
     let revoked = st.tenants.replace(next);
     st.backend.set_tenants(table, &revoked);
     let ids: Vec<u64> = revoked.iter().map(|t| t.0).collect();
@@ -444,6 +492,8 @@ where
     D: FnOnce(),
 {
     let stop_tokens = StopTokens::new(tokenizer.stop_tokens());
+    // Read once at start-up, so that a missing, loose or short token file fails here.
+    let metrics_token = config.metrics.token()?.map(|t| crate::tenants::sha256(t.as_bytes()));
     let limiter = Limiter::new(tenants.iter().map(|t| (t.id, &t.config)));
     let started_at =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default();
@@ -456,6 +506,7 @@ where
         tenants: TenantDirectory::new(tenants),
         limiter,
         metrics: Metrics::default(),
+        metrics_token,
         context,
         draining: AtomicBool::new(false),
         inflight: AtomicUsize::new(0),
@@ -465,6 +516,19 @@ where
     });
 
     reload_tenants_on_sighup(&st, dev);
+    let metrics_task = match st.config.metrics.listen {
+        Some(at) => {
+            let l = tokio::net::TcpListener::bind(at)
+                .await
+                .map_err(|e| ServeError::Io(format!("cannot listen on {at} (metrics.listen): {e}")))?;
+            let bound = l.local_addr().map_err(|e| ServeError::Io(e.to_string()))?;
+            println!("metrics listening on http://{bound}");
+            let app = metrics_router(st.clone());
+            Some(tokio::spawn(async move { axum::serve(l, app).await }))
+        }
+        None => None,
+    };
+
     let listener = tokio::net::TcpListener::bind(st.config.listen)
         .await
         .map_err(|e| ServeError::Io(format!("cannot listen on {}: {e}", st.config.listen)))?;
@@ -474,7 +538,6 @@ where
         let _ = stop_rx.await;
     });
     let mut server_task = tokio::spawn(async move { server.await });
-
     println!("listening on http://{addr}");
     if dev {
         let path = dev_key_path();
@@ -517,6 +580,9 @@ where
     let _ = stop_tx.send(());
     // Let open connections close (bounded: a stuck client must not hold the exit).
     let _ = tokio::time::timeout(Duration::from_secs(5), server_task).await;
+    if let Some(t) = metrics_task {
+        t.abort();
+    }
     eprintln!("stopped");
     Ok(())
 }

@@ -1,7 +1,7 @@
 //! Tenants: API keys stored only as SHA-256 digests, looked up in constant time (invariant 11),
 //! new keys for the CLI, and the development tenant used when no tenant is configured.
 //!
-//! Keys are never logged; only tenant names appear in logs and metrics.
+//! Keys are never logged; logs carry tenant ids, metrics ids or (if configured) names.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -300,6 +300,7 @@ pub fn dev_tenant() -> Result<TenantConfig, TenantError> {
         max_concurrent: 8,
         max_queued: 32,
         tokens_per_minute: 0,
+        max_body_bytes: None,
     })
 }
 
@@ -315,6 +316,7 @@ mod tests {
             max_concurrent: 1,
             max_queued: 1,
             tokens_per_minute: 0,
+            max_body_bytes: None,
         }
     }
 

@@ -25,12 +25,12 @@ fn pages_used(metrics: &str) -> f64 {
 /// published after each step, a moment after the step's events reach the client).
 fn settled_metrics(server: &Server) -> String {
     let t0 = Instant::now();
-    let mut prev = get(&server.url("/metrics"), None).body;
+    let mut prev = metrics_text(server);
     loop {
         // Longer than the workers' stats period (250 ms): two reads within one period would
         // look settled while the last steps are still unreported.
         std::thread::sleep(Duration::from_millis(600));
-        let now = get(&server.url("/metrics"), None).body;
+        let now = metrics_text(server);
         let idle = metric(&now, "pagewarden_running_sequences") == 0.0 && metric(&now, "pagewarden_queue_depth") == 0.0;
         let same = metric(&now, "pagewarden_engine_steps_total") == metric(&prev, "pagewarden_engine_steps_total");
         if idle && same {
@@ -45,7 +45,7 @@ fn settled_metrics(server: &Server) -> String {
 fn wait_metrics(server: &Server, what: &str, cond: impl Fn(&str) -> bool) {
     let t0 = Instant::now();
     loop {
-        let m = get(&server.url("/metrics"), None).body;
+        let m = metrics_text(server);
         if cond(&m) {
             return;
         }
@@ -74,7 +74,7 @@ fn oversized_prompt_is_rejected_before_any_page_is_reserved() {
         assert_eq!(e["code"], "context_length_exceeded");
         assert!(e["message"].as_str().unwrap().contains("1024"), "{e}");
     }
-    let after = get(&server.url("/metrics"), None).body;
+    let after = metrics_text(&server);
     for m in ["pagewarden_engine_steps_total", "pagewarden_prefill_tokens_total", "pagewarden_decode_tokens_total"] {
         assert_eq!(metric(&before, m), metric(&after, m), "{m} moved");
     }

@@ -266,7 +266,7 @@ fn stop_string_cuts_output_and_is_not_emitted() {
 fn health_ready_and_metrics_are_served() {
     assert_eq!(get(&server().url("/health"), None).status, 200);
     assert_eq!(get(&server().url("/ready"), None).status, 200);
-    let m = get(&server().url("/metrics"), None);
+    let m = get(&server().url("/metrics"), Some(METRICS_TOKEN));
     assert_eq!(m.status, 200);
     for name in [
         "pagewarden_requests_total",

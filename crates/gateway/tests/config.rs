@@ -29,6 +29,9 @@ fn config_validation_errors_name_the_field() {
         ("[[tenants]]\nname = \"bad name\"\nkey_sha256 = \"abc\"", "tenants[0].name"),
         ("[pool]\ntokenz = 5", "tokenz"),
         ("threads = \"many\"", "threads"),
+        ("[limits]\nbody_timeout_ms = 0", "limits.body_timeout_ms"),
+        ("[metrics]\nlisten = \"nowhere\"", "metrics.listen"),
+        ("[metrics]\ntenant_name = true", "tenant_name"),
     ];
     for (toml, field) in cases {
         let e = err(toml);
@@ -63,4 +66,37 @@ fn example_config_file_is_valid_and_matches_the_defaults() {
     assert_eq!(c.engine.max_batch_tokens, d.engine.max_batch_tokens);
     assert_eq!(c.limits.max_body_bytes, d.limits.max_body_bytes);
     assert_eq!(c.pool.page_size, d.pool.page_size);
+}
+
+#[test]
+fn new_limits_and_metrics_keys_parse_with_their_defaults() {
+    let d = Config::default();
+    assert_eq!(d.limits.body_timeout, std::time::Duration::from_millis(30_000));
+    assert!(d.metrics.listen.is_none() && d.metrics.token_file.is_none() && !d.metrics.tenant_names);
+    let digest = "ab".repeat(32);
+    let c = Config::from_toml_str(&format!(
+        "[limits]\nbody_timeout_ms = 1500\n[metrics]\nlisten = \"127.0.0.1:9464\"\ntoken_file = \"/t\"\n\
+         tenant_names = true\n[[tenants]]\nname = \"a\"\nkey_sha256 = \"{digest}\"\nmax_body_bytes = 4096\n"
+    ))
+    .unwrap();
+    assert_eq!(c.limits.body_timeout, std::time::Duration::from_millis(1500));
+    assert_eq!(c.metrics.listen.map(|a| a.port()), Some(9464));
+    assert!(c.metrics.tenant_names);
+    assert_eq!(c.tenants[0].max_body_bytes, Some(4096));
+    let e = err(&format!("[[tenants]]\nname = \"a\"\nkey_sha256 = \"{digest}\"\nmax_body_bytes = 0\n"));
+    assert!(e.contains("tenants[0].max_body_bytes"), "{e}");
+}
+
+#[test]
+fn a_metrics_token_file_readable_by_others_or_short_refuses_to_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let loose = private_file("loose-metrics-token", &"t".repeat(40));
+    std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let short = private_file("short-metrics-token", "short");
+    for (path, want) in [(loose, "chmod 600"), (short, "at least 32")] {
+        let mut cfg = test_config();
+        cfg.metrics.token_file = Some(path);
+        let e = try_start(cfg).err().expect("must refuse to start").to_string();
+        assert!(e.contains("metrics.token_file") && e.contains(want), "{e}");
+    }
 }

@@ -124,22 +124,23 @@ fn metrics_count_lookups_hits_and_hit_tokens_per_tenant() {
     config.tenants.push(tenant("carol", "key-carol", 8));
     let s = start(config);
     let url = s.url("/metrics");
-    let before = get(&url, None).body;
+    let before = get(&url, Some(METRICS_TOKEN)).body;
     let b = body("tenant-metrics", "Do you repair bikes?", json!({}));
     chat_on(&s, BOB, &b);
     let hit = cached(&chat_on(&s, BOB, &b));
     chat_on(&s, "key-carol", &b);
-    let after = get(&url, None).body;
-    let d = |name: &str| metric(&after, name, "bob") - metric(&before, name, "bob");
+    let after = get(&url, Some(METRICS_TOKEN)).body;
+    // Tenants are labelled by id: alice 1, bob 2, carol 3.
+    let d = |name: &str| metric(&after, name, "2") - metric(&before, name, "2");
     assert_eq!(d("pagewarden_prefix_cache_lookups_total"), 2);
     assert_eq!(d("pagewarden_prefix_cache_hits_total"), 1);
     assert_eq!(d("pagewarden_prefix_cache_hit_tokens_total"), hit);
-    assert_eq!(metric(&after, "pagewarden_prefix_cache_lookups_total", "carol"), 1);
-    assert_eq!(metric(&after, "pagewarden_prefix_cache_hits_total", "carol"), 0, "bob's prefix is not carol's");
+    assert_eq!(metric(&after, "pagewarden_prefix_cache_lookups_total", "3"), 1);
+    assert_eq!(metric(&after, "pagewarden_prefix_cache_hits_total", "3"), 0, "bob's prefix is not carol's");
     // The gauge comes from the workers' periodic stats: wait for the next report.
     let t0 = std::time::Instant::now();
     let pages = loop {
-        let text = get(&url, None).body;
+        let text = get(&url, Some(METRICS_TOKEN)).body;
         let v: u64 = text
             .lines()
             .find_map(|l| l.strip_prefix("pagewarden_prefix_cache_pages "))

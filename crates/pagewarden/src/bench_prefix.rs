@@ -68,6 +68,8 @@ struct Server {
     url: String,
     key: String,
     log: PathBuf,
+    /// The bearer token of its `/metrics` (`[metrics] token_file`).
+    metrics_token: String,
 }
 
 impl Drop for Server {
@@ -75,6 +77,16 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Writes `text` to a new file readable by its owner only (the server refuses anything looser).
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    options.open(path)?.write_all(text.as_bytes())
 }
 
 fn tail(path: &Path, lines: usize) -> String {
@@ -94,14 +106,20 @@ impl Server {
         let exe = std::env::current_exe().context("locating the pagewarden executable")?;
         std::fs::create_dir_all(dir)?;
         let config = dir.join("pagewarden.toml");
+        // The server's /metrics needs a token; this one is only for the bench's own scrapes.
+        let token_file = dir.join("metrics-token");
+        let metrics_token: String = cluster::random::<24>()?.iter().map(|b| format!("{b:02x}")).collect();
+        write_private(&token_file, &metrics_token)?;
         let model = b.model.as_ref().map_or(String::new(), |m| format!("model = {:?}\n", m.display().to_string()));
         std::fs::write(
             &config,
             format!(
-                "{model}threads = {}\ncontext_window = {}\n\n[pool]\ntokens = {}\n\n[prefix_cache]\nenabled = {enabled}\n",
+                "{model}threads = {}\ncontext_window = {}\n\n[pool]\ntokens = {}\n\n[prefix_cache]\nenabled = {enabled}\n\n\
+                 [metrics]\ntoken_file = {:?}\n",
                 b.threads,
                 b.context_window,
-                4 * b.context_window
+                4 * b.context_window,
+                token_file.display().to_string(),
             ),
         )?;
         let out = Command::new(&exe).args(["tenant", "add", "bench", "--config"]).arg(&config).output()?;
@@ -127,7 +145,7 @@ impl Server {
                 }
             }
         });
-        let mut s = Server { label, child, url: String::new(), key, log };
+        let mut s = Server { label, child, url: String::new(), key, log, metrics_token };
         s.url = match rx.recv_timeout(Duration::from_secs(180)) {
             Ok(u) => u,
             Err(_) => bail!("the {label} server did not start:\n{}", tail(&s.log, 20)),
@@ -156,6 +174,7 @@ impl Server {
     fn cache_metrics(&self) -> std::collections::BTreeMap<String, f64> {
         let text = agent(Duration::from_secs(10))
             .get(format!("{}/metrics", self.url))
+            .header("Authorization", format!("Bearer {}", self.metrics_token))
             .call()
             .ok()
             .and_then(|mut r| r.body_mut().read_to_string().ok())

@@ -129,8 +129,44 @@ enum TenantCmd {
     },
 }
 
+/// Set to `1` to let a binary built with the `incident-replay` feature run a serving role: only
+/// the audit's self-test (`audit --spawn` of the incident build) does.
+pub const INCIDENT_SELF_TEST_ENV: &str = "PAGEWARDEN_INCIDENT_SELF_TEST";
+
+/// A binary built with `incident-replay` has the 2026 incident's bugs built back in (KV pages
+/// not scrubbed, no coverage check, pools smaller than the context window accepted). `cargo
+/// build --all-features` makes one without anyone asking for it, so its serving roles refuse to
+/// start unless [`INCIDENT_SELF_TEST_ENV`] says this is the self-test, and say so loudly even
+/// then.
+fn incident_guard(role: &str) {
+    if !cfg!(feature = "incident-replay") {
+        return;
+    }
+    if std::env::var(INCIDENT_SELF_TEST_ENV).is_ok_and(|v| v == "1") {
+        eprintln!(
+            "!!! INCIDENT BUILD: this pagewarden was built with the `incident-replay` feature: it LEAKS KV \
+             between tenants by design. `{role}` runs only because {INCIDENT_SELF_TEST_ENV}=1 (the audit's \
+             self-test). Never serve real traffic with it. !!!"
+        );
+        return;
+    }
+    eprintln!(
+        "error: refusing to run `{role}`: this pagewarden was built with the `incident-replay` feature, which puts \
+         the 2026 incident's cross-tenant leak back in (for `pagewarden audit`'s self-test only). Rebuild without \
+         it (e.g. not with --all-features), or set {INCIDENT_SELF_TEST_ENV}=1 for a self-test."
+    );
+    std::process::exit(2);
+}
+
 fn main() {
     let cli = Cli::parse();
+    match &cli.cmd {
+        Cmd::Serve { .. } => incident_guard("serve"),
+        Cmd::Gateway { .. } => incident_guard("gateway"),
+        Cmd::Prefill(_) => incident_guard("prefill"),
+        Cmd::Decode(_) => incident_guard("decode"),
+        _ => {}
+    }
     let result = match cli.cmd {
         Cmd::Serve { config, listen } => {
             gateway::run_serve_cli(config.as_deref(), listen.as_deref()).map_err(Into::into)

@@ -51,8 +51,9 @@ fn serve_with_three_tenants(dir: &Path) -> (Serve, PathBuf) {
     std::fs::write(
         &config,
         format!(
-            "context_window = {CONTEXT}\n\n[pool]\ntokens = {}\n\n[engine]\nqueue_timeout_ms = 10000\n",
-            4 * CONTEXT
+            "context_window = {CONTEXT}\n\n[pool]\ntokens = {}\n\n[engine]\nqueue_timeout_ms = 10000\n\n{}",
+            4 * CONTEXT,
+            common::metrics_section(dir),
         ),
     )
     .unwrap();
@@ -92,10 +93,18 @@ fn serve_with_three_tenants(dir: &Path) -> (Serve, PathBuf) {
     (s, tenants_file)
 }
 
+/// The audit reads the gateway's `/metrics` with the token [`common::metrics_section`] wrote
+/// into `dir`.
 fn audit(url: &str, tenants: &Path, report: &Path, extra: &[&str]) -> Output {
+    let dir = tenants.parent().unwrap();
+    if !dir.join("metrics-token").exists() {
+        common::write_secret(&dir.join("metrics-token"), common::METRICS_TOKEN);
+    }
     Command::new(common::bin())
         .args(["audit", "--url", url, "--tenants"])
         .arg(tenants)
+        .arg("--metrics-token-file")
+        .arg(dir.join("metrics-token"))
         .args(["--requests", "40", "--concurrency", "4", "--seed", "20260517", "--report"])
         .arg(report)
         .args(extra)
@@ -192,6 +201,15 @@ fn fake_handle(mut s: TcpStream, prompts: Prompts) {
         "/v1/models" => {
             return respond(s, 200, "application/json", &json!({"data": [{"id": "fake"}]}).to_string());
         }
+        // Like pagewarden's: only with the metrics token.
+        "/metrics" if key != common::METRICS_TOKEN.to_ascii_lowercase() => {
+            return respond(
+                s,
+                401,
+                "application/json",
+                r#"{"error":{"message":"no","type":"x","param":null,"code":null}}"#,
+            );
+        }
         "/metrics" => {
             return respond(
                 s,
@@ -274,6 +292,9 @@ fn an_audit_of_a_leaking_server_fails_and_names_the_leak() {
     let r = json_file(&report.join("report.json"));
     assert_eq!(r["passed"], false);
     assert_eq!(r["context_window"], 2048);
+    // It read the fake /metrics with the token (the fake refuses it without).
+    assert!(r["metrics"][0].get("before_error").is_none(), "{}", r["metrics"]);
+    assert_eq!(r["metrics"][0]["pages_returned_to_zero"], true, "{}", r["metrics"]);
     assert!(r["counts"]["cross_tenant_canaries"].as_u64().unwrap() > 0);
     // The text changes with what other tenants sent last: the isolated re-run differs.
     assert!(r["counts"]["divergences"].as_u64().unwrap() > 0, "{}", r["divergence_checks"]);

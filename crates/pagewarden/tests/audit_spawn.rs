@@ -40,6 +40,49 @@ fn incident_build() -> PathBuf {
     target.join("debug/pagewarden")
 }
 
+/// Runs the incident build's `args` with the self-test variable set or not; it must exit by
+/// itself within a minute (a role that started serving would not).
+fn run_incident(bin: &Path, args: &[&str], self_test: bool) -> (Option<i32>, String) {
+    let mut cmd = Command::new(bin);
+    cmd.args(args).stdin(std::process::Stdio::null()).stdout(std::process::Stdio::null());
+    cmd.stderr(std::process::Stdio::piped()).env_remove("PAGEWARDEN_INCIDENT_SELF_TEST");
+    if self_test {
+        cmd.env("PAGEWARDEN_INCIDENT_SELF_TEST", "1");
+    }
+    let mut child = cmd.spawn().unwrap();
+    let t0 = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > std::time::Duration::from_secs(60) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("`{}` kept running: the incident build served", args.join(" "));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[test]
+fn the_incident_build_refuses_every_serving_role_unless_told_it_is_the_self_test() {
+    let bin = incident_build();
+    let missing = Path::new(env!("CARGO_TARGET_TMPDIR")).join("no-such-config.toml");
+    let missing = missing.to_str().unwrap();
+    for role in ["serve", "gateway", "prefill", "decode"] {
+        let (code, err) = run_incident(&bin, &[role, "--config", missing], false);
+        assert_eq!(code, Some(2), "{role}: {err}");
+        assert!(err.contains("refusing to run") && err.contains("incident-replay"), "{role}: {err}");
+        assert!(err.contains("PAGEWARDEN_INCIDENT_SELF_TEST=1"), "{role}: {err}");
+        // Allowed, it goes on (here to fail on the missing config) after a banner.
+        let (code, err) = run_incident(&bin, &[role, "--config", missing], true);
+        assert_ne!(code, Some(0), "{role}: {err}");
+        assert!(err.contains("INCIDENT BUILD") && !err.contains("refusing to run"), "{role}: {err}");
+    }
+    // Commands that serve nothing are not affected.
+    let (code, err) = run_incident(&bin, &["--version"], false);
+    assert_eq!(code, Some(0), "{err}");
+}
+
 #[test]
 fn a_spawned_audit_with_faults_passes_on_the_normal_build_and_names_the_incident_builds_leak() {
     let base = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("audit-{}", std::process::id()));

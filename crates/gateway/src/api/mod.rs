@@ -1,6 +1,7 @@
 //! The OpenAI-compatible API: authentication, body reading, the path of one generation request
-//! (validate, limits, submit, wait for the first event, then a response or a stream), and the
-//! per-request log line (ids, tenant, sizes, timings; never prompt or output text).
+//! (concurrency and queue limits, body, validate, token limit, submit, wait for the first event,
+//! then a response or a stream), and the per-request log line (ids, tenant id, sizes, timings;
+//! never prompt or output text).
 
 pub mod chat;
 pub mod completions;
@@ -32,6 +33,8 @@ pub struct RequestLog {
     st: Arc<AppState>,
     pub id: u64,
     pub endpoint: &'static str,
+    /// The tenant's numeric id ("-" before authentication): names are the operator's labels,
+    /// and a log line should not need the tenant table to be read, nor change with it.
     pub tenant: String,
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
@@ -161,7 +164,7 @@ pub async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Resp
     let mut log = RequestLog::new(st.clone(), "models");
     match authenticate(&st, &headers) {
         Ok(t) => {
-            log.tenant = t.config.name;
+            log.tenant = t.id.0.to_string();
             log.status = 200;
             log.outcome = "ok";
             json_response(StatusCode::OK, &types::models(&st.config.model_name, st.started_at))
@@ -187,7 +190,16 @@ pub async fn generate(st: Arc<AppState>, endpoint: Endpoint, req: Request) -> Re
     let mut log = RequestLog::new(st.clone(), name);
     match generate_inner(&st, endpoint, req, &mut log).await {
         Ok(resp) => resp,
-        Err(e) => reject(&st, &mut log, e),
+        Err(e) => {
+            let timed_out = e.reason == "body_timeout";
+            let mut resp = reject(&st, &mut log, e);
+            if timed_out {
+                // The rest of the body is never read: the connection cannot carry another
+                // request, and a slow client must not keep it.
+                resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            resp
+        }
     }
 }
 
@@ -204,9 +216,16 @@ async fn generate_inner(
     // Taken before the key is checked: a revocation after it ends this request.
     let mark = st.backend.revocation_mark();
     let tenant = authenticate(st, req.headers())?;
-    log.tenant = tenant.config.name.clone();
+    log.tenant = tenant.id.0.to_string();
+    // The tenant's concurrency and queue slots come before any work for it: reading the body,
+    // rendering and tokenizing cost as much as queueing, and must count against its limits.
+    let mut permit = st.limiter.acquire(tenant.id)?;
     let (parts, body) = req.into_parts();
-    let body = read_body(body, &parts.headers, st.config.limits.max_body_bytes).await?;
+    let limit = tenant.config.max_body_bytes.unwrap_or(st.config.limits.max_body_bytes);
+    let body_timeout = st.config.limits.body_timeout;
+    let body = tokio::time::timeout(body_timeout, read_body(body, &parts.headers, limit))
+        .await
+        .map_err(|_| ApiError::body_timeout(body_timeout.as_millis()))??;
 
     // Rendering and tokenizing a large prompt is CPU work: keep it off the async workers.
     let st2 = st.clone();
@@ -215,7 +234,7 @@ async fn generate_inner(
         .map_err(|e| ApiError::internal(format!("validation task failed: {e}")))??;
     log.prompt_tokens = v.prompt.len();
 
-    let permit = st.limiter.acquire(tenant.id, v.prompt.len() + v.max_tokens)?;
+    permit.charge(v.prompt.len() + v.max_tokens)?;
     let prompt_tokens = v.prompt.len();
     let gen_req = GenRequest {
         id: RequestId(log.id),
@@ -241,7 +260,7 @@ async fn generate_inner(
         prompt_tokens,
         v.max_tokens,
         arrived,
-        tenant.config.name.clone(),
+        tenant.id,
     );
     let meta = ResponseMeta::new(endpoint, log.id, &st.config.model_name);
 

@@ -95,7 +95,7 @@ pub struct Generation {
     /// Set once the prefix cache was consulted (the last report wins: a retried route
     /// reports again).
     cached_tokens: Option<usize>,
-    tenant: String,
+    tenant: kv::TenantId,
     arrived: Instant,
     last_token: Option<Instant>,
     pub(crate) ttft: Option<Duration>,
@@ -113,7 +113,7 @@ impl Generation {
         prompt_tokens: usize,
         max_tokens: usize,
         arrived: Instant,
-        tenant: String,
+        tenant: kv::TenantId,
     ) -> Self {
         Generation {
             st,
@@ -148,7 +148,7 @@ impl Generation {
     /// Counts the request's prefix-cache lookup once, when it ends (however it ends).
     fn count_lookup(&mut self) {
         if let Some(n) = self.cached_tokens.take() {
-            self.st.metrics.prefix_lookup(&self.tenant, n);
+            self.st.metrics.prefix_lookup(self.tenant, n);
         }
     }
 

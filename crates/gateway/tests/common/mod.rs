@@ -15,6 +15,27 @@ use serde_json::Value;
 pub const MODEL: &str = "SmolLM2-135M-Instruct";
 pub const ALICE: &str = "key-alice";
 pub const BOB: &str = "key-bob";
+/// The bearer token `/metrics` on the API port asks for in [`test_config`].
+pub const METRICS_TOKEN: &str = "metrics-token-of-the-gateway-tests-0123456789";
+
+/// A private file (mode 600, as the server insists) holding `text`, in a directory of this
+/// test process.
+pub fn private_file(name: &str, text: &str) -> std::path::PathBuf {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let dir = std::env::temp_dir().join(format!("pw-gw-tests-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join(name);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .expect("private file");
+    f.write_all(text.as_bytes()).expect("write");
+    path
+}
 
 /// A tenant with a fixed id per name (alice 1, bob 2, carol 3, others 4).
 pub fn tenant(name: &str, key: &str, max_concurrent: usize) -> TenantConfig {
@@ -31,6 +52,7 @@ pub fn tenant(name: &str, key: &str, max_concurrent: usize) -> TenantConfig {
         max_concurrent,
         max_queued: 32,
         tokens_per_minute: 0,
+        max_body_bytes: None,
     }
 }
 
@@ -52,6 +74,7 @@ pub fn test_config() -> Config {
     .expect("test config");
     c.model = Some(fetch::ensure_default_model().expect("default model"));
     c.tenants = vec![tenant("alice", ALICE, 8), tenant("bob", BOB, 8)];
+    c.metrics.token_file = Some(private_file("metrics-token", METRICS_TOKEN));
     c
 }
 
@@ -211,6 +234,13 @@ pub fn next_event(r: &mut BufReader<ureq::BodyReader<'static>>) -> Option<String
             return Some(d.to_string());
         }
     }
+}
+
+/// The server's `/metrics` text, read with the metrics token.
+pub fn metrics_text(server: &Server) -> String {
+    let r = get(&server.url("/metrics"), Some(METRICS_TOKEN));
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.body
 }
 
 /// A metric's value (first sample whose line starts with `prefix`).

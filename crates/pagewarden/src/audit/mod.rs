@@ -79,6 +79,8 @@ pub struct AuditOptions {
     pub context_window: Option<usize>,
     /// `/metrics` URLs of the gateway (and workers); empty: `{url}/metrics`.
     pub metrics_urls: Vec<String>,
+    /// Bearer token for scraping them (the gateway's `[metrics] token_file`).
+    pub metrics_token: Option<String>,
     /// Draw a progress bar on stderr even when it is not a terminal.
     pub progress: bool,
     /// Near-context prompts; None: one per hundred requests, at least one.
@@ -101,6 +103,7 @@ impl AuditOptions {
             report_dir: None,
             context_window: None,
             metrics_urls: Vec::new(),
+            metrics_token: None,
             progress: false,
             long_prompts: None,
             rerun_concurrency: 1,
@@ -171,6 +174,10 @@ pub struct AuditArgs {
     /// A /metrics URL to check (repeatable); default: URL/metrics.
     #[arg(long = "metrics")]
     pub metrics: Vec<String>,
+    /// A file holding the bearer token for the gateway's /metrics (its `[metrics] token_file`);
+    /// not needed for a `[metrics] listen` address given with --metrics.
+    #[arg(long)]
+    pub metrics_token_file: Option<PathBuf>,
     /// Prompts within 90-99% of the context window (each costs a whole window of prefill);
     /// default: one per hundred requests, at least one.
     #[arg(long)]
@@ -229,7 +236,12 @@ pub fn run(args: &AuditArgs) -> Result<()> {
     }
     let url = args.url.clone().context("--url is required")?;
     let path = args.tenants.as_deref().context("--tenants FILE is required")?;
-    let opts = args.options(url, load_tenants(path)?);
+    let mut opts = args.options(url, load_tenants(path)?);
+    if let Some(f) = &args.metrics_token_file {
+        let text =
+            std::fs::read_to_string(f).with_context(|| format!("reading --metrics-token-file {}", f.display()))?;
+        opts.metrics_token = Some(text.trim().to_string());
+    }
     conclude(&run_audit(&opts, &NoHooks)?)
 }
 
@@ -590,8 +602,8 @@ fn divergence(a: &Exchange, b: &Exchange) -> Option<(Option<usize>, String, Opti
 type Scrapes = BTreeMap<String, std::result::Result<Vec<prom::Sample>, String>>;
 
 /// Scrapes `url`: the samples, or why not.
-fn scrape(client: &Client, url: &str) -> std::result::Result<Vec<prom::Sample>, String> {
-    match client.get(url, None) {
+fn scrape(client: &Client, url: &str, token: Option<&str>) -> std::result::Result<Vec<prom::Sample>, String> {
+    match client.get(url, token) {
         Ok((200, body)) => Ok(prom::parse(&body)),
         Ok((status, _)) => Err(format!("HTTP {status}")),
         Err(e) => Err(format!("{e:#}")),
@@ -624,7 +636,7 @@ pub fn run_audit(opts: &AuditOptions, hooks: &dyn AuditHooks) -> Result<AuditOut
     let before: Scrapes = metrics_urls()
         .into_iter()
         .map(|u| {
-            let r = scrape(&client, &u);
+            let r = scrape(&client, &u, opts.metrics_token.as_deref());
             (u, r)
         })
         .collect();
@@ -837,7 +849,7 @@ pub fn run_audit(opts: &AuditOptions, hooks: &dyn AuditHooks) -> Result<AuditOut
         after = metrics_urls()
             .into_iter()
             .map(|u| {
-                let r = scrape(&client, &u);
+                let r = scrape(&client, &u, opts.metrics_token.as_deref());
                 (u, r)
             })
             .collect();

@@ -20,6 +20,8 @@ use super::proxy::{Fault, Proxy};
 /// The served context window: small, so prompts near it stay cheap on a CPU.
 pub const CONTEXT: usize = 1024;
 const INCIDENT: bool = cfg!(feature = "incident-replay");
+/// The bearer token of the spawned gateway's `/metrics` (written to its `[metrics] token_file`).
+const METRICS_TOKEN_FILE: &str = "metrics-token";
 /// The incident's prefill pool: smaller than the context window.
 const INCIDENT_PREFILL_POOL: usize = 256;
 
@@ -39,6 +41,8 @@ pub struct Deployment {
     pub url: String,
     pub tenants_file: PathBuf,
     pub metrics_urls: Vec<String>,
+    /// The bearer token of the gateway's `/metrics`.
+    pub metrics_token: String,
     config: PathBuf,
     cluster_addr: String,
     gateway: Child,
@@ -58,7 +62,12 @@ fn exe() -> anyhow::Result<PathBuf> {
 /// Spawns `args`; waits (up to 120 s) for a stdout line containing each marker; returns the
 /// text after each marker.
 fn spawn(args: &[&str], markers: &[&str]) -> anyhow::Result<(Child, Vec<String>)> {
-    let mut child = Command::new(exe()?).args(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?;
+    let mut cmd = Command::new(exe()?);
+    if INCIDENT {
+        // The incident build refuses to serve unless told this is the audit's self-test.
+        cmd.env(crate::INCIDENT_SELF_TEST_ENV, "1");
+    }
+    let mut child = cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?;
     let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
@@ -127,6 +136,8 @@ impl Deployment {
         std::fs::create_dir_all(&dir)?;
         let secret: String = std::iter::repeat_with(|| char::from(b'a' + (random_u64() % 26) as u8)).take(48).collect();
         write_private(&dir.join("secret"), secret.as_bytes())?;
+        let metrics_token: String = cluster::random::<24>()?.iter().map(|b| format!("{b:02x}")).collect();
+        write_private(&dir.join(METRICS_TOKEN_FILE), metrics_token.as_bytes())?;
         let config = dir.join("pagewarden.toml");
         std::fs::write(&config, "")?;
         let mut keys = Vec::new();
@@ -138,9 +149,10 @@ impl Deployment {
         let text = format!(
             "threads = 1\ncontext_window = {CONTEXT}\n[pool]\ntokens = {}\n[engine]\nqueue_timeout_ms = 20000\n\
              [limits]\nrequest_timeout_s = 120\n[cluster]\nsecret_file = \"{}\"\ntransfer_timeout_ms = 5000\n\
-             handshake_timeout_ms = 5000\n{tenant_tables}",
+             handshake_timeout_ms = 5000\n[metrics]\ntoken_file = \"{}\"\n{tenant_tables}",
             2 * CONTEXT,
-            dir.join("secret").display()
+            dir.join("secret").display(),
+            dir.join(METRICS_TOKEN_FILE).display()
         );
         std::fs::write(&config, text)?;
         let tenants_file = dir.join("tenants.toml");
@@ -161,6 +173,7 @@ impl Deployment {
             url: url.clone(),
             tenants_file,
             metrics_urls: vec![format!("{url}/metrics")],
+            metrics_token,
             config,
             cluster_addr: got[1].clone(),
             gateway,
@@ -210,6 +223,7 @@ impl Deployment {
         loop {
             let m = agent
                 .get(format!("{}/metrics", self.url))
+                .header("Authorization", format!("Bearer {}", self.metrics_token))
                 .call()
                 .ok()
                 .and_then(|mut r| r.body_mut().read_to_string().ok())
@@ -421,6 +435,7 @@ pub fn run(args: &super::AuditArgs, tenants: usize, faults: Option<&str>) -> any
     opts.seed = seed;
     opts.context_window = Some(CONTEXT);
     opts.metrics_urls = d.metrics_urls.clone();
+    opts.metrics_token = Some(d.metrics_token.clone());
     let d = Mutex::new(d);
     let outcome = super::run_audit(&opts, &SpawnHooks { d: &d })?;
     drop(d);

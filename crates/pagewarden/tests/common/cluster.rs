@@ -99,8 +99,9 @@ impl Cluster {
         let tenants = std::fs::read_to_string(&config).unwrap();
         let text = format!(
             "threads = 1\n{extra}\n[pool]\ntokens = 16384\n[cluster]\nsecret_file = \"{}\"\ntransfer_timeout_ms = 10000\n\
-             handshake_timeout_ms = 5000\n{tenants}\nmax_concurrent = 32\nmax_queued = 64\n",
-            dir.join("secret").display()
+             handshake_timeout_ms = 5000\n{}{tenants}\nmax_concurrent = 32\nmax_queued = 64\n",
+            dir.join("secret").display(),
+            super::metrics_section(&dir),
         );
         std::fs::write(&config, text).unwrap();
         let cfg = config.to_str().unwrap().to_string();
@@ -178,7 +179,13 @@ impl Cluster {
     }
 
     pub fn gateway_metrics(&self) -> String {
-        get_text(&format!("{}/metrics", self.url))
+        let mut r = agent()
+            .get(format!("{}/metrics", self.url))
+            .header("Authorization", format!("Bearer {}", super::METRICS_TOKEN))
+            .call()
+            .unwrap();
+        assert_eq!(r.status(), 200, "the gateway's /metrics");
+        r.body_mut().read_to_string().unwrap()
     }
 
     pub fn worker_metrics(&self, i: usize) -> String {

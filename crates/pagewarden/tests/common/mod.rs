@@ -12,6 +12,15 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub const MODEL_NAME: &str = "SmolLM2-135M-Instruct";
+/// The bearer token of the gateway's `/metrics` in every config these helpers write.
+pub const METRICS_TOKEN: &str = "metrics-token-of-the-pagewarden-tests-0123456789";
+
+/// Writes the metrics token file into `dir`; returns the `[metrics]` section naming it.
+pub fn metrics_section(dir: &std::path::Path) -> String {
+    let path = dir.join("metrics-token");
+    write_secret(&path, METRICS_TOKEN);
+    format!("[metrics]\ntoken_file = \"{}\"\n", path.display())
+}
 
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_pagewarden")
@@ -35,7 +44,7 @@ impl Server {
         ));
         std::fs::create_dir_all(&dir).unwrap();
         let config = dir.join("pagewarden.toml");
-        std::fs::write(&config, "[pool]\ntokens = 32768\n").unwrap();
+        std::fs::write(&config, format!("[pool]\ntokens = 32768\n{}", metrics_section(&dir))).unwrap();
         let out = Command::new(bin()).args(["tenant", "add", "tester", "--config"]).arg(&config).output().unwrap();
         assert!(out.status.success(), "tenant add: {}", String::from_utf8_lossy(&out.stderr));
         let key = String::from_utf8(out.stdout).unwrap().lines().next().unwrap().trim().to_string();
@@ -103,7 +112,14 @@ impl Server {
     }
 
     pub fn metrics(&self) -> String {
-        self.agent().get(format!("{}/metrics", self.url)).call().unwrap().body_mut().read_to_string().unwrap()
+        self.agent()
+            .get(format!("{}/metrics", self.url))
+            .header("Authorization", format!("Bearer {METRICS_TOKEN}"))
+            .call()
+            .unwrap()
+            .body_mut()
+            .read_to_string()
+            .unwrap()
     }
 }
 
