@@ -150,6 +150,11 @@ async fn route_inner(ctx: &Ctx, spec: &Spec, out: &UnboundedSender<ToGateway>) -
     drop(guard);
     ctx.metrics.transfers_completed.fetch_add(1, Ordering::Relaxed);
     let first = complete.first_token();
+    if first as usize >= ctx.engine.vocab() {
+        // Never reported as verified: the gateway must not release it, and it must not join a
+        // decode step, where it would fail every sequence of the batch.
+        return Err(Failure::Violation(ViolationKind::BadFirstToken));
+    }
     let _ = out.send(ToGateway::Verified { route: spec.route, first });
     decode(ctx, spec, req, table, first, out).await
 }

@@ -493,7 +493,7 @@ impl Router {
                     return Outcome::Fail(EngineError::Internal(what));
                 }
             }
-            match gate.release(req, ev) {
+            match gate.release(req, ev, self.inner.cfg.vocab) {
                 Err(kind) => return Outcome::Fail(EngineError::IsolationViolation { kind }),
                 Ok(true) => {
                     guard.done = true;
@@ -525,11 +525,14 @@ struct FirstTokenGate {
 
 impl FirstTokenGate {
     /// Releases what can be; `Ok(true)` once the request finished.
-    fn release(&mut self, req: &GenRequest, ev: &EventSender) -> Result<bool, ViolationKind> {
+    fn release(&mut self, req: &GenRequest, ev: &EventSender, vocab: usize) -> Result<bool, ViolationKind> {
         if !self.released {
             let (Some(first), Some(verified)) = (&self.first, self.verified) else { return Ok(false) };
             if first.token != verified {
                 return Err(ViolationKind::FirstTokenMismatch);
+            }
+            if first.token as usize >= vocab {
+                return Err(ViolationKind::BadFirstToken);
             }
             self.released = true;
             if !req.stop_tokens.contains(first.token) {
@@ -539,6 +542,10 @@ impl FirstTokenGate {
         while let Some(m) = self.pending.pop_front() {
             match m {
                 ToGateway::Token { token, .. } => {
+                    // A token the model cannot have sampled (a rogue or broken decode worker).
+                    if token.token as usize >= vocab {
+                        return Err(ViolationKind::BadToken);
+                    }
                     let _ = ev.send(Event::Token(token.into()));
                 }
                 ToGateway::Finished { reason, usage, .. } => {

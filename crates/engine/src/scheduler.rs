@@ -246,6 +246,11 @@ impl EngineHandle {
         &self.pool
     }
 
+    /// The model's vocabulary size: every token id is below it.
+    pub fn vocab(&self) -> usize {
+        self.vocab
+    }
+
     /// The door check, shared with every other door: nothing is queued, reserved or computed
     /// for a request that fails it.
     pub fn check(&self, prompt: &[u32], max_tokens: usize) -> Result<(), AdmissionError> {

@@ -139,21 +139,22 @@ impl Deployment {
         let metrics_token: String = cluster::random::<24>()?.iter().map(|b| format!("{b:02x}")).collect();
         write_private(&dir.join(METRICS_TOKEN_FILE), metrics_token.as_bytes())?;
         let config = dir.join("pagewarden.toml");
-        std::fs::write(&config, "")?;
-        let mut keys = Vec::new();
-        for i in 0..tenants {
-            keys.push((format!("tenant-{i}"), tenant_add(&config, &format!("tenant-{i}"))?));
-        }
-        let tenant_tables = std::fs::read_to_string(&config)?
-            .replace("[[tenants]]", "[[tenants]]\nmax_concurrent = 64\nmax_queued = 128\ntokens_per_minute = 0");
         let text = format!(
             "threads = 1\ncontext_window = {CONTEXT}\n[pool]\ntokens = {}\n[engine]\nqueue_timeout_ms = 20000\n\
              [limits]\nrequest_timeout_s = 120\n[cluster]\nsecret_file = \"{}\"\ntransfer_timeout_ms = 5000\n\
-             handshake_timeout_ms = 5000\n[metrics]\ntoken_file = \"{}\"\n{tenant_tables}",
+             handshake_timeout_ms = 5000\n[metrics]\ntoken_file = \"{}\"\n",
             2 * CONTEXT,
             dir.join("secret").display(),
             dir.join(METRICS_TOKEN_FILE).display()
         );
+        std::fs::write(&config, text)?;
+        // `tenant add` gives each its id and appends it (the [[tenants]] tables come last).
+        let mut keys = Vec::new();
+        for i in 0..tenants {
+            keys.push((format!("tenant-{i}"), tenant_add(&config, &format!("tenant-{i}"))?));
+        }
+        let text = std::fs::read_to_string(&config)?
+            .replace("[[tenants]]", "[[tenants]]\nmax_concurrent = 64\nmax_queued = 128\ntokens_per_minute = 0");
         std::fs::write(&config, text)?;
         let tenants_file = dir.join("tenants.toml");
         let mut t = String::new();

@@ -92,18 +92,14 @@ impl Cluster {
         std::fs::create_dir_all(&dir).unwrap();
         super::write_secret(&dir.join("secret"), SECRET);
         let config = dir.join("pagewarden.toml");
-        std::fs::write(&config, "").unwrap();
-        let out = Command::new(bin()).args(["tenant", "add", "tester", "--config"]).arg(&config).output().unwrap();
-        assert!(out.status.success(), "tenant add: {}", String::from_utf8_lossy(&out.stderr));
-        let key = String::from_utf8(out.stdout).unwrap().lines().next().unwrap().trim().to_string();
-        let tenants = std::fs::read_to_string(&config).unwrap();
         let text = format!(
             "threads = 1\n{extra}\n[pool]\ntokens = 16384\n[cluster]\nsecret_file = \"{}\"\ntransfer_timeout_ms = 10000\n\
-             handshake_timeout_ms = 5000\n{}{tenants}\nmax_concurrent = 32\nmax_queued = 64\n",
+             handshake_timeout_ms = 5000\n{}",
             dir.join("secret").display(),
             super::metrics_section(&dir),
         );
         std::fs::write(&config, text).unwrap();
+        let key = add_tenant(&config, "tester");
         let cfg = config.to_str().unwrap().to_string();
         let (gateway, rx) =
             spawn(&["gateway", "--config", &cfg, "--listen", "127.0.0.1:0", "--cluster-listen", "127.0.0.1:0"]);
@@ -117,6 +113,29 @@ impl Cluster {
             gateway,
             workers: Vec::new(),
         }
+    }
+
+    /// `pagewarden tenant add NAME` on this cluster's config (apply it with [`Cluster::reload`]).
+    pub fn add_tenant(&self, name: &str) -> String {
+        add_tenant(&self.config, name)
+    }
+
+    /// Sends SIGHUP to the gateway: it reloads its tenants (and secrets).
+    pub fn reload(&self) {
+        let st = Command::new("kill").args(["-HUP", &self.gateway.id().to_string()]).status().unwrap();
+        assert!(st.success());
+    }
+
+    /// Kills the gateway (only it) and starts a new one on the same addresses; the workers
+    /// re-register with it.
+    pub fn restart_gateway(&mut self) {
+        let _ = self.gateway.kill();
+        let _ = self.gateway.wait();
+        let cfg = self.config.to_str().unwrap().to_string();
+        let http = self.url.trim_start_matches("http://").to_string();
+        let (gateway, rx) = spawn(&["gateway", "--config", &cfg, "--listen", &http, "--cluster-listen", &self.cluster_addr]);
+        expect_lines(&rx, &["listening on http://", "cluster listening on "]);
+        self.gateway = gateway;
     }
 
     /// Starts a worker (`prefill` or `decode`); returns its index in `workers`.
@@ -225,6 +244,17 @@ impl Cluster {
         let status = r.status().as_u16();
         (status, r.body_mut().read_to_string().unwrap())
     }
+}
+
+/// `pagewarden tenant add NAME --config FILE` with generous limits; returns the key.
+pub fn add_tenant(config: &std::path::Path, name: &str) -> String {
+    let out = Command::new(bin()).args(["tenant", "add", name, "--config"]).arg(config).output().unwrap();
+    assert!(out.status.success(), "tenant add: {}", String::from_utf8_lossy(&out.stderr));
+    let key = String::from_utf8(out.stdout).unwrap().lines().next().unwrap().trim().to_string();
+    let text = std::fs::read_to_string(config).unwrap();
+    // The new tenant's table is the file's last: these keys land in it.
+    std::fs::write(config, format!("{text}max_concurrent = 32\nmax_queued = 64\n")).unwrap();
+    key
 }
 
 impl Drop for Cluster {
