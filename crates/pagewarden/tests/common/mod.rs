@@ -54,6 +54,13 @@ impl Server {
             cfg.push('\n');
         }
         std::fs::write(&config, cfg).unwrap();
+        Server::start_with(dir, key)
+    }
+
+    /// Starts `serve` on `dir/pagewarden.toml` as written; `key` is the tenant [`Server::post`]
+    /// uses.
+    pub fn start_with(dir: PathBuf, key: String) -> Server {
+        let config = dir.join("pagewarden.toml");
         let mut child = Command::new(bin())
             .args(["serve", "--listen", "127.0.0.1:0", "--config"])
             .arg(&config)
@@ -109,6 +116,12 @@ impl Server {
         let status = r.status().as_u16();
         let text = r.body_mut().read_to_string().unwrap();
         (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
+    }
+
+    /// Sends SIGHUP: the server reloads its tenants from its config file.
+    pub fn reload(&self) {
+        let st = Command::new("kill").args(["-HUP", &self.child.id().to_string()]).status().unwrap();
+        assert!(st.success());
     }
 
     pub fn metrics(&self) -> String {
