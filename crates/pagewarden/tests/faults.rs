@@ -212,7 +212,13 @@ enum Lie {
     WrongDigest,
     /// Every page but the last, then an honest close.
     MissingPage,
+    /// Every slot and an honest digest, but a first token outside the vocabulary, which the
+    /// model cannot embed: were it decoded, the step would fail for every sequence in it.
+    BadFirstToken,
 }
+
+/// SmolLM2's vocabulary size: the first id outside it.
+const VOCAB: u32 = 49152;
 
 async fn rogue_prefill(c_addr: String, lies: Arc<Mutex<Vec<Lie>>>) {
     let model = fetch::ensure_default_model().unwrap();
@@ -231,7 +237,8 @@ async fn rogue_prefill(c_addr: String, lies: Arc<Mutex<Vec<Lie>>>) {
         let ToWorker::Prefill { spec, ticket, decode_addr } = m else { continue };
         let lie = lies.lock().unwrap().remove(0);
         let ticket: Ticket = ticket.into();
-        let token = cluster::proto::TokenWire { token: 42, logprob: -0.1, top: vec![] };
+        let first = if matches!(lie, Lie::BadFirstToken) { VOCAB } else { 42 };
+        let token = cluster::proto::TokenWire { token: first, logprob: -0.1, top: vec![] };
         wr.send(&ToGateway::First { route: spec.route, token, cached_tokens: None }).await.unwrap();
         let link = Link::connect(net.dial(&decode_addr).await.unwrap(), &me, Duration::from_secs(10)).await.unwrap();
         // It holds the secret, so its link and its frames authenticate: only the decode
@@ -242,6 +249,7 @@ async fn rogue_prefill(c_addr: String, lies: Arc<Mutex<Vec<Lie>>>) {
             Lie::Placeholder => 1,
             Lie::WrongDigest => n.div_ceil(16),
             Lie::MissingPage => n.div_ceil(16) - 1,
+            Lie::BadFirstToken => n.div_ceil(16),
         };
         let mut seq = 0;
         for p in 0..pages {
@@ -261,8 +269,8 @@ async fn rogue_prefill(c_addr: String, lies: Arc<Mutex<Vec<Lie>>>) {
                 other[3] ^= 1;
                 CloseFrame { tokens: n, prompt_digest: PromptDigest::of(&other), first_token: 42 }
             }
-            Lie::MissingPage => {
-                CloseFrame { tokens: n, prompt_digest: PromptDigest::of(&spec.prompt), first_token: 42 }
+            Lie::MissingPage | Lie::BadFirstToken => {
+                CloseFrame { tokens: n, prompt_digest: PromptDigest::of(&spec.prompt), first_token: first }
             }
         };
         io.write_all(&sealer.seal(&Frame::close(ticket.id(), seq, close)).unwrap()).await.unwrap();
@@ -287,6 +295,72 @@ fn a_prefill_worker_that_lies_about_its_transfer_never_gets_a_request_decoded() 
         c.wait_pools_empty(&[d]);
     }
     assert!(lies.lock().unwrap().is_empty());
+}
+
+/// Streams `body` as the cluster's tenant; sends a unit when the first content arrives and
+/// returns the text once `[DONE]` came (panics on an error event).
+fn stream_text(c: &Cluster, body: Value, started: std::sync::mpsc::Sender<()>) -> String {
+    use std::io::BufRead;
+    let mut r = common::cluster::agent()
+        .post(format!("{}/v1/chat/completions", c.url))
+        .header("Authorization", format!("Bearer {}", c.key))
+        .header("Content-Type", "application/json")
+        .send(body.to_string().as_bytes())
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut text = String::new();
+    for line in std::io::BufReader::new(r.body_mut().as_reader()).lines() {
+        let line = line.unwrap();
+        let Some(data) = line.strip_prefix("data: ") else { continue };
+        if data == "[DONE]" {
+            return text;
+        }
+        let v: Value = serde_json::from_str(data).unwrap();
+        assert!(v.get("error").is_none(), "bob's stream failed: {v}");
+        if let Some(d) = v["choices"][0]["delta"]["content"].as_str() {
+            text.push_str(d);
+            let _ = started.send(());
+        }
+    }
+    panic!("the stream ended without [DONE]");
+}
+
+#[test]
+fn a_rogue_prefill_workers_out_of_vocabulary_first_token_fails_only_its_request_while_bob_decodes_beside_it() {
+    let mut c = Cluster::start("");
+    // The honest prefill worker registers first: with both idle, the router picks it.
+    c.add_worker("prefill", "prefill-a", None);
+    let d = c.add_worker("decode", "decode-a", None);
+    c.wait_workers(1, 1);
+    let bob = json!({
+        "model": common::MODEL_NAME,
+        "messages": [{"role": "user", "content": "Write a long poem about the sea."}],
+        "max_tokens": 64,
+        "temperature": 0,
+        "ignore_eos": true,
+        "stream": true,
+    });
+    let (tx, _rx) = std::sync::mpsc::channel();
+    let alone = stream_text(&c, bob.clone(), tx);
+
+    let lies = Arc::new(Mutex::new(vec![Lie::BadFirstToken]));
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    rt.spawn(rogue_prefill(c.cluster_addr.clone(), lies.clone()));
+    c.wait_workers(2, 1);
+    let before = violations(&c, d, "bad_first_token");
+    let (tx, started) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let bobs = s.spawn(|| stream_text(&c, bob, tx));
+        started.recv_timeout(Duration::from_secs(60)).expect("bob's stream started");
+        // Bob's route holds the honest prefill worker: this request goes to the rogue, and its
+        // KV to the decode worker where bob is decoding.
+        let err = expect_error_nothing_streamed(&c);
+        assert!(err["error"]["message"].as_str().unwrap().contains("bad_first_token"), "{err}");
+        assert_eq!(bobs.join().unwrap(), alone, "bob's output equals his output alone");
+    });
+    assert!(lies.lock().unwrap().is_empty(), "the rogue got the request");
+    assert_eq!(violations(&c, d, "bad_first_token"), before + 1.0, "counted by kind");
+    c.wait_pools_empty(&[d]);
 }
 
 fn kill9(pid: u32) {
