@@ -76,15 +76,47 @@ fn new_limits_and_metrics_keys_parse_with_their_defaults() {
     let digest = "ab".repeat(32);
     let c = Config::from_toml_str(&format!(
         "[limits]\nbody_timeout_ms = 1500\n[metrics]\nlisten = \"127.0.0.1:9464\"\ntoken_file = \"/t\"\n\
-         tenant_names = true\n[[tenants]]\nname = \"a\"\nkey_sha256 = \"{digest}\"\nmax_body_bytes = 4096\n"
+         tenant_names = true\n[[tenants]]\nid = 1\nname = \"a\"\nkey_sha256 = \"{digest}\"\nmax_body_bytes = 4096\n"
     ))
     .unwrap();
     assert_eq!(c.limits.body_timeout, std::time::Duration::from_millis(1500));
     assert_eq!(c.metrics.listen.map(|a| a.port()), Some(9464));
     assert!(c.metrics.tenant_names);
     assert_eq!(c.tenants[0].max_body_bytes, Some(4096));
-    let e = err(&format!("[[tenants]]\nname = \"a\"\nkey_sha256 = \"{digest}\"\nmax_body_bytes = 0\n"));
+    let e = err(&format!("[[tenants]]\nid = 1\nname = \"a\"\nkey_sha256 = \"{digest}\"\nmax_body_bytes = 0\n"));
     assert!(e.contains("tenants[0].max_body_bytes"), "{e}");
+}
+
+#[test]
+fn tenant_ids_are_required_unique_and_within_last_tenant_id() {
+    let t = |id: &str, name: &str, digest: char| {
+        format!("[[tenants]]\n{id}name = \"{name}\"\nkey_sha256 = \"{}\"\n", digest.to_string().repeat(64))
+    };
+    let e = err(&t("", "a", 'a'));
+    assert!(e.contains("tenants[0].id") && e.contains("tenant add"), "{e}");
+    let e = err(&format!("{}{}", t("id = 3\n", "a", 'a'), t("id = 3\n", "b", 'b')));
+    assert!(e.contains("tenants[1].id") && e.contains("two tenants"), "{e}");
+    let e = err(&format!("last_tenant_id = 2\n{}", t("id = 3\n", "a", 'a')));
+    assert!(e.contains("tenants[0].id") && e.contains("last_tenant_id"), "{e}");
+    assert!(err(&t("id = 0\n", "a", 'a')).contains("tenants[0].id"));
+    let c = Config::from_toml_str(&format!("last_tenant_id = 9\n{}{}", t("id = 7\n", "a", 'a'), t("id = 2\n", "b", 'b')))
+        .unwrap();
+    assert_eq!(c.tenants.iter().map(|t| t.id.0).collect::<Vec<_>>(), vec![7, 2]);
+    assert_eq!(c.last_tenant_id, 9);
+    let c = Config::from_toml_str(&t("id = 5\n", "a", 'a')).unwrap();
+    assert_eq!(c.last_tenant_id, 5, "at least every tenant's id");
+}
+
+#[test]
+fn the_pool_share_and_max_tokens_ceiling_are_validated() {
+    let d = Config::default();
+    assert_eq!((d.limits.tenant_pool_share, d.limits.max_tokens_ceiling), (0.5, 4096));
+    let c = Config::from_toml_str("[limits]\ntenant_pool_share = 0.25\nmax_tokens_ceiling = 100\n").unwrap();
+    assert_eq!((c.limits.tenant_pool_share, c.limits.max_tokens_ceiling), (0.25, 100));
+    for bad in ["tenant_pool_share = 0.0", "tenant_pool_share = 1.5", "tenant_pool_share = -1.0"] {
+        assert!(err(&format!("[limits]\n{bad}\n")).contains("limits.tenant_pool_share"), "{bad}");
+    }
+    assert!(err("[limits]\nmax_tokens_ceiling = 0\n").contains("limits.max_tokens_ceiling"));
 }
 
 #[test]
