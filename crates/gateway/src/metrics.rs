@@ -48,7 +48,7 @@ pub fn render_workers(workers: &[cluster::WorkerInfo]) -> String {
         "# TYPE {WORKER_INFLIGHT} gauge\n# TYPE {WORKER_PAGES_USED} gauge\n# TYPE {WORKER_VIOLATIONS_TOTAL} counter"
     );
     for w in workers {
-        let l = format!("worker=\"{}\",role=\"{}\"", label(&w.name), label(&w.role));
+        let l = format!("worker=\"{}\",role=\"{}\"", label(&w.name), label(w.role));
         let _ = writeln!(out, "{WORKER_INFLIGHT}{{{l}}} {}", w.inflight);
         let _ = writeln!(out, "{WORKER_PAGES_USED}{{{l}}} {}", w.stats.pages_used);
         for (kind, n) in &w.stats.violations {
