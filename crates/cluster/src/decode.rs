@@ -198,7 +198,9 @@ fn write(table: &mut BlockTable, w: &PageWrite<'_>) -> Result<(), Failure> {
     let start = w.page_index as usize * ps + w.slots.start as usize;
     for (i, layer) in (w.layers.start..w.layers.end).enumerate() {
         let rows = &w.payload[i * per_layer..(i + 1) * per_layer];
-        table.import_rows(layer as usize, start, n, rows).map_err(|_| Failure::Violation(ViolationKind::Reservation))?;
+        table
+            .import_rows(layer as usize, start, n, rows)
+            .map_err(|_| Failure::Violation(ViolationKind::Reservation))?;
     }
     Ok(())
 }

@@ -10,16 +10,14 @@ use engine::{
     AdmissionError, EngineError, EngineStats, Event, EventSender, FinishReason, GenRequest, RequestStream, TokenEvent,
     Usage, ViolationKind,
 };
-use tokio::sync::mpsc;
 use kv::TenantId;
+use tokio::sync::mpsc;
 use wire::{Role, Ticket};
 
 use crate::link::{refusal_reason, refuse_busy, HandshakeGate, Identity};
 use crate::metrics::LinkMetrics;
 use crate::net::{BoxIo, Listener};
-use crate::proto::{
-    role_name, Failure, Finish, Register, Registered, Spec, Stats, TenantTable, ToGateway, ToWorker,
-};
+use crate::proto::{role_name, Failure, Finish, Register, Registered, Spec, Stats, TenantTable, ToGateway, ToWorker};
 use crate::{ClusterError, Link};
 
 #[derive(Clone)]

@@ -685,7 +685,8 @@ impl Loop {
                 // values), and fail closed only the ones that fail on their own.
                 let mut outputs = Vec::with_capacity(steps.len());
                 for (at, step) in steps.iter_mut().enumerate() {
-                    let alone = SeqStep { tokens: step.tokens, start: step.start, kv: &mut *step.kv, logits: step.logits };
+                    let alone =
+                        SeqStep { tokens: step.tokens, start: step.start, kv: &mut *step.kv, logits: step.logits };
                     match self.model.forward(&mut [alone]) {
                         Ok(mut o) => outputs.push(o.pop().unwrap_or_default()),
                         Err(e) => {

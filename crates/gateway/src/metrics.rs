@@ -315,10 +315,7 @@ mod tests {
             name: "evil\"} 1\npagewarden_isolation_violations_total{kind=\"x\"} 99\n#".into(),
             role: "decode",
             inflight: 0,
-            stats: cluster::proto::Stats {
-                violations: vec![(engine::ViolationKind::BadMac, 1)],
-                ..Default::default()
-            },
+            stats: cluster::proto::Stats { violations: vec![(engine::ViolationKind::BadMac, 1)], ..Default::default() },
         };
         let text = render_workers(&[w]);
         for line in text.lines().filter(|l| !l.starts_with('#')) {

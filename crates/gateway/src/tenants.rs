@@ -177,7 +177,11 @@ fn write_document(path: &Path, doc: &toml_edit::DocumentMut) -> Result<(), Tenan
     let text = doc.to_string();
     Config::from_toml_str(&text)?;
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let tmp = dir.join(format!(".{}.tmp-{}", path.file_name().and_then(|n| n.to_str()).unwrap_or("config"), std::process::id()));
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        path.file_name().and_then(|n| n.to_str()).unwrap_or("config"),
+        std::process::id()
+    ));
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create(true).truncate(true);
     #[cfg(unix)]
@@ -243,7 +247,12 @@ fn find_tenant(doc: &mut toml_edit::DocumentMut, name: &str) -> Result<usize, Te
 pub fn remove_tenant(config_path: &Path, name: &str) -> Result<TenantId, TenantError> {
     let (text, mut doc) = read_document(config_path)?;
     let config = Config::from_toml_str(&text)?;
-    let id = config.tenants.iter().find(|t| t.name == name).map(|t| t.id).ok_or_else(|| TenantError::NotFound(name.to_string()))?;
+    let id = config
+        .tenants
+        .iter()
+        .find(|t| t.name == name)
+        .map(|t| t.id)
+        .ok_or_else(|| TenantError::NotFound(name.to_string()))?;
     let at = find_tenant(&mut doc, name)?;
     doc["last_tenant_id"] = toml_edit::value(config.last_tenant_id as i64);
     tenant_tables(&mut doc)?.remove(at);
@@ -257,9 +266,7 @@ pub fn rotate_key(config_path: &Path, name: &str) -> Result<String, TenantError>
     let (_, mut doc) = read_document(config_path)?;
     let at = find_tenant(&mut doc, name)?;
     let key = generate_key()?;
-    let table = tenant_tables(&mut doc)?
-        .get_mut(at)
-        .ok_or_else(|| TenantError::NotFound(name.to_string()))?;
+    let table = tenant_tables(&mut doc)?.get_mut(at).ok_or_else(|| TenantError::NotFound(name.to_string()))?;
     table["key_sha256"] = key_digest_value(&key);
     write_document(config_path, &doc)?;
     Ok(key)

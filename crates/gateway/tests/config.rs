@@ -99,8 +99,9 @@ fn tenant_ids_are_required_unique_and_within_last_tenant_id() {
     let e = err(&format!("last_tenant_id = 2\n{}", t("id = 3\n", "a", 'a')));
     assert!(e.contains("tenants[0].id") && e.contains("last_tenant_id"), "{e}");
     assert!(err(&t("id = 0\n", "a", 'a')).contains("tenants[0].id"));
-    let c = Config::from_toml_str(&format!("last_tenant_id = 9\n{}{}", t("id = 7\n", "a", 'a'), t("id = 2\n", "b", 'b')))
-        .unwrap();
+    let c =
+        Config::from_toml_str(&format!("last_tenant_id = 9\n{}{}", t("id = 7\n", "a", 'a'), t("id = 2\n", "b", 'b')))
+            .unwrap();
     assert_eq!(c.tenants.iter().map(|t| t.id.0).collect::<Vec<_>>(), vec![7, 2]);
     assert_eq!(c.last_tenant_id, 9);
     let c = Config::from_toml_str(&t("id = 5\n", "a", 'a')).unwrap();

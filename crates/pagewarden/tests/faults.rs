@@ -363,6 +363,50 @@ fn a_rogue_prefill_workers_out_of_vocabulary_first_token_fails_only_its_request_
     c.wait_pools_empty(&[d]);
 }
 
+#[test]
+fn a_worker_reporting_an_unknown_violation_kind_cannot_change_the_exposition_text() {
+    let c = Cluster::start("");
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let before = c.gateway_metrics();
+    let addr = c.cluster_addr.clone();
+    let dropped = rt.block_on(async move {
+        let model = fetch::ensure_default_model().unwrap();
+        let layout = kv::KvLayout { n_layers: 30, n_kv_heads: 3, head_dim: 64, page_size: 16, dtype: kv::KvDtype::F16 };
+        let me = Identity {
+            secrets: SecretRing::single(ClusterSecret::from_passphrase(SECRET.as_bytes())),
+            role: Role::Decode,
+            pairing: PairingInfo::new(cluster::model_digest(&model).unwrap(), &layout).unwrap(),
+        };
+        let link =
+            Link::connect(Net::default().dial(&addr).await.unwrap(), &me, Duration::from_secs(10)).await.unwrap();
+        let (mut rd, mut wr) = link.split();
+        let reg = Register {
+            name: "liar".into(),
+            kv_addr: Some("127.0.0.1:1".into()),
+            context: 8192,
+            capacity_tokens: 16384,
+        };
+        wr.send(&reg).await.unwrap();
+        assert!(matches!(rd.recv::<Registered>().await.unwrap(), Some(Registered::Accepted(_))));
+        // A stats report whose violation kind is no kind: it would write its own sample.
+        let kind = "x\"} 99\npagewarden_isolation_violations_total{kind=\"forged";
+        let mut stats = serde_json::to_value(cluster::proto::Stats::default()).unwrap();
+        stats["violations"] = json!([[kind, 1]]);
+        wr.send(&json!({ "Stats": stats })).await.unwrap();
+        // The gateway cannot decode it and closes the link.
+        tokio::time::timeout(Duration::from_secs(10), async { while let Ok(Some(_)) = rd.recv::<ToWorker>().await {} })
+            .await
+            .is_ok()
+    });
+    assert!(dropped, "the gateway kept the link of a worker that sent an undecodable report");
+    let after = c.gateway_metrics();
+    assert!(!after.contains("forged") && !after.contains(" 99"), "{after}");
+    let kinds = |m: &str| {
+        m.lines().filter(|l| l.contains("kind=")).map(|l| l.split(' ').next().unwrap().to_string()).collect::<Vec<_>>()
+    };
+    assert_eq!(kinds(&after), kinds(&before), "the same kind labels as before");
+}
+
 fn kill9(pid: u32) {
     let st = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
     assert!(st.success());

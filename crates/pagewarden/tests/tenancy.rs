@@ -97,7 +97,9 @@ fn a_removed_tenants_cache_is_dropped_when_only_the_gateway_restarts_and_no_othe
     c.restart_gateway();
     c.wait_workers(1, 1);
     // The workers applied the new table when they registered again.
-    wait_until("alice's pages are still cached", || cached_pages(&c, 0, ALICE) == 0.0 && cached_pages(&c, 1, ALICE) == 0.0);
+    wait_until("alice's pages are still cached", || {
+        cached_pages(&c, 0, ALICE) == 0.0 && cached_pages(&c, 1, ALICE) == 0.0
+    });
 
     let (s, v) = post(&c, &bob, &body(LONG_PROMPT, 4, false));
     assert_eq!(s, 200, "{v}");
@@ -109,7 +111,11 @@ fn a_removed_tenants_cache_is_dropped_when_only_the_gateway_restarts_and_no_othe
 
 /// A streaming request in its own thread: sends each content delta as it arrives, then how the
 /// stream ended (`Ok(())` after `[DONE]`, `Err(error object)` after an error event).
-fn stream(c: &Cluster, key: &str, b: Value) -> (mpsc::Receiver<String>, std::thread::JoinHandle<Result<String, Value>>) {
+fn stream(
+    c: &Cluster,
+    key: &str,
+    b: Value,
+) -> (mpsc::Receiver<String>, std::thread::JoinHandle<Result<String, Value>>) {
     let (tx, rx) = mpsc::channel();
     let (url, key) = (format!("{}/v1/chat/completions", c.url), key.to_string());
     let h = std::thread::spawn(move || {
@@ -167,7 +173,9 @@ fn removing_or_rekeying_a_tenant_on_a_running_gateway_ends_its_access_streams_an
     assert!(err["error"]["message"].as_str().unwrap_or_default().contains("revoked"), "{err}");
     let (s, v) = post(&c, &alice, &body("Hi", 1, false));
     assert_eq!(s, 401, "{v}");
-    wait_until("alice's pages are still cached", || cached_pages(&c, 0, ALICE) == 0.0 && cached_pages(&c, 1, ALICE) == 0.0);
+    wait_until("alice's pages are still cached", || {
+        cached_pages(&c, 0, ALICE) == 0.0 && cached_pages(&c, 1, ALICE) == 0.0
+    });
     assert_eq!(bob_stream.join().unwrap().expect("bob's stream completes"), bob_alone, "bob is unaffected");
 
     // A rotated key: the old one is refused at once, the new one works, with a cold cache.

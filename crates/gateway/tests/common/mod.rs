@@ -68,6 +68,7 @@ pub fn test_config() -> Config {
         [limits]
         max_body_bytes = 65536
         max_tokens_default = 16
+        max_tokens_ceiling = 512
         drain_timeout_s = 20
         "#,
     )

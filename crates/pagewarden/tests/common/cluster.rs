@@ -133,7 +133,8 @@ impl Cluster {
         let _ = self.gateway.wait();
         let cfg = self.config.to_str().unwrap().to_string();
         let http = self.url.trim_start_matches("http://").to_string();
-        let (gateway, rx) = spawn(&["gateway", "--config", &cfg, "--listen", &http, "--cluster-listen", &self.cluster_addr]);
+        let (gateway, rx) =
+            spawn(&["gateway", "--config", &cfg, "--listen", &http, "--cluster-listen", &self.cluster_addr]);
         expect_lines(&rx, &["listening on http://", "cluster listening on "]);
         self.gateway = gateway;
     }
