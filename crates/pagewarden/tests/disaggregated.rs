@@ -9,11 +9,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use cluster::proto::{Failure, Register, Registered, Spec, Stats, TicketWire, ToGateway, ToWorker};
-use cluster::{Identity, Link, Net, SecretRing};
-use common::cluster::{metric, Cluster, SECRET};
+use cluster::{Link, Net};
+use common::cluster::{metric, Cluster};
 use common::{chat, generate_cli, PROMPTS};
 use serde_json::Value;
-use wire::{ClusterSecret, PairingInfo, Role};
+use wire::Role;
 
 fn content(body: &str) -> String {
     let v: Value = serde_json::from_str(body).unwrap();
@@ -132,13 +132,7 @@ fn a_worker_with_another_page_size_or_secret_is_refused_and_exits_naming_the_rea
 /// and its last reported counters.
 async fn direct(role: Role, config: &std::path::Path) -> (Vec<ToGateway>, Stats) {
     let (mut listener, addr) = Net::default().listen("127.0.0.1:0").await.unwrap();
-    let model = fetch::ensure_default_model().unwrap();
-    let layout = kv::KvLayout { n_layers: 30, n_kv_heads: 3, head_dim: 64, page_size: 16, dtype: kv::KvDtype::F16 };
-    let me = Identity {
-        secrets: SecretRing::single(ClusterSecret::from_passphrase(SECRET.as_bytes())),
-        role: Role::Gateway,
-        pairing: PairingInfo::new(cluster::model_digest(&model).unwrap(), &layout).unwrap(),
-    };
+    let me = common::cluster::node_identity(Role::Gateway);
     let role_arg = if role == Role::Prefill { "prefill" } else { "decode" };
     let mut child = Command::new(common::bin())
         .args([role_arg, "--config", config.to_str().unwrap(), "--gateway", &addr, "--name", "direct"])

@@ -11,17 +11,6 @@ use std::time::{Duration, Instant};
 use common::Server;
 use serde_json::{json, Value};
 
-fn body(prompt: &str, max_tokens: usize, stream: bool) -> Value {
-    json!({
-        "model": common::MODEL_NAME,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": true,
-        "stream": stream,
-    })
-}
-
 /// A raw completion (no chat template, so the prompt's length is known): 8180 tokens to
 /// generate after a prompt of a few.
 fn long_completion() -> Value {
@@ -86,7 +75,7 @@ fn a_tenant_reserving_near_window_requests_cannot_starve_another_tenant() {
         .post(format!("{}/v1/chat/completions", s.url))
         .header("Authorization", format!("Bearer {b_key}"))
         .header("Content-Type", "application/json")
-        .send(body("Say hello.", 10, false).to_string().as_bytes())
+        .send(common::chat("Say hello.", 10).to_string().as_bytes())
         .unwrap();
     let took = t0.elapsed();
     assert_eq!(r.status(), 200);

@@ -12,12 +12,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cluster::proto::{Register, Registered, ToGateway, ToWorker};
-use cluster::{Identity, Link, Net, SecretRing};
-use common::cluster::{metric, Cluster, SECRET};
+use cluster::{Link, Net};
+use common::cluster::{metric, node_identity, stream_chat, Cluster};
 use common::relay::read_unit;
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
-use wire::{CloseFrame, ClusterSecret, Frame, KvFrame, PairingInfo, PromptDigest, Role, Ticket};
+use wire::{CloseFrame, Frame, KvFrame, PromptDigest, Role, Ticket};
 
 /// A long enough prompt for five KV frames (four pages and the close).
 const PROMPT: &str = "Tell me a short story about a lighthouse keeper who finds a message in a bottle, \
@@ -221,13 +221,7 @@ enum Lie {
 const VOCAB: u32 = 49152;
 
 async fn rogue_prefill(c_addr: String, lies: Arc<Mutex<Vec<Lie>>>) {
-    let model = fetch::ensure_default_model().unwrap();
-    let layout = kv::KvLayout { n_layers: 30, n_kv_heads: 3, head_dim: 64, page_size: 16, dtype: kv::KvDtype::F16 };
-    let me = Identity {
-        secrets: SecretRing::single(ClusterSecret::from_passphrase(SECRET.as_bytes())),
-        role: Role::Prefill,
-        pairing: PairingInfo::new(cluster::model_digest(&model).unwrap(), &layout).unwrap(),
-    };
+    let me = node_identity(Role::Prefill);
     let net = Net::default();
     let link = Link::connect(net.dial(&c_addr).await.unwrap(), &me, Duration::from_secs(10)).await.unwrap();
     let (mut rd, mut wr) = link.split();
@@ -297,34 +291,6 @@ fn a_prefill_worker_that_lies_about_its_transfer_never_gets_a_request_decoded() 
     assert!(lies.lock().unwrap().is_empty());
 }
 
-/// Streams `body` as the cluster's tenant; sends a unit when the first content arrives and
-/// returns the text once `[DONE]` came (panics on an error event).
-fn stream_text(c: &Cluster, body: Value, started: std::sync::mpsc::Sender<()>) -> String {
-    use std::io::BufRead;
-    let mut r = common::cluster::agent()
-        .post(format!("{}/v1/chat/completions", c.url))
-        .header("Authorization", format!("Bearer {}", c.key))
-        .header("Content-Type", "application/json")
-        .send(body.to_string().as_bytes())
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let mut text = String::new();
-    for line in std::io::BufReader::new(r.body_mut().as_reader()).lines() {
-        let line = line.unwrap();
-        let Some(data) = line.strip_prefix("data: ") else { continue };
-        if data == "[DONE]" {
-            return text;
-        }
-        let v: Value = serde_json::from_str(data).unwrap();
-        assert!(v.get("error").is_none(), "bob's stream failed: {v}");
-        if let Some(d) = v["choices"][0]["delta"]["content"].as_str() {
-            text.push_str(d);
-            let _ = started.send(());
-        }
-    }
-    panic!("the stream ended without [DONE]");
-}
-
 #[test]
 fn a_rogue_prefill_workers_out_of_vocabulary_first_token_fails_only_its_request_while_bob_decodes_beside_it() {
     let mut c = Cluster::start("");
@@ -340,24 +306,23 @@ fn a_rogue_prefill_workers_out_of_vocabulary_first_token_fails_only_its_request_
         "ignore_eos": true,
         "stream": true,
     });
-    let (tx, _rx) = std::sync::mpsc::channel();
-    let alone = stream_text(&c, bob.clone(), tx);
+    let alone = stream_chat(&c.url, &c.key, bob.clone()).1.join().unwrap().unwrap();
 
     let lies = Arc::new(Mutex::new(vec![Lie::BadFirstToken]));
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     rt.spawn(rogue_prefill(c.cluster_addr.clone(), lies.clone()));
     c.wait_workers(2, 1);
     let before = violations(&c, d, "bad_first_token");
-    let (tx, started) = std::sync::mpsc::channel();
-    std::thread::scope(|s| {
-        let bobs = s.spawn(|| stream_text(&c, bob, tx));
+    let (started, bobs) = stream_chat(&c.url, &c.key, bob);
+    {
         started.recv_timeout(Duration::from_secs(60)).expect("bob's stream started");
         // Bob's route holds the honest prefill worker: this request goes to the rogue, and its
         // KV to the decode worker where bob is decoding.
         let err = expect_error_nothing_streamed(&c);
         assert!(err["error"]["message"].as_str().unwrap().contains("bad_first_token"), "{err}");
-        assert_eq!(bobs.join().unwrap(), alone, "bob's output equals his output alone");
-    });
+        let bobs = bobs.join().unwrap().expect("bob's stream completes");
+        assert_eq!(bobs, alone, "bob's output equals his output alone");
+    }
     assert!(lies.lock().unwrap().is_empty(), "the rogue got the request");
     assert_eq!(violations(&c, d, "bad_first_token"), before + 1.0, "counted by kind");
     c.wait_pools_empty(&[d]);
@@ -370,13 +335,7 @@ fn a_worker_reporting_an_unknown_violation_kind_cannot_change_the_exposition_tex
     let before = c.gateway_metrics();
     let addr = c.cluster_addr.clone();
     let dropped = rt.block_on(async move {
-        let model = fetch::ensure_default_model().unwrap();
-        let layout = kv::KvLayout { n_layers: 30, n_kv_heads: 3, head_dim: 64, page_size: 16, dtype: kv::KvDtype::F16 };
-        let me = Identity {
-            secrets: SecretRing::single(ClusterSecret::from_passphrase(SECRET.as_bytes())),
-            role: Role::Decode,
-            pairing: PairingInfo::new(cluster::model_digest(&model).unwrap(), &layout).unwrap(),
-        };
+        let me = node_identity(Role::Decode);
         let link =
             Link::connect(Net::default().dial(&addr).await.unwrap(), &me, Duration::from_secs(10)).await.unwrap();
         let (mut rd, mut wr) = link.split();

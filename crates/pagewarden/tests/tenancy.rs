@@ -7,12 +7,10 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::process::Command;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::cluster::{agent, Cluster};
+use common::cluster::{agent, stream_chat, Cluster};
 use serde_json::{json, Value};
 
 /// Ten sentences: well over three 16-token pages after the chat template.
@@ -109,44 +107,6 @@ fn a_removed_tenants_cache_is_dropped_when_only_the_gateway_restarts_and_no_othe
     c.wait_pools_empty(&[0, 1]);
 }
 
-/// A streaming request in its own thread: sends each content delta as it arrives, then how the
-/// stream ended (`Ok(())` after `[DONE]`, `Err(error object)` after an error event).
-fn stream(
-    c: &Cluster,
-    key: &str,
-    b: Value,
-) -> (mpsc::Receiver<String>, std::thread::JoinHandle<Result<String, Value>>) {
-    let (tx, rx) = mpsc::channel();
-    let (url, key) = (format!("{}/v1/chat/completions", c.url), key.to_string());
-    let h = std::thread::spawn(move || {
-        let mut r = agent()
-            .post(url)
-            .header("Authorization", format!("Bearer {key}"))
-            .header("Content-Type", "application/json")
-            .send(b.to_string().as_bytes())
-            .unwrap();
-        assert_eq!(r.status(), 200);
-        let mut text = String::new();
-        for line in BufReader::new(r.body_mut().as_reader()).lines() {
-            let line = line.unwrap();
-            let Some(data) = line.strip_prefix("data: ") else { continue };
-            if data == "[DONE]" {
-                return Ok(text);
-            }
-            let v: Value = serde_json::from_str(data).unwrap();
-            if v.get("error").is_some() {
-                return Err(v);
-            }
-            if let Some(d) = v["choices"][0]["delta"]["content"].as_str() {
-                text.push_str(d);
-                let _ = tx.send(d.to_string());
-            }
-        }
-        Err(json!({"error": "the stream ended without [DONE] or an error event"}))
-    });
-    (rx, h)
-}
-
 #[test]
 fn removing_or_rekeying_a_tenant_on_a_running_gateway_ends_its_access_streams_and_cache_and_spares_the_others() {
     let (c, alice, bob) = cluster_with_alice_and_bob();
@@ -154,7 +114,7 @@ fn removing_or_rekeying_a_tenant_on_a_running_gateway_ends_its_access_streams_an
     c.reload();
     wait_until("the reload did not add carol", || post(&c, &carol, &body("Hi", 1, false)).0 == 200);
     let bob_body = body("Write a long poem about the sea.", 48, true);
-    let (_, alone) = stream(&c, &bob, bob_body.clone());
+    let (_, alone) = stream_chat(&c.url, &bob, bob_body.clone());
     let bob_alone = alone.join().unwrap().unwrap();
 
     // Alice and carol cache a prefix; alice then streams a long answer while bob streams his.
@@ -162,9 +122,9 @@ fn removing_or_rekeying_a_tenant_on_a_running_gateway_ends_its_access_streams_an
         post(&c, key, &body(LONG_PROMPT, 2, false));
     }
     assert!(cached_pages(&c, 0, ALICE) >= 3.0);
-    let (alice_deltas, alice_stream) = stream(&c, &alice, body(LONG_PROMPT, 2000, true));
+    let (alice_deltas, alice_stream) = stream_chat(&c.url, &alice, body(LONG_PROMPT, 2000, true));
     alice_deltas.recv_timeout(Duration::from_secs(60)).expect("alice's stream started");
-    let (bob_deltas, bob_stream) = stream(&c, &bob, bob_body);
+    let (bob_deltas, bob_stream) = stream_chat(&c.url, &bob, bob_body);
     bob_deltas.recv_timeout(Duration::from_secs(60)).expect("bob's stream started");
 
     tenant_cmd(&c, "remove", "alice");

@@ -247,6 +247,56 @@ impl Cluster {
     }
 }
 
+/// The identity of a node of these test clusters (the shared secret, the default model's
+/// pairing): what a rogue node or a fake gateway in a test presents.
+pub fn node_identity(role: wire::Role) -> cluster::Identity {
+    let model = fetch::ensure_default_model().unwrap();
+    let layout = kv::KvLayout { n_layers: 30, n_kv_heads: 3, head_dim: 64, page_size: 16, dtype: kv::KvDtype::F16 };
+    cluster::Identity {
+        secrets: cluster::SecretRing::single(wire::ClusterSecret::from_passphrase(SECRET.as_bytes())),
+        role,
+        pairing: wire::PairingInfo::new(cluster::model_digest(&model).unwrap(), &layout).unwrap(),
+    }
+}
+
+/// A streaming chat request in its own thread: each content delta is sent on the channel as it
+/// arrives; the thread returns the whole text after `[DONE]`, or the error event's object.
+pub fn stream_chat(
+    url: &str,
+    key: &str,
+    body: serde_json::Value,
+) -> (mpsc::Receiver<String>, std::thread::JoinHandle<Result<String, serde_json::Value>>) {
+    let (tx, rx) = mpsc::channel();
+    let (url, key) = (format!("{url}/v1/chat/completions"), key.to_string());
+    let h = std::thread::spawn(move || {
+        let mut r = agent()
+            .post(url)
+            .header("Authorization", format!("Bearer {key}"))
+            .header("Content-Type", "application/json")
+            .send(body.to_string().as_bytes())
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        let mut text = String::new();
+        for line in BufReader::new(r.body_mut().as_reader()).lines() {
+            let line = line.unwrap();
+            let Some(data) = line.strip_prefix("data: ") else { continue };
+            if data == "[DONE]" {
+                return Ok(text);
+            }
+            let v: serde_json::Value = serde_json::from_str(data).unwrap();
+            if v.get("error").is_some() {
+                return Err(v);
+            }
+            if let Some(d) = v["choices"][0]["delta"]["content"].as_str() {
+                text.push_str(d);
+                let _ = tx.send(d.to_string());
+            }
+        }
+        Err(serde_json::json!({"error": "the stream ended without [DONE] or an error event"}))
+    });
+    (rx, h)
+}
+
 /// `pagewarden tenant add NAME --config FILE` with generous limits; returns the key.
 pub fn add_tenant(config: &std::path::Path, name: &str) -> String {
     let out = Command::new(bin()).args(["tenant", "add", name, "--config"]).arg(config).output().unwrap();
