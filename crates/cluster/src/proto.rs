@@ -289,7 +289,8 @@ pub enum ToGateway {
         route: u64,
         failure: Failure,
     },
-    Stats(Stats),
+    /// Boxed: far larger than the per-route messages that share this enum.
+    Stats(Box<Stats>),
 }
 
 impl ToGateway {

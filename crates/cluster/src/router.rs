@@ -216,7 +216,7 @@ impl Router {
         });
         let result = loop {
             match rd.recv::<ToGateway>().await {
-                Ok(Some(ToGateway::Stats(s))) => *w.stats.lock().unwrap_or_else(|e| e.into_inner()) = s,
+                Ok(Some(ToGateway::Stats(s))) => *w.stats.lock().unwrap_or_else(|e| e.into_inner()) = *s,
                 Ok(Some(m)) => {
                     let Some(route) = m.route() else { continue };
                     if let Some(t) = w.routes().get(&route) {

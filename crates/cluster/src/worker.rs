@@ -174,7 +174,7 @@ async fn session(ctx: &Arc<Ctx>) -> Result<(), ClusterError> {
         let (ctx, out) = (ctx.clone(), out.clone());
         tokio::spawn(async move {
             loop {
-                if out.send(ToGateway::Stats(ctx.metrics.snapshot(&ctx.engine))).is_err() {
+                if out.send(ToGateway::Stats(Box::new(ctx.metrics.snapshot(&ctx.engine)))).is_err() {
                     break;
                 }
                 tokio::time::sleep(Duration::from_millis(250)).await;
@@ -190,7 +190,7 @@ async fn session(ctx: &Arc<Ctx>) -> Result<(), ClusterError> {
         };
         match msg {
             ToWorker::Cancel { route } => routes.cancel(route),
-            ToWorker::Tenants(table) => apply_tenants(&ctx, &table),
+            ToWorker::Tenants(table) => apply_tenants(ctx, &table),
             ToWorker::Reserve(spec) if ctx.role() == Role::Decode => {
                 spawn_route(&routes, spec.route, decode::reserve(ctx.clone(), spec, out.clone()));
             }

@@ -171,7 +171,7 @@ async fn direct(role: Role, config: &std::path::Path) -> (Vec<ToGateway>, Stats)
     let until = tokio::time::Instant::now() + Duration::from_secs(3);
     while let Ok(Ok(Some(m))) = tokio::time::timeout_at(until, rd.recv::<ToGateway>()).await {
         match m {
-            ToGateway::Stats(s) => stats = Some(s),
+            ToGateway::Stats(s) => stats = Some(*s),
             other => got.push(other),
         }
     }

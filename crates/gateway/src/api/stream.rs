@@ -339,6 +339,13 @@ pub fn sse_response(
     resp
 }
 
+impl Drop for Generation {
+    /// A client that went away still made its request look the cache up.
+    fn drop(&mut self) {
+        self.count_lookup();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::StopMatcher;
@@ -376,12 +383,5 @@ mod tests {
     fn earliest_of_several_stops_wins_and_multibyte_is_safe() {
         assert_eq!(run(&["zz", "é!"], &["aé", "! zz"]), ("a".into(), true));
         assert_eq!(run(&["éa"], &["xé"]), ("xé".into(), false));
-    }
-}
-
-impl Drop for Generation {
-    /// A client that went away still made its request look the cache up.
-    fn drop(&mut self) {
-        self.count_lookup();
     }
 }
