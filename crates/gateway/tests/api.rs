@@ -191,10 +191,10 @@ fn bad_field_is_400_naming_the_param() {
     assert!(e["message"].as_str().unwrap().contains("[0, 2]"));
     let r = post_json(&chat_url(), Some(ALICE), &hello(json!({"max_tokens": "many"})));
     assert_eq!((r.status, r.error()["param"].clone()), (400, json!("max_tokens")));
-    // Within the 1024-token window, over the configured ceiling of 512.
-    let r = post_json(&chat_url(), Some(ALICE), &hello(json!({"max_tokens": 600})));
+    // Within the 1024-token window, over the configured ceiling of 950.
+    let r = post_json(&chat_url(), Some(ALICE), &hello(json!({"max_tokens": 980})));
     assert_eq!((r.status, r.error()["param"].clone()), (400, json!("max_tokens")), "{}", r.body);
-    assert!(r.error()["message"].as_str().unwrap().contains("512"), "{}", r.body);
+    assert!(r.error()["message"].as_str().unwrap().contains("950"), "{}", r.body);
     let r = post_json(&chat_url(), Some(ALICE), &hello(json!({"stop": ["a", "b", "c", "d", "e"]})));
     assert_eq!((r.status, r.error()["param"].clone()), (400, json!("stop")));
     let r =

@@ -68,7 +68,7 @@ pub fn test_config() -> Config {
         [limits]
         max_body_bytes = 65536
         max_tokens_default = 16
-        max_tokens_ceiling = 512
+        max_tokens_ceiling = 950
         drain_timeout_s = 20
         "#,
     )
