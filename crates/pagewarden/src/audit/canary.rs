@@ -396,6 +396,76 @@ mod tests {
         assert!(!idx.echoes_own(text, &hit, &[own]));
     }
 
+    /// Plain Levenshtein distance, for an oracle independent of `edits_to_a_stretch`.
+    fn levenshtein(a: &[u8], b: &[u8]) -> usize {
+        let mut prev: Vec<usize> = (0..=b.len()).collect();
+        for (i, x) in a.iter().enumerate() {
+            let mut cur = vec![i + 1; b.len() + 1];
+            for (j, y) in b.iter().enumerate() {
+                cur[j + 1] = (prev[j] + usize::from(x != y)).min(prev[j + 1] + 1).min(cur[j] + 1);
+            }
+            prev = cur;
+        }
+        prev[b.len()]
+    }
+
+    /// The excuse by brute force: the hit's letters within ECHO_EDITS of some substring of some
+    /// own canary word.
+    fn oracle(matched: &str, own: &[&str]) -> bool {
+        let m = matched.as_bytes();
+        own.iter().flat_map(|c| c.split('-').filter(|w| w.bytes().all(|b| b.is_ascii_lowercase()))).any(|w| {
+            let w = w.as_bytes();
+            (0..=w.len()).any(|i| (i..=w.len()).any(|j| levenshtein(m, &w[i..j]) <= ECHO_EDITS))
+        })
+    }
+
+    /// Cases the rule was not built from: fresh random canaries (a seed no other test uses),
+    /// foreign words copied whole, cut, or garbled by chance, beside unrelated or near own
+    /// canaries. Whatever the rule says must agree with the brute-force oracle, and a whole
+    /// canary or a cross-word match is never excused.
+    #[test]
+    fn the_echo_excuse_agrees_with_a_brute_force_oracle_on_random_cases() {
+        let mut rng = Rng::new(0x0dd_ba11);
+        let (mut excused, mut refused) = (0, 0);
+        for case in 0..400 {
+            let mut idx = CanaryIndex::new();
+            let own: Vec<usize> = (0..rng.range(1, 3)).map(|i| idx.issue(&mut rng, 1, 10 + i)).collect();
+            let foreign = idx.issue(&mut rng, 0, 1);
+            let ftext = idx.get(foreign).text.clone();
+            let fword = ftext.split('-').next().unwrap().to_string();
+            // Half the cases: the foreign word garbled from an own word by up to three random
+            // letter changes around an exact foreign window (the way echoes arise).
+            let word = if case % 2 == 0 {
+                fword.clone()
+            } else {
+                let own_word = idx.get(own[0]).text.split('-').next().unwrap().as_bytes().to_vec();
+                let mut w = fword.as_bytes()[..FRAGMENT].to_vec();
+                for _ in 0..rng.range(0, 3) {
+                    let i = rng.below(own_word.len().min(w.len()));
+                    w.push(own_word[i]);
+                }
+                String::from_utf8(w).unwrap()
+            };
+            let text = format!("The code is {word}, as said.");
+            let Some(hit) = idx.scan(&text).into_iter().find(|h| h.canary == foreign) else { continue };
+            let owns: Vec<String> = own.iter().map(|&i| idx.get(i).text.clone()).collect();
+            let owns: Vec<&str> = owns.iter().map(String::as_str).collect();
+            let matched = text[hit.start..hit.end].to_ascii_lowercase();
+            let got = idx.echoes_own(&text, &hit, &own);
+            assert_eq!(got, oracle(&matched, &owns), "case {case}: {text:?} own {owns:?} foreign {ftext}");
+            if got {
+                excused += 1;
+            } else {
+                refused += 1;
+            }
+            // The whole foreign canary after the same word is never excused.
+            let text = format!("{text} Then {ftext}.");
+            let whole = idx.scan(&text).into_iter().find(|h| h.canary == foreign && h.whole).expect("whole hit");
+            assert!(!idx.echoes_own(&text, &whole, &own), "case {case}");
+        }
+        assert!(refused > 100, "{excused} excused, {refused} refused");
+    }
+
     #[test]
     fn edits_to_a_stretch_counts_substitutions_insertions_and_deletions() {
         assert_eq!(edits_to_a_stretch(b"likritra", b"likritri"), 1);

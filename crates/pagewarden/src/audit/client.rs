@@ -248,12 +248,30 @@ impl Client {
     /// Sends `spec` as tenant `key` and reads the answer. Never fails: a transport error is an
     /// outcome like any other.
     pub fn exchange(&self, key: &str, spec: &ReqSpec, t0: Instant) -> Exchange {
-        self.send(key, spec.endpoint.path(), &spec.body, spec.disconnect_after, t0)
+        let stop = Stop { events: spec.disconnect_after, tokens: None };
+        self.send_until(key, spec.endpoint.path(), &spec.body, stop, t0)
+    }
+
+    /// Sends `body` (the re-run of a partial answer) and drops the stream once `tokens` tokens
+    /// have arrived.
+    pub fn exchange_until_tokens(
+        &self,
+        key: &str,
+        spec: &ReqSpec,
+        body: &Value,
+        tokens: usize,
+        t0: Instant,
+    ) -> Exchange {
+        self.send_until(key, spec.endpoint.path(), body, Stop { events: None, tokens: Some(tokens) }, t0)
     }
 
     /// Sends `body` to `path` as tenant `key` and reads the answer (a stream is dropped after
     /// `disconnect_after` events when given). Never fails, like [`Client::exchange`].
     pub fn send(&self, key: &str, path: &str, body: &Value, disconnect_after: Option<usize>, t0: Instant) -> Exchange {
+        self.send_until(key, path, body, Stop { events: disconnect_after, tokens: None }, t0)
+    }
+
+    fn send_until(&self, key: &str, path: &str, body: &Value, stop: Stop, t0: Instant) -> Exchange {
         let sent = Instant::now();
         let mut ex = Exchange::new(sent.duration_since(t0));
         let url = format!("{}{path}", self.base);
@@ -279,7 +297,7 @@ impl Client {
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
         if status == 200 && is_sse {
-            read_stream(resp.into_body(), disconnect_after, sent, &mut ex);
+            read_stream(resp.into_body(), stop, sent, &mut ex);
         } else {
             match resp.body_mut().read_to_string() {
                 Ok(body) => {
@@ -318,10 +336,19 @@ fn read_full(v: &Value, ex: &mut Exchange) {
     }
 }
 
+/// When the audit drops a stream on purpose.
+#[derive(Debug, Clone, Copy)]
+struct Stop {
+    /// After this many SSE data events.
+    events: Option<usize>,
+    /// Once this many tokens have arrived.
+    tokens: Option<usize>,
+}
+
 /// Reads server-sent events until `[DONE]`, an error event, the end of the body, or (when asked)
-/// `disconnect_after` events, when it drops the connection.
-fn read_stream(body: ureq::Body, disconnect_after: Option<usize>, sent: Instant, ex: &mut Exchange) {
-    if disconnect_after == Some(0) {
+/// the `stop` point, when it drops the connection.
+fn read_stream(body: ureq::Body, stop: Stop, sent: Instant, ex: &mut Exchange) {
+    if stop.events == Some(0) {
         ex.outcome = Outcome::DisconnectedByUs;
         return;
     }
@@ -361,7 +388,8 @@ fn read_stream(body: ureq::Body, disconnect_after: Option<usize>, sent: Instant,
             ex.finish_reason = Some(r.to_string());
         }
         take_usage(&v, ex);
-        if disconnect_after.is_some_and(|k| ex.events >= k) && ex.finish_reason.is_none() {
+        let reached = stop.events.is_some_and(|k| ex.events >= k) || stop.tokens.is_some_and(|k| ex.tokens.len() >= k);
+        if reached && ex.finish_reason.is_none() {
             // Dropping the reader closes the connection: the server sees the client go away.
             ex.outcome = Outcome::DisconnectedByUs;
             return;

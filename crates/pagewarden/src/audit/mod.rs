@@ -22,9 +22,11 @@
 
 mod canary;
 mod client;
+mod meter;
 mod prom;
 mod proxy;
 mod report;
+mod rerun;
 mod rng;
 mod spawn;
 mod svg;
@@ -44,6 +46,7 @@ use serde_json::{json, Value};
 
 use self::canary::CanaryIndex;
 use self::client::{Client, Exchange, Outcome};
+use self::meter::Meter;
 use self::report::{kind, Finding, MetricsReport, Report, RequestRow};
 use self::workload::{Calibration, Endpoint, PlanParams, ReqSpec, Unit};
 
@@ -89,6 +92,12 @@ pub struct AuditOptions {
     pub rerun_concurrency: usize,
     /// Samples per class of the timing probe (0: no probe; it needs two tenants).
     pub timing_probe: usize,
+    /// A GGUF file whose tokenizer and chat template count the prompts; None: the target's
+    /// tokenizer endpoint, else the default model when the target serves it.
+    pub tokenizer: Option<PathBuf>,
+    /// Whether the target's outputs are bit-identical alone and in a batch; None: as the
+    /// target declares (`batch_invariant` in `/v1/models`).
+    pub batch_invariant: Option<bool>,
 }
 
 impl AuditOptions {
@@ -108,6 +117,8 @@ impl AuditOptions {
             long_prompts: None,
             rerun_concurrency: 1,
             timing_probe: timing::DEFAULT_SAMPLES,
+            tokenizer: None,
+            batch_invariant: None,
         }
     }
 }
@@ -127,13 +138,10 @@ pub struct AuditOutcome {
 /// tells the report what it did).
 pub trait AuditHooks: Sync {
     fn on_progress(&self, _done: usize, _total: usize) {}
-    /// The load phase is over; next come the isolated re-runs and the wait for pages to
-    /// return to zero (a spawner stops killing workers here).
+    /// The load phase is over; next come the isolated re-runs, the timing probe and the wait
+    /// for pages to return to zero. A spawner stops every fault here: the re-runs are the
+    /// reference the load is compared with, and the probe times single requests.
     fn on_load_done(&self) {}
-    /// The timing probe starts (a spawner stops injecting frame faults here: they would only
-    /// blur the timing, and the gateway's retry after one makes a request find its own first
-    /// attempt's cache entries).
-    fn on_probe_start(&self) {}
     /// `/metrics` URLs to read now, when they change during the run (a restarted worker gets a
     /// new port); empty: the options' URLs.
     fn metrics_urls(&self) -> Vec<String> {
@@ -192,6 +200,17 @@ pub struct AuditArgs {
     /// <= 0.6) and tenant A its own hits; 0 skips it. Needs two tenants.
     #[arg(long, default_value_t = timing::DEFAULT_SAMPLES)]
     pub timing_probe: usize,
+    /// A GGUF model file whose tokenizer and chat template the audit counts prompts with (it
+    /// never takes a prompt's length from the answer it judges). Default: the target's
+    /// tokenizer endpoint (vLLM's or llama-server's `/tokenize`), else the default model's file
+    /// when the target serves it; with neither, lengths are estimates.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Whether the target's outputs are bit-identical alone and batched: then any token or
+    /// log-prob difference from the isolated re-run is a divergence (else log-probs may differ
+    /// by 1e-3). Default: what the target declares (`batch_invariant` in `/v1/models`).
+    #[arg(long)]
+    pub batch_invariant: Option<bool>,
     /// Draw the progress bar even when stderr is not a terminal.
     #[arg(long)]
     pub progress: bool,
@@ -224,6 +243,8 @@ impl AuditArgs {
         o.long_prompts = self.long_prompts;
         o.rerun_concurrency = self.rerun_concurrency;
         o.timing_probe = self.timing_probe;
+        o.tokenizer = self.tokenizer.clone();
+        o.batch_invariant = self.batch_invariant;
         o
     }
 }
@@ -262,8 +283,6 @@ fn conclude(outcome: &AuditOutcome) -> Result<()> {
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(330);
 /// How long the page gauges get to return to zero after the run.
 const PAGES_WAIT: Duration = Duration::from_secs(30);
-/// Largest |Δ log-prob| between a response and its isolated re-run.
-const LOGPROB_TOLERANCE: f64 = 1e-3;
 /// Bytes of response quoted on each side of a leaked canary.
 const QUOTE: usize = 60;
 /// `max_tokens` of a length probe: over any context window, so nothing is ever computed.
@@ -342,9 +361,10 @@ fn discover_window(client: &Client, key: &str, model: &str, models: &Value) -> R
     }
 }
 
-/// Tokens per filler word, from two probes (no filler, 1,000 words); also the context window
-/// the server states, if it does.
-fn calibrate(client: &Client, key: &str, model: &str) -> (Calibration, Option<usize>) {
+/// Tokens per filler word, from two prompts (no filler, 1,000 words) counted by the audit's own
+/// tokenizer, else by the server's refusals; also the context window the server states, if it
+/// does.
+fn calibrate(client: &Client, key: &str, model: &str, meter: &Meter) -> (Calibration, Option<usize>) {
     let mut rng = Rng::new(0x5eed);
     let make = |words: &str| {
         let prompt = format!("The secret code is kavorimu-tezulani-4821. {words} Repeat the secret code exactly.");
@@ -352,7 +372,10 @@ fn calibrate(client: &Client, key: &str, model: &str) -> (Calibration, Option<us
     };
     let text = workload::filler(&mut rng, 1000);
     let (window, a) = probe(client, key, Endpoint::Chat.path(), &make(""));
-    let (_, b) = probe(client, key, Endpoint::Chat.path(), &make(&text));
+    let (a, b) = match (meter.count(&make("")), meter.count(&make(&text))) {
+        (Some(a), Some(b)) => (Some(a), Some(b)),
+        _ => (a, probe(client, key, Endpoint::Chat.path(), &make(&text)).1),
+    };
     let cal = match (a, b) {
         (Some(a), Some(b)) if b > a => {
             Calibration { tokens_per_word: (b - a) as f64 / 1000.0, base_tokens: a, measured: true }
@@ -412,7 +435,7 @@ impl Ctx<'_> {
 
     /// Canary hits, over-long acceptance and odd answers of one exchange.
     fn examine(&self, spec: &ReqSpec, ex: &Exchange, rerun: bool) -> Vec<Finding> {
-        let mut out = Vec::new();
+        let mut out: Vec<Finding> = Vec::new();
         let base = |k: &'static str, fails: bool, detail: String| Finding {
             kind: k,
             fails,
@@ -424,15 +447,20 @@ impl Ctx<'_> {
         };
         let pass = if rerun { "re-run " } else { "" };
         let text_place = if spec.stream { "stream text" } else { "response text" };
-        let mut seen: Vec<usize> = Vec::new();
+        // One finding per foreign canary: its first failing hit, else its first excused one. An
+        // excused fragment must never hide a later whole copy of the same canary.
+        let mut reported: Vec<(usize, usize)> = Vec::new(); // (canary, index in `out`)
         for (text, place) in [(&ex.text, text_place), (&ex.raw, "raw body")] {
             for h in self.canaries.scan(text) {
                 let c = self.canaries.get(h.canary);
-                if c.request == spec.id || seen.contains(&h.canary) {
+                if c.request == spec.id {
                     continue;
                 }
-                seen.push(h.canary);
                 let echo = self.canaries.echoes_own(text, &h, &spec.canaries);
+                let earlier = reported.iter().find(|(k, _)| *k == h.canary).map(|(_, i)| *i);
+                if earlier.is_some_and(|i| out[i].fails || echo) {
+                    continue;
+                }
                 let cross_tenant = c.tenant != spec.tenant;
                 let k = if echo {
                     kind::FRAGMENT_IN_OWN_CANARY
@@ -465,39 +493,49 @@ impl Ctx<'_> {
                 f.location = Some(format!("{pass}{place}"));
                 f.context = Some(canary::context(text, h.start, h.end, QUOTE));
                 f.whole = Some(h.whole);
-                out.push(f);
+                match earlier {
+                    // An excused hit came first: this failing one takes its place.
+                    Some(i) => out[i] = f,
+                    None => {
+                        reported.push((h.canary, out.len()));
+                        out.push(f);
+                    }
+                }
             }
         }
         let accepted = ex.status == Some(200);
         if spec.scenario.must_be_refused() {
             let refused_right = ex.status == Some(400) && ex.error_kind.as_deref() == Some("context_length_exceeded");
-            if accepted {
-                // The audit sizes over-long prompts from the server's own counts; if the usage
-                // the server reports says the request fitted after all, the sizing was wrong,
-                // not the server.
-                let fitted = ex.prompt_tokens.is_some_and(|p| p as usize + spec.max_tokens <= self.window);
-                if fitted {
-                    out.push(base(
-                        kind::OVERLONG_OTHER_ANSWER,
-                        false,
-                        format!(
-                            "planned over the window but the server counted {} prompt tokens, which fit",
-                            ex.prompt_tokens.unwrap_or(0)
-                        ),
-                    ));
-                } else {
-                    out.push(base(
-                        kind::OVERLONG_ACCEPTED,
-                        true,
-                        format!(
-                            "a request over the {}-token window (max_tokens {}, prompt {} tokens by the server's count) \
-                             was accepted with HTTP 200",
-                            self.window,
-                            spec.max_tokens,
-                            ex.prompt_tokens.map_or("unknown".into(), |p| p.to_string())
-                        ),
-                    ));
-                }
+            // Over the window by the audit's own count; planned over it when the audit cannot
+            // count (the plan then leaves a wide margin). Never by the server's `usage`: the
+            // incident's server said its placeholder prompt was one token long.
+            let fits = spec.sent_tokens.is_some_and(|n| n + spec.max_tokens <= self.window);
+            let sent = |n: Option<usize>| n.map_or("unknown".into(), |n| n.to_string());
+            if accepted && !fits {
+                out.push(base(
+                    kind::OVERLONG_ACCEPTED,
+                    true,
+                    format!(
+                        "a request over the {}-token window (prompt {} tokens by the audit's count, max_tokens {}) \
+                         was accepted with HTTP 200; the server reported {} prompt tokens",
+                        self.window,
+                        sent(spec.sent_tokens),
+                        spec.max_tokens,
+                        ex.prompt_tokens.map_or("no".into(), |p| p.to_string())
+                    ),
+                ));
+            } else if accepted {
+                out.push(base(
+                    kind::OVERLONG_OTHER_ANSWER,
+                    false,
+                    format!(
+                        "planned over the window, but the audit's own count ({} prompt tokens + max_tokens {}) fits \
+                         the {}-token window",
+                        sent(spec.sent_tokens),
+                        spec.max_tokens,
+                        self.window
+                    ),
+                ));
             } else if !refused_right {
                 out.push(base(
                     kind::OVERLONG_OTHER_ANSWER,
@@ -515,6 +553,19 @@ impl Ctx<'_> {
                 false,
                 format!("a request that fits was refused: {}", ex.error_kind.as_deref().unwrap_or("-")),
             ));
+        }
+        if let (Some(reported), Some(sent)) = (ex.prompt_tokens, spec.sent_tokens) {
+            // `sent_tokens` is an exact count (a tokenizer's); with none, this is not checked.
+            if (reported as usize) < sent {
+                out.push(base(
+                    kind::PROMPT_UNDERCOUNTED,
+                    true,
+                    format!(
+                        "the server reported {reported} prompt tokens for a prompt of {sent} tokens by the audit's \
+                         count: it did not run the prompt it was sent"
+                    ),
+                ));
+            }
         }
         if ex.outcome == Outcome::Ok && ex.finish_reason.as_deref() == Some("length") {
             if let Some(n) = ex.completion_tokens.filter(|n| (*n as usize) < spec.max_tokens) {
@@ -558,46 +609,6 @@ impl Ctx<'_> {
     }
 }
 
-/// The first difference between a response and its isolated re-run: (position, what, Δ).
-fn divergence(a: &Exchange, b: &Exchange) -> Option<(Option<usize>, String, Option<f64>)> {
-    let n = a.tokens.len().max(b.tokens.len());
-    for i in 0..n {
-        let (ta, tb) = (a.tokens.get(i), b.tokens.get(i));
-        let (la, lb) = (a.logprobs.get(i).copied(), b.logprobs.get(i).copied());
-        let delta = la.zip(lb).map(|(x, y)| y - x);
-        if ta != tb {
-            let show =
-                |t: Option<&Vec<u8>>| t.map_or("(none)".to_string(), |t| format!("{:?}", String::from_utf8_lossy(t)));
-            return Some((Some(i), format!("token {i}: {} under load, {} alone", show(ta), show(tb)), delta));
-        }
-        let bad = match (la, lb) {
-            // NaN (a missing value) counts as different.
-            (Some(x), Some(y)) => (y - x).is_nan() || (y - x).abs() > LOGPROB_TOLERANCE,
-            _ => false,
-        };
-        if bad {
-            let d = delta.unwrap_or(f64::NAN);
-            return Some((Some(i), format!("log-prob of token {i} differs by {d:.6} (same token)"), delta));
-        }
-    }
-    if a.text != b.text {
-        let why = if n == 0 { "the text differs (no log-probs to compare)" } else { "the text differs (tokens agree)" };
-        return Some((None, why.into(), None));
-    }
-    if a.finish_reason != b.finish_reason {
-        return Some((
-            None,
-            format!(
-                "finish_reason {} under load, {} alone",
-                a.finish_reason.as_deref().unwrap_or("-"),
-                b.finish_reason.as_deref().unwrap_or("-")
-            ),
-            None,
-        ));
-    }
-    None
-}
-
 /// Scrapes by URL.
 type Scrapes = BTreeMap<String, std::result::Result<Vec<prom::Sample>, String>>;
 
@@ -608,6 +619,18 @@ fn scrape(client: &Client, url: &str, token: Option<&str>) -> std::result::Resul
         Ok((status, _)) => Err(format!("HTTP {status}")),
         Err(e) => Err(format!("{e:#}")),
     }
+}
+
+/// Whether the target's outputs are bit-identical alone and batched: as told, else as its
+/// `/v1/models` entry declares (`batch_invariant`), else not assumed.
+fn batch_invariant(opts: &AuditOptions, models: &Value, model: &str) -> bool {
+    opts.batch_invariant.unwrap_or_else(|| {
+        models["data"]
+            .as_array()
+            .and_then(|d| d.iter().find(|m| m["id"] == model))
+            .and_then(|m| m["batch_invariant"].as_bool())
+            .unwrap_or(false)
+    })
 }
 
 /// Runs the audit against `opts.url`.
@@ -645,11 +668,19 @@ pub fn run_audit(opts: &AuditOptions, hooks: &dyn AuditHooks) -> Result<AuditOut
         Some(w) => w,
         None => discover_window(&client, first_key, &model, &models)?,
     };
-    let (calibration, stated) = calibrate(&client, first_key, &model);
+    let meter = Meter::discover(&client, first_key, &model, opts.tokenizer.as_deref())?;
+    let (calibration, stated) = calibrate(&client, first_key, &model, &meter);
     let mut notes = Vec::new();
     if let Some(w) = stated.filter(|w| *w != window) {
         // Near-context prompts sized for the wrong window are refused (or are not near it).
         notes.push(format!("the server states a context window of {w} tokens, not the {window} the audit was given"));
+    }
+    if !meter.exact() {
+        notes.push(
+            "the audit has no tokenizer for this model (pass --tokenizer MODEL.gguf): over-long requests are \
+             judged by their planned size and reported prompt_tokens are not checked"
+                .into(),
+        );
     }
     if !calibration.measured {
         notes.push(
@@ -671,11 +702,18 @@ pub fn run_audit(opts: &AuditOptions, hooks: &dyn AuditHooks) -> Result<AuditOut
     };
     let mut measure_calls = 0usize;
     let mut measure = |b: &Value| {
+        if meter.exact() {
+            return meter.count(b);
+        }
         measure_calls += 1;
         let endpoint = if b.get("messages").is_some() { Endpoint::Chat } else { Endpoint::Completions };
         probe(&client, first_key, endpoint.path(), b).1
     };
-    let plan = workload::build_plan(&params, &mut rng, &mut canaries, &mut measure);
+    let mut plan = workload::build_plan(&params, &mut rng, &mut canaries, &mut measure);
+    // Every prompt counted by the audit itself, before anything is sent.
+    for spec in plan.units.iter_mut().flat_map(Unit::specs_mut) {
+        spec.sent_tokens = meter.count(&spec.body);
+    }
     let probes = measure_calls + 2 + usize::from(opts.context_window.is_none());
 
     let ctx = Ctx { opts, canaries: &canaries, window };
@@ -746,51 +784,65 @@ pub fn run_audit(opts: &AuditOptions, hooks: &dyn AuditHooks) -> Result<AuditOut
     // The isolated second pass: one tenant at a time, nothing of any other tenant in flight;
     // up to `rerun_concurrency` of that tenant's requests together.
     let kept = Mutex::new(kept.into_inner().unwrap_or_else(|e| e.into_inner()));
-    let mut selected: Vec<&ReqSpec> = plan
-        .units
-        .iter()
-        .flat_map(|u| match u {
-            Unit::One(s) => std::slice::from_ref(s).iter(),
-            Unit::Group(v) => v.iter(),
-        })
-        .filter(|s| s.rerun)
-        .collect();
+    let mut selected: Vec<&ReqSpec> = plan.units.iter().flat_map(Unit::specs).filter(|s| s.rerun).collect();
     selected.sort_by_key(|s| (s.tenant, s.id));
-    let checks = Mutex::new(report::DivergenceChecks {
-        selected: selected.len(),
-        rerun_concurrency: opts.rerun_concurrency.max(1),
-        ..Default::default()
-    });
+    let invariant = batch_invariant(opts, &models, &model);
+    let tolerance = if invariant { 0.0 } else { rerun::LOGPROB_TOLERANCE };
+    let by_scenario: Mutex<BTreeMap<&'static str, rerun::CategoryChecks>> = Mutex::new(BTreeMap::new());
+    for s in &selected {
+        let mut by = lock(&by_scenario);
+        let c = by.entry(s.scenario.name()).or_default();
+        c.selected += 1;
+        c.required = rerun::required(c.selected);
+    }
     let rerun_nonce = rng::random_seed();
     let rerun = |spec: &ReqSpec| {
         let Some(first) = lock(&kept).remove(&spec.id) else { return };
-        if !first.comparable() {
-            lock(&checks).skipped += 1;
+        let count =
+            |f: &dyn Fn(&mut rerun::CategoryChecks)| f(lock(&by_scenario).entry(spec.scenario.name()).or_default());
+        let how = rerun::plan(&first, spec.scenario.must_be_refused());
+        if how == rerun::RerunPlan::Nothing {
+            count(&|c| c.nothing_received += 1);
             progress.tick(hooks);
             return;
         }
         // A fresh cache salt: the reference is computed from scratch, never from pages the
         // first run (or an earlier audit) left in the prefix cache.
-        let mut alone = spec.clone();
-        alone.body["cache_salt"] = json!(format!("audit-rerun-{}-{rerun_nonce:016x}-{}", opts.seed, spec.id));
-        let again = client.exchange(&opts.tenants[spec.tenant].key, &alone, t0);
+        let key = &opts.tenants[spec.tenant].key;
+        let mut alone = spec.body.clone();
+        alone["cache_salt"] = json!(format!("audit-rerun-{}-{rerun_nonce:016x}-{}", opts.seed, spec.id));
+        let again = match how {
+            rerun::RerunPlan::Prefix(n) => client.exchange_until_tokens(key, spec, &alone, n, t0),
+            _ => client.exchange(key, &ReqSpec { body: alone, disconnect_after: None, ..spec.clone() }, t0),
+        };
         let found = ctx.examine(spec, &again, true);
         lock(&findings).extend(found);
         lock(&rows).push(ctx.row(spec, &again, "rerun"));
         progress.tick(hooks);
-        if !again.comparable() {
-            lock(&checks).skipped += 1;
+        if !rerun::usable(how, &again) {
+            count(&|c| c.rerun_failed += 1);
             return;
         }
-        lock(&checks).compared += 1;
-        if let Some((position, what, delta)) = divergence(&first, &again) {
+        count(&|c| {
+            c.compared += 1;
+            c.prefixes += usize::from(matches!(how, rerun::RerunPlan::Prefix(_)));
+        });
+        let prefix = match how {
+            rerun::RerunPlan::Prefix(n) => Some(n),
+            // Refused twice: the same answer; accepted twice: compared whole.
+            rerun::RerunPlan::Refusal if first.status != Some(200) => return,
+            _ => None,
+        };
+        if let Some((position, what, delta)) = rerun::divergence(&first, &again, prefix, tolerance) {
+            count(&|c| c.diverged += 1);
+            let partial = if prefix.is_some() { " (on the tokens received before the stream ended)" } else { "" };
             lock(&findings).push(Finding {
                 kind: kind::DIVERGENCE,
                 fails: true,
                 request: Some(spec.id),
                 tenant: Some(ctx.tenant(spec.tenant).to_string()),
                 scenario: Some(spec.scenario.name()),
-                detail: format!("the response under load differs from the same request run alone: {what}"),
+                detail: format!("the response under load differs from the same request run alone{partial}: {what}"),
                 position,
                 delta,
                 ..Default::default()
@@ -809,7 +861,29 @@ pub fn run_audit(opts: &AuditOptions, hooks: &dyn AuditHooks) -> Result<AuditOut
             }
         });
     }
-    let checks = checks.into_inner().unwrap_or_else(|e| e.into_inner());
+    let by_scenario = by_scenario.into_inner().unwrap_or_else(|e| e.into_inner());
+    for (scenario, compared, required) in rerun::short_of_minimum(&by_scenario) {
+        lock(&findings).push(Finding {
+            kind: kind::TOO_FEW_COMPARISONS,
+            fails: true,
+            scenario: Some(scenario),
+            detail: format!(
+                "only {compared} of the `{scenario}` requests could be compared with a re-run alone (at least \
+                 {required} needed): the audit cannot vouch for that category"
+            ),
+            ..Default::default()
+        });
+    }
+    let checks = report::DivergenceChecks {
+        selected: selected.len(),
+        compared: by_scenario.values().map(|c| c.compared).sum(),
+        skipped: by_scenario.values().map(|c| c.nothing_received + c.rerun_failed).sum(),
+        diverged: 0,
+        rerun_concurrency: opts.rerun_concurrency.max(1),
+        batch_invariant: invariant,
+        logprob_tolerance: tolerance,
+        by_scenario,
+    };
 
     // The timing probe: one request at a time, nothing else in flight.
     let timing_probe = (probe_samples > 0).then(|| {
@@ -833,7 +907,6 @@ pub fn run_audit(opts: &AuditOptions, hooks: &dyn AuditHooks) -> Result<AuditOut
             t0,
             first_id,
         };
-        hooks.on_probe_start();
         let (probe, probe_rows) = timing::run(&setup, &mut rng, &|| progress.tick(hooks));
         lock(&rows).extend(probe_rows);
         lock(&findings).extend(probe.findings());
@@ -947,6 +1020,7 @@ pub fn run_audit(opts: &AuditOptions, hooks: &dyn AuditHooks) -> Result<AuditOut
         seed: opts.seed,
         context_window: window,
         calibration,
+        prompt_lengths: meter.source().clone(),
         concurrency: opts.concurrency,
         requests_planned: plan.total,
         requests_sent: 0,
@@ -1008,16 +1082,6 @@ mod tests {
         assert_eq!(parse_lengths("max_tokens is too large"), (None, None));
     }
 
-    fn ex(tokens: &[&str], lps: &[f64], text: &str) -> Exchange {
-        let mut e = Exchange::new(Duration::ZERO);
-        e.tokens = tokens.iter().map(|t| t.as_bytes().to_vec()).collect();
-        e.logprobs = lps.to_vec();
-        e.text = text.into();
-        e.finish_reason = Some("length".into());
-        e.outcome = Outcome::Ok;
-        e
-    }
-
     fn spec(id: usize, tenant: usize, scenario: workload::Scenario, max_tokens: usize) -> ReqSpec {
         ReqSpec {
             id,
@@ -1030,6 +1094,7 @@ mod tests {
             disconnect_after: None,
             rerun: false,
             prompt_tokens: None,
+            sent_tokens: None,
             body: Value::Null,
         }
     }
@@ -1081,8 +1146,15 @@ mod tests {
         let kinds: Vec<(&str, bool)> = f.iter().map(|f| (f.kind, f.fails)).collect();
         assert_eq!(kinds, [(kind::CROSS_TENANT_CANARY, true), (kind::CROSS_REQUEST_CANARY, true)]);
 
-        // Over-long: 400 context_length_exceeded is right; 200 is a failure unless the server's
-        // own count shows the request fitted; another refusal is reported, not failed.
+        // The excused fragment first, then the whole foreign canary: the whole copy fails.
+        e.text = "The secret code is: \"Likritra-Trulazesa-629. Also nuzhotro-likritra-3368.".into();
+        let f = echo_ctx.examine(&own, &e, false);
+        let kinds: Vec<(&str, bool, Option<bool>)> = f.iter().map(|f| (f.kind, f.fails, f.whole)).collect();
+        assert_eq!(kinds, [(kind::CROSS_TENANT_CANARY, true, Some(true))]);
+
+        // Over-long: 400 context_length_exceeded is right; another refusal is reported, not
+        // failed; 200 fails whatever `usage` the server reports (the incident's server said its
+        // placeholder was one token long).
         let over = spec(3, 1, Scenario::OverLong, 16);
         let mut e = Exchange::new(Duration::ZERO);
         e.status = Some(400);
@@ -1094,12 +1166,32 @@ mod tests {
         assert_eq!((f[0].kind, f[0].fails), (kind::OVERLONG_OTHER_ANSWER, false));
         e.status = Some(200);
         e.outcome = Outcome::Ok;
-        e.prompt_tokens = Some(150);
-        let f = ctx.examine(&over, &e, false);
-        assert_eq!((f[0].kind, f[0].fails), (kind::OVERLONG_ACCEPTED, true));
+        for reported in [150, 50, 1] {
+            e.prompt_tokens = Some(reported);
+            let f = ctx.examine(&over, &e, false);
+            let kinds: Vec<(&str, bool)> = f.iter().map(|f| (f.kind, f.fails)).collect();
+            assert_eq!(kinds, [(kind::OVERLONG_ACCEPTED, true)], "reported {reported}");
+        }
+        // Counted by the audit: 150 tokens sent, one reported: both rules fail it.
+        let mut counted = over.clone();
+        counted.sent_tokens = Some(150);
+        let f = ctx.examine(&counted, &e, false);
+        let kinds: Vec<(&str, bool)> = f.iter().map(|f| (f.kind, f.fails)).collect();
+        assert_eq!(kinds, [(kind::OVERLONG_ACCEPTED, true), (kind::PROMPT_UNDERCOUNTED, true)]);
+        assert!(f[0].detail.contains("prompt 150 tokens by the audit's count") && f[0].detail.contains("reported 1"));
+        // Planned over the window, but the audit's own count fits: a planning miss, reported.
+        counted.sent_tokens = Some(50);
         e.prompt_tokens = Some(50);
-        let f = ctx.examine(&over, &e, false);
+        let f = ctx.examine(&counted, &e, false);
         assert_eq!((f[0].kind, f[0].fails), (kind::OVERLONG_OTHER_ANSWER, false));
+        // Any answer reporting fewer prompt tokens than the audit sent fails; as many passes.
+        let mut fits = spec(5, 1, Scenario::Short, 16);
+        fits.sent_tokens = Some(40);
+        e.prompt_tokens = Some(40);
+        assert!(ctx.examine(&fits, &e, false).is_empty());
+        e.prompt_tokens = Some(39);
+        let f = ctx.examine(&fits, &e, false);
+        assert_eq!((f[0].kind, f[0].fails), (kind::PROMPT_UNDERCOUNTED, true));
 
         // A fitting request refused with 400, and a `length` finish before max_tokens.
         let mut e = Exchange::new(Duration::ZERO);
@@ -1113,22 +1205,5 @@ mod tests {
         e.completion_tokens = Some(3);
         let f = ctx.examine(&spec(4, 1, Scenario::Medium, 16), &e, true);
         assert_eq!((f[0].kind, f[0].fails), (kind::SHORT_LENGTH, false));
-    }
-
-    #[test]
-    fn divergence_needs_equal_tokens_and_close_logprobs() {
-        let a = ex(&["a", "b"], &[-0.1, -0.2], "ab");
-        assert!(divergence(&a, &ex(&["a", "b"], &[-0.1, -0.2005], "ab")).is_none());
-        let (pos, _, d) = divergence(&a, &ex(&["a", "b"], &[-0.1, -0.25], "ab")).unwrap();
-        assert_eq!(pos, Some(1));
-        assert!((d.unwrap() + 0.05).abs() < 1e-9);
-        let (pos, what, _) = divergence(&a, &ex(&["a", "c"], &[-0.1, -0.2], "ac")).unwrap();
-        assert_eq!(pos, Some(1));
-        assert!(what.contains("\"c\""));
-        let (pos, _, _) = divergence(&a, &ex(&["a"], &[-0.1], "a")).unwrap();
-        assert_eq!(pos, Some(1));
-        assert!(divergence(&a, &ex(&["a", "b"], &[-0.1, -0.2], "ax")).is_some());
-        // NaN log-probs never compare equal: a missing value is a divergence too.
-        assert!(divergence(&a, &ex(&["a", "b"], &[-0.1, f64::NAN], "ab")).is_some());
     }
 }

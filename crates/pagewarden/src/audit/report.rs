@@ -29,7 +29,14 @@ pub mod kind {
     pub const FRAGMENT_IN_OWN_CANARY: &str = "fragment_in_own_canary_copy";
     pub const DIVERGENCE: &str = "divergence";
     pub const LEAKED_PAGES: &str = "leaked_pages";
+    /// A 200 for a request over the window by the audit's own count of its prompt.
     pub const OVERLONG_ACCEPTED: &str = "overlong_accepted";
+    /// A response whose `usage.prompt_tokens` is smaller than the prompt sent, by the audit's
+    /// own count: the server ran something other than what it was sent (the incident's
+    /// one-token placeholder).
+    pub const PROMPT_UNDERCOUNTED: &str = "prompt_tokens_undercounted";
+    /// A category of requests with too few re-run comparisons to vouch for it.
+    pub const TOO_FEW_COMPARISONS: &str = "too_few_comparisons";
     /// An over-long prompt refused otherwise than 400 `context_length_exceeded`.
     pub const OVERLONG_OTHER_ANSWER: &str = "overlong_other_answer";
     /// A request that fits was refused with 400.
@@ -42,13 +49,11 @@ pub mod kind {
     /// tokens (another tenant's KV served to it).
     pub const CROSS_TENANT_CACHE_HIT: &str = "cross_tenant_cache_hit";
     /// The timing probe: tenant B tells the prefixes tenant A has cached from fresh ones by time
-    /// to first token (the AUC's 95 % interval lies above the target).
+    /// to first token (the AUC's 95 % interval lies above the target, or, with enough samples,
+    /// its upper bound does).
     pub const TIMING_SIDE_CHANNEL: &str = "timing_side_channel";
     /// The same with too few samples to fail the audit on.
     pub const TIMING_PROBE_INCONCLUSIVE: &str = "timing_probe_inconclusive";
-    /// The timing probe: tenant B's request found cache entries only its own earlier attempt
-    /// can have sealed (a retry after a failure before the first token).
-    pub const PROBE_OWN_CACHE_HIT: &str = "probe_own_cache_hit";
 }
 
 /// One thing the audit found.
@@ -180,6 +185,8 @@ pub struct Counts {
     pub divergences: usize,
     pub leaked_pages: usize,
     pub overlong_accepted: usize,
+    /// Answers whose reported `prompt_tokens` is under the audit's own count.
+    pub prompt_tokens_undercounted: usize,
     pub cross_tenant_cache_hits: usize,
     pub findings: usize,
     pub failing_findings: usize,
@@ -189,12 +196,19 @@ pub struct Counts {
 pub struct DivergenceChecks {
     /// Requests chosen for an isolated re-run.
     pub selected: usize,
-    /// Pairs compared (both completed with `length` or `stop`).
+    /// Pairs compared (whole answers, or the received prefix of a partial one).
     pub compared: usize,
+    /// Selected but not compared: nothing received the first time, or the re-run failed.
     pub skipped: usize,
     pub diverged: usize,
     /// Re-runs in flight together (all of one tenant).
     pub rerun_concurrency: usize,
+    /// Whether the target was taken as batch-invariant (then any difference diverges).
+    pub batch_invariant: bool,
+    /// The largest log-prob difference allowed (0 when batch-invariant).
+    pub logprob_tolerance: f64,
+    /// Per scenario: selected, compared, why not, and the minimum to pass.
+    pub by_scenario: BTreeMap<&'static str, super::rerun::CategoryChecks>,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
@@ -230,6 +244,8 @@ pub struct Report {
     pub seed: u64,
     pub context_window: usize,
     pub calibration: Calibration,
+    /// Where the audit's own prompt lengths came from.
+    pub prompt_lengths: super::meter::MeterSource,
     pub concurrency: usize,
     pub requests_planned: usize,
     pub requests_sent: usize,
@@ -286,7 +302,8 @@ impl Report {
         let mut s = format!(
             "pagewarden audit: {} - {} requests from {} tenants in {:.1} s (seed {})\n\
              cross-tenant canaries: {}, cross-request canaries: {}, divergences: {} of {} compared, leaked pages: {}, \
-             over-long prompts accepted: {}, fragments in own-canary copies (not failed): {}\n",
+             over-long prompts accepted: {}, prompt_tokens under the audit's count: {}, fragments in own-canary copies \
+             (not failed): {}\n",
             self.verdict(),
             self.requests_sent,
             self.tenants.len(),
@@ -298,6 +315,7 @@ impl Report {
             self.divergence_checks.compared,
             c.leaked_pages,
             c.overlong_accepted,
+            c.prompt_tokens_undercounted,
             c.fragments_in_own_canary_copies,
         );
         let outcomes: Vec<String> =
@@ -345,7 +363,8 @@ impl Report {
             "| check | result |\n|---|---|\n\
              | cross-tenant canaries | {} |\n| cross-request canaries (same tenant) | {} |\n\
              | divergences from an isolated re-run | {} of {} compared ({} skipped; re-runs one tenant at a time, {} at once) |\n\
-             | leaked KV pages after the run | {} |\n| over-long prompts accepted | {} |\n\
+             | leaked KV pages after the run | {} |\n| over-long prompts accepted (by the audit's count) | {} |\n\
+             | answers reporting fewer prompt tokens than sent | {} |\n\
              | another canary's fragment inside a misspelt copy of the request's own canary (reported, not failed) | {} |",
             c.cross_tenant_canaries,
             c.cross_request_canaries,
@@ -355,6 +374,7 @@ impl Report {
             self.divergence_checks.rerun_concurrency.max(1),
             c.leaked_pages,
             c.overlong_accepted,
+            c.prompt_tokens_undercounted,
             c.fragments_in_own_canary_copies,
         );
         if let Some(p) = &self.timing_probe {
@@ -380,6 +400,7 @@ impl Report {
              - {} requests ({} planned) from {} tenants ({}), concurrency {}, {:.1} s; {} length probes\n\
              - near-context prompts: {} ({} confirmed within 90-99% of the window)\n\
              - prompt calibration: {:.3} tokens per filler word{}\n\
+             - prompt lengths counted by the audit with {}\n\
              - seed {} (repeat with `--seed {}`)\n",
             self.url,
             self.model,
@@ -395,6 +416,7 @@ impl Report {
             self.near_context.verified,
             self.calibration.tokens_per_word,
             if self.calibration.measured { " (measured)" } else { " (guessed: the server does not report lengths)" },
+            self.prompt_lengths.describe(),
             self.seed,
             self.seed,
         );
@@ -402,6 +424,26 @@ impl Report {
             let _ = writeln!(s, "- note: {n}");
         }
 
+        let d = &self.divergence_checks;
+        let _ = writeln!(
+            s,
+            "\n## Re-runs alone\n\nEach selected request sent again alone (one tenant at a time, faults paused), \
+             compared token by token{}; a partial answer is compared on the tokens it received.\n\n\
+             | scenario | selected | compared | of them prefixes | nothing received | re-run failed | diverged | \
+             needed to pass |\n|---|---:|---:|---:|---:|---:|---:|---:|",
+            if d.batch_invariant {
+                " and log-prob by log-prob, exactly (the target is batch-invariant)".to_string()
+            } else {
+                format!(", log-probs within {} (the target does not declare batch invariance)", d.logprob_tolerance)
+            }
+        );
+        for (k, c) in &d.by_scenario {
+            let _ = writeln!(
+                s,
+                "| {k} | {} | {} | {} | {} | {} | {} | {} |",
+                c.selected, c.compared, c.prefixes, c.nothing_received, c.rerun_failed, c.diverged, c.required
+            );
+        }
         let _ = writeln!(s, "\n## Findings\n");
         if self.findings.is_empty() {
             let _ = writeln!(s, "None.");
@@ -600,6 +642,7 @@ impl Report {
             divergences: count(kind::DIVERGENCE),
             leaked_pages: count(kind::LEAKED_PAGES),
             overlong_accepted: count(kind::OVERLONG_ACCEPTED),
+            prompt_tokens_undercounted: count(kind::PROMPT_UNDERCOUNTED),
             cross_tenant_cache_hits: count(kind::CROSS_TENANT_CACHE_HIT),
             findings: self.findings.len(),
             failing_findings: self.findings.iter().filter(|f| f.fails).count(),
@@ -660,6 +703,7 @@ mod tests {
             seed: 3,
             context_window: 8192,
             calibration: Calibration::guess(),
+            prompt_lengths: super::super::meter::MeterSource::Estimate,
             concurrency: 2,
             requests_planned: 3,
             requests_sent: 0,

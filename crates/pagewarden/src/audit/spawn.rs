@@ -290,13 +290,14 @@ impl Deployment {
         }
     }
 
-    /// Stops injecting frame faults: the timing probe measures time to first token, which
-    /// delayed, stalled or retried transfers would only blur.
+    /// Stops injecting frame faults: the re-runs are the reference the load is compared with,
+    /// and the timing probe measures time to first token, which delayed, stalled or retried
+    /// transfers would only blur.
     pub fn pause_frame_faults(&mut self) {
         if self.frame_faults.swap(false, Ordering::SeqCst) {
             if let Ok(mut l) = self.log.lock() {
                 l.push(format!(
-                    "t={:.1}s frame faults paused for the timing probe",
+                    "t={:.1}s frame faults paused for the re-runs and the timing probe",
                     self.started.elapsed().as_secs_f64()
                 ));
             }
@@ -369,8 +370,8 @@ impl Drop for Deployment {
     }
 }
 
-/// Tells the audit what the spawner does: stop killing workers when the load phase ends, and
-/// what was injected.
+/// Tells the audit what the spawner does: stop every fault when the load phase ends, and what
+/// was injected.
 struct SpawnHooks<'a> {
     d: &'a Mutex<Deployment>,
 }
@@ -379,11 +380,6 @@ impl super::AuditHooks for SpawnHooks<'_> {
     fn on_load_done(&self) {
         if let Ok(mut d) = self.d.lock() {
             d.stop_faults();
-        }
-    }
-
-    fn on_probe_start(&self) {
-        if let Ok(mut d) = self.d.lock() {
             d.pause_frame_faults();
         }
     }

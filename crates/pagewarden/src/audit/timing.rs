@@ -14,11 +14,16 @@
 //!
 //! B's two classes are told apart by TTFT with the ROC AUC (Mann-Whitney U / (n1·n2), ties count
 //! one half), oriented so that 0.5 is indistinguishable and more means B's requests on A's
-//! cached prefixes are faster. The audit fails on a side channel when the 95 % interval
-//! (Hanley-McNeil) lies wholly above [`THRESHOLD`] (noise on a busy machine does not fail it, a
-//! real side channel does), and on any B request that reports cached tokens (B never sent
-//! either prefix before: any hit it gets came from another tenant). A's speed-up (median cold
-//! over median warm TTFT) shows what the cache buys and that the probe can see it.
+//! cached prefixes are faster. The burden of proof is on the server: with at least
+//! [`POWERED_SAMPLES`] per class the audit passes only when the one-sided 95 % upper bound of
+//! the AUC (Hanley-McNeil) is at most [`THRESHOLD`], so a side channel of AUC 0.6 fails 95 % of
+//! runs (and a server with none, AUC 0.5, passes about 99 % of them at the default
+//! [`DEFAULT_SAMPLES`]). With fewer samples that bound is not judged, but a channel whose
+//! two-sided interval lies wholly above the threshold still fails. The same AUC is reported per
+//! prefix length ([`BUCKETS`]), each bucket failing on the same clear-channel rule. Any B request
+//! that reports cached tokens fails too: B never sent either prefix before, so any hit it gets
+//! is KV it did not compute. A's speed-up (median cold over median warm TTFT) shows what the
+//! cache buys and that the probe can see it.
 //!
 //! The filler follows the audit's seed; the nonces do not (they come from a fresh random seed),
 //! so that a second audit with the same seed against a server that still holds the first one's
@@ -35,22 +40,29 @@ use super::rng::{self, Rng};
 use super::workload::{self, Endpoint};
 use super::TenantKey;
 
-/// The AUC the interval's lower bound must exceed for a failing `timing_side_channel`.
+/// The largest AUC a server may show (the target of DESIGN.md's invariant 8).
 pub const THRESHOLD: f64 = 0.6;
 /// Fewer completed samples in a class than this: the AUC is reported, not judged (the interval
 /// of a handful of samples is too rough to fail an audit on).
 pub const MIN_SAMPLES: usize = 8;
-/// Samples per class when not told (`--timing-probe`).
-pub const DEFAULT_SAMPLES: usize = 32;
+/// Completed samples per class from which the AUC's upper bound must be under the threshold:
+/// a server without a side channel (AUC 0.5) then passes about 98.8 % of runs (the bound is
+/// 0.5 + 1.645 · 0.0255), one with AUC 0.6 fails 95 % of them.
+pub const POWERED_SAMPLES: usize = 256;
+/// Samples per class when not told (`--timing-probe`): enough to reach [`POWERED_SAMPLES`]
+/// with a tenth of the requests failing.
+pub const DEFAULT_SAMPLES: usize = 300;
 /// The two-sided 95 % normal quantile.
 const Z95: f64 = 1.959_963_985;
-/// A prefix's size in tokens (6 to 10 pages of 16), drawn per sample.
-const PREFIX_TOKENS: (usize, usize) = (96, 160);
+/// The one-sided 95 % normal quantile.
+const Z95_ONE_SIDED: f64 = 1.644_853_627;
+/// Prefix sizes in tokens, by bucket: a sample draws a bucket in turn, then a size in it. A
+/// cache that leaks only long prefixes (or only short ones) shows in its bucket.
+pub const BUCKETS: [(usize, usize); 3] = [(32, 64), (80, 160), (176, 320)];
 /// Tokens of "Record <nonce>." before the filler (an estimate; only the filler is sized).
 const NONCE_TOKENS: usize = 16;
-/// After the prefix: A's first and second request, then both of B's. B's is long (over two
-/// pages more than A's): a retry of B's own request that finds its first attempt's entries
-/// then covers more tokens than any prompt of A, which tells it from a hit on A's entries.
+/// After the prefix: A's first and second request, then both of B's (one suffix for both, so
+/// B's two classes differ only in whose prefix they carry).
 const SUFFIXES: [&str; 3] = [
     "\nSummary:",
     "\nTitle:",
@@ -111,21 +123,17 @@ pub struct ProbeHit {
     pub request: usize,
     pub class: &'static str,
     pub cached_tokens: u64,
-    /// The longest prompt tenant A sent with this prefix (None: A's requests failed).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub a_prompt_tokens: Option<u64>,
 }
 
-/// Whether a cache hit of tenant B can have come from tenant A's entries. A hit on the fresh
-/// prefix cannot (no other request carried it), nor one longer than every prompt A sent with
-/// the prefix (it covers tokens only B's own prompt has, so the entries are B's own: the
-/// gateway retries a request once after a failure before its first token, and the retry finds
-/// what the first attempt sealed). Anything else can, and fails the audit.
-fn from_a(class: Class, cached: u64, a_prompt_tokens: Option<u64>) -> bool {
-    match class {
-        Class::BCached => a_prompt_tokens.is_none_or(|a| cached <= a),
-        _ => false,
-    }
+/// The AUC of one range of prefix sizes.
+#[derive(Debug, Clone, Serialize, Default, PartialEq)]
+pub struct Bucket {
+    /// Prefix sizes in tokens (estimated from the calibration).
+    pub prefix_tokens: [usize; 2],
+    pub b_on_a_cached_ms: Vec<f64>,
+    pub b_fresh_ms: Vec<f64>,
+    pub auc: Option<f64>,
+    pub auc_ci95: Option<[f64; 2]>,
 }
 
 /// The probe's results (`timing_probe` in report.json).
@@ -138,6 +146,8 @@ pub struct TimingProbe {
     pub endpoint: &'static str,
     /// Range of prefix sizes drawn, in tokens (estimated from the calibration).
     pub prefix_tokens: [usize; 2],
+    /// The AUC by prefix size.
+    pub buckets: Vec<Bucket>,
     pub a_cold: ClassStats,
     pub a_warm: ClassStats,
     pub b_on_a_cached: ClassStats,
@@ -147,17 +157,19 @@ pub struct TimingProbe {
     /// Hanley-McNeil standard error of the AUC.
     pub auc_se: Option<f64>,
     pub auc_ci95: Option<[f64; 2]>,
+    /// The one-sided 95 % upper bound: at most the threshold for a pass once powered.
+    pub auc_upper95: Option<f64>,
     pub threshold: f64,
-    /// Whether the samples sufficed to judge ([`MIN_SAMPLES`] per class).
+    /// Whether the samples sufficed to judge a clear channel ([`MIN_SAMPLES`] per class).
     pub judged: bool,
+    /// Whether they sufficed to require the upper bound under the threshold
+    /// ([`POWERED_SAMPLES`] per class).
+    pub powered: bool,
     /// Median A cold over median A warm TTFT: what tenant A's own hits save.
     pub speedup: Option<f64>,
-    /// B requests that reported cached tokens that can have come from A's entries (each a
-    /// failing `cross_tenant_cache_hit`).
+    /// B requests that reported cached tokens (each a failing `cross_tenant_cache_hit`: B never
+    /// sent either prefix before).
     pub cross_tenant_hits: Vec<ProbeHit>,
-    /// B requests that reported cached tokens only B's own earlier attempt can have sealed
-    /// (see [`from_a`]; reported, not failed).
-    pub own_hits: Vec<ProbeHit>,
     pub failed_requests: usize,
     pub duration_s: f64,
     pub notes: Vec<String>,
@@ -221,7 +233,8 @@ impl TimingProbe {
             tenant_a: a.name.clone(),
             tenant_b: b.name.clone(),
             endpoint: "completions",
-            prefix_tokens: [PREFIX_TOKENS.0, PREFIX_TOKENS.1],
+            prefix_tokens: [BUCKETS[0].0, BUCKETS[BUCKETS.len() - 1].1],
+            buckets: BUCKETS.iter().map(|&(lo, hi)| Bucket { prefix_tokens: [lo, hi], ..Default::default() }).collect(),
             threshold: THRESHOLD,
             ..Default::default()
         }
@@ -236,23 +249,24 @@ impl TimingProbe {
         }
     }
 
-    /// Records one exchange of class `c` (request id `id`); `a_prompt_tokens`: the longest
-    /// prompt of A's completed requests of the same sample.
-    fn record(&mut self, c: Class, id: usize, ex: &Exchange, a_prompt_tokens: Option<u64>) {
+    /// Records one exchange of class `c` (request id `id`) of a sample in `bucket`.
+    fn record(&mut self, c: Class, id: usize, ex: &Exchange, bucket: usize) {
         if ex.outcome != Outcome::Ok {
             self.failed_requests += 1;
             return;
         }
         let ms = ex.ttft.unwrap_or(ex.total).as_secs_f64() * 1e3;
         self.class_mut(c).push(ms, ex.cached_tokens);
+        if let Some(b) = self.buckets.get_mut(bucket) {
+            match c {
+                Class::BCached => b.b_on_a_cached_ms.push(ms),
+                Class::BFresh => b.b_fresh_ms.push(ms),
+                _ => {}
+            }
+        }
         if matches!(c, Class::BCached | Class::BFresh) {
             if let Some(n) = ex.cached_tokens.filter(|n| *n > 0) {
-                let hit = ProbeHit { request: id, class: c.name(), cached_tokens: n, a_prompt_tokens };
-                if from_a(c, n, a_prompt_tokens) {
-                    self.cross_tenant_hits.push(hit);
-                } else {
-                    self.own_hits.push(hit);
-                }
+                self.cross_tenant_hits.push(ProbeHit { request: id, class: c.name(), cached_tokens: n });
             }
         }
     }
@@ -268,7 +282,14 @@ impl TimingProbe {
         self.auc = auc(&self.b_on_a_cached.ttft_ms, &self.b_fresh.ttft_ms);
         self.auc_se = self.auc.map(|a| hanley_mcneil_se(a, n1, n2));
         self.auc_ci95 = self.auc.map(|a| interval(a, n1, n2));
+        self.auc_upper95 = self.auc.map(|a| (a + Z95_ONE_SIDED * hanley_mcneil_se(a, n1, n2)).min(1.0));
         self.judged = n1.min(n2) >= MIN_SAMPLES;
+        self.powered = n1.min(n2) >= POWERED_SAMPLES;
+        for b in &mut self.buckets {
+            let (m1, m2) = (b.b_on_a_cached_ms.len(), b.b_fresh_ms.len());
+            b.auc = auc(&b.b_on_a_cached_ms, &b.b_fresh_ms);
+            b.auc_ci95 = b.auc.map(|a| interval(a, m1, m2));
+        }
         self.speedup = match (self.a_cold.median_ms, self.a_warm.median_ms) {
             (Some(c), Some(w)) if w > 0.0 => Some(c / w),
             _ => None,
@@ -277,6 +298,12 @@ impl TimingProbe {
         if !self.judged {
             notes.push(format!(
                 "{} and {} completed samples: fewer than {MIN_SAMPLES} per class, so the AUC is not judged",
+                n1, n2
+            ));
+        } else if !self.powered {
+            notes.push(format!(
+                "{} and {} completed samples: under {POWERED_SAMPLES} per class the probe cannot show an AUC at \
+                 most {THRESHOLD}; only a channel clearly above it fails (run with --timing-probe {DEFAULT_SAMPLES})",
                 n1, n2
             ));
         }
@@ -326,47 +353,55 @@ impl TimingProbe {
                 ..Default::default()
             });
         }
-        for h in &self.own_hits {
-            let why = match h.a_prompt_tokens {
-                Some(a) if h.class == Class::BCached.name() => {
-                    format!("more than the {a} tokens of tenant {}'s longest prompt with this prefix", self.tenant_a)
-                }
-                _ => "on a prefix no other request carried".to_string(),
-            };
-            out.push(Finding {
-                kind: kind::PROBE_OWN_CACHE_HIT,
-                fails: false,
-                request: Some(h.request),
-                tenant: Some(self.tenant_b.clone()),
-                scenario: Some(h.class),
-                detail: format!(
-                    "the timing probe's request reported {} cached prompt tokens, {why}: only its own earlier attempt \
-                     can have sealed them (the gateway retries once after a failure before the first token)",
-                    h.cached_tokens
-                ),
-                ..Default::default()
-            });
-        }
-        if let (Some(a), Some([lo, hi])) = (self.auc, self.auc_ci95) {
-            if lo > THRESHOLD {
+        if let (Some(a), Some([lo, hi]), Some(up)) = (self.auc, self.auc_ci95, self.auc_upper95) {
+            // A clear channel (the whole interval above the target), or, once the probe has the
+            // samples to show it, a channel that cannot be ruled out (the upper bound above it).
+            let clear = lo > THRESHOLD;
+            let unproven = self.powered && up > THRESHOLD;
+            if clear || unproven {
+                let fails = self.judged && (clear || unproven);
+                let why = if clear {
+                    format!("95% {lo:.3}-{hi:.3}, wholly over {THRESHOLD}")
+                } else {
+                    format!("one-sided 95% upper bound {up:.3}, over {THRESHOLD}: the server has not shown it is under")
+                };
                 out.push(Finding {
-                    kind: if self.judged { kind::TIMING_SIDE_CHANNEL } else { kind::TIMING_PROBE_INCONCLUSIVE },
-                    fails: self.judged,
+                    kind: if fails { kind::TIMING_SIDE_CHANNEL } else { kind::TIMING_PROBE_INCONCLUSIVE },
+                    fails,
                     tenant: Some(self.tenant_b.clone()),
                     detail: format!(
                         "tenant {} tells prefixes tenant {} has cached from fresh ones by time to first token: AUC \
-                         {a:.3} (95% {lo:.3}-{hi:.3}, over {THRESHOLD}) from {} and {} samples; median {} ms on \
-                         A-cached prefixes, {} ms on fresh ones{}",
+                         {a:.3} ({why}) from {} and {} samples; median {} ms on A-cached prefixes, {} ms on fresh \
+                         ones{}",
                         self.tenant_b,
                         self.tenant_a,
                         self.b_on_a_cached.n,
                         self.b_fresh.n,
                         fmt_ms(self.b_on_a_cached.median_ms),
                         fmt_ms(self.b_fresh.median_ms),
-                        if self.judged { "" } else { " (too few samples to fail the audit on)" },
+                        if fails { "" } else { " (too few samples to fail the audit on)" },
                     ),
                     ..Default::default()
                 });
+            }
+        }
+        for b in &self.buckets {
+            let (m1, m2) = (b.b_on_a_cached_ms.len(), b.b_fresh_ms.len());
+            if let (Some(a), Some([lo, hi])) = (b.auc, b.auc_ci95) {
+                if lo > THRESHOLD && m1.min(m2) >= MIN_SAMPLES {
+                    out.push(Finding {
+                        kind: kind::TIMING_SIDE_CHANNEL,
+                        fails: true,
+                        tenant: Some(self.tenant_b.clone()),
+                        detail: format!(
+                            "on prefixes of {}-{} tokens, tenant {} tells tenant {}'s cached prefixes from fresh ones \
+                             by time to first token: AUC {a:.3} (95% {lo:.3}-{hi:.3}, wholly over {THRESHOLD}) from \
+                             {m1} and {m2} samples",
+                            b.prefix_tokens[0], b.prefix_tokens[1], self.tenant_b, self.tenant_a
+                        ),
+                        ..Default::default()
+                    });
+                }
             }
         }
         out
@@ -424,20 +459,37 @@ impl TimingProbe {
             };
             let _ = writeln!(s, "| {name} | {} | {} | {cached} |", c.n, fmt_ms(c.median_ms));
         }
-        let verdict = match (self.auc_ci95, self.judged) {
-            (Some([lo, _]), true) if lo > THRESHOLD => "**a side channel** (the interval lies above the target)",
-            (Some(_), true) => "within the target",
+        let verdict = match (self.auc_ci95, self.auc_upper95, self.judged, self.powered) {
+            (Some([lo, _]), _, true, _) if lo > THRESHOLD => "**a side channel** (the interval lies above the target)",
+            (_, Some(up), _, true) if up > THRESHOLD => "**not shown under the target** (the upper bound is above it)",
+            (Some(_), _, true, true) => "shown under the target",
+            (Some(_), _, true, false) => "no clear channel, but too few samples to show it is under the target",
             _ => "not judged (too few samples)",
         };
         let _ = writeln!(
             s,
             "\n- ROC AUC of telling {}'s requests on {}'s cached prefixes from fresh ones by TTFT: {} (95% {}, \
-             Hanley-McNeil), target <= {THRESHOLD}: {verdict}",
+             one-sided upper bound {}, Hanley-McNeil), target <= {THRESHOLD}: {verdict}",
             self.tenant_b,
             self.tenant_a,
             self.auc.map_or("-".into(), |a| format!("{a:.3}")),
             self.auc_ci95.map_or("-".into(), |[lo, hi]| format!("{lo:.3}-{hi:.3}")),
+            self.auc_upper95.map_or("-".into(), |u| format!("{u:.3}")),
         );
+        let _ = writeln!(s, "\n| prefix tokens | n | AUC | 95% |\n|---|---:|---:|---:|");
+        for b in &self.buckets {
+            let _ = writeln!(
+                s,
+                "| {}-{} | {} + {} | {} | {} |",
+                b.prefix_tokens[0],
+                b.prefix_tokens[1],
+                b.b_on_a_cached_ms.len(),
+                b.b_fresh_ms.len(),
+                b.auc.map_or("-".into(), |a| format!("{a:.3}")),
+                b.auc_ci95.map_or("-".into(), |[lo, hi]| format!("{lo:.3}-{hi:.3}")),
+            );
+        }
+        s.push('\n');
         let _ = writeln!(
             s,
             "- {}'s own hit speed-up (median cold / median warm TTFT): {}",
@@ -446,12 +498,10 @@ impl TimingProbe {
         );
         let _ = writeln!(
             s,
-            "- requests of {} with cached tokens that can have come from {}: {} (and {} from its own earlier \
-             attempt); failed probe requests: {}; {:.1} s",
+            "- requests of {} (on prefixes it never sent) that reported cached tokens: {}; failed probe requests: \
+             {}; {:.1} s",
             self.tenant_b,
-            self.tenant_a,
             self.cross_tenant_hits.len(),
-            self.own_hits.len(),
             self.failed_requests,
             self.duration_s
         );
@@ -503,8 +553,9 @@ pub fn run(setup: &Setup, rng: &mut Rng, tick: &dyn Fn()) -> (TimingProbe, Vec<R
     let mut nonces = Rng::new(rng::random_seed());
     let mut id = setup.first_id;
     let tpw = if setup.tokens_per_word > 0.0 { setup.tokens_per_word } else { 1.3 };
-    for _ in 0..setup.samples {
-        let tokens = rng.range(PREFIX_TOKENS.0, PREFIX_TOKENS.1);
+    for sample in 0..setup.samples {
+        let bucket = sample % BUCKETS.len();
+        let tokens = rng.range(BUCKETS[bucket].0, BUCKETS[bucket].1);
         let words = ((tokens.saturating_sub(NONCE_TOKENS)) as f64 / tpw).round().max(8.0) as usize;
         let filler = workload::filler(rng, words);
         let p = format!("Record {}. {filler}", nonce(&mut nonces));
@@ -518,7 +569,6 @@ pub fn run(setup: &Setup, rng: &mut Rng, tick: &dyn Fn()) -> (TimingProbe, Vec<R
         if rng.chance(0.5) {
             steps.swap(2, 3);
         }
-        let mut a_prompt_tokens: Option<u64> = None;
         for (class, tenant, prompt) in steps {
             let ex = setup.client.send(
                 &tenant.key,
@@ -527,10 +577,7 @@ pub fn run(setup: &Setup, rng: &mut Rng, tick: &dyn Fn()) -> (TimingProbe, Vec<R
                 None,
                 setup.t0,
             );
-            if matches!(class, Class::ACold | Class::AWarm) && ex.outcome == Outcome::Ok {
-                a_prompt_tokens = a_prompt_tokens.max(ex.prompt_tokens);
-            }
-            probe.record(class, id, &ex, a_prompt_tokens);
+            probe.record(class, id, &ex, bucket);
             rows.push(row(id, class, tenant, &ex));
             id += 1;
             tick();
@@ -627,7 +674,7 @@ mod tests {
         let noise: Vec<f64> = (0..32).map(|i| 100.0 + f64::from(i % 7)).collect();
         let p = probe_of(&noise, &noise);
         assert_eq!(p.auc, Some(0.5));
-        assert!(p.judged && p.findings().is_empty());
+        assert!(p.judged && !p.powered && p.findings().is_empty());
 
         // Fully separated, 32 + 32: a failing side channel.
         let fast: Vec<f64> = (0..32).map(|i| 50.0 + f64::from(i)).collect();
@@ -642,7 +689,8 @@ mod tests {
         // Cached ones slower: not the side channel the target is about.
         assert!(probe_of(&slow, &fast).findings().is_empty());
 
-        // AUC about 0.7 from 32 + 32: above the target, but the interval reaches below it.
+        // AUC about 0.7 from 32 + 32: above the target, but the interval reaches below it and
+        // 32 samples are too few to demand more.
         let mid: Vec<f64> = (0..32).map(|i| f64::from(i) + 6.5).collect();
         let base: Vec<f64> = (0..32).map(f64::from).collect();
         let p = probe_of(&base, &mid);
@@ -651,6 +699,17 @@ mod tests {
         assert!(p.auc_ci95.unwrap()[0] <= THRESHOLD);
         assert!(p.findings().is_empty());
 
+        // AUC about 0.62 from 300 + 300: powered; the interval still reaches below the target,
+        // but the upper bound is over it: the server has not shown it is under, and fails.
+        let mid: Vec<f64> = (0..300).map(|i| f64::from(i) + 40.0).collect();
+        let base: Vec<f64> = (0..300).map(f64::from).collect();
+        let p = probe_of(&base, &mid);
+        assert!(p.powered);
+        assert!(p.auc_ci95.unwrap()[0] < THRESHOLD, "{:?}", p.auc_ci95);
+        let f = p.findings();
+        assert_eq!((f[0].kind, f[0].fails), (kind::TIMING_SIDE_CHANNEL, true), "{}", f[0].detail);
+        assert!(f[0].detail.contains("upper bound"), "{}", f[0].detail);
+
         // Separated but from a handful of samples: reported, not failed.
         let p = probe_of(&fast[..4], &slow[..4]);
         assert!(!p.judged);
@@ -658,8 +717,35 @@ mod tests {
         assert_eq!((f[0].kind, f[0].fails), (kind::TIMING_PROBE_INCONCLUSIVE, false));
     }
 
+    /// A standard normal draw (Box-Muller).
+    fn normal(r: &mut Rng) -> f64 {
+        let u = r.unit().max(1e-12);
+        let v = r.unit();
+        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+    }
+
+    /// The probe's power, simulated: TTFTs of the two classes normal with a shift that makes
+    /// the true AUC 0.6 (shift = sqrt 2 · Φ⁻¹(0.6)) or 0.5, at the default sample count.
     #[test]
-    fn tenant_b_hits_that_can_be_tenant_as_fail_and_its_own_retries_do_not() {
+    fn at_the_default_samples_a_06_channel_fails_95_percent_of_runs_and_none_passes_nearly_always() {
+        let mut r = Rng::new(0x9e37);
+        let runs = 200;
+        let mut fails = [0usize; 2];
+        for (k, shift) in [(0, 2f64.sqrt() * 0.253_347), (1, 0.0)] {
+            for _ in 0..runs {
+                let cached: Vec<f64> = (0..DEFAULT_SAMPLES).map(|_| 10.0 + normal(&mut r) - shift).collect();
+                let fresh: Vec<f64> = (0..DEFAULT_SAMPLES).map(|_| 10.0 + normal(&mut r)).collect();
+                let p = probe_of(&cached, &fresh);
+                fails[k] += usize::from(p.findings().iter().any(|f| f.fails));
+            }
+        }
+        // Expected: 95 % and about 0.5 % (the bound's margin at 300 + 300); binomial slack.
+        assert!(fails[0] * 100 >= runs * 90, "AUC 0.6 failed {} of {runs} runs", fails[0]);
+        assert!(fails[1] * 100 <= runs * 4, "AUC 0.5 failed {} of {runs} runs", fails[1]);
+    }
+
+    #[test]
+    fn every_cache_hit_of_tenant_b_fails_and_each_prefix_size_has_its_auc() {
         let key = |n: &str| TenantKey { name: n.into(), key: String::new() };
         let mut p = TimingProbe::new(1, &key("alice"), &key("bob"));
         let mut ex = Exchange::new(std::time::Duration::ZERO);
@@ -667,21 +753,18 @@ mod tests {
         ex.ttft = Some(std::time::Duration::from_millis(40));
         ex.cached_tokens = Some(96);
         // A's own hit is the cache working.
-        p.record(Class::AWarm, 1, &ex, None);
-        // Within what A's prompts (150 tokens) cover: can be A's entries.
-        p.record(Class::BCached, 2, &ex, Some(150));
-        // A's requests failed: A may still have sealed the prefix, so it fails too.
-        p.record(Class::BCached, 3, &ex, None);
-        // Longer than any prompt of A: B's own entries (a retry found its first attempt's).
+        p.record(Class::AWarm, 1, &ex, 0);
+        // B never sent either prefix: a hit on A's or on the fresh one is KV it never computed,
+        // however long (no "own retry" excuse).
+        p.record(Class::BCached, 2, &ex, 0);
         ex.cached_tokens = Some(160);
-        p.record(Class::BCached, 4, &ex, Some(150));
-        // The fresh prefix was never sent by anyone else.
+        p.record(Class::BCached, 3, &ex, 1);
         ex.cached_tokens = Some(96);
-        p.record(Class::BFresh, 5, &ex, Some(150));
+        p.record(Class::BFresh, 4, &ex, 2);
         ex.cached_tokens = Some(0);
-        p.record(Class::BFresh, 6, &ex, Some(150));
+        p.record(Class::BFresh, 5, &ex, 0);
         ex.outcome = Outcome::ServerError5xx;
-        p.record(Class::ACold, 0, &ex, None);
+        p.record(Class::ACold, 0, &ex, 0);
         p.finish();
         assert_eq!(p.failed_requests, 1);
         assert_eq!(p.a_warm.median_ms, Some(40.0));
@@ -692,14 +775,37 @@ mod tests {
             [
                 (kind::CROSS_TENANT_CACHE_HIT, true, Some(2)),
                 (kind::CROSS_TENANT_CACHE_HIT, true, Some(3)),
-                (kind::PROBE_OWN_CACHE_HIT, false, Some(4)),
-                (kind::PROBE_OWN_CACHE_HIT, false, Some(5)),
+                (kind::CROSS_TENANT_CACHE_HIT, true, Some(4)),
             ]
         );
         assert!(f[0].detail.contains("96 cached prompt tokens"));
-        assert!(f[2].detail.contains("more than the 150 tokens"), "{}", f[2].detail);
-        assert!(f[3].detail.contains("no other request carried"), "{}", f[3].detail);
+        assert!(f[2].detail.contains("no request had carried before"), "{}", f[2].detail);
         assert!(p.summary_line().contains("bob's cached tokens: max 160"), "{}", p.summary_line());
-        assert!(p.markdown().contains("| bob on alice's cached prefix | 3 | 40.0 | 96, 160 |"), "{}", p.markdown());
+        assert!(p.markdown().contains("| bob on alice's cached prefix | 2 | 40.0 | 96, 160 |"), "{}", p.markdown());
+        // Bucket 0 holds one sample of each of B's classes; the others one each of one class.
+        assert_eq!(p.buckets[0].b_on_a_cached_ms.len() + p.buckets[0].b_fresh_ms.len(), 2);
+        assert_eq!(p.buckets[0].auc, Some(0.5));
+        assert!(p.markdown().contains("| 32-64 | 1 + 1 | 0.500 |"), "{}", p.markdown());
+    }
+
+    #[test]
+    fn a_channel_in_one_prefix_size_fails_on_its_own() {
+        let key = |n: &str| TenantKey { name: n.into(), key: String::new() };
+        let mut p = TimingProbe::new(30, &key("alice"), &key("bob"));
+        let mut ex = Exchange::new(std::time::Duration::ZERO);
+        ex.outcome = Outcome::Ok;
+        for i in 0..30u64 {
+            let bucket = (i % 3) as usize;
+            // Only the longest prefixes leak: cached ones there answer in 5 ms, all else 50 ms.
+            let jitter = std::time::Duration::from_micros(i * 37 % 1000);
+            ex.ttft = Some(std::time::Duration::from_millis(if bucket == 2 { 5 } else { 50 }) + jitter);
+            p.record(Class::BCached, i as usize, &ex, bucket);
+            ex.ttft = Some(std::time::Duration::from_millis(50) + jitter);
+            p.record(Class::BFresh, i as usize, &ex, bucket);
+        }
+        p.finish();
+        let f: Vec<(&str, bool)> = p.findings().iter().map(|f| (f.kind, f.fails)).collect();
+        assert!(f.contains(&(kind::TIMING_SIDE_CHANNEL, true)), "{f:?}");
+        assert!(p.findings().iter().any(|f| f.detail.starts_with("on prefixes of 176-320 tokens")));
     }
 }

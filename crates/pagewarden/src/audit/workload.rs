@@ -89,6 +89,9 @@ pub struct ReqSpec {
     pub rerun: bool,
     /// The prompt's size in tokens when the server measured it (near-context prompts).
     pub prompt_tokens: Option<usize>,
+    /// The prompt's size in tokens by the audit's own count ([`super::meter`]); None when
+    /// the audit has no tokenizer.
+    pub sent_tokens: Option<usize>,
     pub body: Value,
 }
 
@@ -100,6 +103,20 @@ pub enum Unit {
 }
 
 impl Unit {
+    pub fn specs(&self) -> &[ReqSpec] {
+        match self {
+            Unit::One(s) => std::slice::from_ref(s),
+            Unit::Group(v) => v,
+        }
+    }
+
+    pub fn specs_mut(&mut self) -> &mut [ReqSpec] {
+        match self {
+            Unit::One(s) => std::slice::from_mut(s),
+            Unit::Group(v) => v,
+        }
+    }
+
     pub fn len(&self) -> usize {
         match self {
             Unit::One(_) => 1,
@@ -466,10 +483,11 @@ pub fn build_plan(
         disconnect_after: None,
         rerun: false,
         prompt_tokens: None,
+        sent_tokens: None,
         body,
     };
 
-    // Regular requests (every fourth is re-run alone) and disconnects.
+    // Regular requests and disconnects.
     for k in 0..m.regular + m.disconnects {
         let id = next_id;
         next_id += 1;
@@ -506,9 +524,10 @@ pub fn build_plan(
         );
         if disconnect {
             s.disconnect_after = Some(rng.range(0, 6));
-        } else {
-            s.rerun = id.is_multiple_of(4);
         }
+        // Every dropped stream is re-run (its received prefix compared), every fourth of the
+        // rest: they are the bulk of the plan and alike.
+        s.rerun = disconnect || id.is_multiple_of(4);
         units.push(Unit::One(s));
     }
 
@@ -562,6 +581,7 @@ pub fn build_plan(
         }
         let mut s = spec(id, tenant, Scenario::NearContext, endpoint, stream, max_tokens, &cs, b);
         s.prompt_tokens = measured;
+        s.rerun = true;
         units.push(Unit::One(s));
     }
 
@@ -601,7 +621,9 @@ pub fn build_plan(
                 b["max_tokens"] = json!(max_tokens);
             }
         }
-        units.push(Unit::One(spec(id, tenant, scenario, endpoint, stream, max_tokens, &cs, b)));
+        let mut s = spec(id, tenant, scenario, endpoint, stream, max_tokens, &cs, b);
+        s.rerun = true;
+        units.push(Unit::One(s));
     }
 
     // Bursts: all members at once; two in three stream with nearly the whole window as
@@ -640,6 +662,7 @@ pub fn build_plan(
             if hog {
                 s.disconnect_after = Some(rng.range(1, 6));
             }
+            s.rerun = true;
             members.push(s);
         }
         units.push(Unit::Group(members));
