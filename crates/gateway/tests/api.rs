@@ -134,13 +134,21 @@ fn completions_endpoint_returns_text_completion() {
 }
 
 #[test]
-fn models_lists_the_served_model() {
+fn models_lists_the_served_model_its_window_and_its_batch_invariance() {
     let r = get(&server().url("/v1/models"), Some(ALICE));
     assert_eq!(r.status, 200);
     let v = r.json();
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["id"], MODEL);
     assert_eq!(v["data"][0]["object"], "model");
+    assert_eq!(v["data"][0]["batch_invariant"], true);
+    // The window the server enforces: one token under it is accepted, at it refused.
+    let window = v["data"][0]["context_length"].as_u64().expect("context_length") as usize;
+    let r = post_json(&chat_url(), Some(ALICE), &hello(json!({"max_tokens": window})));
+    assert_eq!(r.status, 400);
+    assert_eq!(r.error()["code"], "context_length_exceeded");
+    let m = r.error()["message"].as_str().unwrap_or_default().to_string();
+    assert!(m.contains(&format!("maximum context length is {window} tokens")), "{m}");
 }
 
 #[test]

@@ -8,14 +8,16 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+
+use common::fake_openai::{read_request, respond, serve, Request};
 
 fn scratch(name: &str) -> PathBuf {
     let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
@@ -169,34 +171,10 @@ fn an_audit_of_a_real_server_passes_for_three_tenants() {
 /// What the fake server remembers: each tenant's latest prompt.
 type Prompts = Arc<Mutex<HashMap<String, String>>>;
 
-fn respond(mut s: TcpStream, status: u16, ctype: &str, body: &str) {
-    let _ = write!(
-        s,
-        "HTTP/1.1 {status} X\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-}
-
 /// One request of the fake server: OpenAI-shaped answers whose text is the latest prompt of
 /// another tenant; the context-window refusal in pagewarden's wording; idle metrics.
 fn fake_handle(mut s: TcpStream, prompts: Prompts) {
-    let mut reader = BufReader::new(s.try_clone().unwrap());
-    let mut head = String::new();
-    loop {
-        let mut line = String::new();
-        if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
-            break;
-        }
-        head.push_str(&line);
-    }
-    let lower = head.to_ascii_lowercase();
-    let len: usize =
-        lower.lines().find_map(|l| l.strip_prefix("content-length:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
-    // Header names in any case (ureq sends them in lower case).
-    let key = lower.lines().find_map(|l| l.strip_prefix("authorization: bearer ")).unwrap_or("").trim().to_string();
-    let mut body = vec![0u8; len];
-    let _ = reader.read_exact(&mut body);
-    let path = head.split_whitespace().nth(1).unwrap_or("/").to_string();
+    let Request { path, key, body: req } = read_request(&s);
     match path.as_str() {
         "/v1/models" => {
             return respond(s, 200, "application/json", &json!({"data": [{"id": "fake"}]}).to_string());
@@ -220,7 +198,6 @@ fn fake_handle(mut s: TcpStream, prompts: Prompts) {
         }
         _ => {}
     }
-    let req: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let prompt = req["messages"][0]["content"].as_str().or(req["prompt"].as_str()).unwrap_or("").to_string();
     let max_tokens = req["max_tokens"].as_u64().unwrap_or(16) as usize;
     // One token per word: close enough for the audit's sizing, which it measures anyway.
@@ -263,15 +240,8 @@ fn fake_handle(mut s: TcpStream, prompts: Prompts) {
 #[test]
 fn an_audit_of_a_leaking_server_fails_and_names_the_leak() {
     let dir = scratch("audit-client-leak");
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
     let prompts: Prompts = Arc::default();
-    std::thread::spawn(move || {
-        for s in listener.incoming().map_while(Result::ok) {
-            let p = prompts.clone();
-            std::thread::spawn(move || fake_handle(s, p));
-        }
-    });
+    let url = serve(move |s| fake_handle(s, prompts.clone()));
     let tenants = dir.join("tenants.toml");
     std::fs::write(
         &tenants,

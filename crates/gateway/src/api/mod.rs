@@ -167,7 +167,7 @@ pub async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Resp
             log.tenant = t.id.0.to_string();
             log.status = 200;
             log.outcome = "ok";
-            json_response(StatusCode::OK, &types::models(&st.config.model_name, st.started_at))
+            json_response(StatusCode::OK, &types::models(&st.config.model_name, st.started_at, st.context))
         }
         Err(e) => reject(&st, &mut log, e),
     }

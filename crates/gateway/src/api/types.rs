@@ -189,10 +189,20 @@ pub fn logprobs_json(endpoint: Endpoint, tok: &Tokenizer, lps: &[TokenLogprob], 
     }
 }
 
-/// `GET /v1/models`.
-pub fn models(model: &str, created: u64) -> Value {
+/// `GET /v1/models`. Besides OpenAI's fields: the context window (`context_length`, as
+/// llama-server and OpenRouter name it) and `batch_invariant`: a request's tokens and log-probs
+/// do not depend on what else is in its batch, so an auditor may hold every answer under load
+/// to be bit-identical to the same request run alone.
+pub fn models(model: &str, created: u64, context: usize) -> Value {
     json!({
         "object": "list",
-        "data": [{"id": model, "object": "model", "created": created, "owned_by": "pagewarden"}],
+        "data": [{
+            "id": model,
+            "object": "model",
+            "created": created,
+            "owned_by": "pagewarden",
+            "context_length": context,
+            "batch_invariant": true,
+        }],
     })
 }

@@ -306,6 +306,16 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
     // so that a prompt that fills the window is reported as too long, not as max_tokens = 0).
     let max_tokens = max_tokens
         .unwrap_or_else(|| st.config.limits.max_tokens_default.min(st.context.saturating_sub(prompt.len())).max(1));
+    // The incident (a build for the audit's self-test only): a prompt over the window becomes a
+    // one-token placeholder instead of a refusal, and is answered, with `usage` counting the
+    // placeholder.
+    #[cfg(feature = "incident-replay")]
+    let prompt = match st.backend.check(&prompt, max_tokens) {
+        Err(engine::AdmissionError::ContextLengthExceeded { .. }) if 1 + max_tokens <= st.context => {
+            prompt[..1].to_vec()
+        }
+        _ => prompt,
+    };
     st.backend.check(&prompt, max_tokens).map_err(|e| ApiError::admission(&e, endpoint.prompt_param()))?;
     // After the door check, so a request over the window is still told its lengths.
     let ceiling = st.config.limits.max_tokens_ceiling;

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod cluster;
+pub mod fake_openai;
 pub mod relay;
 
 use std::io::{BufRead, BufReader};

@@ -1,0 +1,204 @@
+//! A fake OpenAI-compatible server for testing the audit itself: real HTTP on a loopback port,
+//! one thread per connection, with the behaviour a test wants to catch (or not) plugged in.
+//! It counts prompts with the default model's real tokenizer and chat template, as
+//! pagewarden does, so that everything it does not fake is what an honest server would say.
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+/// One request as the fake read it.
+pub struct Request {
+    pub path: String,
+    /// The bearer token, lower-cased (as the header came).
+    pub key: String,
+    pub body: Value,
+}
+
+/// Reads one HTTP/1.1 request (head and a `Content-Length` body).
+pub fn read_request(s: &TcpStream) -> Request {
+    let mut reader = BufReader::new(s.try_clone().unwrap());
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+            break;
+        }
+        head.push_str(&line);
+    }
+    let lower = head.to_ascii_lowercase();
+    let len: usize =
+        lower.lines().find_map(|l| l.strip_prefix("content-length:")).and_then(|v| v.trim().parse().ok()).unwrap_or(0);
+    // Header names in any case (ureq sends them in lower case).
+    let key = lower.lines().find_map(|l| l.strip_prefix("authorization: bearer ")).unwrap_or("").trim().to_string();
+    let mut body = vec![0u8; len];
+    let _ = reader.read_exact(&mut body);
+    let path = head.split_whitespace().nth(1).unwrap_or("/").to_string();
+    Request { path, key, body: serde_json::from_slice(&body).unwrap_or(Value::Null) }
+}
+
+/// A whole response, then the connection closes.
+pub fn respond(mut s: TcpStream, status: u16, ctype: &str, body: &str) {
+    let _ = write!(
+        s,
+        "HTTP/1.1 {status} X\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+}
+
+/// Serves `handle` on a free loopback port; returns the base URL.
+pub fn serve(handle: impl Fn(TcpStream) + Send + Sync + 'static) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let handle = Arc::new(handle);
+    std::thread::spawn(move || {
+        for s in listener.incoming().map_while(Result::ok) {
+            let h = handle.clone();
+            std::thread::spawn(move || h(s));
+        }
+    });
+    url
+}
+
+/// What the fake server does wrong, if anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Nothing: refuses over-window prompts, counts honestly, caches per tenant.
+    None,
+    /// The 2026 incident: a prompt over the window is replaced by a one-token placeholder and
+    /// answered (from whatever the pages held), with `usage.prompt_tokens: 1`.
+    Placeholder,
+    /// One prefix cache for every tenant: a prompt whose start anyone sent before answers
+    /// fast. It reports no cached tokens, so only time tells.
+    SharedCache,
+}
+
+/// The fake's model: the default model's name (so the audit finds its tokenizer) and window.
+pub const WINDOW: usize = 2048;
+const WORDS: [&str; 12] =
+    ["the", "river", "stone", "garden", "window", "morning", "quiet", "market", "winter", "light", "paper", "bridge"];
+/// Time to first token on a cache miss and on a hit.
+const MISS: Duration = Duration::from_millis(12);
+const HIT: Duration = Duration::from_millis(2);
+/// Bytes of a prompt that key its cache entry: the probe's "Record <nonce>." and more.
+const PREFIX_BYTES: usize = 40;
+
+pub struct Fake {
+    fault: Fault,
+    tokenizer: text::Tokenizer,
+    template: text::ChatTemplate,
+    /// Prompt prefixes seen, by (cache scope, prefix).
+    seen: Mutex<HashSet<(String, String)>>,
+}
+
+impl Fake {
+    pub fn start(fault: Fault) -> String {
+        let f = gguf::GgufFile::open(&fetch::ensure_default_model().unwrap()).unwrap();
+        let fake = Arc::new(Fake {
+            fault,
+            tokenizer: text::Tokenizer::from_gguf(&f).unwrap(),
+            template: text::ChatTemplate::from_gguf(&f).unwrap(),
+            seen: Mutex::new(HashSet::new()),
+        });
+        serve(move |s| fake.handle(s))
+    }
+
+    /// The prompt in tokens, as pagewarden counts it.
+    fn count(&self, body: &Value) -> usize {
+        if let Some(ms) = body["messages"].as_array() {
+            let msgs: Vec<text::ChatMessage> = ms
+                .iter()
+                .map(|m| text::ChatMessage::new(m["role"].as_str().unwrap_or(""), m["content"].as_str().unwrap_or("")))
+                .collect();
+            let rendered = self.template.render(&msgs, true).unwrap();
+            self.tokenizer.encode(&rendered, true).unwrap().len()
+        } else {
+            self.tokenizer.encode(body["prompt"].as_str().unwrap_or(""), false).unwrap().len()
+        }
+    }
+
+    fn handle(&self, s: TcpStream) {
+        let req = read_request(&s);
+        match req.path.as_str() {
+            "/v1/models" => {
+                let m = json!({"data": [{"id": super::MODEL_NAME, "object": "model", "context_length": WINDOW,
+                                         "batch_invariant": true}]});
+                return respond(s, 200, "application/json", &m.to_string());
+            }
+            "/v1/chat/completions" | "/v1/completions" => {}
+            _ => return respond(s, 404, "application/json", r#"{"error":{"message":"not found","code":null}}"#),
+        }
+        let body = &req.body;
+        let chat = body.get("messages").is_some();
+        let max_tokens = body["max_tokens"].as_u64().unwrap_or(16) as usize;
+        let mut prompt_tokens = self.count(body);
+        if prompt_tokens + max_tokens > WINDOW {
+            if self.fault == Fault::Placeholder && 1 + max_tokens <= WINDOW {
+                prompt_tokens = 1;
+            } else {
+                let msg = format!(
+                    "this model's maximum context length is {WINDOW} tokens; the request needs {} ({prompt_tokens} \
+                     in the prompt + {max_tokens} to generate)",
+                    prompt_tokens + max_tokens
+                );
+                let e = json!({"error": {"message": msg, "type": "invalid_request_error", "param": "messages",
+                                         "code": "context_length_exceeded"}});
+                return respond(s, 400, "application/json", &e.to_string());
+            }
+        }
+        let text = body["messages"][0]["content"].as_str().or(body["prompt"].as_str()).unwrap_or("").to_string();
+        let scope = if self.fault == Fault::SharedCache { String::new() } else { req.key.clone() };
+        let prefix: String = text.chars().take(PREFIX_BYTES).collect();
+        let hit = !self.seen.lock().unwrap().insert((scope, prefix));
+        // The answer depends on the prompt alone (deterministic, batch-invariant), and never
+        // repeats anything of it.
+        let seed = text.bytes().fold(7usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize));
+        let tokens: Vec<(String, f64)> = (0..max_tokens)
+            .map(|i| (format!(" {}", WORDS[(seed + i * 7) % WORDS.len()]), -0.25 - (i % 5) as f64 * 0.1))
+            .collect();
+        let usage = json!({"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
+                           "total_tokens": prompt_tokens + max_tokens,
+                           "prompt_tokens_details": {"cached_tokens": 0}});
+        std::thread::sleep(if hit { HIT } else { MISS });
+        let logprobs = |toks: &[(String, f64)]| {
+            if chat {
+                json!({"content": toks.iter().map(|(t, l)| json!({"token": t, "logprob": l,
+                        "bytes": t.as_bytes()})).collect::<Vec<_>>()})
+            } else {
+                json!({"tokens": toks.iter().map(|(t, _)| t.clone()).collect::<Vec<_>>(),
+                       "token_logprobs": toks.iter().map(|(_, l)| *l).collect::<Vec<_>>()})
+            }
+        };
+        if body["stream"] != true {
+            let all: String = tokens.iter().map(|(t, _)| t.as_str()).collect();
+            let choice = if chat {
+                json!({"index": 0, "message": {"role": "assistant", "content": all}, "logprobs": logprobs(&tokens),
+                       "finish_reason": "length"})
+            } else {
+                json!({"index": 0, "text": all, "logprobs": logprobs(&tokens), "finish_reason": "length"})
+            };
+            return respond(s, 200, "application/json", &json!({"choices": [choice], "usage": usage}).to_string());
+        }
+        let mut s = s;
+        if write!(s, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n").is_err() {
+            return;
+        }
+        for tok in tokens.chunks(1) {
+            let choice = if chat {
+                json!({"index": 0, "delta": {"content": tok[0].0}, "logprobs": logprobs(tok), "finish_reason": null})
+            } else {
+                json!({"index": 0, "text": tok[0].0, "logprobs": logprobs(tok), "finish_reason": null})
+            };
+            // The client dropped the stream: stop.
+            if write!(s, "data: {}\n\n", json!({"choices": [choice]})).is_err() {
+                return;
+            }
+        }
+        let end = json!({"choices": [{"index": 0, "delta": {}, "text": "", "finish_reason": "length"}]});
+        let _ = write!(s, "data: {end}\n\ndata: {}\n\ndata: [DONE]\n\n", json!({"choices": [], "usage": usage}));
+    }
+}
