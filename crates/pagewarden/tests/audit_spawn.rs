@@ -14,6 +14,8 @@ fn audit(bin: &Path, report: &Path) -> (bool, String) {
     fetch::ensure_default_model().expect("default model");
     let out = Command::new(bin)
         .args(["audit", "--spawn", "--requests", "200", "--concurrency", "6", "--seed", "11", "--timing-probe", "8"])
+        // Four near-window prompts: a kill during the load can cost one its comparison.
+        .args(["--long-prompts", "4"])
         .arg("--report")
         .arg(report)
         .output()
@@ -97,6 +99,16 @@ fn a_spawned_audit_with_faults_passes_on_the_normal_build_and_names_the_incident
     assert!(r["requests_sent"].as_u64().unwrap() >= 200);
     assert!(!r["fault_log"].as_array().unwrap().is_empty(), "no fault was injected");
     assert!(r["timing_probe"]["cross_tenant_hits"].as_array().unwrap().is_empty(), "{}", r["timing_probe"]);
+    // Every category compared with its re-run alone, exactly (pagewarden is batch-invariant),
+    // and no re-run lost to a fault: faults pause when the load ends.
+    let d = &r["divergence_checks"];
+    assert_eq!(d["batch_invariant"], true, "{d}");
+    for k in ["short", "medium", "near_context", "over_long", "disconnect", "burst", "shared_prefix"] {
+        let c = d["by_scenario"].get(k).unwrap_or_else(|| panic!("{k} missing: {d}"));
+        assert!(c["compared"].as_u64().unwrap() >= 1, "{k}: {c}");
+        assert_eq!(c["rerun_failed"], 0, "{k}: {c}");
+    }
+    assert_eq!(r["prompt_lengths"]["source"], "model_file", "{}", r["prompt_lengths"]);
     let _ = std::fs::remove_dir_all(&normal);
 
     let broken = base.join("incident");
@@ -109,5 +121,8 @@ fn a_spawned_audit_with_faults_passes_on_the_normal_build_and_names_the_incident
     let leaks = c["cross_tenant_canaries"].as_u64().unwrap() + c["divergences"].as_u64().unwrap();
     assert!(leaks > 0, "the report names no leak: {c}\n{md}");
     assert!(md.contains("cross-tenant canary") || md.contains("**divergence**"), "{md}");
+    // The incident's placeholder fails on the audit's own count of what it sent, too.
+    assert!(c["overlong_accepted"].as_u64().unwrap() > 0, "{c}\n{md}");
+    assert!(c["prompt_tokens_undercounted"].as_u64().unwrap() > 0, "{c}\n{md}");
     let _ = std::fs::remove_dir_all(&base);
 }

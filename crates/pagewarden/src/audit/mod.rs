@@ -283,6 +283,9 @@ fn conclude(outcome: &AuditOutcome) -> Result<()> {
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(330);
 /// How long the page gauges get to return to zero after the run.
 const PAGES_WAIT: Duration = Duration::from_secs(30);
+/// Rounds of re-sending, under load, the re-run requests whose answer carried nothing to
+/// compare.
+const TOP_UP_ROUNDS: usize = 2;
 /// Bytes of response quoted on each side of a leaked canary.
 const QUOTE: usize = 60;
 /// `max_tokens` of a length probe: over any context window, so nothing is ever computed.
@@ -742,17 +745,18 @@ pub fn run_audit(opts: &AuditOptions, hooks: &dyn AuditHooks) -> Result<AuditOut
     let findings: Mutex<Vec<Finding>> = Mutex::new(Vec::new());
     let kept: Mutex<HashMap<usize, Exchange>> = Mutex::new(HashMap::new());
     let next = AtomicUsize::new(0);
-    let one = |spec: &ReqSpec| {
+    let send = |spec: &ReqSpec, phase: &'static str| {
         let ex = client.exchange(&opts.tenants[spec.tenant].key, spec, t0);
         let found = ctx.examine(spec, &ex, false);
         lock(&findings).extend(found);
-        lock(&rows).push(ctx.row(spec, &ex, "main"));
+        lock(&rows).push(ctx.row(spec, &ex, phase));
         if spec.rerun {
             // Only re-run requests keep their text, until the comparison.
             lock(&kept).insert(spec.id, ex);
         }
         progress.tick(hooks);
     };
+    let one = |spec: &ReqSpec| send(spec, "main");
     std::thread::scope(|s| {
         for _ in 0..opts.concurrency {
             s.spawn(|| loop {
@@ -779,6 +783,41 @@ pub fn run_audit(opts: &AuditOptions, hooks: &dyn AuditHooks) -> Result<AuditOut
         }
     });
 
+    // Top-up: a request chosen for a re-run whose answer carried nothing to compare (refused
+    // for load, failed by a fault before its first token) is sent again, with the others in
+    // that state, still under faults: a comparison needs an answer given under load.
+    let mut sent_again: BTreeMap<&'static str, usize> = BTreeMap::new();
+    for _ in 0..TOP_UP_ROUNDS {
+        let empty: Vec<&ReqSpec> = plan
+            .units
+            .iter()
+            .flat_map(Unit::specs)
+            .filter(|s| {
+                s.rerun
+                    && lock(&kept)
+                        .get(&s.id)
+                        .is_none_or(|ex| rerun::plan(ex, s.scenario.must_be_refused()) == rerun::RerunPlan::Nothing)
+            })
+            .collect();
+        if empty.is_empty() {
+            break;
+        }
+        progress.total.fetch_add(empty.len(), Ordering::SeqCst);
+        for s in &empty {
+            *sent_again.entry(s.scenario.name()).or_default() += 1;
+        }
+        let next = AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            for _ in 0..opts.concurrency {
+                s.spawn(|| {
+                    while let Some(spec) = empty.get(next.fetch_add(1, Ordering::SeqCst)) {
+                        send(spec, "top_up");
+                    }
+                });
+            }
+        });
+    }
+
     hooks.on_load_done();
 
     // The isolated second pass: one tenant at a time, nothing of any other tenant in flight;
@@ -794,6 +833,7 @@ pub fn run_audit(opts: &AuditOptions, hooks: &dyn AuditHooks) -> Result<AuditOut
         let c = by.entry(s.scenario.name()).or_default();
         c.selected += 1;
         c.required = rerun::required(c.selected);
+        c.sent_again = sent_again.get(s.scenario.name()).copied().unwrap_or(0);
     }
     let rerun_nonce = rng::random_seed();
     let rerun = |spec: &ReqSpec| {

@@ -96,7 +96,9 @@ pub struct Finding {
 #[derive(Debug, Clone, Serialize)]
 pub struct RequestRow {
     pub id: usize,
-    /// "main", "rerun" for the isolated second pass, or "probe" for the timing probe.
+    /// "main"; "top_up" for a re-run request sent again under load because its first answer
+    /// carried nothing to compare; "rerun" for the isolated second pass; "probe" for the
+    /// timing probe.
     pub phase: &'static str,
     pub tenant: String,
     pub scenario: &'static str,
@@ -429,8 +431,8 @@ impl Report {
             s,
             "\n## Re-runs alone\n\nEach selected request sent again alone (one tenant at a time, faults paused), \
              compared token by token{}; a partial answer is compared on the tokens it received.\n\n\
-             | scenario | selected | compared | of them prefixes | nothing received | re-run failed | diverged | \
-             needed to pass |\n|---|---:|---:|---:|---:|---:|---:|---:|",
+             | scenario | selected | sent again under load | compared | of them prefixes | nothing received | \
+             re-run failed | diverged | needed to pass |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|",
             if d.batch_invariant {
                 " and log-prob by log-prob, exactly (the target is batch-invariant)".to_string()
             } else {
@@ -440,8 +442,15 @@ impl Report {
         for (k, c) in &d.by_scenario {
             let _ = writeln!(
                 s,
-                "| {k} | {} | {} | {} | {} | {} | {} | {} |",
-                c.selected, c.compared, c.prefixes, c.nothing_received, c.rerun_failed, c.diverged, c.required
+                "| {k} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                c.selected,
+                c.sent_again,
+                c.compared,
+                c.prefixes,
+                c.nothing_received,
+                c.rerun_failed,
+                c.diverged,
+                c.required
             );
         }
         let _ = writeln!(s, "\n## Findings\n");

@@ -57,6 +57,8 @@ pub fn usable(plan: RerunPlan, again: &Exchange) -> bool {
 pub struct CategoryChecks {
     /// Requests chosen for a re-run.
     pub selected: usize,
+    /// Of those, sent again under load because the first answer carried nothing to compare.
+    pub sent_again: usize,
     /// Pairs compared.
     pub compared: usize,
     /// Of those, partial answers compared on their received prefix.
