@@ -17,13 +17,9 @@ cd "$(dirname "$0")/.."
 rounds=${1:-2}
 model=$(cargo run -q --release -p pagewarden -- fetch-model)
 pw=target/release/pagewarden
+# `bench model --llama-bench` runs llama-bench itself, after its own figures, on the same model
+# with the same lengths, threads and repetitions, and prints the ratios of that run only.
 for r in $(seq "$rounds"); do
-  echo "== round $r: llama.cpp"
-  "$LLAMA_BENCH" -m "$model" -t 1,2 -p 512 -n 128 -r 3 -o json 2>/dev/null |
-    python3 -c 'import json,sys
-for t in json.load(sys.stdin):
-    kind = "pp%d" % t["n_prompt"] if t["n_prompt"] else "tg%d" % t["n_gen"]
-    print("llama.cpp threads %d %s %.1f tok/s" % (t["n_threads"], kind, t["avg_ts"]))'
-  echo "== round $r: pagewarden"
-  "$pw" bench model --threads 1,2 --batch 1 --reps 3
+  echo "== round $r"
+  "$pw" bench model --model "$model" --threads 1,2 --batch 1 --reps 3 --llama-bench "$LLAMA_BENCH"
 done

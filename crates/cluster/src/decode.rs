@@ -228,13 +228,10 @@ pub(crate) async fn accept_kv(ctx: Arc<Ctx>, mut listener: Listener) {
 }
 
 async fn kv_connection(ctx: Arc<Ctx>, io: BoxIo, permit: tokio::sync::OwnedSemaphorePermit) {
-    let link = match Link::accept(io, &ctx.cfg.identity, ctx.cfg.handshake_timeout).await {
-        Ok(l) if l.peer == Role::Prefill => l,
-        Ok(l) => {
-            ctx.metrics.links.failure("role");
-            eprintln!("{}: refused a KV connection from a {:?} node", ctx.cfg.name, l.peer);
-            return;
-        }
+    // A KV link must come from a prefill worker: any other role is refused inside the
+    // handshake (`WrongRole`, counted as `role`), before a frame is read.
+    let link = match Link::accept_from(io, &ctx.cfg.identity, &[Role::Prefill], ctx.cfg.handshake_timeout).await {
+        Ok(l) => l,
         Err(e) => {
             ctx.metrics.links.failure(refusal_reason(&e));
             eprintln!("{}: refused a KV connection: {e}", ctx.cfg.name);

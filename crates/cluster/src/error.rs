@@ -13,14 +13,19 @@ pub enum ClusterError {
     Timeout(&'static str),
     #[error("bad control message: {0}")]
     Message(String),
-    #[error("the peer is a {got:?} node, expected {want}")]
-    WrongRole { got: Role, want: &'static str },
+    #[error("the peer is a {} node, expected {}", crate::proto::role_name(*got), role_list(want))]
+    WrongRole { got: Role, want: Vec<Role> },
     #[error("registration refused: {0}")]
     Rejected(String),
     #[error("no node is listening at {0}")]
     NoSuchAddress(String),
     #[error("the operating system's random source failed: {0}")]
     Random(String),
+}
+
+/// "prefill or decode".
+fn role_list(roles: &[Role]) -> String {
+    roles.iter().map(|r| crate::proto::role_name(*r)).collect::<Vec<_>>().join(" or ")
 }
 
 /// Fresh random bytes (nonces, ticket keys).

@@ -145,14 +145,26 @@ impl Link {
         Ok(Link { io, sealer, opener, exporter, peer })
     }
 
-    /// Listening side of the handshake.
+    /// Listening side of the handshake, for a peer of any role but ours.
     pub async fn accept(io: BoxIo, me: &Identity, timeout: Duration) -> Result<Link, ClusterError> {
-        tokio::time::timeout(timeout, Self::accept_inner(io, me))
+        Self::accept_from(io, me, &[Role::Gateway, Role::Prefill, Role::Decode], timeout).await
+    }
+
+    /// Listening side of the handshake, for a peer of one of `roles` only: a peer of another
+    /// role (which proved the secret) is told `Refused(Role)` inside the link, and this side
+    /// gets [`ClusterError::WrongRole`]. A peer of our own role is a `Reflection` either way.
+    pub async fn accept_from(
+        io: BoxIo,
+        me: &Identity,
+        roles: &[Role],
+        timeout: Duration,
+    ) -> Result<Link, ClusterError> {
+        tokio::time::timeout(timeout, Self::accept_inner(io, me, roles))
             .await
             .map_err(|_| ClusterError::Timeout("handshaking with a peer"))?
     }
 
-    async fn accept_inner(mut io: BoxIo, me: &Identity) -> Result<Link, ClusterError> {
+    async fn accept_inner(mut io: BoxIo, me: &Identity, roles: &[Role]) -> Result<Link, ClusterError> {
         let answered = match read_clear(&mut io).await {
             Ok(hello) => Responder::on_hello(&me.secrets.accepted(), me.role, &hello),
             Err(ClusterError::Wire(e)) => Err(e),
@@ -184,6 +196,12 @@ impl Link {
                 let _ = write_record(&mut io, &mut sealer, HandshakeMsg::Refused(code).encode()).await;
             }
             return Err(e.into());
+        }
+        // The role is checked only now, once the peer proved it holds the secret and is live:
+        // an unauthenticated peer learns nothing about which roles we take.
+        if !roles.contains(&peer) {
+            let _ = write_record(&mut io, &mut sealer, HandshakeMsg::Refused(RefusalCode::Role).encode()).await;
+            return Err(ClusterError::WrongRole { got: peer, want: roles.to_vec() });
         }
         write_record(&mut io, &mut sealer, HandshakeMsg::Pairing { role: me.role, info: me.pairing }.encode()).await?;
         Ok(Link { io, sealer, opener, exporter, peer })
@@ -241,8 +259,8 @@ pub fn refusal_reason(e: &ClusterError) -> &'static str {
         ClusterError::Wire(WireError::BadVersion { .. } | WireError::Refused(RefusalCode::Version)) => "version",
         ClusterError::Wire(WireError::Pairing(_)) => "pairing",
         ClusterError::Wire(WireError::BadMac) => "bad_mac",
+        ClusterError::WrongRole { .. } | ClusterError::Wire(WireError::Refused(RefusalCode::Role)) => "role",
         ClusterError::Wire(WireError::Refused(_)) => "refused",
-        ClusterError::WrongRole { .. } => "role",
         ClusterError::Timeout(_) => "timeout",
         ClusterError::Io(_) => "io",
         _ => "malformed",

@@ -86,7 +86,7 @@ async fn route_inner(
     let link = Link::connect(io, &ctx.cfg.identity, timeout).await.map_err(unreachable)?;
     ctx.metrics.kv_crypto_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
     if link.peer != Role::Decode {
-        return Err(unreachable(ClusterError::WrongRole { got: link.peer, want: "decode" }));
+        return Err(unreachable(ClusterError::WrongRole { got: link.peer, want: vec![Role::Decode] }));
     }
     let (io, sealer) = link.into_kv_sealer();
     let frames = send_kv(ctx, io, sealer, &table, &ticket, &req.prompt, first.token).await.map_err(unreachable)?;

@@ -153,12 +153,10 @@ impl Router {
 
     async fn connection(&self, io: BoxIo, permit: tokio::sync::OwnedSemaphorePermit) -> Result<(), ClusterError> {
         let cfg = &self.inner.cfg;
-        let link = Link::accept(io, &cfg.identity, cfg.handshake_timeout).await?;
+        // Only workers register; any other role is refused inside the handshake.
+        let link = Link::accept_from(io, &cfg.identity, &[Role::Prefill, Role::Decode], cfg.handshake_timeout).await?;
         drop(permit);
         let role = link.peer;
-        if role == Role::Gateway {
-            return Err(ClusterError::WrongRole { got: role, want: "prefill or decode" });
-        }
         let (mut rd, mut wr) = link.split();
         let reg = match tokio::time::timeout(cfg.handshake_timeout, rd.recv::<Register>()).await {
             Ok(Ok(Some(r))) => r,

@@ -98,6 +98,7 @@ pub async fn run_worker(
             // registration): retrying cannot fix it, so stop and say why.
             Err(
                 e @ (ClusterError::Rejected(_)
+                | ClusterError::WrongRole { .. }
                 | ClusterError::Wire(
                     WireError::Pairing(_) | WireError::Refused(_) | WireError::BadProof | WireError::Reflection { .. },
                 )),
@@ -143,7 +144,7 @@ async fn session(ctx: &Arc<Ctx>) -> Result<(), ClusterError> {
         .map_err(|_| ClusterError::Timeout("connecting to the gateway"))??;
     let link = Link::connect(io, &ctx.cfg.identity, timeout).await?;
     if link.peer != Role::Gateway {
-        return Err(ClusterError::WrongRole { got: link.peer, want: "gateway" });
+        return Err(ClusterError::WrongRole { got: link.peer, want: vec![Role::Gateway] });
     }
     let (mut rd, mut wr) = link.split();
     let reg = Register {

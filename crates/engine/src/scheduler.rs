@@ -891,3 +891,133 @@ fn sample_into(r: &mut Running, logits: &[f32]) -> Option<End> {
     }
     None
 }
+
+#[cfg(test)]
+mod tests {
+    //! Drives the loop by hand, one step at a time, so which sequences share a step is certain.
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use gguf::GgufFile;
+    use kv::{Capacity, KvDtype, PoolConfig, RequestId, ScrubPolicy};
+    use model::tiny::{tiny_gguf, TinySpec};
+    use model::LoadOptions;
+    use sampling::{SamplingParams, StopTokens};
+
+    fn new_loop() -> (Loop, mpsc::Sender<Msg>) {
+        let f = GgufFile::from_bytes(tiny_gguf(&TinySpec::default())).unwrap();
+        let model = Llama::from_file(&f, LoadOptions { threads: 1 }).unwrap();
+        let layout = model.config.kv_layout(16, KvDtype::F16);
+        let pool =
+            KvPool::new(PoolConfig { layout, capacity: Capacity::Tokens(1024), scrub: ScrubPolicy::OnFree }).unwrap();
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared {
+            queued: AtomicUsize::new(0),
+            stopping: AtomicBool::new(false),
+            stats: Mutex::new(EngineStats::default()),
+        });
+        let lp = Loop {
+            model,
+            prefill_pool: pool.clone(),
+            pool,
+            cfg: EngineConfig::default(),
+            rx,
+            shared,
+            queues: HashMap::new(),
+            rotation: VecDeque::new(),
+            running: Vec::new(),
+            prefill_cursor: 0,
+            stats: EngineStats::default(),
+            policy: TenantPolicy::default(),
+        };
+        (lp, tx)
+    }
+
+    fn req(id: u64, tenant: u64, prompt_len: usize, max_tokens: usize) -> GenRequest {
+        GenRequest {
+            id: RequestId(id),
+            tenant: TenantId(tenant),
+            prompt: (0..prompt_len).map(|i| ((i * 7 + id as usize) % 80) as u32).collect(),
+            max_tokens,
+            sampling: SamplingParams::greedy(),
+            stop_tokens: StopTokens::new([]),
+            deadline: None,
+            cache_salt: None,
+        }
+    }
+
+    /// Queues `r` as a full (prefill and decode) request; returns its event stream.
+    fn submit(lp: &mut Loop, tx: &mpsc::Sender<Msg>, r: GenRequest) -> tmpsc::UnboundedReceiver<Event> {
+        let (etx, erx) = tmpsc::unbounded_channel();
+        lp.shared.queued.fetch_add(1, Ordering::SeqCst);
+        tx.send(Msg::Submit(Box::new(Pending { req: r, kind: Kind::Full, tx: etx, enqueued: Instant::now() })))
+            .unwrap();
+        assert!(lp.receive());
+        erx
+    }
+
+    fn drain(rx: &mut tmpsc::UnboundedReceiver<Event>) -> Vec<Event> {
+        std::iter::from_fn(|| rx.try_recv().ok()).collect()
+    }
+
+    fn tokens(events: &[Event]) -> Vec<u32> {
+        events.iter().filter_map(|e| if let Event::Token(t) = e { Some(t.token) } else { None }).collect()
+    }
+
+    /// The tokens of `r` run alone on a fresh loop.
+    fn alone(r: GenRequest) -> Vec<u32> {
+        let (mut lp, tx) = new_loop();
+        let mut rx = submit(&mut lp, &tx, r);
+        lp.admit();
+        let mut events = Vec::new();
+        while !lp.running.is_empty() {
+            lp.step();
+            events.extend(drain(&mut rx));
+        }
+        assert!(matches!(events.last(), Some(Event::Finished { .. })), "{events:?}");
+        tokens(&events)
+    }
+
+    #[test]
+    fn a_prompt_whose_pages_cannot_be_sealed_fails_closed_in_its_step_and_its_batch_mate_goes_on() {
+        let (alice, bob) = (req(1, 5, 40, 6), req(2, 6, 37, 6));
+        let expected = alone(bob.clone());
+        let (mut lp, tx) = new_loop();
+        let mut alice_rx = submit(&mut lp, &tx, alice);
+        let mut bob_rx = submit(&mut lp, &tx, bob);
+        lp.admit();
+        assert_eq!(lp.running.len(), 2);
+        // The fault: alice's prompt is to be sealed under another tenant's cache scope (a
+        // scheduling bug would do this). Her pages are hers and fully written, so the forward
+        // pass succeeds; only the seal at the end of her prefill can catch it.
+        let other = lp.pool.scope(TenantId(99), None);
+        let a = lp.running.iter().position(|r| r.req.tenant == TenantId(5)).unwrap();
+        lp.running[a].scope = Some(other);
+
+        // One step prefills both prompts whole (77 tokens within the step's 512).
+        lp.step();
+        assert_eq!(lp.stats.steps, 1);
+        let alice_events = drain(&mut alice_rx);
+        assert!(
+            matches!(
+                alice_events.last(),
+                Some(Event::Failed(EngineError::IsolationViolation { kind: ViolationKind::OwnerMismatch }))
+            ),
+            "{alice_events:?}"
+        );
+        assert!(tokens(&alice_events).is_empty(), "no token is sampled from a prompt that failed its seal");
+        assert_eq!(lp.pool.pages_held_by(TenantId(5)), 0, "her pages are freed");
+        assert_eq!(lp.pool.cached_pages_of(TenantId(99)), 0, "nothing entered the other tenant's cache");
+        assert_eq!(lp.pool.cached_pages_of(TenantId(5)), 0);
+        // Bob shared that step and got his first token from it.
+        let mut bob_events = drain(&mut bob_rx);
+        assert_eq!(tokens(&bob_events).len(), 1, "{bob_events:?}");
+        while !lp.running.is_empty() {
+            lp.step();
+            bob_events.extend(drain(&mut bob_rx));
+        }
+        assert!(matches!(bob_events.last(), Some(Event::Finished { .. })), "{bob_events:?}");
+        assert_eq!(tokens(&bob_events), expected, "bob's output equals his output alone");
+        assert_eq!(lp.pool.cached_pages_of(TenantId(6)), 2, "bob's own whole prompt pages were sealed");
+    }
+}

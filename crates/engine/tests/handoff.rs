@@ -224,7 +224,9 @@ fn a_first_token_outside_the_vocabulary_is_refused_before_it_joins_a_step() {
 fn a_sequence_failing_mid_step_fails_alone_and_its_batch_mates_output_is_unchanged() {
     let (p, d) = (engine(1024), engine(1024));
     let (ph, dh) = (p.handle(), d.handle());
-    let bob = req(1, 20, 24);
+    // Bob decodes for hundreds of steps, so the rogue, resumed right after him, joins a step
+    // he is in (checked below by counting steps, not assumed).
+    let bob = req(1, 20, 480);
     let mut rogue = req(2, 16, 24);
     rogue.tenant = TenantId(6);
     let expected = alone(&ph, &bob);
@@ -233,13 +235,34 @@ fn a_sequence_failing_mid_step_fails_alone_and_its_batch_mates_output_is_unchang
     // The rogue's second page (positions 16..32, past its prompt, so the resume check passes)
     // goes stale: it fails at its first decode write, in the middle of a step with bob.
     rogue_kv.debug_make_page_stale(1);
+    let steps_before = dh.stats().steps;
     let bob_stream = dh.resume(bob.clone(), bob_kv, bob_first).unwrap();
-    let rogue_stream = dh.resume(rogue, rogue_kv, rogue_first).unwrap();
-    let e = tokens_of(rogue_stream).unwrap_err();
+    let mut rogue_stream = dh.resume(rogue, rogue_kv, rogue_first).unwrap();
+    let mut rogue_tokens = 0;
+    let e = loop {
+        match rogue_stream.blocking_next().expect("the rogue's stream ends with an event") {
+            Event::Token(_) => rogue_tokens += 1,
+            Event::Failed(e) => break e,
+            Event::Started => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    };
     assert_eq!(e, EngineError::IsolationViolation { kind: engine::ViolationKind::GenerationMismatch });
+    assert_eq!(rogue_tokens, 0, "no token comes out of the step that failed");
+    // Its pages are freed before its failure is sent.
+    assert_eq!(dh.pool().pages_held_by(TenantId(6)), 0);
     let mut got = vec![bob_first];
     got.extend(tokens_of(bob_stream).unwrap());
     assert_eq!(got, expected, "bob's output equals his output alone");
+    // Bob's 479 decode steps are all the steps there were: the rogue's failing step was one of
+    // his (a rogue alone in a step would add one), so the batched pass failed and was rerun.
+    let t0 = std::time::Instant::now();
+    while dh.stats().running != 0 {
+        assert!(t0.elapsed().as_secs() < 10);
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    assert_eq!(dh.stats().steps - steps_before, bob.max_tokens as u64 - 1, "the rogue failed in a step with bob");
+    assert_eq!(dh.pool().used_pages(), 0);
 }
 
 #[test]

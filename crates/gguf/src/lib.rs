@@ -1,8 +1,9 @@
 //! GGUF container: the metadata table and tensor directory of a model file.
 //!
 //! A model file is untrusted input (downloaded, or handed to a worker by an operator), so the
-//! parser never panics and never allocates more than the bytes it was given could describe:
-//! every length is checked against what remains before anything is reserved. It knows nothing
+//! parser never panics and never allocates in proportion to what a header claims: every
+//! length is checked against what remains, and no collection reserves more than a few KiB
+//! before its items are read (`tests/parse_allocation.rs` measures it). It knows nothing
 //! about any architecture; `model` interprets the tensors.
 
 mod error;

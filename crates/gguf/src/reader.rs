@@ -8,6 +8,16 @@ const MAGIC: u32 = 0x4655_4747; // "GGUF" little-endian
 const MAX_DIMS: u32 = 4;
 const MAX_ARRAY_DEPTH: usize = 4;
 const DEFAULT_ALIGNMENT: u64 = 32;
+/// The most a collection reserves before its items are read. A count that fits the bytes left
+/// is still only a claim, and an item in memory can be many times its encoded size (a `Value`
+/// is 32 bytes, a bool on disk 1): reserving for the whole claim would let a file that is then
+/// refused cost many times its own size. Beyond this, vectors grow as items are actually read.
+const MAX_RESERVE_BYTES: usize = 4096;
+
+/// How many `T`s to reserve for a claimed count of `n`.
+fn reserve_for<T>(n: usize) -> usize {
+    n.min(MAX_RESERVE_BYTES / std::mem::size_of::<T>().max(1))
+}
 
 /// One tensor of the directory. `dims` are in ggml order: `dims[0]` is the fastest-varying
 /// (row length); `offset` is relative to the start of the data section.
@@ -92,7 +102,9 @@ impl<'a> Cursor<'a> {
         let len = self.count(1, what)?;
         let at = self.pos;
         let bytes = self.take(len, what)?;
-        String::from_utf8(bytes.to_vec())
+        // Checked in place, so a string that is refused is never copied.
+        std::str::from_utf8(bytes)
+            .map(str::to_owned)
             .map_err(|_| GgufError::Malformed { offset: at, reason: format!("{what} is not valid UTF-8") })
     }
 
@@ -122,7 +134,7 @@ impl<'a> Cursor<'a> {
                 }
                 let elem = self.u32("array element type")?;
                 let n = self.count(min_value_bytes(elem)?, "array")?;
-                let mut items = Vec::with_capacity(n);
+                let mut items = Vec::with_capacity(reserve_for::<Value>(n));
                 for _ in 0..n {
                     items.push(self.value(elem, depth + 1)?);
                 }
@@ -164,8 +176,9 @@ impl Gguf {
         let n_tensors = c.count(24, "tensor")?;
         let n_kv = c.count(13, "metadata")?;
 
-        let mut metadata = Vec::with_capacity(n_kv);
-        let mut index = HashMap::with_capacity(n_kv);
+        let mut metadata = Vec::with_capacity(reserve_for::<(String, Value)>(n_kv));
+        // A hash map's table takes about twice its entries' size.
+        let mut index = HashMap::with_capacity(reserve_for::<(String, usize)>(n_kv) / 2);
         for _ in 0..n_kv {
             let at = c.pos;
             let key = c.string("metadata key")?;
@@ -177,7 +190,7 @@ impl Gguf {
             metadata.push((key, value));
         }
 
-        let mut infos = Vec::with_capacity(n_tensors);
+        let mut infos = Vec::with_capacity(reserve_for::<TensorInfo>(n_tensors));
         for _ in 0..n_tensors {
             let at = c.pos;
             let name = c.string("tensor name")?;

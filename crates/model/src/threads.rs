@@ -196,6 +196,76 @@ mod tests {
         }
     }
 
+    /// Runs `n_tasks` tasks that each wait until `n_tasks` distinct threads are inside the
+    /// section (or `deadline` passes), then apply `then` to their index. The rendezvous makes
+    /// every thread of the pool (the caller and each worker) take exactly one task, so a pool
+    /// that lost a worker cannot pass it by letting the caller do all the work.
+    fn rendezvous(pool: &ComputePool, deadline: Duration, then: &(dyn Fn(usize) + Sync)) -> Vec<bool> {
+        let n = pool.threads();
+        let arrived = AtomicUsize::new(0);
+        let met: Vec<AtomicBool> = (0..n).map(|_| AtomicBool::new(false)).collect();
+        pool.run(n, &|i| {
+            arrived.fetch_add(1, SeqCst);
+            let start = Instant::now();
+            while arrived.load(SeqCst) < n && start.elapsed() < deadline {
+                std::thread::yield_now();
+            }
+            met[i].store(arrived.load(SeqCst) >= n, SeqCst);
+            then(i)
+        });
+        met.iter().map(|m| m.load(SeqCst)).collect()
+    }
+
+    #[test]
+    fn a_panicking_task_ends_the_wait_with_its_panic_and_the_pool_keeps_every_worker() {
+        // The pool runs on its own thread and reports each stage through a channel: if a
+        // panicking task left the caller waiting, `recv_timeout` fails this test instead of
+        // hanging the suite.
+        const LIMIT: Duration = Duration::from_secs(60);
+        let (tx, rx) = std::sync::mpsc::channel::<(&'static str, bool)>();
+        std::thread::spawn(move || {
+            let pool = ComputePool::new(3).unwrap();
+            // Every thread of the pool (the caller and both workers) panics in its task.
+            let first = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                rendezvous(&pool, Duration::from_secs(20), &|i| panic!("task {i} fails on purpose"))
+            }));
+            let _ = tx.send(("the panicking section returned with a panic", first.is_err()));
+            // A section where only one task of many panics, on whichever thread takes it.
+            let ran = AtomicUsize::new(0);
+            let second = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                pool.run(200, &|i| {
+                    ran.fetch_add(1, SeqCst);
+                    assert_ne!(i, 137, "task 137 fails on purpose");
+                })
+            }));
+            let _ = tx.send(("one panicking task of 200 surfaces as a panic", second.is_err()));
+            let _ = tx.send(("every task of that section still ran", ran.load(SeqCst) == 200));
+            // Afterwards the pool still has all three threads and runs every task once.
+            let met = rendezvous(&pool, Duration::from_secs(20), &|_| {});
+            let _ = tx.send(("all three threads of the pool take part afterwards", met.iter().all(|m| *m)));
+            let hits: Vec<AtomicUsize> = (0..1000).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(hits.len(), &|i| {
+                hits[i].fetch_add(1, SeqCst);
+            });
+            let _ = tx.send(("a later section runs every task exactly once", hits.iter().all(|h| h.load(SeqCst) == 1)));
+        });
+        for expected in [
+            "the panicking section returned with a panic",
+            "one panicking task of 200 surfaces as a panic",
+            "every task of that section still ran",
+            "all three threads of the pool take part afterwards",
+            "a later section runs every task exactly once",
+        ] {
+            match rx.recv_timeout(LIMIT) {
+                Ok((stage, ok)) => {
+                    assert_eq!(stage, expected);
+                    assert!(ok, "{stage}: not so");
+                }
+                Err(e) => panic!("the pool's caller is still waiting ({e}) at: {expected}"),
+            }
+        }
+    }
+
     #[test]
     fn chunks_are_disjoint_and_cover_the_slice() {
         let pool = ComputePool::new(2).unwrap();

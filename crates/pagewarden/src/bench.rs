@@ -1,5 +1,8 @@
 //! `pagewarden bench model`: prefill and decode speed at batch 1 and 16, per thread count, and
-//! the cost of scrubbing a page. Figures are medians of repeated runs in one process.
+//! the cost of scrubbing a page. Figures are medians of repeated runs in one process. With
+//! `--llama-bench PATH` it also runs llama.cpp's benchmark in the same run and prints speed
+//! ratios against it; without, it prints none (figures from another run or machine would make
+//! a ratio of noise).
 
 use std::time::Instant;
 
@@ -9,6 +12,7 @@ use kv::{BlockTable, KvPool, Owner, RequestId, TenantId};
 use model::{Isa, Llama, Logits, SeqStep};
 use serde::Serialize;
 
+use crate::llama_bench::{self, LlamaBenchTest};
 use crate::runtime;
 use crate::ModelArgs;
 
@@ -50,6 +54,11 @@ pub struct ModelBench {
     reps: usize,
     #[arg(long)]
     json: bool,
+    /// A llama-bench binary (llama.cpp): run it after our measurements, on the same GGUF with
+    /// the same prompt and decode lengths, thread counts and repetitions, and print our batch-1
+    /// figures as ratios of its pp/tg figures. Without it, no ratio is printed.
+    #[arg(long, value_name = "PATH")]
+    llama_bench: Option<std::path::PathBuf>,
 }
 
 #[derive(Serialize)]
@@ -72,6 +81,49 @@ struct Report {
     scrub_gib_per_s: f64,
     page_bytes: usize,
     scrub_share_of_decode_token: f64,
+    /// llama.cpp measured in this run (`--llama-bench`); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    llama_cpp: Option<LlamaCpp>,
+}
+
+#[derive(Serialize)]
+struct LlamaCpp {
+    llama_bench: String,
+    build_commit: String,
+    tests: Vec<LlamaBenchTest>,
+    versus: Vec<Versus>,
+}
+
+/// One of our batch-1 rows against llama.cpp's figures at the same thread count.
+#[derive(Debug, PartialEq, Serialize)]
+struct Versus {
+    kernels: &'static str,
+    threads: usize,
+    llama_pp_tokens_per_s: f64,
+    llama_tg_tokens_per_s: f64,
+    /// Our prefill tokens/s over llama.cpp's ppN (above 1: faster).
+    prefill_ratio: f64,
+    /// Our decode tokens/s over llama.cpp's tgN.
+    decode_ratio: f64,
+}
+
+/// Our batch-1 rows (llama-bench runs one sequence) against llama.cpp's figures at the same
+/// thread count and lengths; rows it has no figure for get no ratio.
+fn versus(rows: &[Row], tests: &[LlamaBenchTest], prompt: usize, decode: usize) -> Vec<Versus> {
+    rows.iter()
+        .filter(|r| r.batch == 1)
+        .filter_map(|r| {
+            let (pp, tg) = llama_bench::figures(tests, r.threads, prompt, decode)?;
+            Some(Versus {
+                kernels: r.kernels,
+                threads: r.threads,
+                llama_pp_tokens_per_s: pp,
+                llama_tg_tokens_per_s: tg,
+                prefill_ratio: r.prefill_tokens_per_s / pp,
+                decode_ratio: r.decode_tokens_per_s / tg,
+            })
+        })
+        .collect()
 }
 
 pub fn run(cmd: &BenchCmd) -> Result<()> {
@@ -126,6 +178,15 @@ fn decode(model: &Llama, pool: &KvPool, batch: usize, n: usize) -> Result<f64> {
 }
 
 fn model_bench(b: &ModelBench) -> Result<()> {
+    if let Some(bin) = &b.llama_bench {
+        // Refused before minutes of measuring, not after.
+        if !bin.is_file() {
+            anyhow::bail!("--llama-bench {}: no such file", bin.display());
+        }
+        if !b.batch.contains(&1) {
+            anyhow::bail!("--llama-bench compares batch 1 (llama-bench runs one sequence): add 1 to --batch");
+        }
+    }
     let margs = ModelArgs { model: b.model.clone(), threads: 0 };
     let path = runtime::model_path(&margs)?;
     let file = runtime::open(&margs)?;
@@ -146,10 +207,9 @@ fn model_bench(b: &ModelBench) -> Result<()> {
                 let threads = model.threads();
                 if !b.json {
                     println!(
-                    "{:<12} threads {threads:>2}  batch {batch:>3}  prefill {pf:>8.1} tok/s  decode {dc:>8.1} tok/s{}",
-                    isa.name(),
-                    reference_ratio(threads, batch, b.prompt, b.decode, pf, dc)
-                );
+                        "{:<12} threads {threads:>2}  batch {batch:>3}  prefill {pf:>8.1} tok/s  decode {dc:>8.1} tok/s",
+                        isa.name(),
+                    );
                 }
                 rows.push(Row {
                     kernels: isa.name(),
@@ -163,6 +223,23 @@ fn model_bench(b: &ModelBench) -> Result<()> {
     }
     let (ns, page_bytes) = scrub_cost(&pool);
     let decode_token_ns = rows.first().map(|r| 1e9 / r.decode_tokens_per_s).unwrap_or(f64::NAN);
+    // llama.cpp runs after our measurements (never beside them), at the thread counts our
+    // batch-1 rows actually used.
+    let llama_cpp = match &b.llama_bench {
+        None => None,
+        Some(bin) => {
+            let mut threads: Vec<usize> = rows.iter().filter(|r| r.batch == 1).map(|r| r.threads).collect();
+            threads.sort_unstable();
+            threads.dedup();
+            if !b.json {
+                eprintln!("running {} on the same model ...", bin.display());
+            }
+            let tests = llama_bench::run(bin, &path, &threads, b.prompt, b.decode, b.reps)?;
+            let versus = versus(&rows, &tests, b.prompt, b.decode);
+            let build_commit = tests.first().map(|t| t.build_commit.clone()).unwrap_or_default();
+            Some(LlamaCpp { llama_bench: bin.display().to_string(), build_commit, tests, versus })
+        }
+    };
     let report = Report {
         model: path.display().to_string(),
         kernels: model.isa().name(),
@@ -174,6 +251,7 @@ fn model_bench(b: &ModelBench) -> Result<()> {
         page_bytes,
         // A request frees one page per page_size tokens it produced.
         scrub_share_of_decode_token: ns / pool.layout().page_size as f64 / decode_token_ns,
+        llama_cpp,
     };
     if b.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -186,8 +264,29 @@ fn model_bench(b: &ModelBench) -> Result<()> {
             100.0 * report.scrub_share_of_decode_token
         );
         println!("kernels: {}", report.kernels);
+        print_llama_cpp(report.llama_cpp.as_ref(), b.prompt, b.decode);
     }
     Ok(())
+}
+
+fn print_llama_cpp(l: Option<&LlamaCpp>, prompt: usize, decode: usize) {
+    let Some(l) = l else {
+        println!(
+            "llama.cpp: not measured in this run, so no ratio (--llama-bench PATH runs llama-bench on the same \
+             model and settings)"
+        );
+        return;
+    };
+    println!("llama.cpp measured in this run (llama-bench {}, {}):", l.build_commit, l.llama_bench);
+    if l.versus.is_empty() {
+        println!("  no pp{prompt}/tg{decode} figure at our thread counts: no ratio");
+    }
+    for v in &l.versus {
+        println!(
+            "  threads {:>2}  pp{prompt} {:>8.1} tok/s  tg{decode} {:>8.1} tok/s   {:<12} prefill x{:.2}  decode x{:.2}",
+            v.threads, v.llama_pp_tokens_per_s, v.llama_tg_tokens_per_s, v.kernels, v.prefill_ratio, v.decode_ratio
+        );
+    }
 }
 
 fn parse_isas(names: &[String]) -> Result<Vec<Isa>> {
@@ -211,20 +310,6 @@ fn parse_isas(names: &[String]) -> Result<Vec<Isa>> {
         .collect()
 }
 
-/// llama.cpp's figures on this machine class (llama-bench, `../shared/reference`), for the
-/// shapes it measured: pp512 and tg128 at batch 1.
-fn reference_ratio(threads: usize, batch: usize, prompt: usize, decode: usize, pf: f64, dc: f64) -> String {
-    let (pp, tg) = match threads {
-        1 => (145.17, 53.51),
-        2 => (283.64, 124.27),
-        _ => return String::new(),
-    };
-    if batch != 1 || prompt != 512 || decode != 128 {
-        return String::new();
-    }
-    format!("   (x{:.2} and x{:.2} llama.cpp's pp512 {pp} / tg128 {tg})", pf / pp, dc / tg)
-}
-
 fn scrub_cost(pool: &KvPool) -> (f64, usize) {
     let iters = 2000;
     let t0 = Instant::now();
@@ -232,4 +317,32 @@ fn scrub_cost(pool: &KvPool) -> (f64, usize) {
         pool.scrub_one_page_for_bench();
     }
     (t0.elapsed().as_nanos() as f64 / iters as f64, pool.layout().page_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn row(kernels: &'static str, threads: usize, batch: usize, pf: f64, dc: f64) -> Row {
+        Row { kernels, threads, batch, prefill_tokens_per_s: pf, decode_tokens_per_s: dc }
+    }
+
+    #[test]
+    fn ratios_are_of_batch_one_rows_against_llama_bench_at_the_same_thread_count() {
+        let tests = llama_bench::parse(include_str!("../../../reference/llama_bench.json")).unwrap();
+        let rows = [
+            row("avx512-vnni", 1, 1, 2.0 * 145.168199, 53.509262),
+            row("avx512-vnni", 1, 16, 9999.0, 9999.0),
+            row("avx512-vnni", 2, 1, 283.641028, 0.5 * 124.268256),
+            row("avx512-vnni", 4, 1, 500.0, 200.0),
+        ];
+        let v = versus(&rows, &tests, 512, 128);
+        let got: Vec<(usize, f64, f64)> = v.iter().map(|v| (v.threads, v.prefill_ratio, v.decode_ratio)).collect();
+        // Batch 16 has no llama-bench counterpart; 4 threads were not measured by it.
+        assert_eq!(got, vec![(1, 2.0, 1.0), (2, 1.0, 0.5)]);
+        assert_eq!((v[0].llama_pp_tokens_per_s, v[0].llama_tg_tokens_per_s), (145.168199, 53.509262));
+        // Other lengths than llama-bench ran: no ratio at all.
+        assert!(versus(&rows, &tests, 256, 128).is_empty());
+    }
 }

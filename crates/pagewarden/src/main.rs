@@ -10,6 +10,7 @@ mod bench_serve;
 mod bench_transfer;
 mod eval;
 mod generate;
+mod llama_bench;
 mod roles;
 mod runtime;
 mod session;

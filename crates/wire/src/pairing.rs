@@ -65,6 +65,9 @@ pub enum RefusalCode {
     Reflection = 7,
     /// Too many handshakes in progress on this listener; try again.
     Busy = 8,
+    /// The listener takes no links from the peer's role (a KV port takes only prefill
+    /// workers, a gateway only workers).
+    Role = 9,
 }
 
 impl RefusalCode {
@@ -79,12 +82,13 @@ impl RefusalCode {
             RefusalCode::Layout => "it has another KV layout (Layout)",
             RefusalCode::Reflection => "it has our own role (Reflection)",
             RefusalCode::Busy => "too many handshakes in progress, try again (Busy)",
+            RefusalCode::Role => "it takes no links from our role (Role)",
         }
     }
 
     pub(crate) fn from_u8(v: u8) -> Option<Self> {
         use RefusalCode::*;
-        [BadProof, Version, ModelDigest, PageSize, KvDtype, Layout, Reflection, Busy]
+        [BadProof, Version, ModelDigest, PageSize, KvDtype, Layout, Reflection, Busy, Role]
             .into_iter()
             .find(|c| *c as u8 == v)
     }

@@ -1,0 +1,139 @@
+//! llama.cpp's own benchmark (`llama-bench`), run by `bench model --llama-bench PATH` in the same
+//! run, on the same GGUF, with the same prompt and decode lengths, thread counts and
+//! repetitions. Speed ratios are only meaningful between figures measured on one machine at one
+//! time (these machines are noisy), so `bench model` prints a ratio only against these.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+
+/// One test of `llama-bench -o json` (the fields used here; the others are ignored). A
+/// prompt-processing test has `n_gen` 0 (llama.cpp's `ppN`), a generation test `n_prompt` 0
+/// (`tgN`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LlamaBenchTest {
+    pub build_commit: String,
+    pub n_threads: usize,
+    pub n_prompt: usize,
+    pub n_gen: usize,
+    /// Tokens already in the context before the test (`-d`); 0 unless asked for.
+    #[serde(default)]
+    pub n_depth: usize,
+    /// Tokens per second, mean of the repetitions.
+    pub avg_ts: f64,
+    pub stddev_ts: f64,
+}
+
+/// Parses llama-bench's `-o json` output: one JSON array of tests.
+pub fn parse(json: &str) -> Result<Vec<LlamaBenchTest>> {
+    serde_json::from_str(json).context("reading llama-bench's `-o json` output")
+}
+
+/// Runs `bin` on `model`: a `pp{prompt}` and a `tg{decode}` test at each of `threads`, `reps`
+/// repetitions each, as `bench model` measures itself (one sequence, F16 KV: llama-bench's
+/// default cache type).
+pub fn run(
+    bin: &Path,
+    model: &Path,
+    threads: &[usize],
+    prompt: usize,
+    decode: usize,
+    reps: usize,
+) -> Result<Vec<LlamaBenchTest>> {
+    let list = threads.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+    let out = Command::new(bin)
+        .arg("-m")
+        .arg(model)
+        .args(["-p", &prompt.to_string(), "-n", &decode.to_string(), "-t", &list])
+        .args(["-r", &reps.max(1).to_string(), "-o", "json"])
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running llama-bench at {}", bin.display()))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        let tail: Vec<&str> = err.lines().rev().take(5).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        bail!("{} exited with {}:\n{}", bin.display(), out.status, tail.join("\n"));
+    }
+    parse(&String::from_utf8_lossy(&out.stdout)).with_context(|| format!("from {}", bin.display()))
+}
+
+/// llama.cpp's `pp{prompt}` and `tg{decode}` tokens/s at `threads`, when it measured both.
+pub fn figures(tests: &[LlamaBenchTest], threads: usize, prompt: usize, decode: usize) -> Option<(f64, f64)> {
+    let find = |p: usize, g: usize| {
+        tests
+            .iter()
+            .find(|t| t.n_threads == threads && t.n_prompt == p && t.n_gen == g && t.n_depth == 0)
+            .map(|t| t.avg_ts)
+    };
+    Some((find(prompt, 0)?, find(0, decode)?))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// Real llama-bench output (a copy of `../shared/reference/llama_bench.json`): pp128,
+    /// pp512 and tg128 at 1 and 2 threads.
+    const SAMPLE: &str = include_str!("../../../reference/llama_bench.json");
+
+    #[test]
+    fn real_llama_bench_json_gives_pp_and_tg_per_thread_count() {
+        let tests = parse(SAMPLE).unwrap();
+        assert_eq!(tests.len(), 6);
+        assert!(tests.iter().all(|t| t.build_commit == "0c1e570" && t.n_depth == 0));
+        assert_eq!(figures(&tests, 1, 512, 128), Some((145.168199, 53.509262)));
+        assert_eq!(figures(&tests, 2, 512, 128), Some((283.641028, 124.268256)));
+        assert_eq!(figures(&tests, 2, 128, 128), Some((281.353805, 124.268256)));
+        // Shapes it did not measure have no figure, so no ratio is printed for them.
+        assert_eq!(figures(&tests, 4, 512, 128), None);
+        assert_eq!(figures(&tests, 1, 256, 128), None);
+        assert_eq!(figures(&tests, 1, 512, 64), None);
+    }
+
+    #[test]
+    fn output_that_is_not_llama_bench_json_is_an_error_naming_the_format() {
+        for bad in ["", "| model | size |", "{\"avg_ts\": 1}", "[{\"n_threads\": 1}]"] {
+            let e = parse(bad).unwrap_err();
+            assert!(format!("{e:#}").contains("llama-bench's `-o json` output"), "{e:#}");
+        }
+    }
+
+    /// A stand-in for llama-bench (none is built here): a script that records its arguments
+    /// and answers with the real sample, or fails the way llama-bench does.
+    fn stand_in(name: &str, body: &str) -> std::path::PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("pw-llama-bench-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("sample.json"), SAMPLE).unwrap();
+        let bin = dir.join("llama-bench");
+        std::fs::write(&bin, format!("#!/bin/sh\ncd {}\n{body}\n", dir.display())).unwrap();
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+        bin
+    }
+
+    #[test]
+    fn llama_bench_is_asked_for_our_lengths_threads_and_reps_as_json() {
+        let bin = stand_in("ok", r#"echo "$@" > args; echo 'load_backend: loaded CPU' >&2; cat sample.json"#);
+        let got = run(&bin, Path::new("/models/m.gguf"), &[1, 2], 512, 128, 3).unwrap();
+        let args = std::fs::read_to_string(bin.with_file_name("args")).unwrap();
+        assert_eq!(args.trim(), "-m /models/m.gguf -p 512 -n 128 -t 1,2 -r 3 -o json");
+        assert_eq!(got, parse(SAMPLE).unwrap());
+    }
+
+    #[test]
+    fn a_failing_llama_bench_is_an_error_with_its_last_words() {
+        let bin = stand_in("fails", "echo 'error: failed to load model' >&2; exit 1");
+        let e = format!("{:#}", run(&bin, Path::new("m.gguf"), &[1], 512, 128, 1).unwrap_err());
+        assert!(e.contains("failed to load model") && e.contains("exit status: 1"), "{e}");
+    }
+
+    #[test]
+    fn a_missing_llama_bench_binary_is_an_error_naming_its_path() {
+        let e = run(Path::new("/nonexistent/llama-bench"), Path::new("m.gguf"), &[1], 512, 128, 1).unwrap_err();
+        assert!(format!("{e:#}").contains("/nonexistent/llama-bench"), "{e:#}");
+    }
+}
