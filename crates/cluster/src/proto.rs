@@ -93,16 +93,25 @@ impl Spec {
             max_tokens: self.max_tokens,
             sampling,
             stop_tokens: StopTokens::new(self.stop_tokens.iter().copied()),
-            deadline: self.deadline_ms.map(|ms| Instant::now() + Duration::from_millis(ms)),
+            deadline: self.deadline_ms.map(after_ms),
             cache_salt: self.cache_salt.clone(),
         })
     }
 
     /// When the route must be over on a worker (a generous bound when the gateway sent none).
     pub fn deadline(&self) -> Instant {
-        Instant::now() + self.deadline_ms.map_or(DEFAULT_DEADLINE, Duration::from_millis)
+        self.deadline_ms.map_or_else(|| Instant::now() + DEFAULT_DEADLINE, after_ms)
     }
 }
+
+/// `ms` from now. A peer may send any `u64`; past what `Instant` can hold (centuries), the
+/// deadline is a year away, which no route outlives, instead of an overflow panic.
+fn after_ms(ms: u64) -> Instant {
+    let now = Instant::now();
+    now.checked_add(Duration::from_millis(ms)).unwrap_or_else(|| now + FAR_DEADLINE)
+}
+
+const FAR_DEADLINE: Duration = Duration::from_secs(365 * 24 * 3600);
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct TicketWire {
@@ -323,5 +332,42 @@ pub fn role_name(r: Role) -> &'static str {
         Role::Gateway => "gateway",
         Role::Prefill => "prefill",
         Role::Decode => "decode",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(deadline_ms: Option<u64>) -> Spec {
+        Spec {
+            route: 1,
+            request: 2,
+            tenant: 3,
+            prompt: vec![1, 2, 3],
+            max_tokens: 4,
+            sampling: RawSamplingParams::default(),
+            stop_tokens: vec![],
+            deadline_ms,
+            cache_salt: None,
+        }
+    }
+
+    #[test]
+    fn a_deadline_past_what_an_instant_holds_is_far_away_instead_of_a_panic() {
+        let s = spec(Some(u64::MAX));
+        let req = s.to_request().expect("valid sampling");
+        let far = Instant::now() + Duration::from_secs(300 * 24 * 3600);
+        assert!(req.deadline.expect("has a deadline") > far);
+        assert!(s.deadline() > far);
+    }
+
+    #[test]
+    fn a_deadline_is_the_time_left_the_gateway_sent() {
+        let s = spec(Some(1500));
+        let left = s.deadline().saturating_duration_since(Instant::now());
+        assert!(left <= Duration::from_millis(1500) && left > Duration::from_millis(1000), "{left:?}");
+        let none = spec(None).deadline().saturating_duration_since(Instant::now());
+        assert!(none > DEFAULT_DEADLINE - Duration::from_secs(5));
     }
 }

@@ -137,7 +137,7 @@ impl Fake {
         let max_tokens = body["max_tokens"].as_u64().unwrap_or(16) as usize;
         let mut prompt_tokens = self.count(body);
         if prompt_tokens + max_tokens > WINDOW {
-            if self.fault == Fault::Placeholder && 1 + max_tokens <= WINDOW {
+            if self.fault == Fault::Placeholder && max_tokens < WINDOW {
                 prompt_tokens = 1;
             } else {
                 let msg = format!(
