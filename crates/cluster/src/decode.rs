@@ -72,9 +72,13 @@ pub(crate) async fn reserve(ctx: Arc<Ctx>, spec: Spec, out: UnboundedSender<ToGa
     if let Failure::Violation(kind) = &failure {
         let kind = *kind;
         ctx.metrics.violation(kind);
-        eprintln!(
-            "{}: isolation violation kind={kind} route={route} request={} tenant={}: request failed, pages freed",
-            ctx.cfg.name, spec.request, spec.tenant
+        tracing::error!(
+            worker = %ctx.cfg.name,
+            kind = %kind,
+            route,
+            request = spec.request,
+            tenant = spec.tenant,
+            "isolation violation: request failed, pages freed"
         );
     }
     let _ = out.send(ToGateway::Failed { route, failure });
@@ -213,7 +217,7 @@ pub(crate) async fn accept_kv(ctx: Arc<Ctx>, mut listener: Listener) {
         let io = match listener.accept().await {
             Ok(io) => io,
             Err(e) => {
-                eprintln!("{}: KV listener: {e}", ctx.cfg.name);
+                tracing::error!(worker = %ctx.cfg.name, error = %e, "KV listener: accept failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
@@ -234,7 +238,7 @@ async fn kv_connection(ctx: Arc<Ctx>, io: BoxIo, permit: tokio::sync::OwnedSemap
         Ok(l) => l,
         Err(e) => {
             ctx.metrics.links.failure(refusal_reason(&e));
-            eprintln!("{}: refused a KV connection: {e}", ctx.cfg.name);
+            tracing::warn!(worker = %ctx.cfg.name, error = %e, "refused a KV connection");
             return;
         }
     };
@@ -292,10 +296,10 @@ async fn kv_connection(ctx: Arc<Ctx>, io: BoxIo, permit: tokio::sync::OwnedSemap
                     tx
                 }
                 None => {
-                    eprintln!(
-                        "{}: ticket {} is already being received; connection dropped",
-                        ctx.cfg.name,
-                        nonce_hex(&nonce)
+                    tracing::error!(
+                        worker = %ctx.cfg.name,
+                        ticket = %nonce_hex(&nonce),
+                        "ticket already being received on another link; connection dropped"
                     );
                     ctx.metrics.violation(ViolationKind::TicketBusy);
                     return;

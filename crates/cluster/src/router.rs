@@ -139,12 +139,12 @@ impl Router {
                     tokio::spawn(async move {
                         if let Err(e) = r.connection(io, permit).await {
                             r.inner.links.failure(refusal_reason(&e));
-                            eprintln!("gateway: worker connection: {e}");
+                            tracing::warn!(error = %e, "worker link ended");
                         }
                     });
                 }
                 Err(e) => {
-                    eprintln!("gateway: cluster listener: {e}");
+                    tracing::error!(error = %e, "cluster listener: accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }
@@ -185,7 +185,7 @@ impl Router {
             None
         };
         if let Some(m) = refusal {
-            eprintln!("gateway: refused worker {}: {m}", reg.name);
+            tracing::warn!(worker = %reg.name, reason = %m, "refused worker");
             wr.send(&Registered::Rejected(m.clone())).await?;
             return Err(ClusterError::Rejected(m));
         }
@@ -203,7 +203,7 @@ impl Router {
             routes: Mutex::new(HashMap::new()),
             stats: Mutex::new(Stats::default()),
         });
-        eprintln!("gateway: {} worker {} registered", role_name(role), w.name);
+        tracing::info!(role = role_name(role), worker = %w.name, "worker registered");
         self.workers().push(w.clone());
         let writer = tokio::spawn(async move {
             while let Some(m) = rx.recv().await {
@@ -230,7 +230,7 @@ impl Router {
         for (_, t) in w.routes().drain() {
             let _ = t.send((role, RouteMsg::Lost));
         }
-        eprintln!("gateway: {} worker {} left", role_name(role), w.name);
+        tracing::info!(role = role_name(role), worker = %w.name, "worker left");
         result
     }
 
@@ -325,7 +325,9 @@ impl Router {
             let _ = tx.send(Event::Failed(EngineError::TenantRevoked));
             return Ok(rs);
         }
-        tokio::spawn(self.clone().orchestrate(req, tx, mark));
+        // The request's span (ids only) follows it into the task that routes it.
+        let span = tracing::info_span!("request", request = req.id.0, tenant = req.tenant.0);
+        tokio::spawn(tracing::Instrument::instrument(self.clone().orchestrate(req, tx, mark), span));
         Ok(rs)
     }
 
@@ -384,7 +386,7 @@ impl Router {
             match self.attempt(&req, &ev, &mut avoid, mark).await {
                 Outcome::Done => return,
                 Outcome::Retry(e) if attempt == 0 => {
-                    eprintln!("gateway: request {} failed before its first token ({e}); retrying once", req.id.0);
+                    tracing::warn!(request = req.id.0, tenant = req.tenant.0, error = %e, "failed before its first token; retrying once");
                 }
                 Outcome::Retry(e) | Outcome::Fail(e) => {
                     let _ = ev.send(Event::Failed(e));
@@ -406,6 +408,7 @@ impl Router {
             return Outcome::Fail(EngineError::Unavailable("no prefill worker is registered".into()));
         };
         let route = self.inner.next_route.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(route, decode = %decode.name, prefill = %prefill.name, "route");
         let (tx, mut rx) = mpsc::unbounded_channel();
         let guard = RouteGuard { route, workers: [decode.clone(), prefill.clone()], done: false };
         for w in &guard.workers {

@@ -92,7 +92,7 @@ pub async fn run_worker(
             // A busy gateway is worth another try.
             Err(e @ ClusterError::Wire(WireError::Refused(wire::RefusalCode::Busy))) => {
                 ctx.metrics.links.failure(crate::link::refusal_reason(&e));
-                eprintln!("{}: gateway link: {e}; retrying in {} ms", ctx.cfg.name, pause.as_millis());
+                tracing::warn!(worker = %ctx.cfg.name, error = %e, retry_ms = pause.as_millis() as u64, "gateway link ended; retrying");
             }
             // Misconfiguration (another secret, role, model or KV layout; a refused
             // registration): retrying cannot fix it, so stop and say why.
@@ -105,7 +105,7 @@ pub async fn run_worker(
             ) => return Err(e),
             Err(e) => {
                 ctx.metrics.links.failure(crate::link::refusal_reason(&e));
-                eprintln!("{}: gateway link: {e}; retrying in {} ms", ctx.cfg.name, pause.as_millis());
+                tracing::warn!(worker = %ctx.cfg.name, error = %e, retry_ms = pause.as_millis() as u64, "gateway link ended; retrying");
             }
         }
         tokio::time::sleep(pause).await;
@@ -161,7 +161,7 @@ async fn session(ctx: &Arc<Ctx>) -> Result<(), ClusterError> {
         Ok(Err(e)) => return Err(e),
         Err(_) => return Err(ClusterError::Timeout("registering with the gateway")),
     }
-    eprintln!("{}: registered with the gateway at {}", ctx.cfg.name, ctx.cfg.gateway);
+    tracing::info!(worker = %ctx.cfg.name, gateway = %ctx.cfg.gateway, "registered with the gateway");
 
     let (out, mut out_rx) = mpsc::unbounded_channel::<ToGateway>();
     let writer = tokio::spawn(async move {
@@ -234,7 +234,7 @@ fn apply_tenants(ctx: &Ctx, table: &TenantTable) {
         revoke,
         max_share,
     });
-    eprintln!("{}: tenant table applied: {} tenants, {gone} revoked", ctx.cfg.name, new.len());
+    tracing::info!(worker = %ctx.cfg.name, tenants = new.len(), revoked = gone, "tenant table applied");
     *known = Some(new);
 }
 

@@ -311,7 +311,7 @@ pub fn reload_secrets_on_sighup(config: &Config, ring: &SecretRing) {
                         ring.replace(current, others);
                         println!("cluster: reloaded: {}", ring.describe());
                     }
-                    Err(e) => eprintln!("cluster: reload failed, keeping the secrets in use: {e}"),
+                    Err(e) => tracing::error!(error = %e, "cluster secrets: reload failed, keeping the secrets in use"),
                 }
             }
         });
@@ -366,7 +366,7 @@ where
         let metrics = Arc::new(WorkerMetrics::default());
         workers.push(tokio::spawn(async move {
             if let Err(e) = run_worker(wcfg, h, net, metrics).await {
-                eprintln!("in-process worker stopped: {e}");
+                tracing::error!(error = %e, "in-process worker stopped");
             }
         }));
     }
@@ -445,7 +445,7 @@ fn reload_tenants_on_sighup(st: &Arc<AppState>, dev: bool) {
                 let config = match Config::load(&path) {
                     Ok(c) => c,
                     Err(e) => {
-                        eprintln!("tenants: reload failed, keeping the tenants in use: {e}");
+                        tracing::error!(error = %e, "tenants: reload failed, keeping the tenants in use");
                         continue;
                     }
                 };
@@ -468,7 +468,7 @@ pub fn apply_tenants(st: &AppState, next: Tenants) {
     let revoked = st.tenants.replace(next);
     st.backend.set_tenants(table, &revoked);
     let ids: Vec<u64> = revoked.iter().map(|t| t.0).collect();
-    eprintln!("tenants: reloaded: {count} tenants; revoked (removed or key rotated): {ids:?}");
+    tracing::info!(tenants = count, revoked = ?ids, "tenants reloaded (revoked: removed or key rotated)");
 }
 
 /// The HTTP side shared by `serve` and `gateway`: binds, serves, and on `shutdown` drains
@@ -564,15 +564,18 @@ where
         }
     }
 
-    eprintln!(
-        "draining: new requests get 503; waiting up to {}s for {} in-flight request(s)",
-        drain_timeout.as_secs(),
-        st.inflight.load(Ordering::SeqCst)
+    tracing::info!(
+        drain_timeout_s = drain_timeout.as_secs(),
+        inflight = st.inflight.load(Ordering::SeqCst),
+        "draining: new requests get 503"
     );
     st.draining.store(true, Ordering::SeqCst);
     st.backend.stop_admitting();
     if !wait_idle(&st, Instant::now() + drain_timeout).await {
-        eprintln!("drain timeout: ending {} request(s) with an error", st.inflight.load(Ordering::SeqCst));
+        tracing::warn!(
+            inflight = st.inflight.load(Ordering::SeqCst),
+            "drain timeout: ending the requests left with an error"
+        );
     }
     on_drain_timeout();
     st.backend.fail_all();
@@ -583,7 +586,7 @@ where
     if let Some(t) = metrics_task {
         t.abort();
     }
-    eprintln!("stopped");
+    tracing::info!("stopped");
     Ok(())
 }
 

@@ -11,6 +11,7 @@ mod bench_transfer;
 mod eval;
 mod generate;
 mod llama_bench;
+mod logging;
 mod roles;
 mod runtime;
 mod session;
@@ -25,6 +26,10 @@ use clap::{Args, Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// Log lines on stderr: human-readable, or one JSON object a line. Levels and targets:
+    /// the PAGEWARDEN_LOG (or RUST_LOG) filter, default `info`.
+    #[arg(long, global = true, value_enum, default_value_t = logging::LogFormat::Human)]
+    log_format: logging::LogFormat,
 }
 
 /// Options every model-using subcommand takes.
@@ -161,6 +166,7 @@ fn incident_guard(role: &str) {
 
 fn main() {
     let cli = Cli::parse();
+    logging::init(cli.log_format);
     match &cli.cmd {
         Cmd::Serve { .. } => incident_guard("serve"),
         Cmd::Gateway { .. } => incident_guard("gateway"),

@@ -94,20 +94,20 @@ impl Drop for RequestLog {
             return;
         }
         self.st.metrics.request(self.status);
-        let ttft = self.ttft.map_or("-".to_string(), |d| format!("{:.1}", d.as_secs_f64() * 1e3));
-        eprintln!(
-            "request id={} endpoint={} tenant={} status={} outcome={} error={} prompt_tokens={} completion_tokens={} \
-             ttft_ms={} total_ms={:.1}",
-            self.id,
-            self.endpoint,
-            self.tenant,
-            self.status,
-            self.outcome,
-            self.error.unwrap_or("-"),
-            self.prompt_tokens,
-            self.completion_tokens,
-            ttft,
-            self.started.elapsed().as_secs_f64() * 1e3,
+        // Ids, sizes and timings only: the prompt and the output never reach a log.
+        tracing::info!(
+            target: "pagewarden::request",
+            request = self.id,
+            endpoint = self.endpoint,
+            tenant = %self.tenant,
+            status = self.status,
+            outcome = self.outcome,
+            error = self.error.unwrap_or("-"),
+            prompt_tokens = self.prompt_tokens,
+            completion_tokens = self.completion_tokens,
+            ttft_ms = self.ttft.map(|d| (d.as_secs_f64() * 1e4).round() / 10.0),
+            total_ms = (self.started.elapsed().as_secs_f64() * 1e4).round() / 10.0,
+            "request"
         );
         self.st.inflight.fetch_sub(1, Ordering::SeqCst);
     }
@@ -188,7 +188,9 @@ pub async fn generate(st: Arc<AppState>, endpoint: Endpoint, req: Request) -> Re
         Endpoint::Completions => "completions",
     };
     let mut log = RequestLog::new(st.clone(), name);
-    match generate_inner(&st, endpoint, req, &mut log).await {
+    // Ids only: the tenant is recorded once the key is checked.
+    let span = tracing::info_span!("request", request = log.id, endpoint = name, tenant = tracing::field::Empty);
+    match tracing::Instrument::instrument(generate_inner(&st, endpoint, req, &mut log), span).await {
         Ok(resp) => resp,
         Err(e) => {
             let timed_out = e.reason == "body_timeout";
@@ -217,6 +219,7 @@ async fn generate_inner(
     let mark = st.backend.revocation_mark();
     let tenant = authenticate(st, req.headers())?;
     log.tenant = tenant.id.0.to_string();
+    tracing::Span::current().record("tenant", tenant.id.0);
     // The tenant's concurrency and queue slots come before any work for it: reading the body,
     // rendering and tokenizing cost as much as queueing, and must count against its limits.
     let mut permit = st.limiter.acquire(tenant.id)?;

@@ -346,22 +346,27 @@ fn model_name(client: &Client, key: &str) -> Result<(String, Value)> {
 
 /// The context window: from `/v1/models` when the server lists it, else from a probe.
 fn discover_window(client: &Client, key: &str, model: &str, models: &Value) -> Result<usize> {
-    let entry = models["data"].as_array().and_then(|d| d.iter().find(|m| m["id"] == model)).cloned();
-    if let Some(m) = entry {
-        for k in ["context_length", "context_window", "max_model_len", "max_context_length"] {
-            if let Some(n) = m[k].as_u64() {
-                return Ok(n as usize);
-            }
-        }
-        if let Some(n) = m["meta"]["n_ctx_train"].as_u64() {
-            return Ok(n as usize);
-        }
+    if let Some(n) = listed_window(models, model) {
+        return Ok(n);
     }
     let body = workload::body(model, Endpoint::Chat, "Say hello.", 1, false, 0);
     match probe(client, key, Endpoint::Chat.path(), &body) {
         (Some(n), _) => Ok(n),
         _ => bail!("cannot find the deployment's context window: pass --context-window N"),
     }
+}
+
+/// The window `/v1/models` states for `model`: the OpenAI-style fields of pagewarden, vLLM and
+/// SGLang, else llama-server's `meta.n_ctx` (what a slot holds; `n_ctx_train`, the model's
+/// training length, is only a last resort: llama-server serves `-c`, often far less).
+fn listed_window(models: &Value, model: &str) -> Option<usize> {
+    let m = models["data"].as_array()?.iter().find(|m| m["id"] == model)?;
+    ["context_length", "context_window", "max_model_len", "max_context_length"]
+        .iter()
+        .find_map(|k| m[*k].as_u64())
+        .or_else(|| m["meta"]["n_ctx"].as_u64())
+        .or_else(|| m["meta"]["n_ctx_train"].as_u64())
+        .map(|n| n as usize)
 }
 
 /// Tokens per filler word, from two prompts (no filler, 1,000 words) counted by the audit's own
@@ -1120,6 +1125,21 @@ mod tests {
                       130000 tokens. Please reduce the length of the messages.";
         assert_eq!(parse_lengths(openai), (Some(128000), Some(130000)));
         assert_eq!(parse_lengths("max_tokens is too large"), (None, None));
+    }
+
+    #[test]
+    fn the_window_a_server_lists_is_the_one_it_serves_not_the_models_training_length() {
+        let pw = json!({"data": [{"id": "m", "context_length": 1024}]});
+        assert_eq!(listed_window(&pw, "m"), Some(1024));
+        let vllm = json!({"data": [{"id": "m", "max_model_len": 4096}]});
+        assert_eq!(listed_window(&vllm, "m"), Some(4096));
+        // llama-server 0c1e570 with -c 4096 -np 4: each slot holds 1,024 of a model trained on 8,192.
+        let llama = json!({"data": [{"id": "m", "meta": {"n_ctx": 1024, "n_ctx_train": 8192}}]});
+        assert_eq!(listed_window(&llama, "m"), Some(1024));
+        let old_llama = json!({"data": [{"id": "m", "meta": {"n_ctx_train": 8192}}]});
+        assert_eq!(listed_window(&old_llama, "m"), Some(8192));
+        assert_eq!(listed_window(&llama, "other"), None);
+        assert_eq!(listed_window(&json!({"data": [{"id": "m"}]}), "m"), None);
     }
 
     fn spec(id: usize, tenant: usize, scenario: workload::Scenario, max_tokens: usize) -> ReqSpec {

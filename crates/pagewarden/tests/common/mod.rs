@@ -37,6 +37,13 @@ pub struct Server {
 impl Server {
     /// Starts a server whose config holds one tenant (`extra_tenant_lines` appended to it).
     pub fn start(extra_tenant_lines: &[&str]) -> Server {
+        let (dir, key) = Server::configure(extra_tenant_lines);
+        Server::spawn(dir, key, None)
+    }
+
+    /// A fresh directory with `pagewarden.toml` (one tenant, `extra_tenant_lines` after it)
+    /// and the tenant's key.
+    fn configure(extra_tenant_lines: &[&str]) -> (PathBuf, String) {
         fetch::ensure_default_model().expect("default model");
         let dir = std::env::temp_dir().join(format!(
             "pw-serve-{}-{}",
@@ -55,20 +62,34 @@ impl Server {
             cfg.push('\n');
         }
         std::fs::write(&config, cfg).unwrap();
-        Server::start_with(dir, key)
+        (dir, key)
     }
 
     /// Starts `serve` on `dir/pagewarden.toml` as written; `key` is the tenant [`Server::post`]
     /// uses.
     pub fn start_with(dir: PathBuf, key: String) -> Server {
+        Server::spawn(dir, key, None)
+    }
+
+    /// [`Server::start`] with its log in `dir/stderr.log` ([`Server::log`]): JSON lines with the
+    /// `PAGEWARDEN_LOG` filter `filter`.
+    pub fn start_logging(filter: &str) -> Server {
+        let (dir, key) = Server::configure(&[]);
+        Server::spawn(dir, key, Some(filter))
+    }
+
+    fn spawn(dir: PathBuf, key: String, log_filter: Option<&str>) -> Server {
         let config = dir.join("pagewarden.toml");
-        let mut child = Command::new(bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&config)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+        let mut cmd = Command::new(bin());
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"]).arg(&config).stdout(Stdio::piped());
+        match log_filter {
+            Some(f) => {
+                let log = std::fs::File::create(dir.join("stderr.log")).unwrap();
+                cmd.args(["--log-format", "json"]).env("PAGEWARDEN_LOG", f).stderr(log)
+            }
+            None => cmd.stderr(Stdio::null()),
+        };
+        let mut child = cmd.spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -117,6 +138,11 @@ impl Server {
         let status = r.status().as_u16();
         let text = r.body_mut().read_to_string().unwrap();
         (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
+    }
+
+    /// What a server from [`Server::start_logging`] wrote to stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default()
     }
 
     /// Sends SIGHUP: the server reloads its tenants from its config file.
