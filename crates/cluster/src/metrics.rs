@@ -1,13 +1,11 @@
-//! A worker's counters, their metric names, and the small HTTP endpoint that serves them.
+//! A worker's counters and their metric names (served by the worker's metrics listener,
+//! `gateway::server::serve_worker_metrics`).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
 
 use engine::{EngineHandle, ViolationKind};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 
 use crate::proto::Stats;
 
@@ -126,43 +124,4 @@ pub fn render(role: &str, s: &Stats) -> String {
     }
     out.push_str(&render_link_failures(&format!("role=\"{role}\","), &s.link_failures));
     out
-}
-
-/// Serves `GET /metrics` (and `/health`) with `body()`; anything else is a 404. Each
-/// connection gets one response and a 5 s deadline.
-pub async fn serve_metrics<F>(listener: TcpListener, body: F)
-where
-    F: Fn() -> String + Send + Sync + 'static,
-{
-    let body = std::sync::Arc::new(body);
-    loop {
-        let Ok((mut s, _)) = listener.accept().await else { continue };
-        let body = body.clone();
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(5), async move {
-                let mut buf = vec![0u8; 4096];
-                let mut n = 0;
-                while n < buf.len() && !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf[n..]).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(k) => n += k,
-                    }
-                }
-                let head = String::from_utf8_lossy(&buf[..n]);
-                let path = head.split_whitespace().nth(1).unwrap_or("");
-                let (status, text) = match path {
-                    "/metrics" => ("200 OK", body()),
-                    "/health" => ("200 OK", "{\"status\":\"ok\"}".to_string()),
-                    _ => ("404 Not Found", "not found\n".to_string()),
-                };
-                let resp = format!(
-                    "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
-                    text.len()
-                );
-                let _ = s.write_all(resp.as_bytes()).await;
-                let _ = s.shutdown().await;
-            })
-            .await;
-        });
-    }
 }

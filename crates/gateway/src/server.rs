@@ -177,6 +177,29 @@ fn metrics_router(st: Arc<AppState>) -> Router {
         .with_state(st)
 }
 
+/// A worker's own `/metrics` (no authentication: `--metrics-listen` is for a private network)
+/// and `/health`, on the same HTTP stack as the API; `body` renders the exposition at each scrape.
+pub async fn serve_worker_metrics<F>(listener: tokio::net::TcpListener, body: F) -> std::io::Result<()>
+where
+    F: Fn() -> String + Send + Sync + 'static,
+{
+    let body = Arc::new(body);
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let body = body.clone();
+                async move { text_response(StatusCode::OK, "text/plain; version=0.0.4", body()) }
+            }),
+        )
+        .route("/health", get(health))
+        .fallback(|req: Request| async move { ApiError::not_found(req.uri().path()).response() })
+        .method_not_allowed_fallback(|req: Request| async move {
+            ApiError::method_not_allowed(req.method().as_str(), req.uri().path()).response()
+        });
+    axum::serve(listener, app).await
+}
+
 fn model_err(path: &Path) -> impl Fn(String) -> ServeError {
     let path = path.display().to_string();
     move |message| ServeError::Model { path: path.clone(), message }

@@ -88,7 +88,7 @@ pub fn run(role: Role, args: &WorkerArgs) -> anyhow::Result<()> {
             let l = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("metrics listener on {addr}"))?;
             println!("metrics on http://{}/metrics", l.local_addr()?);
             let (m, h) = (metrics.clone(), handle.clone());
-            tokio::spawn(cluster::metrics::serve_metrics(l, move || {
+            tokio::spawn(gateway::server::serve_worker_metrics(l, move || {
                 cluster::metrics::render(role_name, &m.snapshot(&h))
             }));
         }

@@ -72,6 +72,14 @@ fn two_prefill_and_two_decode_workers_give_the_greedy_outputs_of_one_process() {
             metric(&m, "pagewarden_kv_frames_sent_total", "") + metric(&m, "pagewarden_worker_reservations_total", "");
         assert!(work > 0.0, "worker {} got no work:\n{m}", c.workers[i].name);
         assert_eq!(metric(&m, "pagewarden_isolation_violations_total", ""), 0.0, "{m}");
+        // The worker's listener is the API's HTTP stack: anything but /metrics and /health is
+        // the same 404 envelope.
+        let base = c.workers[i].metrics_url.trim_end_matches("/metrics").to_string();
+        let mut r = ureq::get(format!("{base}/nope")).config().http_status_as_error(false).build().call().unwrap();
+        assert_eq!(r.status().as_u16(), 404);
+        let body: serde_json::Value = serde_json::from_str(&r.body_mut().read_to_string().unwrap()).unwrap();
+        assert_eq!(body["error"]["message"], "no route for /nope", "{body}");
+        assert_eq!(ureq::get(format!("{base}/health")).call().unwrap().status().as_u16(), 200);
     }
     c.wait_pools_empty(&[0, 1, 2, 3]);
 
