@@ -19,6 +19,8 @@
 //!    A client that goes away, a deadline, or a lost worker cancels the route on every node;
 //!    a failure before the first token is retried once on other workers.
 
+#![forbid(unsafe_code)]
+
 mod decode;
 mod error;
 pub mod link;

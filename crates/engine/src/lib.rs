@@ -15,6 +15,8 @@
 //! sequence, all or nothing, through the same fair queue) then [`EngineHandle::resume`] (decode
 //! from KV that a verified transfer wrote).
 
+#![forbid(unsafe_code)]
+
 mod error;
 mod request;
 mod scheduler;

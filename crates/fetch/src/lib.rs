@@ -5,6 +5,8 @@
 //! installs it), the `.gguf` is extracted, its SHA-256 checked, and only then moved into the
 //! cache under its final name. A file in the cache with any other digest is never used.
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};

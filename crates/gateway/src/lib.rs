@@ -15,6 +15,8 @@
 //! [`run_tenant_add_cli`] (`pagewarden tenant add NAME`). Tests and embedders use
 //! [`server::serve`] with their own shutdown future.
 
+#![forbid(unsafe_code)]
+
 pub mod api;
 pub mod config;
 pub mod error;

@@ -6,6 +6,8 @@
 //! before its items are read (`tests/parse_allocation.rs` measures it). It knows nothing
 //! about any architecture; `model` interprets the tensors.
 
+#![forbid(unsafe_code)]
+
 mod error;
 mod reader;
 mod types;

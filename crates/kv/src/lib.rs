@@ -4,7 +4,7 @@
 //! different tenants, and a page read before it is written (or after it changed hands) leaks
 //! another user's prompt. This crate makes those reads impossible rather than unlikely.
 //!
-//! What it enforces (invariants 3, 4 and 7 of `DESIGN.md`):
+//! What it enforces (invariants 3, 4 and 7 of `docs/invariants.md`):
 //!
 //! * **One owner per page.** Pages are handed out as [`PageLease`]s grouped in a
 //!   [`BlockTable`]; neither is `Clone`, and dropping them frees the pages. Each allocation

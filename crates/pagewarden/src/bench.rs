@@ -14,6 +14,7 @@ use serde::Serialize;
 
 use crate::llama_bench::{self, LlamaBenchTest};
 use crate::runtime;
+use crate::stats::median_or_nan;
 use crate::ModelArgs;
 
 #[derive(Subcommand)]
@@ -135,11 +136,6 @@ pub fn run(cmd: &BenchCmd) -> Result<()> {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 /// Deterministic token ids spread over the vocabulary (content does not change the cost).
 fn tokens(n: usize, vocab: usize, salt: usize) -> Vec<u32> {
     (0..n).map(|i| ((i * 7919 + salt * 104_729 + 17) % (vocab - 100) + 100) as u32).collect()
@@ -202,8 +198,12 @@ fn model_bench(b: &ModelBench) -> Result<()> {
             for &batch in &b.batch {
                 // One untimed warm-up so page faults and thread start-up are not measured.
                 decode(&model, &pool, batch, 4)?;
-                let pf = median((0..b.reps).map(|_| prefill(&model, &pool, batch, b.prompt)).collect::<Result<_>>()?);
-                let dc = median((0..b.reps).map(|_| decode(&model, &pool, batch, b.decode)).collect::<Result<_>>()?);
+                let pf = median_or_nan(
+                    &(0..b.reps).map(|_| prefill(&model, &pool, batch, b.prompt)).collect::<Result<Vec<_>>>()?,
+                );
+                let dc = median_or_nan(
+                    &(0..b.reps).map(|_| decode(&model, &pool, batch, b.decode)).collect::<Result<Vec<_>>>()?,
+                );
                 let threads = model.threads();
                 if !b.json {
                     println!(

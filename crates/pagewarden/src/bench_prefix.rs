@@ -20,6 +20,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::audit::{filler, Rng};
+use crate::stats::median_or_nan;
 
 #[derive(Args, Debug, Clone)]
 pub struct PrefixCacheBench {
@@ -307,20 +308,6 @@ struct Mismatch {
     off_tokens: usize,
 }
 
-fn median(v: &[f64]) -> f64 {
-    let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
-    if s.is_empty() {
-        return f64::NAN;
-    }
-    s.sort_by(f64::total_cmp);
-    let m = s.len() / 2;
-    if s.len() % 2 == 1 {
-        s[m]
-    } else {
-        (s[m - 1] + s[m]) / 2.0
-    }
-}
-
 fn median_u64(v: impl IntoIterator<Item = u64>) -> Option<u64> {
     let mut s: Vec<u64> = v.into_iter().collect();
     s.sort_unstable();
@@ -427,7 +414,7 @@ fn run_in(b: &PrefixCacheBench, base: &Path) -> Result<()> {
             let of_turn: Vec<&TurnResult> = results.iter().filter(|r| r.turn == t).collect();
             let ttft_on: Vec<f64> = of_turn.iter().map(|r| r.on.ttft()).collect();
             let ttft_off: Vec<f64> = of_turn.iter().map(|r| r.off.ttft()).collect();
-            let (m_on, m_off) = (median(&ttft_on), median(&ttft_off));
+            let (m_on, m_off) = (median_or_nan(&ttft_on), median_or_nan(&ttft_off));
             TurnRow {
                 turn: t + 1,
                 n: of_turn.len(),
@@ -442,7 +429,7 @@ fn run_in(b: &PrefixCacheBench, base: &Path) -> Result<()> {
         .collect();
     let all_on: Vec<f64> = results.iter().map(|r| r.on.ttft()).collect();
     let all_off: Vec<f64> = results.iter().map(|r| r.off.ttft()).collect();
-    let (m_on, m_off) = (median(&all_on), median(&all_off));
+    let (m_on, m_off) = (median_or_nan(&all_on), median_or_nan(&all_off));
     let cached_reported = results.iter().any(|r| r.on.cached_tokens.is_some());
     let cached_on: u64 = results.iter().filter_map(|r| r.on.cached_tokens).sum();
     let cached_off: u64 = results.iter().filter_map(|r| r.off.cached_tokens).sum();
@@ -577,7 +564,6 @@ mod tests {
         assert_eq!(first_difference(&r(&["a"]), &r(&["a", "b"])), Some(Some(1)));
         // Same text, split differently: still a difference in tokens.
         assert_eq!(first_difference(&r(&["ab"]), &r(&["a", "b"])), Some(Some(0)));
-        assert_eq!(median(&[3.0, 1.0, 2.0, 10.0]), 2.5);
         assert_eq!(median_u64([5, 1, 3]), Some(3));
         assert_eq!(median_u64([]), None);
     }

@@ -29,6 +29,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::stats::median_or_nan;
 use anyhow::{bail, ensure, Context, Result};
 use clap::Args;
 use kv::{KvDtype, KvLayout, RequestId, TenantId};
@@ -297,7 +298,7 @@ fn bench(args: &TransferArgs) -> Result<()> {
             let received = reply.map(|r| r.frames).unwrap_or(0);
             ModeReport {
                 mode,
-                gib_per_s: median(&runs),
+                gib_per_s: median_or_nan(&runs),
                 runs_gib_per_s: runs,
                 sender_cpu: cpu.sender.map(|ns| ns / cpu.wall_ns),
                 receiver_cpu: cpu.receiver.map(|ns| ns / cpu.wall_ns),
@@ -402,12 +403,6 @@ impl Cpu {
 fn thread_cpu_ns() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
     s.split_whitespace().next()?.parse().ok()
-}
-
-fn median(v: &[f64]) -> f64 {
-    let mut v = v.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 fn accept_within(listener: &TcpListener, child: &mut Child, limit: Duration) -> Result<TcpStream> {
@@ -879,10 +874,10 @@ fn in_process(sources: &[Vec<u8>], g: &Geometry) -> Result<InProcess> {
         hs.push(t0.elapsed().as_secs_f64() * 1e6);
     }
     Ok(InProcess {
-        seal_gib_per_s: median(&seal),
-        open_gib_per_s: median(&open),
-        aes_gcm_gib_per_s: median(&gcm),
-        blake3_mac_gib_per_s: median(&mac),
-        handshake_us: median(&hs),
+        seal_gib_per_s: median_or_nan(&seal),
+        open_gib_per_s: median_or_nan(&open),
+        aes_gcm_gib_per_s: median_or_nan(&gcm),
+        blake3_mac_gib_per_s: median_or_nan(&mac),
+        handshake_us: median_or_nan(&hs),
     })
 }

@@ -3,6 +3,8 @@
 //! tenant management, and the model tools (fetching the default model, tokenizing, generating,
 //! perplexity, benchmarks).
 
+#![forbid(unsafe_code)]
+
 mod audit;
 mod bench;
 mod bench_prefix;
@@ -15,6 +17,7 @@ mod logging;
 mod roles;
 mod runtime;
 mod session;
+mod stats;
 mod textcmd;
 
 use std::path::PathBuf;

@@ -14,6 +14,8 @@
 //! Unsupported tokenizers are refused with a typed [`TextError`] at load time rather than
 //! approximated.
 
+#![forbid(unsafe_code)]
+
 mod bpe;
 mod chat;
 mod error;

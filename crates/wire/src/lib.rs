@@ -6,7 +6,7 @@
 //! Why it exists: in a disaggregated deployment, the KV cache of a prompt is computed on one
 //! node and used on another. A transfer that is short, foreign, forged or for another prompt
 //! must never be taken as complete, or the decode worker attends over pages that still hold
-//! another tenant's KV (the 2026 incident in `DESIGN.md`); and KV, prompts and outputs on the
+//! another tenant's KV (the 2026 incident in `docs/invariants.md`); and KV, prompts and outputs on the
 //! network are as readable as the prompts themselves, so nothing crosses in clear.
 //!
 //! What it enforces:
@@ -34,6 +34,8 @@
 //!
 //! Every rejection is a typed [`WireError`] whose [`WireError::kind`] labels the
 //! `pagewarden_isolation_violations_total{kind}` counter.
+
+#![forbid(unsafe_code)]
 
 mod codec;
 mod error;

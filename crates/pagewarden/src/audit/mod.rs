@@ -1,5 +1,5 @@
 //! `pagewarden audit`: drives a running deployment as several tenants at once and reports every
-//! place a secret crossed a tenant boundary (issue 5).
+//! place a secret crossed a tenant boundary.
 //!
 //! The run, in order:
 //! 1. Discover the model (`/v1/models`), the context window (given, listed, or read from the

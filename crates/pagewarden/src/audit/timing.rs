@@ -1,5 +1,5 @@
 //! The timing probe: can one tenant tell, from time to first token alone, which prefixes another
-//! tenant has in the server's prefix cache? (DESIGN.md invariant 8: no cross-tenant hit, ever,
+//! tenant has in the server's prefix cache? (invariant 8 of docs/invariants.md: no cross-tenant hit, ever,
 //! and nothing another tenant can time.)
 //!
 //! It runs after the isolated re-runs, with nothing else in flight, one request at a time, all
@@ -32,6 +32,8 @@
 use std::time::Instant;
 
 use serde::Serialize;
+
+use crate::stats::median;
 use serde_json::Value;
 
 use super::client::{Client, Exchange, Outcome};
@@ -173,17 +175,6 @@ pub struct TimingProbe {
     pub failed_requests: usize,
     pub duration_s: f64,
     pub notes: Vec<String>,
-}
-
-/// The middle of a sample (mean of the two middle values when even).
-pub fn median(v: &[f64]) -> Option<f64> {
-    let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
-    if s.is_empty() {
-        return None;
-    }
-    s.sort_by(f64::total_cmp);
-    let m = s.len() / 2;
-    Some(if s.len() % 2 == 1 { s[m] } else { (s[m - 1] + s[m]) / 2.0 })
 }
 
 /// ROC AUC of telling `cached` from `fresh` by TTFT: the share of (cached, fresh) pairs where the
@@ -663,9 +654,6 @@ mod tests {
         let [lo, hi] = interval(0.99, 4, 4);
         assert!(hi <= 1.0 && lo < 0.99);
         assert_eq!(interval(1.0, 10, 10), [1.0, 1.0]);
-        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
-        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
-        assert_eq!(median(&[]), None);
     }
 
     #[test]
