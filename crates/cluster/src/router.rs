@@ -374,10 +374,7 @@ impl Router {
 
     /// The least loaded worker of `role`, preferring those not in `avoid`.
     fn pick(&self, role: Role, avoid: &[u64]) -> Option<Arc<WorkerConn>> {
-        let ws = self.workers();
-        let of_role = || ws.iter().filter(|w| w.role == role);
-        let fresh = of_role().filter(|w| !avoid.contains(&w.id)).min_by_key(|w| w.inflight.load(Ordering::Relaxed));
-        fresh.or_else(|| of_role().min_by_key(|w| w.inflight.load(Ordering::Relaxed))).cloned()
+        pick(&self.workers(), role, avoid).cloned()
     }
 
     async fn orchestrate(self, req: GenRequest, ev: EventSender, mark: u64) {
@@ -504,6 +501,14 @@ impl Router {
     }
 }
 
+/// The least loaded worker of `role` (routes in flight), passing over those in `avoid` (the
+/// workers a first attempt failed on) while another of the role is registered.
+fn pick<'a>(ws: &'a [Arc<WorkerConn>], role: Role, avoid: &[u64]) -> Option<&'a Arc<WorkerConn>> {
+    let of_role = || ws.iter().filter(|w| w.role == role);
+    let fresh = of_role().filter(|w| !avoid.contains(&w.id)).min_by_key(|w| w.inflight.load(Ordering::Relaxed));
+    fresh.or_else(|| of_role().min_by_key(|w| w.inflight.load(Ordering::Relaxed)))
+}
+
 enum Outcome {
     Done,
     /// Failed before the first token was released: may be retried once.
@@ -581,5 +586,141 @@ impl Drop for RouteGuard {
                 let _ = w.tx.send(ToWorker::Cancel { route: self.route });
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::proto::TokenWire;
+    use engine::RequestStream;
+    use kv::{RequestId, TenantId};
+
+    fn worker(id: u64, role: Role, inflight: usize) -> Arc<WorkerConn> {
+        let (tx, _) = mpsc::unbounded_channel();
+        Arc::new(WorkerConn {
+            id,
+            name: format!("w{id}"),
+            role,
+            kv_addr: None,
+            capacity: 4096,
+            tx,
+            inflight: AtomicUsize::new(inflight),
+            routes: Mutex::new(HashMap::new()),
+            stats: Mutex::new(Stats::default()),
+        })
+    }
+
+    #[test]
+    fn pick_takes_the_least_loaded_worker_of_the_role_and_avoids_a_failed_one_while_another_exists() {
+        let ws = vec![
+            worker(1, Role::Decode, 3),
+            worker(2, Role::Prefill, 0),
+            worker(3, Role::Decode, 1),
+            worker(4, Role::Decode, 2),
+        ];
+        assert_eq!(pick(&ws, Role::Decode, &[]).map(|w| w.id), Some(3));
+        assert_eq!(pick(&ws, Role::Prefill, &[]).map(|w| w.id), Some(2));
+        // A retry passes over the worker that failed, even though it is the least loaded.
+        assert_eq!(pick(&ws, Role::Decode, &[3]).map(|w| w.id), Some(4));
+        // With every worker of the role avoided, the least loaded of them is still better than none.
+        assert_eq!(pick(&ws, Role::Prefill, &[2]).map(|w| w.id), Some(2));
+        assert_eq!(pick(&ws, Role::Decode, &[1, 3, 4]).map(|w| w.id), Some(3));
+        assert!(pick(&ws, Role::Gateway, &[]).is_none());
+        assert!(pick(&[], Role::Decode, &[]).is_none());
+    }
+
+    const VOCAB: usize = 100;
+
+    fn request(stop: &[u32]) -> GenRequest {
+        GenRequest {
+            id: RequestId(7),
+            tenant: TenantId(2),
+            prompt: vec![1, 2, 3],
+            max_tokens: 8,
+            sampling: sampling::SamplingParams::default(),
+            stop_tokens: sampling::StopTokens::new(stop.iter().copied()),
+            deadline: None,
+            cache_salt: None,
+        }
+    }
+
+    fn tok(t: u32) -> TokenEvent {
+        TokenEvent { token: t, logprob: -0.5, top: vec![] }
+    }
+
+    fn token_msg(t: u32) -> ToGateway {
+        ToGateway::Token { route: 1, token: TokenWire { token: t, logprob: -0.5, top: vec![] } }
+    }
+
+    /// What the gate sent, once the sender is gone.
+    fn sent(tx: EventSender, mut rs: RequestStream) -> Vec<String> {
+        drop(tx);
+        std::iter::from_fn(|| rs.blocking_next())
+            .map(|e| match e {
+                Event::Token(t) => format!("token {}", t.token),
+                Event::Finished { reason, usage } => {
+                    format!(
+                        "finished {reason:?} {} {} {}",
+                        usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens
+                    )
+                }
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_first_token_waits_for_the_decode_workers_verification_then_everything_follows_in_order() {
+        let req = request(&[]);
+        let (tx, rs) = RequestStream::channel(req.id);
+        let mut gate = FirstTokenGate::default();
+        gate.first = Some(tok(42));
+        gate.cached_tokens = 2;
+        // Decode's tokens may arrive before its verification reaches the gateway: held too.
+        gate.pending.push_back(token_msg(43));
+        assert_eq!(gate.release(&req, &tx, VOCAB), Ok(false));
+        assert!(!gate.released);
+        gate.verified = Some(42);
+        gate.pending.push_back(ToGateway::Finished { route: 1, reason: Finish::Length, usage: (3, 2) });
+        assert_eq!(gate.release(&req, &tx, VOCAB), Ok(true));
+        assert_eq!(sent(tx, rs), ["token 42", "token 43", "finished Length 3 2 2"]);
+    }
+
+    #[test]
+    fn a_first_token_other_than_the_one_decode_verified_or_outside_the_vocabulary_releases_nothing() {
+        let req = request(&[]);
+        for (first, verified, kind) in
+            [(42, 41, ViolationKind::FirstTokenMismatch), (VOCAB as u32, VOCAB as u32, ViolationKind::BadFirstToken)]
+        {
+            let (tx, rs) = RequestStream::channel(req.id);
+            let mut gate = FirstTokenGate::default();
+            gate.first = Some(tok(first));
+            gate.verified = Some(verified);
+            gate.pending.push_back(token_msg(5));
+            assert_eq!(gate.release(&req, &tx, VOCAB), Err(kind));
+            assert!(!gate.released);
+            assert!(sent(tx, rs).is_empty(), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn a_later_token_outside_the_vocabulary_fails_the_request_after_what_came_before_it() {
+        let req = request(&[]);
+        let (tx, rs) = RequestStream::channel(req.id);
+        let mut gate = FirstTokenGate { first: Some(tok(1)), verified: Some(1), ..Default::default() };
+        gate.pending.extend([token_msg(2), token_msg(VOCAB as u32 + 7), token_msg(3)]);
+        assert_eq!(gate.release(&req, &tx, VOCAB), Err(ViolationKind::BadToken));
+        assert_eq!(sent(tx, rs), ["token 1", "token 2"]);
+    }
+
+    #[test]
+    fn a_first_token_that_is_a_stop_token_ends_the_text_without_being_sent() {
+        let req = request(&[0]);
+        let (tx, rs) = RequestStream::channel(req.id);
+        let mut gate = FirstTokenGate { first: Some(tok(0)), verified: Some(0), ..Default::default() };
+        gate.pending.push_back(ToGateway::Finished { route: 1, reason: Finish::Stop, usage: (3, 1) });
+        assert_eq!(gate.release(&req, &tx, VOCAB), Ok(true));
+        assert_eq!(sent(tx, rs), ["finished Stop 3 1 0"]);
     }
 }
