@@ -674,9 +674,7 @@ mod tests {
     fn the_first_token_waits_for_the_decode_workers_verification_then_everything_follows_in_order() {
         let req = request(&[]);
         let (tx, rs) = RequestStream::channel(req.id);
-        let mut gate = FirstTokenGate::default();
-        gate.first = Some(tok(42));
-        gate.cached_tokens = 2;
+        let mut gate = FirstTokenGate { first: Some(tok(42)), cached_tokens: 2, ..Default::default() };
         // Decode's tokens may arrive before its verification reaches the gateway: held too.
         gate.pending.push_back(token_msg(43));
         assert_eq!(gate.release(&req, &tx, VOCAB), Ok(false));
@@ -694,9 +692,7 @@ mod tests {
             [(42, 41, ViolationKind::FirstTokenMismatch), (VOCAB as u32, VOCAB as u32, ViolationKind::BadFirstToken)]
         {
             let (tx, rs) = RequestStream::channel(req.id);
-            let mut gate = FirstTokenGate::default();
-            gate.first = Some(tok(first));
-            gate.verified = Some(verified);
+            let mut gate = FirstTokenGate { first: Some(tok(first)), verified: Some(verified), ..Default::default() };
             gate.pending.push_back(token_msg(5));
             assert_eq!(gate.release(&req, &tx, VOCAB), Err(kind));
             assert!(!gate.released);
