@@ -21,30 +21,13 @@ fn s(v: &str) -> Value {
     Value::String(v.to_string())
 }
 
-/// GPT-2's printable stand-ins for the 256 bytes, in byte order.
-fn byte_chars() -> Vec<String> {
-    let mut extra = 0;
-    (0..=255u32)
-        .map(|b| {
-            let printable = (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
-            let cp = if printable {
-                b
-            } else {
-                extra += 1;
-                255 + extra
-            };
-            char::from_u32(cp).map(|c| c.to_string()).unwrap_or_default()
-        })
-        .collect()
-}
-
 fn tokenizer() -> &'static (Tokenizer, ChatTemplate) {
     static T: OnceLock<(Tokenizer, ChatTemplate)> = OnceLock::new();
     T.get_or_init(|| {
         let mut tokens: Vec<String> = vec!["<|endoftext|>".into(), "<|im_start|>".into(), "<|im_end|>".into()];
         let mut types = vec![Value::I32(3), Value::I32(3), Value::I32(3)];
-        for c in byte_chars() {
-            tokens.push(c);
+        for c in text::bytes_to_chars() {
+            tokens.push(c.to_string());
             types.push(Value::I32(1));
         }
         let merges = ["Ġ t", "h e", "Ġt he", "i n", "Ġ a", "e r", "1 2", "Ċ Ċ", "u s", "us er"];

@@ -25,7 +25,7 @@ mod tokenizer;
 pub use chat::{ChatMessage, ChatTemplate};
 pub use error::TextError;
 pub use stream::StreamDecoder;
-pub use tokenizer::Tokenizer;
+pub use tokenizer::{bytes_to_chars, Tokenizer};
 
 #[cfg(test)]
 mod tests {

@@ -56,8 +56,9 @@ pub struct Tokenizer {
     stop: Vec<u32>,
 }
 
-/// GPT-2's reversible map from bytes to printable characters.
-fn bytes_to_chars() -> [char; 256] {
+/// GPT-2's reversible map from bytes to printable characters: the alphabet of byte-level BPE
+/// vocabularies (a vocabulary for a test or a fuzz target is built from it).
+pub fn bytes_to_chars() -> [char; 256] {
     let mut table = ['\0'; 256];
     let mut extra = 0u32;
     for b in 0..=255u8 {
