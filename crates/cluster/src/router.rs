@@ -440,7 +440,8 @@ impl Router {
                 }
                 _ = tokio::time::sleep_until(deadline.into()) => return Outcome::Fail(EngineError::DeadlineExceeded),
                 _ = verify_sleep => {
-                    return Outcome::Retry(EngineError::Unavailable("the decode worker did not verify the KV in time".into()));
+                    let e = EngineError::Unavailable("the decode worker did not verify the KV in time".into());
+                    return if gate.released { Outcome::Fail(e) } else { Outcome::Retry(e) };
                 }
             };
             let worker = if from == Role::Decode { &decode } else { &prefill };
@@ -470,7 +471,12 @@ impl Router {
                     }
                 }
                 (Role::Prefill, ToGateway::Sent { .. }) => {
-                    verify_by = Some(tokio::time::Instant::now() + self.inner.cfg.transfer_timeout);
+                    // The two workers' links race: decode's `Verified` may come first, and then
+                    // there is nothing left to wait for (a deadline armed now would fire in the
+                    // middle of decoding and start the request over).
+                    if gate.verified.is_none() {
+                        verify_by = Some(tokio::time::Instant::now() + self.inner.cfg.transfer_timeout);
+                    }
                 }
                 (Role::Decode, ToGateway::Verified { first, .. }) => {
                     verify_by = None;
