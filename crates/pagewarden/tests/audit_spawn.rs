@@ -7,6 +7,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use serde_json::Value;
 
@@ -28,7 +29,22 @@ fn report_json(dir: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("report.json")).unwrap()).unwrap()
 }
 
+/// The tests of this file one at a time: the audit's deployment has a fault schedule and
+/// deadlines, and on a 2-core machine a concurrent `cargo build` (the incident build takes
+/// minutes from scratch) or a second deployment starves it into queue timeouts (CI saw 164 of
+/// 200 requests refused with 503 that way).
+fn one_at_a_time() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The incident build, built once per run of this file.
 fn incident_build() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(build_incident).clone()
+}
+
+fn build_incident() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("incident-build");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -67,6 +83,7 @@ fn run_incident(bin: &Path, args: &[&str], self_test: bool) -> (Option<i32>, Str
 
 #[test]
 fn the_incident_build_refuses_every_serving_role_unless_told_it_is_the_self_test() {
+    let _serial = one_at_a_time();
     let bin = incident_build();
     let missing = Path::new(env!("CARGO_TARGET_TMPDIR")).join("no-such-config.toml");
     let missing = missing.to_str().unwrap();
@@ -87,6 +104,9 @@ fn the_incident_build_refuses_every_serving_role_unless_told_it_is_the_self_test
 
 #[test]
 fn a_spawned_audit_with_faults_passes_on_the_normal_build_and_names_the_incident_builds_leak() {
+    let _serial = one_at_a_time();
+    // Built before the first audit starts, so no compiler runs beside either audit.
+    let incident = incident_build();
     let base = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("audit-{}", std::process::id()));
     let normal = base.join("normal");
     let (ok, out) = audit(Path::new(common::bin()), &normal);
@@ -112,7 +132,7 @@ fn a_spawned_audit_with_faults_passes_on_the_normal_build_and_names_the_incident
     let _ = std::fs::remove_dir_all(&normal);
 
     let broken = base.join("incident");
-    let (ok, out) = audit(&incident_build(), &broken);
+    let (ok, out) = audit(&incident, &broken);
     assert!(!ok, "the audit passed against the incident build:\n{out}");
     let md = std::fs::read_to_string(broken.join("report.md")).unwrap();
     assert!(md.contains("FAIL"), "{md}");
