@@ -18,48 +18,9 @@ use wire::{Frame, FrameRef, Geometry, PageWrite, Received, Role, Ticket, TicketN
 use crate::link::{refusal_reason, refuse_busy, HandshakeGate};
 use crate::net::{BoxIo, Listener};
 use crate::proto::{Failure, Spec, ToGateway};
-use crate::worker::{nonce_hex, Ctx};
+use crate::state::Ctx;
+use crate::tickets::{nonce_hex, Inbound};
 use crate::{random, Link};
-
-/// What a KV connection passes to the route that owns the ticket.
-pub(crate) enum Inbound {
-    Frame(Frame),
-    /// The connection carrying this ticket's frames broke the protocol or ended early.
-    Broken(WireError),
-}
-
-struct Slot {
-    /// Taken by the first connection that presents an authentic frame of the ticket.
-    tx: Option<mpsc::Sender<Inbound>>,
-}
-
-/// Live tickets, and where their frames go. A ticket leaves the table when its
-/// route ends (complete, failed or cancelled); frames naming it are then dropped as unknown.
-#[derive(Default, Clone)]
-pub(crate) struct TicketTable(Arc<Mutex<HashMap<TicketNonce, Slot>>>);
-
-impl TicketTable {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TicketNonce, Slot>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn holds(&self, n: &TicketNonce) -> bool {
-        self.lock().contains_key(n)
-    }
-
-    fn claim(&self, n: &TicketNonce) -> Option<mpsc::Sender<Inbound>> {
-        self.lock().get_mut(n).and_then(|s| s.tx.take())
-    }
-}
-
-/// Removes a ticket from the table when its route ends, however it ends.
-struct TicketGuard(TicketTable, TicketNonce);
-
-impl Drop for TicketGuard {
-    fn drop(&mut self) {
-        self.0.lock().remove(&self.1);
-    }
-}
 
 pub(crate) async fn reserve(ctx: Arc<Ctx>, spec: Spec, out: UnboundedSender<ToGateway>) {
     let route = spec.route;
@@ -105,8 +66,7 @@ async fn route_inner(ctx: &Ctx, spec: &Spec, out: &UnboundedSender<ToGateway>) -
     };
     let mut transfer = Transfer::new(ticket, geometry, &req.prompt).map_err(|e| Failure::Internal(e.to_string()))?;
     let (tx, mut rx) = mpsc::channel(8);
-    ctx.tickets.lock().insert(nonce, Slot { tx: Some(tx) });
-    let guard = TicketGuard(ctx.tickets.clone(), nonce);
+    let guard = ctx.tickets.insert(nonce, tx);
     let _ = out.send(ToGateway::Reserved { route: spec.route, ticket: (&ticket).into() });
 
     // Until the first frame the prefill worker is computing, which may take long for a long

@@ -29,7 +29,9 @@ pub mod net;
 mod prefill;
 pub mod proto;
 mod router;
+mod state;
 pub mod secrets;
+mod tickets;
 mod worker;
 
 pub use error::{random, ClusterError};
@@ -38,7 +40,8 @@ pub use metrics::WorkerMetrics;
 pub use net::{BoxIo, Listener, Net};
 pub use router::{Router, RouterConfig, WorkerInfo};
 pub use secrets::SecretRing;
-pub use worker::{run_worker, WorkerConfig};
+pub use state::WorkerConfig;
+pub use worker::run_worker;
 
 /// BLAKE3 of a model file: what nodes compare at pairing.
 pub fn model_digest(path: &std::path::Path) -> std::io::Result<[u8; 32]> {

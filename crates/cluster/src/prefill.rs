@@ -14,7 +14,7 @@ use wire::{CloseFrame, KvFrameMut, KvSealer, PromptDigest, Role, SealedParts, Ti
 
 use crate::net::BoxIo;
 use crate::proto::{Failure, Spec, ToGateway};
-use crate::worker::Ctx;
+use crate::state::Ctx;
 use crate::{ClusterError, Link};
 
 pub(crate) async fn run(

@@ -23,6 +23,7 @@ pub mod error;
 pub mod limits;
 pub mod metrics;
 pub mod server;
+pub mod state;
 pub mod tenants;
 
 use std::path::Path;

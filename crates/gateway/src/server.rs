@@ -25,6 +25,7 @@ use text::{ChatTemplate, Tokenizer};
 use wire::{ClusterSecret, Role};
 
 use crate::api;
+use crate::state::AppState;
 use crate::config::{effective_context, pool_capacity_tokens, Config, ConfigError, PoolSize};
 use crate::error::ApiError;
 use crate::limits::Limiter;
@@ -42,36 +43,6 @@ pub enum ServeError {
     Model { path: String, message: String },
     #[error("{0}")]
     Io(String),
-}
-
-/// What every handler shares.
-pub struct AppState {
-    pub config: Config,
-    /// The cluster: in-process workers (`serve`) or registered remote ones (`gateway`).
-    pub backend: cluster::Router,
-    pub tokenizer: Tokenizer,
-    pub template: ChatTemplate,
-    pub stop_tokens: StopTokens,
-    /// Replaced whole on SIGHUP.
-    pub tenants: TenantDirectory,
-    pub limiter: Limiter,
-    pub metrics: Metrics,
-    /// SHA-256 of the `[metrics] token_file` token: `/metrics` on the public listener needs it.
-    pub metrics_token: Option<[u8; 32]>,
-    /// The served context window (at most the model's).
-    pub context: usize,
-    pub draining: AtomicBool,
-    /// API requests being handled (including streams still sending).
-    pub inflight: AtomicUsize,
-    pub next_id: AtomicU64,
-    /// Unix seconds at start (`created` of the model).
-    pub started_at: u64,
-}
-
-impl AppState {
-    pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::SeqCst)
-    }
 }
 
 fn text_response(status: StatusCode, content_type: &'static str, body: String) -> Response {

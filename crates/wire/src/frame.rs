@@ -1,6 +1,6 @@
 //! The values that travel: tickets and frames. Byte layout is in `codec.rs` and `docs/wire.md`.
 
-use crate::keys::ct_eq32;
+use crate::ct::ct_eq32;
 use kv::{RequestId, TenantId};
 use std::ops::Range;
 

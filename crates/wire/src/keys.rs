@@ -2,7 +2,6 @@
 //! link's exporter secret, and the per-ticket keys derived from that exporter on both ends of
 //! a KV link, so that no key ever travels. Keys never print (their `Debug` is redacted).
 
-use subtle::ConstantTimeEq;
 
 use crate::error::WireError;
 use crate::frame::TicketId;
@@ -14,11 +13,6 @@ const CTX_I2R: &str = "pagewarden wire v2 record key initiator to responder";
 const CTX_R2I: &str = "pagewarden wire v2 record key responder to initiator";
 const CTX_EXPORTER: &str = "pagewarden wire v2 exporter";
 const CTX_TICKET_KEY: &str = "pagewarden wire v2 ticket key";
-
-/// Constant-time equality of two 32-byte values.
-pub fn ct_eq32(a: &[u8; 32], b: &[u8; 32]) -> bool {
-    bool::from(a[..].ct_eq(&b[..]))
-}
 
 /// The secrets one handshake established, from one side's point of view: a key for each
 /// direction and an exporter for per-ticket keys. Fresh per connection (ephemeral X25519), so

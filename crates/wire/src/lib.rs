@@ -38,6 +38,7 @@
 #![forbid(unsafe_code)]
 
 mod codec;
+mod ct;
 mod error;
 mod frame;
 mod handshake;

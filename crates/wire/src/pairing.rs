@@ -4,7 +4,7 @@
 
 use kv::{KvDtype, KvLayout};
 
-use crate::keys::ct_eq32;
+use crate::ct::ct_eq32;
 
 /// What a node is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

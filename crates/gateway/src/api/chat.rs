@@ -6,7 +6,7 @@ use axum::extract::{Request, State};
 use axum::response::Response;
 
 use super::validate::Endpoint;
-use crate::server::AppState;
+use crate::state::AppState;
 
 pub async fn chat_completions(State(st): State<Arc<AppState>>, req: Request) -> Response {
     super::generate(st, Endpoint::Chat, req).await

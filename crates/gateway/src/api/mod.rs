@@ -24,7 +24,7 @@ use self::stream::{sse_response, Generation, Step};
 use self::types::{logprobs_json, ResponseMeta};
 use self::validate::{validate, Endpoint};
 use crate::error::ApiError;
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::tenants::Tenant;
 
 /// One request's log line and status metric, written when it is dropped. It also counts the

@@ -24,7 +24,7 @@ use super::types::{finish_reason, logprobs_json, ResponseMeta, TokenLogprob, Usa
 use super::RequestLog;
 use crate::error::ApiError;
 use crate::limits::Permit;
-use crate::server::AppState;
+use crate::state::AppState;
 
 /// Cuts text at the first stop string; holds back a tail that could be the start of one.
 #[derive(Debug, Default)]

@@ -8,7 +8,7 @@ use serde_json::{Map, Value};
 use text::ChatMessage;
 
 use crate::error::ApiError;
-use crate::server::AppState;
+use crate::state::AppState;
 
 /// Which API a request came through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

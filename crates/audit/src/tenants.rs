@@ -14,7 +14,12 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 
-use super::TenantKey;
+/// One tenant the audit acts as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantKey {
+    pub name: String,
+    pub key: String,
+}
 
 /// A TOML string value: `"basic"` with escapes or `'literal'`, then only a comment.
 fn parse_string(v: &str, line: usize) -> Result<String> {

@@ -29,7 +29,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::stats::median_or_nan;
+use audit::stats::median_or_nan;
 use anyhow::{bail, ensure, Context, Result};
 use clap::Args;
 use kv::{KvDtype, KvLayout, RequestId, TenantId};

@@ -37,10 +37,10 @@ use crate::stats::median;
 use serde_json::Value;
 
 use super::client::{Client, Exchange, Outcome};
-use super::report::{kind, Finding, RequestRow};
+use super::finding::{kind, Finding, RequestRow};
 use super::rng::{self, Rng};
 use super::workload::{self, Endpoint};
-use super::TenantKey;
+use super::tenants::TenantKey;
 
 /// The largest AUC a server may show (the target of DESIGN.md's invariant 8).
 pub const THRESHOLD: f64 = 0.6;

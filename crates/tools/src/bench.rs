@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::llama_bench::{self, LlamaBenchTest};
 use crate::runtime;
-use crate::stats::median_or_nan;
+use audit::stats::median_or_nan;
 use crate::ModelArgs;
 
 #[derive(Subcommand)]

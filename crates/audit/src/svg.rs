@@ -5,7 +5,7 @@
 use std::fmt::Write;
 
 use super::client::Outcome;
-use super::report::RequestRow;
+use super::finding::RequestRow;
 
 const W: f64 = 960.0;
 const H: f64 = 480.0;

@@ -15,10 +15,17 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
 
-use super::proxy::{Fault, Proxy};
+use crate::options::{AuditHooks, AuditOptions};
+use crate::proxy::{Fault, Proxy};
+use crate::run::{run_audit, AuditOutcome};
+use crate::tenants::TenantKey;
 
 /// The served context window: small, so prompts near it stay cheap on a CPU.
 pub const CONTEXT: usize = 1024;
+/// Set to `1` to let a binary built with the `incident-replay` feature run a serving role: only
+/// the audit's self-test (`audit --spawn` of the incident build) does.
+pub const INCIDENT_SELF_TEST_ENV: &str = "PAGEWARDEN_INCIDENT_SELF_TEST";
+
 const INCIDENT: bool = cfg!(feature = "incident-replay");
 /// The bearer token of the spawned gateway's `/metrics` (written to its `[metrics] token_file`).
 const METRICS_TOKEN_FILE: &str = "metrics-token";
@@ -65,7 +72,7 @@ fn spawn(args: &[&str], markers: &[&str]) -> anyhow::Result<(Child, Vec<String>)
     let mut cmd = Command::new(exe()?);
     if INCIDENT {
         // The incident build refuses to serve unless told this is the audit's self-test.
-        cmd.env(crate::INCIDENT_SELF_TEST_ENV, "1");
+        cmd.env(INCIDENT_SELF_TEST_ENV, "1");
     }
     let mut child = cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?;
     let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
@@ -376,7 +383,7 @@ struct SpawnHooks<'a> {
     d: &'a Mutex<Deployment>,
 }
 
-impl super::AuditHooks for SpawnHooks<'_> {
+impl AuditHooks for SpawnHooks<'_> {
     fn on_load_done(&self) {
         if let Ok(mut d) = self.d.lock() {
             d.stop_faults();
@@ -416,10 +423,16 @@ pub fn parse_faults(list: Option<&str>) -> anyhow::Result<Vec<String>> {
     Ok(out)
 }
 
-/// `pagewarden audit --spawn [--faults LIST]`.
-pub fn run(args: &super::AuditArgs, tenants: usize, faults: Option<&str>) -> anyhow::Result<()> {
+/// `pagewarden audit --spawn [--faults LIST]`: starts the deployment and audits it with the
+/// options `options` makes for its URL and tenants.
+pub fn run(
+    seed: Option<u64>,
+    tenants: usize,
+    faults: Option<&str>,
+    options: &dyn Fn(String, Vec<TenantKey>) -> AuditOptions,
+) -> anyhow::Result<AuditOutcome> {
     let faults = parse_faults(faults)?;
-    let seed = args.seed.unwrap_or_else(super::rng::random_seed);
+    let seed = seed.unwrap_or_else(crate::rng::random_seed);
     let d = Deployment::start(tenants, &faults, seed)?;
     eprintln!(
         "spawned {}{}: gateway {}, 2 prefill and 2 decode workers, a fault proxy per decode worker; faults: {}",
@@ -428,13 +441,11 @@ pub fn run(args: &super::AuditArgs, tenants: usize, faults: Option<&str>) -> any
         d.url,
         if faults.is_empty() { "none".to_string() } else { faults.join(",") }
     );
-    let mut opts = args.options(d.url.clone(), super::load_tenants(&d.tenants_file)?);
+    let mut opts = options(d.url.clone(), crate::tenants::load(&d.tenants_file)?);
     opts.seed = seed;
     opts.context_window = Some(CONTEXT);
     opts.metrics_urls = d.metrics_urls.clone();
     opts.metrics_token = Some(d.metrics_token.clone());
     let d = Mutex::new(d);
-    let outcome = super::run_audit(&opts, &SpawnHooks { d: &d })?;
-    drop(d);
-    super::conclude(&outcome)
+    run_audit(&opts, &SpawnHooks { d: &d })
 }

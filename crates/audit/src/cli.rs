@@ -1,0 +1,149 @@
+//! `pagewarden audit`'s arguments, and the run a command line asks for: against a deployment
+//! (`--url`, `--tenants`) or one spawned on loopback with faults (`--spawn`).
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+
+use crate::options::{AuditOptions, NoHooks};
+use crate::run::{run_audit, AuditOutcome};
+use crate::spawn;
+use crate::tenants::{self, TenantKey};
+use crate::timing;
+
+/// `pagewarden audit`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct AuditArgs {
+    /// Base URL of the deployment's OpenAI API, e.g. http://127.0.0.1:8080
+    #[arg(long)]
+    pub url: Option<String>,
+    /// TOML file of tenants to act as: `[[tenants]]` entries with `name` and `key`.
+    #[arg(long)]
+    pub tenants: Option<PathBuf>,
+    #[arg(long, default_value_t = 200)]
+    pub requests: usize,
+    /// Concurrent clients (bursts briefly exceed it).
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Seed of everything random (canaries, prompts, the mix); default: random, printed.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Directory for report.md, report.json and report.svg.
+    #[arg(long = "report")]
+    pub report: Option<PathBuf>,
+    /// The deployment's context window in tokens; default: asked from the server.
+    #[arg(long)]
+    pub context_window: Option<usize>,
+    /// A /metrics URL to check (repeatable); default: URL/metrics.
+    #[arg(long = "metrics")]
+    pub metrics: Vec<String>,
+    /// A file holding the bearer token for the gateway's /metrics (its `[metrics] token_file`);
+    /// not needed for a `[metrics] listen` address given with --metrics.
+    #[arg(long)]
+    pub metrics_token_file: Option<PathBuf>,
+    /// Prompts within 90-99% of the context window (each costs a whole window of prefill);
+    /// default: one per hundred requests, at least one.
+    #[arg(long)]
+    pub long_prompts: Option<usize>,
+    /// Re-runs in flight at once in the isolated pass. They are always all of one tenant (no
+    /// other tenant's request is in flight), so a leak into a reference run can only be the
+    /// tenant's own; more than 1 batches them, which makes long runs several times faster.
+    #[arg(long, default_value_t = 1)]
+    pub rerun_concurrency: usize,
+    /// Samples per class of the timing probe, run after the re-runs with nothing else in
+    /// flight: tenant B times prefixes tenant A has cached against fresh ones (ROC AUC, target
+    /// <= 0.6) and tenant A its own hits; 0 skips it. Needs two tenants.
+    #[arg(long, default_value_t = timing::DEFAULT_SAMPLES)]
+    pub timing_probe: usize,
+    /// A GGUF model file whose tokenizer and chat template the audit counts prompts with (it
+    /// never takes a prompt's length from the answer it judges). Default: the target's
+    /// tokenizer endpoint (vLLM's or llama-server's `/tokenize`), else the default model's file
+    /// when the target serves it; with neither, lengths are estimates.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// Whether the target's outputs are bit-identical alone and batched: then any token or
+    /// log-prob difference from the isolated re-run is a divergence (else log-probs may differ
+    /// by 1e-3). Default: what the target declares (`batch_invariant` in `/v1/models`).
+    #[arg(long)]
+    pub batch_invariant: Option<bool>,
+    /// Draw the progress bar even when stderr is not a terminal.
+    #[arg(long)]
+    pub progress: bool,
+    /// Start a deployment on loopback (gateway, two prefill and two decode workers, a
+    /// fault-injecting proxy on each decode worker's KV port) and audit it; `--url` and
+    /// `--tenants` are then not needed.
+    #[arg(long)]
+    pub spawn: bool,
+    /// With --spawn: faults to inject, comma-separated, from kill, corrupt, drop, duplicate,
+    /// reorder, delay, stall (or none); default: all.
+    #[arg(long)]
+    pub faults: Option<String>,
+    /// With --spawn: how many tenants to create.
+    #[arg(long, default_value_t = 3)]
+    pub tenant_count: usize,
+}
+
+impl AuditArgs {
+    pub fn options(&self, url: String, tenants: Vec<TenantKey>) -> AuditOptions {
+        let mut o = AuditOptions::new(url, tenants);
+        o.requests = self.requests;
+        o.concurrency = self.concurrency;
+        if let Some(s) = self.seed {
+            o.seed = s;
+        }
+        o.report_dir = self.report.clone();
+        o.context_window = self.context_window;
+        o.metrics_urls = self.metrics.clone();
+        o.progress = self.progress;
+        o.long_prompts = self.long_prompts;
+        o.rerun_concurrency = self.rerun_concurrency;
+        o.timing_probe = self.timing_probe;
+        o.tokenizer = self.tokenizer.clone();
+        o.batch_invariant = self.batch_invariant;
+        o
+    }
+}
+
+/// `pagewarden audit --url ... --tenants ...`: runs, prints the summary, and fails (non-zero
+/// exit) when the audit does.
+pub fn run(args: &AuditArgs) -> Result<()> {
+    if args.spawn {
+        let outcome = spawn::run(args.seed, args.tenant_count, args.faults.as_deref(), &|url, tenants| {
+            args.options(url, tenants)
+        })?;
+        return conclude(&outcome);
+    }
+    let url = args.url.clone().context("--url is required")?;
+    let path = args.tenants.as_deref().context("--tenants FILE is required")?;
+    let mut opts = args.options(url, tenants::load(path)?);
+    if let Some(f) = &args.metrics_token_file {
+        let text =
+            std::fs::read_to_string(f).with_context(|| format!("reading --metrics-token-file {}", f.display()))?;
+        opts.metrics_token = Some(text.trim().to_string());
+    }
+    conclude(&run_audit(&opts, &NoHooks)?)
+}
+
+/// Prints the summary; an error (non-zero exit) naming the failing kinds when the audit failed.
+fn conclude(outcome: &AuditOutcome) -> Result<()> {
+    print!("{}", outcome.summary);
+    if !outcome.passed {
+        let mut kinds: Vec<&str> = outcome.findings.iter().filter(|f| f.fails).map(|f| f.kind).collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        bail!("the audit failed: {} failing findings ({})", outcome.counts.failing_findings, kinds.join(", "));
+    }
+    Ok(())
+}
+
+/// Prints the summary; an error (non-zero exit) naming the failing kinds when the audit failed.
+fn conclude(outcome: &AuditOutcome) -> Result<()> {
+    print!("{}", outcome.summary);
+    if !outcome.passed {
+        let mut kinds: Vec<&str> = outcome.findings.iter().filter(|f| f.fails).map(|f| f.kind).collect();
+        kinds.sort_unstable();
+        kinds.dedup();
+        bail!("the audit failed: {} failing findings ({})", outcome.counts.failing_findings, kinds.join(", "));
+    }
+    Ok(())
+}

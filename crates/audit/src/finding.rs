@@ -1,0 +1,119 @@
+//! What the audit records: each finding (kind, evidence) and each request's row. Every phase
+//! writes these; the report only reads them.
+
+use serde::Serialize;
+
+use crate::client::Outcome;
+
+/// Kinds of finding. The first five and the timing probe's `cross_tenant_cache_hit` and
+/// `timing_side_channel` fail the audit; the rest are reported for the operator.
+pub mod kind {
+    pub const CROSS_TENANT_CANARY: &str = "cross_tenant_canary";
+    /// Another request's canary of the same tenant: still leaked KV (there is no legitimate
+    /// way for a response to know it).
+    pub const CROSS_REQUEST_CANARY: &str = "cross_request_canary";
+    /// A fragment of another canary inside a garbled copy of the request's own canary (see
+    /// `CanaryIndex::echoes_own`): reported, not failed.
+    pub const FRAGMENT_IN_OWN_CANARY: &str = "fragment_in_own_canary_copy";
+    pub const DIVERGENCE: &str = "divergence";
+    pub const LEAKED_PAGES: &str = "leaked_pages";
+    /// A 200 for a request over the window by the audit's own count of its prompt.
+    pub const OVERLONG_ACCEPTED: &str = "overlong_accepted";
+    /// A response whose `usage.prompt_tokens` is smaller than the prompt sent, by the audit's
+    /// own count: the server ran something other than what it was sent (the incident's
+    /// one-token placeholder).
+    pub const PROMPT_UNDERCOUNTED: &str = "prompt_tokens_undercounted";
+    /// A category of requests with too few re-run comparisons to vouch for it.
+    pub const TOO_FEW_COMPARISONS: &str = "too_few_comparisons";
+    /// An over-long prompt refused otherwise than 400 `context_length_exceeded`.
+    pub const OVERLONG_OTHER_ANSWER: &str = "overlong_other_answer";
+    /// A request that fits was refused with 400.
+    pub const UNEXPECTED_400: &str = "unexpected_400";
+    /// `finish_reason: length` with fewer tokens than `max_tokens` (a truncated "success").
+    pub const SHORT_LENGTH: &str = "length_before_max_tokens";
+    pub const VIOLATIONS_REPORTED: &str = "isolation_violations_reported";
+    pub const METRICS_UNAVAILABLE: &str = "metrics_unavailable";
+    /// The timing probe: a request of tenant B on a prefix it never sent reported cached
+    /// tokens (another tenant's KV served to it).
+    pub const CROSS_TENANT_CACHE_HIT: &str = "cross_tenant_cache_hit";
+    /// The timing probe: tenant B tells the prefixes tenant A has cached from fresh ones by time
+    /// to first token (the AUC's 95 % interval lies above the target, or, with enough samples,
+    /// its upper bound does).
+    pub const TIMING_SIDE_CHANNEL: &str = "timing_side_channel";
+    /// The same with too few samples to fail the audit on.
+    pub const TIMING_PROBE_INCONCLUSIVE: &str = "timing_probe_inconclusive";
+}
+
+/// One thing the audit found.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct Finding {
+    pub kind: &'static str,
+    /// Whether it fails the audit.
+    pub fails: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scenario: Option<&'static str>,
+    pub detail: String,
+    /// Leaks: the canary found, its owner and the request it was sent in.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub canary: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub canary_owner: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub canary_request: Option<usize>,
+    /// Where it was found ("response text", "stream text", "raw body", with "re-run" when
+    /// found in the isolated second pass).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub location: Option<String>,
+    /// The matched text with a little of the response around it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub whole: Option<bool>,
+    /// Divergences: first differing token position and the log-prob difference there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub position: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub delta: Option<f64>,
+}
+
+/// One request as the report lists it (no prompt or output text).
+#[derive(Debug, Clone, Serialize)]
+pub struct RequestRow {
+    pub id: usize,
+    /// "main"; "top_up" for a re-run request sent again under load because its first answer
+    /// carried nothing to compare; "rerun" for the isolated second pass; "probe" for the
+    /// timing probe.
+    pub phase: &'static str,
+    pub tenant: String,
+    pub scenario: &'static str,
+    pub endpoint: &'static str,
+    pub stream: bool,
+    pub max_tokens: usize,
+    pub canaries: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disconnect_after: Option<usize>,
+    pub status: Option<u16>,
+    pub outcome: Outcome,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_kind: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_tokens: Option<u64>,
+    /// Prompt tokens the server took from its prefix cache, when it reports them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u64>,
+    pub events: usize,
+    pub start_ms: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttft_ms: Option<f64>,
+    pub total_ms: f64,
+}
+
+/// Nearest-rank percentiles of a sample.

@@ -1,0 +1,86 @@
+//! What a run is given ([`AuditOptions`]) and the calls it makes back to whoever started it
+//! ([`AuditHooks`]).
+
+use std::path::PathBuf;
+
+use crate::rng;
+use crate::tenants::TenantKey;
+use crate::timing;
+
+/// Everything a run needs.
+#[derive(Debug, Clone)]
+pub struct AuditOptions {
+    /// Base URL of the deployment's OpenAI API.
+    pub url: String,
+    pub tenants: Vec<TenantKey>,
+    pub requests: usize,
+    pub concurrency: usize,
+    pub seed: u64,
+    /// Where to write report.md, report.json and report.svg.
+    pub report_dir: Option<PathBuf>,
+    /// None: discovered from the server.
+    pub context_window: Option<usize>,
+    /// `/metrics` URLs of the gateway (and workers); empty: `{url}/metrics`.
+    pub metrics_urls: Vec<String>,
+    /// Bearer token for scraping them (the gateway's `[metrics] token_file`).
+    pub metrics_token: Option<String>,
+    /// Draw a progress bar on stderr even when it is not a terminal.
+    pub progress: bool,
+    /// Near-context prompts; None: one per hundred requests, at least one.
+    pub long_prompts: Option<usize>,
+    /// Re-runs in flight at once during the isolated pass, always all of one tenant.
+    pub rerun_concurrency: usize,
+    /// Samples per class of the timing probe (0: no probe; it needs two tenants).
+    pub timing_probe: usize,
+    /// A GGUF file whose tokenizer and chat template count the prompts; None: the target's
+    /// tokenizer endpoint, else the default model when the target serves it.
+    pub tokenizer: Option<PathBuf>,
+    /// Whether the target's outputs are bit-identical alone and in a batch; None: as the
+    /// target declares (`batch_invariant` in `/v1/models`).
+    pub batch_invariant: Option<bool>,
+}
+
+impl AuditOptions {
+    /// Options with the CLI's defaults (200 requests, 8 clients, a random seed).
+    pub fn new(url: impl Into<String>, tenants: Vec<TenantKey>) -> Self {
+        AuditOptions {
+            url: url.into(),
+            tenants,
+            requests: 200,
+            concurrency: 8,
+            seed: rng::random_seed(),
+            report_dir: None,
+            context_window: None,
+            metrics_urls: Vec::new(),
+            metrics_token: None,
+            progress: false,
+            long_prompts: None,
+            rerun_concurrency: 1,
+            timing_probe: timing::DEFAULT_SAMPLES,
+            tokenizer: None,
+            batch_invariant: None,
+        }
+    }
+}
+
+/// Calls from the run to whoever started it (`--spawn` injects faults on its own thread and
+/// tells the report what it did).
+pub trait AuditHooks: Sync {
+    fn on_progress(&self, _done: usize, _total: usize) {}
+    /// The load phase is over; next come the isolated re-runs, the timing probe and the wait
+    /// for pages to return to zero. A spawner stops every fault here: the re-runs are the
+    /// reference the load is compared with, and the probe times single requests.
+    fn on_load_done(&self) {}
+    /// `/metrics` URLs to read now, when they change during the run (a restarted worker gets a
+    /// new port); empty: the options' URLs.
+    fn metrics_urls(&self) -> Vec<String> {
+        vec![]
+    }
+    fn fault_log(&self) -> Vec<String> {
+        vec![]
+    }
+}
+
+pub struct NoHooks;
+
+impl AuditHooks for NoHooks {}

@@ -1,0 +1,547 @@
+//! One audit run as a value that goes through the phases of the crate's doc in order:
+//! [`Run::discover`], [`Discovered::plan`], [`Run::load`], [`Run::rerun`], [`Run::probe`],
+//! [`Run::settle`], [`Run::report`]. Each phase hands the next what it produced; findings and
+//! request rows, which the phases' client threads all add to, live in the run.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::IsTerminal;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use serde_json::{json, Value};
+
+use crate::canary::CanaryIndex;
+use crate::client::{Client, Exchange};
+use crate::discover;
+use crate::examine::Examiner;
+use crate::finding::{kind, Finding, RequestRow};
+use crate::sync::lock;
+use crate::meter::Meter;
+use crate::options::{AuditHooks, AuditOptions};
+use crate::progress::Progress;
+use crate::report::{self, Counts, Report};
+use crate::rerun;
+use crate::rng::{self, Rng};
+use crate::settle::{self, Scrapes};
+use crate::timing::{self, TimingProbe};
+use crate::workload::{self, Calibration, Endpoint, Plan, PlanParams, ReqSpec, Unit};
+
+/// Time limit of one request: past the server's own request deadline (300 s by default), so
+/// that the server, not the audit, ends a stalled request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(330);
+/// How long the page gauges get to return to zero after the run.
+const PAGES_WAIT: Duration = Duration::from_secs(30);
+/// Rounds of re-sending, under load, the re-run requests whose answer carried nothing to
+/// compare.
+const TOP_UP_ROUNDS: usize = 2;
+
+/// What a run found.
+#[derive(Debug, Clone)]
+pub struct AuditOutcome {
+    pub passed: bool,
+    /// A few lines for stdout (no prompt or output text).
+    pub summary: String,
+    pub counts: Counts,
+    /// Every finding, failing or not, as in report.json.
+    pub findings: Vec<Finding>,
+}
+
+/// Runs the audit against `opts.url`.
+pub fn run_audit(opts: &AuditOptions, hooks: &dyn AuditHooks) -> Result<AuditOutcome> {
+    let client = Client::new(&opts.url, REQUEST_TIMEOUT);
+    let mut run = Run::discover(opts, hooks, &client)?.plan();
+    let load = run.load();
+    hooks.on_load_done();
+    let checks = run.rerun(load);
+    let timing = run.probe();
+    run.progress.finish();
+    let duration = run.t0.elapsed();
+    let settled = run.settle();
+    run.report(checks, timing, duration, settled)
+}
+
+/// What the first phase learned of the target.
+pub(crate) struct Discovered<'a> {
+    opts: &'a AuditOptions,
+    hooks: &'a dyn AuditHooks,
+    client: &'a Client,
+    started_unix: u64,
+    model: String,
+    /// The `/v1/models` answer.
+    models: Value,
+    window: usize,
+    meter: Meter<'a>,
+    calibration: Calibration,
+    /// Every `/metrics` endpoint before anything was sent.
+    before: Scrapes,
+    /// What the report should say about how the run was judged.
+    notes: Vec<String>,
+}
+
+/// A planned run and what its phases add up.
+pub(crate) struct Run<'a> {
+    d: Discovered<'a>,
+    rng: Rng,
+    canaries: CanaryIndex,
+    plan: Plan,
+    /// Requests spent on discovering lengths.
+    probes: usize,
+    /// Samples per class of the timing probe (0: none).
+    probe_samples: usize,
+    progress: Progress,
+    t0: Instant,
+    rows: Mutex<Vec<RequestRow>>,
+    findings: Mutex<Vec<Finding>>,
+}
+
+/// What the load phase leaves for the re-runs.
+pub(crate) struct Load {
+    /// The answers under load of the requests chosen for a re-run.
+    kept: HashMap<usize, Exchange>,
+    /// By scenario: chosen requests sent again under load (top-up) for want of an answer.
+    sent_again: BTreeMap<&'static str, usize>,
+}
+
+/// The deployment after the run.
+pub(crate) struct Settled {
+    after: Scrapes,
+    pages_wait_s: f64,
+}
+
+impl<'a> Run<'a> {
+    /// Phase 1: the model, the context window (given, listed, or read from a refusal), the
+    /// audit's own prompt counter and how many tokens a word of filler costs; every `/metrics`
+    /// endpoint as it was before the run.
+    pub(crate) fn discover(
+        opts: &'a AuditOptions,
+        hooks: &'a dyn AuditHooks,
+        client: &'a Client,
+    ) -> Result<Discovered<'a>> {
+        if opts.tenants.is_empty() {
+            bail!("the audit needs at least one tenant");
+        }
+        if opts.concurrency == 0 {
+            bail!("--concurrency must be at least 1");
+        }
+        let started_unix =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let first_key = &opts.tenants[0].key;
+        let (model, models) = discover::model_name(client, first_key)?;
+        let before = settle::scrape_all(client, metrics_urls(opts, hooks), opts.metrics_token.as_deref());
+        let window = match opts.context_window {
+            Some(w) => w,
+            None => discover::discover_window(client, first_key, &model, &models)?,
+        };
+        let meter = Meter::discover(client, first_key, &model, opts.tokenizer.as_deref())?;
+        let (calibration, stated) = discover::calibrate(client, first_key, &model, &meter);
+        let mut notes = Vec::new();
+        if let Some(w) = stated.filter(|w| *w != window) {
+            // Near-context prompts sized for the wrong window are refused (or are not near it).
+            notes.push(format!(
+                "the server states a context window of {w} tokens, not the {window} the audit was given"
+            ));
+        }
+        if !meter.exact() {
+            notes.push(
+                "the audit has no tokenizer for this model (pass --tokenizer MODEL.gguf): over-long requests are \
+                 judged by their planned size and reported prompt_tokens are not checked"
+                    .into(),
+            );
+        }
+        if !calibration.measured {
+            notes.push(
+                "the server does not state prompt lengths in its refusals: near-context prompt sizes are estimates"
+                    .into(),
+            );
+        }
+        Ok(Discovered {
+            opts,
+            hooks,
+            client,
+            started_unix,
+            model,
+            models,
+            window,
+            meter,
+            calibration,
+            before,
+            notes,
+        })
+    }
+
+    fn examiner(&self) -> Examiner<'_> {
+        Examiner { opts: self.d.opts, canaries: &self.canaries, window: self.d.window }
+    }
+
+    /// Sends one request, judges its answer and records it; keeps the answer of a request
+    /// chosen for a re-run, until the comparison.
+    fn send(&self, spec: &ReqSpec, phase: &'static str, kept: &Mutex<HashMap<usize, Exchange>>) {
+        let ex = self.d.client.exchange(&self.d.opts.tenants[spec.tenant].key, spec, self.t0);
+        let judge = self.examiner();
+        lock(&self.findings).extend(judge.examine(spec, &ex, false));
+        lock(&self.rows).push(judge.row(spec, &ex, phase));
+        if spec.rerun {
+            lock(kept).insert(spec.id, ex);
+        }
+        self.progress.tick(self.d.hooks);
+    }
+
+    /// Phase 3: every planned request with `concurrency` clients (a group's members leave
+    /// together: a burst, or a shared prefix in flight for every tenant at once); then the
+    /// top-up: a request chosen for a re-run whose answer carried nothing to compare (refused
+    /// for load, failed by a fault before its first token) is sent again, with the others in
+    /// that state, still under faults, since a comparison needs an answer given under load.
+    pub(crate) fn load(&self) -> Load {
+        let opts = self.d.opts;
+        let kept: Mutex<HashMap<usize, Exchange>> = Mutex::new(HashMap::new());
+        let next = AtomicUsize::new(0);
+        let one = |spec: &ReqSpec| self.send(spec, "main", &kept);
+        std::thread::scope(|s| {
+            for _ in 0..opts.concurrency {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(unit) = self.plan.units.get(i) else { break };
+                    match unit {
+                        Unit::One(spec) => one(spec),
+                        Unit::Group(members) => {
+                            let gate = Barrier::new(members.len());
+                            std::thread::scope(|g| {
+                                for m in members {
+                                    let gate = &gate;
+                                    g.spawn(move || {
+                                        gate.wait();
+                                        one(m);
+                                    });
+                                }
+                            });
+                        }
+                    }
+                });
+            }
+        });
+
+        let mut sent_again: BTreeMap<&'static str, usize> = BTreeMap::new();
+        for _ in 0..TOP_UP_ROUNDS {
+            let empty: Vec<&ReqSpec> = self
+                .plan
+                .units
+                .iter()
+                .flat_map(Unit::specs)
+                .filter(|s| {
+                    s.rerun
+                        && lock(&kept).get(&s.id).is_none_or(|ex| {
+                            rerun::plan(ex, s.scenario.must_be_refused()) == rerun::RerunPlan::Nothing
+                        })
+                })
+                .collect();
+            if empty.is_empty() {
+                break;
+            }
+            self.progress.total.fetch_add(empty.len(), Ordering::SeqCst);
+            for s in &empty {
+                *sent_again.entry(s.scenario.name()).or_default() += 1;
+            }
+            let next = AtomicUsize::new(0);
+            std::thread::scope(|s| {
+                for _ in 0..opts.concurrency {
+                    s.spawn(|| {
+                        while let Some(spec) = empty.get(next.fetch_add(1, Ordering::SeqCst)) {
+                            self.send(spec, "top_up", &kept);
+                        }
+                    });
+                }
+            });
+        }
+        Load { kept: kept.into_inner().unwrap_or_else(|e| e.into_inner()), sent_again }
+    }
+
+    /// Phase 4: the isolated second pass, one tenant at a time with nothing of any other
+    /// tenant in flight (up to `rerun_concurrency` of that tenant's requests together), each
+    /// chosen request compared with its answer under load: whole when both completed, on the
+    /// tokens received when one was a partial stream, refused again when it was refused.
+    pub(crate) fn rerun(&self, load: Load) -> report::DivergenceChecks {
+        let opts = self.d.opts;
+        let kept = Mutex::new(load.kept);
+        let mut selected: Vec<&ReqSpec> = self.plan.units.iter().flat_map(Unit::specs).filter(|s| s.rerun).collect();
+        selected.sort_by_key(|s| (s.tenant, s.id));
+        let invariant = discover::batch_invariant(opts, &self.d.models, &self.d.model);
+        let tolerance = if invariant { 0.0 } else { rerun::LOGPROB_TOLERANCE };
+        let by_scenario: Mutex<BTreeMap<&'static str, rerun::CategoryChecks>> = Mutex::new(BTreeMap::new());
+        for s in &selected {
+            let mut by = lock(&by_scenario);
+            let c = by.entry(s.scenario.name()).or_default();
+            c.selected += 1;
+            c.required = rerun::required(c.selected);
+            c.sent_again = load.sent_again.get(s.scenario.name()).copied().unwrap_or(0);
+        }
+        let rerun_nonce = rng::random_seed();
+        let judge = self.examiner();
+        let rerun = |spec: &ReqSpec| {
+            let Some(first) = lock(&kept).remove(&spec.id) else { return };
+            let count =
+                |f: &dyn Fn(&mut rerun::CategoryChecks)| f(lock(&by_scenario).entry(spec.scenario.name()).or_default());
+            let how = rerun::plan(&first, spec.scenario.must_be_refused());
+            if how == rerun::RerunPlan::Nothing {
+                count(&|c| c.nothing_received += 1);
+                self.progress.tick(self.d.hooks);
+                return;
+            }
+            // A fresh cache salt: the reference is computed from scratch, never from pages the
+            // first run (or an earlier audit) left in the prefix cache.
+            let key = &opts.tenants[spec.tenant].key;
+            let mut alone = spec.body.clone();
+            alone["cache_salt"] = json!(format!("audit-rerun-{}-{rerun_nonce:016x}-{}", opts.seed, spec.id));
+            let client = self.d.client;
+            let again = match how {
+                rerun::RerunPlan::Prefix(n) => client.exchange_until_tokens(key, spec, &alone, n, self.t0),
+                _ => client.exchange(key, &ReqSpec { body: alone, disconnect_after: None, ..spec.clone() }, self.t0),
+            };
+            lock(&self.findings).extend(judge.examine(spec, &again, true));
+            lock(&self.rows).push(judge.row(spec, &again, "rerun"));
+            self.progress.tick(self.d.hooks);
+            if !rerun::usable(how, &again) {
+                count(&|c| c.rerun_failed += 1);
+                return;
+            }
+            count(&|c| {
+                c.compared += 1;
+                c.prefixes += usize::from(matches!(how, rerun::RerunPlan::Prefix(_)));
+            });
+            let prefix = match how {
+                rerun::RerunPlan::Prefix(n) => Some(n),
+                // Refused twice: the same answer; accepted twice: compared whole.
+                rerun::RerunPlan::Refusal if first.status != Some(200) => return,
+                _ => None,
+            };
+            if let Some((position, what, delta)) = rerun::divergence(&first, &again, prefix, tolerance) {
+                count(&|c| c.diverged += 1);
+                let partial = if prefix.is_some() { " (on the tokens received before the stream ended)" } else { "" };
+                lock(&self.findings).push(Finding {
+                    kind: kind::DIVERGENCE,
+                    fails: true,
+                    request: Some(spec.id),
+                    tenant: Some(judge.tenant(spec.tenant).to_string()),
+                    scenario: Some(spec.scenario.name()),
+                    detail: format!(
+                        "the response under load differs from the same request run alone{partial}: {what}"
+                    ),
+                    position,
+                    delta,
+                    ..Default::default()
+                });
+            }
+        };
+        for tenant_specs in selected.chunk_by(|a, b| a.tenant == b.tenant) {
+            let next = AtomicUsize::new(0);
+            std::thread::scope(|s| {
+                for _ in 0..opts.rerun_concurrency.max(1) {
+                    s.spawn(|| {
+                        while let Some(spec) = tenant_specs.get(next.fetch_add(1, Ordering::SeqCst)) {
+                            rerun(spec);
+                        }
+                    });
+                }
+            });
+        }
+        let by_scenario = by_scenario.into_inner().unwrap_or_else(|e| e.into_inner());
+        for (scenario, compared, required) in rerun::short_of_minimum(&by_scenario) {
+            lock(&self.findings).push(Finding {
+                kind: kind::TOO_FEW_COMPARISONS,
+                fails: true,
+                scenario: Some(scenario),
+                detail: format!(
+                    "only {compared} of the `{scenario}` requests could be compared with a re-run alone (at least \
+                     {required} needed): the audit cannot vouch for that category"
+                ),
+                ..Default::default()
+            });
+        }
+        report::DivergenceChecks {
+            selected: selected.len(),
+            compared: by_scenario.values().map(|c| c.compared).sum(),
+            skipped: by_scenario.values().map(|c| c.nothing_received + c.rerun_failed).sum(),
+            diverged: 0,
+            rerun_concurrency: opts.rerun_concurrency.max(1),
+            batch_invariant: invariant,
+            logprob_tolerance: tolerance,
+            by_scenario,
+        }
+    }
+
+    /// Phase 5: the timing probe, one request at a time with nothing else in flight.
+    pub(crate) fn probe(&mut self) -> Option<TimingProbe> {
+        if self.probe_samples == 0 {
+            return None;
+        }
+        let first_id = self.plan.units.iter().flat_map(Unit::specs).map(|s| s.id + 1).max().unwrap_or(0);
+        let opts = self.d.opts;
+        let setup = timing::Setup {
+            client: self.d.client,
+            model: &self.d.model,
+            a: &opts.tenants[0],
+            b: &opts.tenants[1],
+            samples: self.probe_samples,
+            tokens_per_word: self.d.calibration.tokens_per_word,
+            t0: self.t0,
+            first_id,
+        };
+        let (progress, hooks) = (&self.progress, self.d.hooks);
+        let (probe, probe_rows) = timing::run(&setup, &mut self.rng, &|| progress.tick(hooks));
+        lock(&self.rows).extend(probe_rows);
+        lock(&self.findings).extend(probe.findings());
+        Some(probe)
+    }
+
+    /// Phase 6: every page gauge back to zero within [`PAGES_WAIT`], on every endpoint.
+    pub(crate) fn settle(&self) -> Settled {
+        let wait_start = Instant::now();
+        loop {
+            let after =
+                settle::scrape_all(self.d.client, metrics_urls(self.d.opts, self.d.hooks), self.d.opts.metrics_token.as_deref());
+            if !settle::busy(&after) || wait_start.elapsed() >= PAGES_WAIT {
+                return Settled { after, pages_wait_s: wait_start.elapsed().as_secs_f64() };
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// Phase 7: the report, written to the report directory when there is one.
+    pub(crate) fn report(
+        self,
+        checks: report::DivergenceChecks,
+        timing_probe: Option<TimingProbe>,
+        duration: Duration,
+        settled: Settled,
+    ) -> Result<AuditOutcome> {
+        let Run { d, plan, probes, rows, findings, .. } = self;
+        let opts = d.opts;
+        let mut findings = findings.into_inner().unwrap_or_else(|e| e.into_inner());
+        let (metrics, metric_findings) = settle::compare(&d.before, &settled.after, settled.pages_wait_s);
+        findings.extend(metric_findings);
+        findings.sort_by_key(|f| (!f.fails, f.request));
+        let mut rows = rows.into_inner().unwrap_or_else(|e| e.into_inner());
+        rows.sort_by(|a, b| a.start_ms.total_cmp(&b.start_ms));
+        let mut rep = Report {
+            version: 1,
+            passed: false,
+            url: opts.url.clone(),
+            model: d.model,
+            seed: opts.seed,
+            context_window: d.window,
+            calibration: d.calibration,
+            prompt_lengths: d.meter.source().clone(),
+            concurrency: opts.concurrency,
+            requests_planned: plan.total,
+            requests_sent: 0,
+            probes,
+            near_context: report::NearContext { planned: plan.near_total, verified: plan.near_verified },
+            started_unix: d.started_unix,
+            duration_s: duration.as_secs_f64(),
+            pages_wait_s: settled.pages_wait_s,
+            tenants: opts
+                .tenants
+                .iter()
+                .map(|t| report::TenantRow { name: t.name.clone(), requests: 0, ok: 0 })
+                .collect(),
+            counts: Counts::default(),
+            divergence_checks: checks,
+            outcomes: BTreeMap::new(),
+            outcomes_by_scenario: BTreeMap::new(),
+            errors_by_kind: BTreeMap::new(),
+            latency: report::Latency {
+                ttft_ms: report::Percentiles::of([]),
+                total_ms: report::Percentiles::of([]),
+                total_ok_ms: report::Percentiles::of([]),
+            },
+            metrics,
+            fault_log: d.hooks.fault_log(),
+            notes: d.notes,
+            timing_probe,
+            findings,
+            requests: rows,
+        };
+        rep.tally();
+        if let Some(dir) = &opts.report_dir {
+            rep.write(dir)?;
+        }
+        Ok(AuditOutcome {
+            passed: rep.passed,
+            summary: rep.summary(opts.report_dir.as_deref()),
+            counts: rep.counts.clone(),
+            findings: rep.findings.clone(),
+        })
+    }
+}
+
+impl<'a> Discovered<'a> {
+    /// Phase 2: the requests, each with canaries only its tenant knows, every prompt counted
+    /// by the audit itself before anything is sent.
+    pub(crate) fn plan(mut self) -> Run<'a> {
+        let opts = self.opts;
+        let mut rng = Rng::new(opts.seed);
+        let mut canaries = CanaryIndex::new();
+        let params = PlanParams {
+            requests: opts.requests,
+            concurrency: opts.concurrency,
+            tenants: opts.tenants.len(),
+            long_prompts: opts.long_prompts,
+            context_window: self.window,
+            model: &self.model,
+            request_seed: opts.seed & 0x7fff_ffff,
+            calibration: self.calibration,
+        };
+        let mut measure_calls = 0usize;
+        let (meter, client, first_key) = (&self.meter, self.client, &opts.tenants[0].key);
+        let mut measure = |b: &Value| {
+            if meter.exact() {
+                return meter.count(b);
+            }
+            measure_calls += 1;
+            let endpoint = if b.get("messages").is_some() { Endpoint::Chat } else { Endpoint::Completions };
+            discover::probe(client, first_key, endpoint.path(), b).1
+        };
+        let mut plan = workload::build_plan(&params, &mut rng, &mut canaries, &mut measure);
+        for spec in plan.units.iter_mut().flat_map(Unit::specs_mut) {
+            spec.sent_tokens = meter.count(&spec.body);
+        }
+        let probes = measure_calls + 2 + usize::from(opts.context_window.is_none());
+        let reruns_planned = plan.units.iter().flat_map(Unit::specs).filter(|s| s.rerun).count();
+        let probe_samples = if opts.tenants.len() >= 2 { opts.timing_probe } else { 0 };
+        if opts.timing_probe > 0 && probe_samples == 0 {
+            self.notes.push("the timing probe needs two tenants: skipped".into());
+        }
+        let progress = Progress {
+            on: opts.progress || std::io::stderr().is_terminal(),
+            total: AtomicUsize::new(plan.total + reruns_planned + 4 * probe_samples),
+            done: AtomicUsize::new(0),
+            last: Mutex::new(None),
+        };
+        Run {
+            d: self,
+            rng,
+            canaries,
+            plan,
+            probes,
+            probe_samples,
+            progress,
+            t0: Instant::now(),
+            rows: Mutex::new(Vec::new()),
+            findings: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+/// The `/metrics` URLs to read now: the spawner's (a restarted worker gets a new port), else
+/// the options', else the target's own.
+fn metrics_urls(opts: &AuditOptions, hooks: &dyn AuditHooks) -> Vec<String> {
+    let from_hooks = hooks.metrics_urls();
+    if !from_hooks.is_empty() {
+        from_hooks
+    } else if opts.metrics_urls.is_empty() {
+        vec![format!("{}/metrics", opts.url.trim_end_matches('/'))]
+    } else {
+        opts.metrics_urls.clone()
+    }
+}

@@ -1,0 +1,42 @@
+//! What every handler shares: the configuration, the cluster, the tokenizer, tenants, limits,
+//! metrics and the drain flag. The server builds it once; the API handlers read it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use sampling::StopTokens;
+use text::{ChatTemplate, Tokenizer};
+
+use crate::config::Config;
+use crate::limits::Limiter;
+use crate::metrics::Metrics;
+use crate::tenants::TenantDirectory;
+
+/// What every handler shares.
+pub struct AppState {
+    pub config: Config,
+    /// The cluster: in-process workers (`serve`) or registered remote ones (`gateway`).
+    pub backend: cluster::Router,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    pub stop_tokens: StopTokens,
+    /// Replaced whole on SIGHUP.
+    pub tenants: TenantDirectory,
+    pub limiter: Limiter,
+    pub metrics: Metrics,
+    /// SHA-256 of the `[metrics] token_file` token: `/metrics` on the public listener needs it.
+    pub metrics_token: Option<[u8; 32]>,
+    /// The served context window (at most the model's).
+    pub context: usize,
+    pub draining: AtomicBool,
+    /// API requests being handled (including streams still sending).
+    pub inflight: AtomicUsize,
+    pub next_id: AtomicU64,
+    /// Unix seconds at start (`created` of the model).
+    pub started_at: u64,
+}
+
+impl AppState {
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+}
