@@ -328,11 +328,11 @@ mod tests {
         assert!(idx.scan(super::super::workload::INSTRUCTIONS.join(" ").as_str()).is_empty());
         // The project's own documentation: some 40 kB of technical English.
         for doc in [
-            include_str!("../../../../README.md"),
-            include_str!("../../../../ARCHITECTURE.md"),
-            include_str!("../../../../SECURITY.md"),
-            include_str!("../../../../docs/cluster.md"),
-            include_str!("../../../../docs/wire.md"),
+            include_str!("../../../README.md"),
+            include_str!("../../../ARCHITECTURE.md"),
+            include_str!("../../../SECURITY.md"),
+            include_str!("../../../docs/cluster.md"),
+            include_str!("../../../docs/wire.md"),
         ] {
             let hits: Vec<String> = idx.scan(doc).iter().map(|h| doc[h.start..h.end].to_string()).collect();
             assert!(hits.is_empty(), "{hits:?}");

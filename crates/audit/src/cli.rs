@@ -135,15 +135,3 @@ fn conclude(outcome: &AuditOutcome) -> Result<()> {
     }
     Ok(())
 }
-
-/// Prints the summary; an error (non-zero exit) naming the failing kinds when the audit failed.
-fn conclude(outcome: &AuditOutcome) -> Result<()> {
-    print!("{}", outcome.summary);
-    if !outcome.passed {
-        let mut kinds: Vec<&str> = outcome.findings.iter().filter(|f| f.fails).map(|f| f.kind).collect();
-        kinds.sort_unstable();
-        kinds.dedup();
-        bail!("the audit failed: {} failing findings ({})", outcome.counts.failing_findings, kinds.join(", "));
-    }
-    Ok(())
-}

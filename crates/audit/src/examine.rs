@@ -202,7 +202,12 @@ impl Examiner<'_> {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::Value;
+
     use super::*;
+    use crate::rng::Rng;
+    use crate::tenants::TenantKey;
+    use crate::workload;
 
     fn spec(id: usize, tenant: usize, scenario: workload::Scenario, max_tokens: usize) -> ReqSpec {
         ReqSpec {

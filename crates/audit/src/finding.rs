@@ -115,5 +115,3 @@ pub struct RequestRow {
     pub ttft_ms: Option<f64>,
     pub total_ms: f64,
 }
-
-/// Nearest-rank percentiles of a sample.

@@ -45,7 +45,6 @@ mod spawn;
 pub mod stats;
 mod svg;
 mod sync;
-mod sync;
 mod tenants;
 mod timing;
 mod workload;
@@ -56,7 +55,7 @@ pub use self::options::{AuditHooks, AuditOptions, NoHooks};
 pub use self::report::Counts;
 /// Seeded filler prose, for other tools' prompts (`bench prefix-cache`).
 pub use self::rng::Rng;
-pub use self::spawn::INCIDENT_SELF_TEST_ENV;
 pub use self::run::{run_audit, AuditOutcome};
+pub use self::spawn::INCIDENT_SELF_TEST_ENV;
 pub use self::tenants::{load as load_tenants, TenantKey};
 pub use self::workload::filler;

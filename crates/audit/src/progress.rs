@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::sync::lock;
 use crate::options::AuditHooks;
+use crate::sync::lock;
 
 /// The progress bar: `\r[#####     ] 120/200` on stderr.
 pub(crate) struct Progress {

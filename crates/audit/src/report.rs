@@ -12,12 +12,13 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use crate::client::Outcome;
-use crate::finding::{kind, Finding, RequestRow};
 use super::prom::ViolationDelta;
 use super::timing::TimingProbe;
 use super::workload::Calibration;
+use crate::client::Outcome;
+use crate::finding::{kind, Finding, RequestRow};
 
+/// Nearest-rank percentiles of a sample.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq)]
 pub struct Percentiles {
     pub n: usize,

@@ -17,7 +17,6 @@ use crate::client::{Client, Exchange};
 use crate::discover;
 use crate::examine::Examiner;
 use crate::finding::{kind, Finding, RequestRow};
-use crate::sync::lock;
 use crate::meter::Meter;
 use crate::options::{AuditHooks, AuditOptions};
 use crate::progress::Progress;
@@ -25,6 +24,7 @@ use crate::report::{self, Counts, Report};
 use crate::rerun;
 use crate::rng::{self, Rng};
 use crate::settle::{self, Scrapes};
+use crate::sync::lock;
 use crate::timing::{self, TimingProbe};
 use crate::workload::{self, Calibration, Endpoint, Plan, PlanParams, ReqSpec, Unit};
 
@@ -156,19 +156,7 @@ impl<'a> Run<'a> {
                     .into(),
             );
         }
-        Ok(Discovered {
-            opts,
-            hooks,
-            client,
-            started_unix,
-            model,
-            models,
-            window,
-            meter,
-            calibration,
-            before,
-            notes,
-        })
+        Ok(Discovered { opts, hooks, client, started_unix, model, models, window, meter, calibration, before, notes })
     }
 
     fn examiner(&self) -> Examiner<'_> {
@@ -231,9 +219,9 @@ impl<'a> Run<'a> {
                 .flat_map(Unit::specs)
                 .filter(|s| {
                     s.rerun
-                        && lock(&kept).get(&s.id).is_none_or(|ex| {
-                            rerun::plan(ex, s.scenario.must_be_refused()) == rerun::RerunPlan::Nothing
-                        })
+                        && lock(&kept)
+                            .get(&s.id)
+                            .is_none_or(|ex| rerun::plan(ex, s.scenario.must_be_refused()) == rerun::RerunPlan::Nothing)
                 })
                 .collect();
             if empty.is_empty() {
@@ -324,9 +312,7 @@ impl<'a> Run<'a> {
                     request: Some(spec.id),
                     tenant: Some(judge.tenant(spec.tenant).to_string()),
                     scenario: Some(spec.scenario.name()),
-                    detail: format!(
-                        "the response under load differs from the same request run alone{partial}: {what}"
-                    ),
+                    detail: format!("the response under load differs from the same request run alone{partial}: {what}"),
                     position,
                     delta,
                     ..Default::default()
@@ -398,8 +384,11 @@ impl<'a> Run<'a> {
     pub(crate) fn settle(&self) -> Settled {
         let wait_start = Instant::now();
         loop {
-            let after =
-                settle::scrape_all(self.d.client, metrics_urls(self.d.opts, self.d.hooks), self.d.opts.metrics_token.as_deref());
+            let after = settle::scrape_all(
+                self.d.client,
+                metrics_urls(self.d.opts, self.d.hooks),
+                self.d.opts.metrics_token.as_deref(),
+            );
             if !settle::busy(&after) || wait_start.elapsed() >= PAGES_WAIT {
                 return Settled { after, pages_wait_s: wait_start.elapsed().as_secs_f64() };
             }

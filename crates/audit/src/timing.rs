@@ -39,8 +39,8 @@ use serde_json::Value;
 use super::client::{Client, Exchange, Outcome};
 use super::finding::{kind, Finding, RequestRow};
 use super::rng::{self, Rng};
-use super::workload::{self, Endpoint};
 use super::tenants::TenantKey;
+use super::workload::{self, Endpoint};
 
 /// The largest AUC a server may show (the target of DESIGN.md's invariant 8).
 pub const THRESHOLD: f64 = 0.6;

@@ -4,16 +4,15 @@
 //! and the admitted prompt; decode only from a complete transfer. Anything else fails the
 //! route, frees its pages and counts a violation.
 
-use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use engine::{Event, ViolationKind};
 use kv::BlockTable;
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc::{self, UnboundedSender};
-use wire::{Frame, FrameRef, Geometry, PageWrite, Received, Role, Ticket, TicketNonce, Transfer, WireError};
+use wire::{FrameRef, Geometry, PageWrite, Received, Role, Ticket, TicketNonce, Transfer, WireError};
 
 use crate::link::{refusal_reason, refuse_busy, HandshakeGate};
 use crate::net::{BoxIo, Listener};

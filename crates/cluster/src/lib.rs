@@ -29,8 +29,8 @@ pub mod net;
 mod prefill;
 pub mod proto;
 mod router;
-mod state;
 pub mod secrets;
+mod state;
 mod tickets;
 mod worker;
 

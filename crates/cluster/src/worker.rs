@@ -9,13 +9,13 @@ use engine::{EngineHandle, Revoke, TenantPolicy};
 use kv::TenantId;
 use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
-use wire::{Role, TicketNonce, WireError};
+use wire::{Role, WireError};
 
-use crate::state::{Ctx, WorkerConfig};
-use crate::tickets::TicketTable;
 use crate::metrics::WorkerMetrics;
 use crate::net::Net;
 use crate::proto::{Failure, Register, Registered, TenantTable, ToGateway, ToWorker};
+use crate::state::{Ctx, WorkerConfig};
+use crate::tickets::TicketTable;
 use crate::{decode, prefill, ClusterError, Link};
 
 /// Runs a worker until its engine stops: registers with the gateway, serves routes, and

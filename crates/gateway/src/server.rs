@@ -25,11 +25,11 @@ use text::{ChatTemplate, Tokenizer};
 use wire::{ClusterSecret, Role};
 
 use crate::api;
-use crate::state::AppState;
 use crate::config::{effective_context, pool_capacity_tokens, Config, ConfigError, PoolSize};
 use crate::error::ApiError;
 use crate::limits::Limiter;
 use crate::metrics::Metrics;
+use crate::state::AppState;
 use crate::tenants::{dev_key_path, dev_tenant, TenantDirectory, TenantError, Tenants};
 
 /// Why the server did not start (or stopped abnormally).

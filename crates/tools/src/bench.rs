@@ -14,8 +14,8 @@ use serde::Serialize;
 
 use crate::llama_bench::{self, LlamaBenchTest};
 use crate::runtime;
-use audit::stats::median_or_nan;
 use crate::ModelArgs;
+use audit::stats::median_or_nan;
 
 #[derive(Subcommand)]
 pub enum BenchCmd {

@@ -19,8 +19,8 @@ use clap::Args;
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use audit::{filler, Rng};
 use audit::stats::median_or_nan;
+use audit::{filler, Rng};
 
 #[derive(Args, Debug, Clone)]
 pub struct PrefixCacheBench {

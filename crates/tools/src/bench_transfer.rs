@@ -29,8 +29,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use audit::stats::median_or_nan;
 use anyhow::{bail, ensure, Context, Result};
+use audit::stats::median_or_nan;
 use clap::Args;
 use kv::{KvDtype, KvLayout, RequestId, TenantId};
 use serde::{Deserialize, Serialize};

@@ -2,7 +2,6 @@
 //! link's exporter secret, and the per-ticket keys derived from that exporter on both ends of
 //! a KV link, so that no key ever travels. Keys never print (their `Debug` is redacted).
 
-
 use crate::error::WireError;
 use crate::frame::TicketId;
 use aegis::aegis128x2::Aegis128X2;
