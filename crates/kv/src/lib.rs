@@ -34,17 +34,21 @@
 mod arena;
 mod error;
 mod layout;
+mod pages;
 mod pool;
 pub mod prefix;
+mod slice;
 mod table;
 mod view;
 
 pub use error::KvError;
 pub use layout::{Capacity, KvDtype, KvLayout, PoolConfig, ScrubPolicy};
-pub use pool::{KvPool, PageLease};
-pub use prefix::{CacheScope, PrefixKey, SealedPage};
+pub use pages::{PageLease, SealedPage};
+pub use pool::KvPool;
+pub use prefix::{CacheScope, PrefixKey};
+pub use slice::KvSlice;
 pub use table::BlockTable;
-pub use view::{KvChunk, KvSlice, LayerView};
+pub use view::{KvChunk, LayerView};
 
 /// An authenticated tenant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -11,7 +11,8 @@
 //! owner against the reading table's tenant, so a key collision could not cross tenants
 //! either.
 //!
-//! Refcounting is `Arc<SealedPage>`: the cache holds one reference, every block table reusing
+//! Refcounting is `Arc<SealedPage>` ([`crate::SealedPage`]; the cache is generic over the page
+//! type so that it stays below the pool that owns both): the cache holds one reference, every block table reusing
 //! the page another. Eviction only drops the cache's reference of pages nobody else holds
 //! (least recently used, deepest first), so a page in use is never freed: it goes back to the
 //! pool (scrubbed) when its last holder drops it.
@@ -19,7 +20,6 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::pool::PageLease;
 use crate::{RequestId, TenantId};
 
 /// The request id sealed pages are recorded under: no live request has it.
@@ -27,13 +27,6 @@ pub(crate) const SEALED: RequestId = RequestId(u64::MAX);
 
 const ROOT_DOMAIN: &[u8] = b"pagewarden prefix-cache root v1";
 const PAGE_CONTEXT: &str = "pagewarden 2026-11 prefix-cache page v1";
-
-/// A page sealed into a tenant's prefix cache: read-only, shared by every block table of that
-/// tenant that reuses it; scrubbed and freed when the last holder drops it.
-#[derive(Debug)]
-pub struct SealedPage {
-    pub(crate) lease: PageLease,
-}
 
 /// Key of one cached page: the hash of its tokens chained onto its predecessor's key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -96,24 +89,29 @@ impl CacheScope {
     }
 }
 
-struct Entry {
+struct Entry<P> {
     tenant: TenantId,
-    page: Arc<SealedPage>,
+    page: Arc<P>,
     last_used: u64,
     /// Position of the page in its chain: deeper pages of a chain go first at equal age.
     depth: usize,
 }
 
 /// The cache's entries; lives in the pool behind its own mutex.
-#[derive(Default)]
-pub(crate) struct PrefixCache {
-    entries: HashMap<PrefixKey, Entry>,
+pub(crate) struct PrefixCache<P> {
+    entries: HashMap<PrefixKey, Entry<P>>,
     tick: u64,
 }
 
-impl PrefixCache {
+impl<P> Default for PrefixCache<P> {
+    fn default() -> Self {
+        PrefixCache { entries: HashMap::new(), tick: 0 }
+    }
+}
+
+impl<P> PrefixCache<P> {
     /// The longest run of cached pages `keys` starts with, all of `tenant`'s; marks them used.
-    pub(crate) fn lookup(&mut self, tenant: TenantId, keys: &[PrefixKey]) -> Vec<Arc<SealedPage>> {
+    pub(crate) fn lookup(&mut self, tenant: TenantId, keys: &[PrefixKey]) -> Vec<Arc<P>> {
         self.tick += 1;
         let mut hits = Vec::new();
         for k in keys {
@@ -130,7 +128,7 @@ impl PrefixCache {
 
     /// Adds `page` under `key` unless the key is already cached (another request sealed the
     /// same content first; the caller keeps its own copy until it drops it).
-    pub(crate) fn insert(&mut self, tenant: TenantId, key: PrefixKey, depth: usize, page: &Arc<SealedPage>) -> bool {
+    pub(crate) fn insert(&mut self, tenant: TenantId, key: PrefixKey, depth: usize, page: &Arc<P>) -> bool {
         self.tick += 1;
         if self.entries.contains_key(&key) {
             return false;
@@ -141,7 +139,7 @@ impl PrefixCache {
 
     /// Removes up to `n` entries nobody but the cache holds, least recently used first, and
     /// returns them so the caller drops them (freeing their pages) outside every lock.
-    pub(crate) fn evict(&mut self, n: usize) -> Vec<Arc<SealedPage>> {
+    pub(crate) fn evict(&mut self, n: usize) -> Vec<Arc<P>> {
         let mut idle: Vec<(u64, std::cmp::Reverse<usize>, PrefixKey)> = self
             .entries
             .iter()
@@ -163,7 +161,7 @@ impl PrefixCache {
 
     /// Removes every entry of the tenants `forget` picks, idle or in use (a page in use is
     /// freed when its last holder drops it), and returns them for the caller to drop.
-    pub(crate) fn forget(&mut self, forget: &dyn Fn(TenantId) -> bool) -> Vec<Arc<SealedPage>> {
+    pub(crate) fn forget(&mut self, forget: &dyn Fn(TenantId) -> bool) -> Vec<Arc<P>> {
         let keys: Vec<PrefixKey> = self.entries.iter().filter(|(_, e)| forget(e.tenant)).map(|(k, _)| *k).collect();
         keys.iter().filter_map(|k| self.entries.remove(k)).map(|e| e.page).collect()
     }
@@ -188,7 +186,7 @@ impl PrefixCache {
     }
 
     /// Empties the cache; the returned pages are freed when the caller drops them.
-    pub(crate) fn clear(&mut self) -> Vec<Arc<SealedPage>> {
+    pub(crate) fn clear(&mut self) -> Vec<Arc<P>> {
         self.entries.drain().map(|(_, e)| e.page).collect()
     }
 }

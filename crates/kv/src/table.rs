@@ -2,34 +2,9 @@
 
 use std::sync::Arc;
 
-use crate::pool::{PageLease, PoolInner};
-use crate::prefix::{CacheScope, SealedPage, SEALED};
+use crate::pages::{PageLease, PoolInner, Slot};
+use crate::prefix::{CacheScope, SEALED};
 use crate::{KvError, LayerView, Owner, PageRef};
-
-/// One page of a table: its own (exclusive, writable), or a sealed page of its tenant's
-/// prefix cache (shared, read-only).
-#[derive(Debug)]
-pub(crate) enum Slot {
-    Own(PageLease),
-    Shared(Arc<SealedPage>),
-}
-
-impl Slot {
-    fn lease(&self) -> &PageLease {
-        match self {
-            Slot::Own(l) => l,
-            Slot::Shared(s) => &s.lease,
-        }
-    }
-
-    pub(crate) fn page(&self) -> u32 {
-        self.lease().page()
-    }
-
-    fn generation(&self) -> u64 {
-        self.lease().generation()
-    }
-}
 
 /// A sequence's pages, in position order. Not Clone. Dropping it returns every page it owns to
 /// the pool (scrubbed per policy) and its references to shared prefix-cache pages.
@@ -329,7 +304,7 @@ impl BlockTable {
                 return Err(KvError::Unwritten { layer, pos: i * ps + slot });
             }
         }
-        Ok(LayerView::new(self, layer, len))
+        Ok(LayerView::new(&self.pool, &self.leases, layer, len))
     }
 
     /// Checks that positions `[0, len)` are written at every layer (e.g. before decode starts).

@@ -1,53 +1,7 @@
 //! Zero-copy read views over a block table's pages.
 
-use half::f16;
-
-use crate::BlockTable;
-
-/// Elements of a page in the pool's dtype (V rows, or a run of one K element across slots).
-#[derive(Debug, Clone, Copy)]
-pub enum KvSlice<'a> {
-    F16(&'a [f16]),
-    F32(&'a [f32]),
-}
-
-impl<'a> KvSlice<'a> {
-    pub fn len(&self) -> usize {
-        match self {
-            KvSlice::F16(s) => s.len(),
-            KvSlice::F32(s) => s.len(),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Element `i` as f32 (panics when out of bounds, like slice indexing).
-    pub fn get(&self, i: usize) -> f32 {
-        match self {
-            KvSlice::F16(s) => s[i].to_f32(),
-            KvSlice::F32(s) => s[i],
-        }
-    }
-
-    /// `len` elements from `start`.
-    pub fn sub(&self, start: usize, len: usize) -> KvSlice<'a> {
-        match *self {
-            KvSlice::F16(s) => KvSlice::F16(&s[start..start + len]),
-            KvSlice::F32(s) => KvSlice::F32(&s[start..start + len]),
-        }
-    }
-
-    /// Copies the elements into `dst` as f32 (`dst.len()` must equal `self.len()`).
-    pub fn copy_to_f32(&self, dst: &mut [f32]) {
-        use half::slice::HalfFloatSliceExt;
-        match self {
-            KvSlice::F16(s) => s.convert_to_f32_slice(dst),
-            KvSlice::F32(s) => dst.copy_from_slice(s),
-        }
-    }
-}
+use crate::pages::{PoolInner, Slot};
+use crate::slice::KvSlice;
 
 /// A run of consecutive positions inside one page.
 #[derive(Debug, Clone, Copy)]
@@ -79,16 +33,24 @@ impl<'a> KvChunk<'a> {
 }
 
 /// Checked view of one layer over positions `[0, len)`; created by [`BlockTable::layer`].
-#[derive(Debug, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct LayerView<'a> {
-    table: &'a BlockTable,
+    pool: &'a PoolInner,
+    /// The table's pages, borrowed with the table.
+    slots: &'a [Slot],
     layer: usize,
     len: usize,
 }
 
+impl std::fmt::Debug for LayerView<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LayerView").field("layer", &self.layer).field("len", &self.len).finish_non_exhaustive()
+    }
+}
+
 impl<'a> LayerView<'a> {
-    pub(crate) fn new(table: &'a BlockTable, layer: usize, len: usize) -> Self {
-        LayerView { table, layer, len }
+    pub(crate) fn new(pool: &'a PoolInner, slots: &'a [Slot], layer: usize, len: usize) -> Self {
+        LayerView { pool, slots, layer, len }
     }
 
     pub fn len(&self) -> usize {
@@ -105,12 +67,11 @@ impl<'a> LayerView<'a> {
 
     /// One chunk per page touched, in position order; the last may be partial.
     pub fn chunks(&self) -> impl Iterator<Item = KvChunk<'a>> + '_ {
-        let table: &'a BlockTable = self.table;
+        let (pool, slots) = (self.pool, self.slots);
         let (layer, len) = (self.layer, self.len);
-        let pool = &*table.pool;
         let ps = pool.layout.page_size;
         let row = pool.layout.row_len();
-        table.leases.iter().take(len.div_ceil(ps)).enumerate().map(move |(i, lease)| {
+        slots.iter().take(len.div_ceil(ps)).enumerate().map(move |(i, lease)| {
             let start = i * ps;
             let n = (len - start).min(ps);
             let (k_off, v_off) = (pool.k_offset(lease.page(), layer), pool.v_offset(lease.page(), layer, 0));
