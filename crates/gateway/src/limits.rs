@@ -14,8 +14,8 @@ use std::time::Instant;
 
 use kv::TenantId;
 
-use crate::config::TenantConfig;
 use crate::error::ApiError;
+use crate::settings::TenantConfig;
 
 #[derive(Debug)]
 struct TenantState {

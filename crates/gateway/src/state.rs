@@ -1,4 +1,4 @@
-//! What every handler shares: the configuration, the cluster, the tokenizer, tenants, limits,
+//! What every handler shares: the settings, the cluster, the tokenizer, tenants, limits,
 //! metrics and the drain flag. The server builds it once; the API handlers read it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -6,14 +6,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use sampling::StopTokens;
 use text::{ChatTemplate, Tokenizer};
 
-use crate::config::Config;
 use crate::limits::Limiter;
 use crate::metrics::Metrics;
+use crate::settings::ApiSettings;
 use crate::tenants::TenantDirectory;
 
 /// What every handler shares.
 pub struct AppState {
-    pub config: Config,
+    pub settings: ApiSettings,
     /// The cluster: in-process workers (`serve`) or registered remote ones (`gateway`).
     pub backend: cluster::Router,
     pub tokenizer: Tokenizer,

@@ -6,12 +6,11 @@
 #![forbid(unsafe_code)]
 
 mod logging;
-mod roles;
 
 use std::path::PathBuf;
 
 use audit::INCIDENT_SELF_TEST_ENV;
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use tools::{bench, eval, generate, textcmd, ModelArgs};
 
 #[derive(Parser)]
@@ -29,7 +28,7 @@ struct Cli {
 enum Cmd {
     /// Serve the OpenAI-compatible API (gateway and engine in one process).
     Serve {
-        /// TOML configuration (see crates/gateway/pagewarden.example.toml); without it: the
+        /// TOML configuration (see crates/node/pagewarden.example.toml); without it: the
         /// default model, 127.0.0.1:8080 and one development tenant.
         #[arg(long)]
         config: Option<PathBuf>,
@@ -49,9 +48,9 @@ enum Cmd {
         cluster_listen: Option<String>,
     },
     /// A prefill worker: computes prompts' KV and sends it to decode workers.
-    Prefill(roles::WorkerArgs),
+    Prefill(WorkerArgs),
     /// A decode worker: reserves pages, verifies and stores transferred KV, decodes.
-    Decode(roles::WorkerArgs),
+    Decode(WorkerArgs),
     /// Tenant management.
     Tenant {
         #[command(subcommand)]
@@ -89,6 +88,46 @@ enum Cmd {
         #[command(subcommand)]
         what: bench::BenchCmd,
     },
+}
+
+/// A worker's options: its configuration file and what the command line overrides in it.
+#[derive(Args, Clone)]
+struct WorkerArgs {
+    /// The deployment's TOML configuration (shared by every role).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The gateway's cluster address, overriding `cluster.gateway`.
+    #[arg(long)]
+    gateway: Option<String>,
+    /// Name in logs and metrics, overriding `cluster.name`.
+    #[arg(long)]
+    name: Option<String>,
+    /// Decode: where to accept KV connections, overriding `cluster.kv_listen`.
+    #[arg(long)]
+    kv_listen: Option<String>,
+    /// Decode: the address prefill workers are told to use, overriding `cluster.kv_advertise`.
+    #[arg(long)]
+    kv_advertise: Option<String>,
+    /// Serve /metrics here, overriding `cluster.metrics_listen`.
+    #[arg(long)]
+    metrics_listen: Option<String>,
+    /// KV pool size in tokens, overriding `pool.tokens` / `pool.bytes`.
+    #[arg(long)]
+    pool_tokens: Option<usize>,
+}
+
+impl From<WorkerArgs> for node::worker::WorkerOverrides {
+    fn from(a: WorkerArgs) -> Self {
+        node::worker::WorkerOverrides {
+            config: a.config,
+            gateway: a.gateway,
+            name: a.name,
+            kv_listen: a.kv_listen,
+            kv_advertise: a.kv_advertise,
+            metrics_listen: a.metrics_listen,
+            pool_tokens: a.pool_tokens,
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -152,23 +191,20 @@ fn main() {
         _ => {}
     }
     let result = match cli.cmd {
-        Cmd::Serve { config, listen } => {
-            gateway::run_serve_cli(config.as_deref(), listen.as_deref()).map_err(Into::into)
-        }
+        Cmd::Serve { config, listen } => node::run_serve_cli(config.as_deref(), listen.as_deref()).map_err(Into::into),
         Cmd::Gateway { config, listen, cluster_listen } => {
-            gateway::run_gateway_cli(config.as_deref(), listen.as_deref(), cluster_listen.as_deref())
-                .map_err(Into::into)
+            node::run_gateway_cli(config.as_deref(), listen.as_deref(), cluster_listen.as_deref()).map_err(Into::into)
         }
-        Cmd::Prefill(args) => roles::run(wire::Role::Prefill, &args),
-        Cmd::Decode(args) => roles::run(wire::Role::Decode, &args),
+        Cmd::Prefill(args) => node::worker::run(wire::Role::Prefill, &args.into()).map_err(Into::into),
+        Cmd::Decode(args) => node::worker::run(wire::Role::Decode, &args.into()).map_err(Into::into),
         Cmd::Tenant { what: TenantCmd::Add { name, config } } => {
-            gateway::run_tenant_add_cli(config.as_deref(), &name).map_err(Into::into)
+            node::run_tenant_add_cli(config.as_deref(), &name).map_err(Into::into)
         }
         Cmd::Tenant { what: TenantCmd::Remove { name, config } } => {
-            gateway::run_tenant_remove_cli(config.as_deref(), &name).map_err(Into::into)
+            node::run_tenant_remove_cli(config.as_deref(), &name).map_err(Into::into)
         }
         Cmd::Tenant { what: TenantCmd::RotateKey { name, config } } => {
-            gateway::run_tenant_rotate_key_cli(config.as_deref(), &name).map_err(Into::into)
+            node::run_tenant_rotate_key_cli(config.as_deref(), &name).map_err(Into::into)
         }
         Cmd::FetchModel => fetch::ensure_default_model().map(|p| println!("{}", p.display())).map_err(Into::into),
         Cmd::Tokenize { m, parse_special, text } => textcmd::tokenize(&m, parse_special, &text),

@@ -167,7 +167,7 @@ pub async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Resp
             log.tenant = t.id.0.to_string();
             log.status = 200;
             log.outcome = "ok";
-            json_response(StatusCode::OK, &types::models(&st.config.model_name, st.started_at, st.context))
+            json_response(StatusCode::OK, &types::models(&st.settings.model_name, st.started_at, st.context))
         }
         Err(e) => reject(&st, &mut log, e),
     }
@@ -224,8 +224,8 @@ async fn generate_inner(
     // rendering and tokenizing cost as much as queueing, and must count against its limits.
     let mut permit = st.limiter.acquire(tenant.id)?;
     let (parts, body) = req.into_parts();
-    let limit = tenant.config.max_body_bytes.unwrap_or(st.config.limits.max_body_bytes);
-    let body_timeout = st.config.limits.body_timeout;
+    let limit = tenant.config.max_body_bytes.unwrap_or(st.settings.limits.max_body_bytes);
+    let body_timeout = st.settings.limits.body_timeout;
     let body = tokio::time::timeout(body_timeout, read_body(body, &parts.headers, limit))
         .await
         .map_err(|_| ApiError::body_timeout(body_timeout.as_millis()))??;
@@ -246,7 +246,7 @@ async fn generate_inner(
         max_tokens: v.max_tokens,
         sampling: v.sampling,
         stop_tokens: if v.ignore_eos { sampling::StopTokens::new([]) } else { st.stop_tokens.clone() },
-        deadline: Some(arrived + st.config.limits.request_timeout),
+        deadline: Some(arrived + st.settings.limits.request_timeout),
         cache_salt: v.cache_salt,
     };
     let prompt_param = match endpoint {
@@ -265,7 +265,7 @@ async fn generate_inner(
         arrived,
         tenant.id,
     );
-    let meta = ResponseMeta::new(endpoint, log.id, &st.config.model_name);
+    let meta = ResponseMeta::new(endpoint, log.id, &st.settings.model_name);
 
     // Nothing is sent before the first result: a failure up to here is a proper HTTP error.
     let first = gen.next().await.ok_or_else(|| ApiError::internal("the request ended without a result"))?;

@@ -176,7 +176,7 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
 
     match get_str(&o, "model")? {
         None => return Err(ApiError::invalid_param("model", "`model` is required")),
-        Some(m) if m != st.config.model_name => return Err(ApiError::model_not_found(m)),
+        Some(m) if m != st.settings.model_name => return Err(ApiError::model_not_found(m)),
         Some(_) => {}
     }
     if let Some(n) = get_i64(&o, "n")? {
@@ -305,7 +305,7 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
     // Default: what is left of the context window, at most the configured default (at least 1,
     // so that a prompt that fills the window is reported as too long, not as max_tokens = 0).
     let max_tokens = max_tokens
-        .unwrap_or_else(|| st.config.limits.max_tokens_default.min(st.context.saturating_sub(prompt.len())).max(1));
+        .unwrap_or_else(|| st.settings.limits.max_tokens_default.min(st.context.saturating_sub(prompt.len())).max(1));
     // The incident (a build for the audit's self-test only): a prompt over the window becomes a
     // one-token placeholder instead of a refusal, and is answered, with `usage` counting the
     // placeholder.
@@ -318,7 +318,7 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
     };
     st.backend.check(&prompt, max_tokens).map_err(|e| ApiError::admission(&e, endpoint.prompt_param()))?;
     // After the door check, so a request over the window is still told its lengths.
-    let ceiling = st.config.limits.max_tokens_ceiling;
+    let ceiling = st.settings.limits.max_tokens_ceiling;
     if max_tokens > ceiling {
         return Err(ApiError::invalid_param(
             "max_tokens",

@@ -7,9 +7,9 @@ use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use gateway::config::TenantConfig;
+use gateway::settings::TenantConfig;
 use gateway::tenants::sha256;
-use gateway::{Config, ServeError};
+use node::{Config, ServeError};
 use serde_json::Value;
 
 pub const MODEL: &str = "SmolLM2-135M-Instruct";
@@ -119,7 +119,7 @@ pub fn try_start(config: Config) -> Result<Server, ServeError> {
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let thread = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-        rt.block_on(gateway::serve(
+        rt.block_on(node::serve(
             config,
             async move {
                 let _ = stop_rx.await;

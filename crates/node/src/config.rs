@@ -1,6 +1,7 @@
-//! The server's TOML configuration, validated at start-up. Every error names the field.
+//! The deployment's TOML configuration (every role reads the same file), validated at
+//! start-up. Every error names the field.
 //!
-//! Two checks need the model (its context window and KV layout) and run in [`crate::server`]
+//! Two checks need the model (its context window and KV layout) and run in [`crate::model`]
 //! once the model file is open: `context_window` may not exceed the model's, and the pool must
 //! hold at least one request of the context window ([`check_pool`], invariant 2).
 
@@ -8,6 +9,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use gateway::settings::{Limits, TenantConfig};
 use kv::{KvDtype, ScrubPolicy};
 use serde::Deserialize;
 
@@ -263,49 +265,6 @@ impl MetricsSettings {
     }
 }
 
-#[derive(Debug, Clone)]
-pub struct Limits {
-    pub max_body_bytes: usize,
-    pub request_timeout: Duration,
-    pub drain_timeout: Duration,
-    pub max_tokens_default: usize,
-    /// The largest `max_tokens` a request may ask for (400 beyond).
-    pub max_tokens_ceiling: usize,
-    /// The most of a decode pool one tenant may hold while the table has several tenants
-    /// (its other requests wait in its own queue).
-    pub tenant_pool_share: f64,
-    /// The whole request body must arrive within this (a slow upload holds a tenant's slot).
-    pub body_timeout: Duration,
-}
-
-/// One tenant: its id (what keys caches, limits, metrics and logs; given once and never
-/// reused), its name, the SHA-256 digest of its key, and its limits.
-#[derive(Clone)]
-pub struct TenantConfig {
-    pub id: kv::TenantId,
-    pub name: String,
-    pub key_sha256: [u8; 32],
-    pub max_concurrent: usize,
-    pub max_queued: usize,
-    /// 0 = unlimited.
-    pub tokens_per_minute: u64,
-    /// Overrides `[limits] max_body_bytes` for this tenant.
-    pub max_body_bytes: Option<usize>,
-}
-
-impl std::fmt::Debug for TenantConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TenantConfig")
-            .field("id", &self.id.0)
-            .field("name", &self.name)
-            .field("max_concurrent", &self.max_concurrent)
-            .field("max_queued", &self.max_queued)
-            .field("tokens_per_minute", &self.tokens_per_minute)
-            .field("max_body_bytes", &self.max_body_bytes)
-            .finish_non_exhaustive()
-    }
-}
-
 /// A validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -322,7 +281,7 @@ pub struct Config {
     pub limits: Limits,
     pub cluster: ClusterSettings,
     pub metrics: MetricsSettings,
-    /// Empty: one development tenant (see [`crate::tenants::dev_tenant`]).
+    /// Empty: one development tenant (see [`crate::tenant_file::dev_tenant`]).
     pub tenants: Vec<TenantConfig>,
     /// The highest tenant id ever given out (at least every tenant's id).
     pub last_tenant_id: u64,

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use gateway::Config;
+use node::Config;
 
 fn err(toml: &str) -> String {
     match Config::from_toml_str(toml) {
@@ -43,7 +43,7 @@ fn config_validation_errors_name_the_field() {
 fn pool_smaller_than_the_context_window_refuses_to_start_naming_both_numbers() {
     let mut cfg = test_config();
     cfg = Config { context_window: Some(1024), ..cfg };
-    cfg.pool.size = Some(gateway::config::PoolSize::Tokens(512));
+    cfg.pool.size = Some(node::config::PoolSize::Tokens(512));
     let e = try_start(cfg).err().expect("must refuse to start").to_string();
     assert!(e.contains("512") && e.contains("1024"), "{e}");
     assert!(e.contains("2x") && e.contains("pool.tokens"), "{e}");

@@ -1,0 +1,101 @@
+//! The entry points the binary dispatches to: each role from a config file (or the defaults)
+//! with the command line's overrides, and the tenant commands.
+
+use std::path::Path;
+
+use crate::config::{Config, ConfigError};
+use crate::error::ServeError;
+use crate::gateway_role::serve_gateway;
+use crate::serve::serve;
+use crate::signals::shutdown_signal;
+use crate::tenant_file::{add_tenant, remove_tenant, rotate_key, TenantError};
+
+/// The config file (or the defaults) with `--listen` applied.
+fn cli_config(config_path: Option<&Path>, listen: Option<&str>) -> Result<Config, ServeError> {
+    let mut config = match config_path {
+        Some(p) => Config::load(p)?,
+        None => Config::default(),
+    };
+    if let Some(l) = listen {
+        config.listen = l.parse().map_err(|_| ConfigError::Invalid {
+            field: "listen".into(),
+            message: format!("`{l}` is not an address such as 127.0.0.1:8080"),
+        })?;
+    }
+    Ok(config)
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, ServeError> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ServeError::Io(format!("cannot start the async runtime: {e}")))
+}
+
+/// `pagewarden serve [--config FILE] [--listen ADDR]`: loads and validates the config (no file:
+/// the defaults and a development tenant), then serves until SIGINT/SIGTERM and drains.
+pub fn run_serve_cli(config_path: Option<&Path>, listen: Option<&str>) -> Result<(), ServeError> {
+    let config = cli_config(config_path, listen)?;
+    runtime()?.block_on(serve(config, shutdown_signal(), |_| {}))
+}
+
+/// `pagewarden gateway [--config FILE] [--listen ADDR] [--cluster-listen ADDR]`.
+pub fn run_gateway_cli(
+    config_path: Option<&Path>,
+    listen: Option<&str>,
+    cluster_listen: Option<&str>,
+) -> Result<(), ServeError> {
+    let mut config = cli_config(config_path, listen)?;
+    if let Some(c) = cluster_listen {
+        config.cluster.listen = c.to_string();
+    }
+    runtime()?.block_on(serve_gateway(config, shutdown_signal(), |_| {}))
+}
+
+/// The config file `pagewarden tenant add` writes when `--config` is not given.
+pub const DEFAULT_CONFIG_FILE: &str = "pagewarden.toml";
+
+/// `pagewarden tenant add NAME [--config FILE]`: adds the tenant to the config file (default
+/// [`DEFAULT_CONFIG_FILE`], created if missing) and prints its new key once, on stdout. Only the
+/// key's SHA-256 digest is stored.
+pub fn run_tenant_add_cli(config_path: Option<&Path>, name: &str) -> Result<(), TenantError> {
+    let path = config_path.unwrap_or(Path::new(DEFAULT_CONFIG_FILE));
+    let (id, key) = add_tenant(path, name)?;
+    println!("{key}");
+    eprintln!(
+        "tenant `{name}` (id {}) added to {}; the key above is shown only this once (only its SHA-256 digest is \
+         stored). Start the server with `pagewarden serve --config {}`, or {RELOAD_HINT}",
+        id.0,
+        path.display(),
+        path.display()
+    );
+    Ok(())
+}
+
+const RELOAD_HINT: &str = "send SIGHUP to a running server or gateway to apply it (`kill -HUP PID`)";
+
+/// `pagewarden tenant remove NAME [--config FILE]`.
+pub fn run_tenant_remove_cli(config_path: Option<&Path>, name: &str) -> Result<(), TenantError> {
+    let path = config_path.unwrap_or(Path::new(DEFAULT_CONFIG_FILE));
+    let id = remove_tenant(path, name)?;
+    eprintln!(
+        "tenant `{name}` (id {}) removed from {}; its id will not be given out again. {RELOAD_HINT}: its key is \
+         refused at once, its requests end and its cached prefixes are dropped on every worker.",
+        id.0,
+        path.display()
+    );
+    Ok(())
+}
+
+/// `pagewarden tenant rotate-key NAME [--config FILE]`: prints the new key once.
+pub fn run_tenant_rotate_key_cli(config_path: Option<&Path>, name: &str) -> Result<(), TenantError> {
+    let path = config_path.unwrap_or(Path::new(DEFAULT_CONFIG_FILE));
+    let key = rotate_key(path, name)?;
+    println!("{key}");
+    eprintln!(
+        "tenant `{name}` has a new key (shown only this once) in {}. {RELOAD_HINT}: the old key is refused at \
+         once, requests made with it end and the tenant's cached prefixes are dropped.",
+        path.display()
+    );
+    Ok(())
+}

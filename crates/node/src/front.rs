@@ -1,0 +1,72 @@
+//! The API front of a node that serves it (`serve`, `gateway`): the router's identity and
+//! timeouts, the initial tenant table, and the HTTP side's setup from the configuration.
+
+use std::path::PathBuf;
+
+use cluster::{Identity, RouterConfig, SecretRing};
+use gateway::http::HttpSetup;
+use gateway::settings::ApiSettings;
+use gateway::tenants::{sha256, Tenants};
+use text::{ChatTemplate, Tokenizer};
+use wire::Role;
+
+use crate::config::Config;
+use crate::error::ServeError;
+use crate::model::ModelInfo;
+use crate::signals::reload_tenants_on_sighup;
+use crate::tenant_file::{dev_key_path, dev_tenant};
+
+pub(crate) fn router_config(
+    config: &Config,
+    info: &ModelInfo,
+    secrets: SecretRing,
+) -> Result<RouterConfig, ServeError> {
+    Ok(RouterConfig {
+        identity: Identity { secrets, role: Role::Gateway, pairing: info.pairing()? },
+        context: info.context,
+        vocab: info.config.vocab,
+        handshake_timeout: config.cluster.handshake_timeout,
+        transfer_timeout: config.cluster.transfer_timeout,
+        max_pending_handshakes: config.cluster.max_pending_handshakes,
+    })
+}
+
+/// The configured tenants, or the development tenant when none is configured (`true`).
+pub(crate) fn initial_tenants(config: &Config) -> Result<(Tenants, bool), ServeError> {
+    if config.tenants.is_empty() {
+        return Ok((Tenants::new(vec![dev_tenant()?]), true));
+    }
+    Ok((Tenants::new(config.tenants.clone()), false))
+}
+
+/// The HTTP side's setup: `config`'s listeners, limits and tenants (reloaded on SIGHUP when
+/// the config came from a file), the metrics token read once (a missing, loose or short token
+/// file fails here).
+pub(crate) fn http_setup(
+    config: &Config,
+    backend: cluster::Router,
+    (tenants, dev): (Tenants, bool),
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    context: usize,
+) -> Result<HttpSetup, ServeError> {
+    let metrics_token = config.metrics.token()?.map(|t| sha256(t.as_bytes()));
+    let dev_key: Option<PathBuf> = dev.then(dev_key_path);
+    Ok(HttpSetup {
+        listen: config.listen,
+        metrics_listen: config.metrics.listen,
+        metrics_token,
+        settings: ApiSettings {
+            model_name: config.model_name.clone(),
+            limits: config.limits.clone(),
+            tenant_names: config.metrics.tenant_names,
+        },
+        backend,
+        tenants,
+        dev_key,
+        tokenizer,
+        template,
+        context,
+        tenant_updates: reload_tenants_on_sighup(config.source.clone(), dev),
+    })
+}
