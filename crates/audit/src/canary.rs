@@ -314,7 +314,7 @@ mod tests {
         // code-like text: nothing may match.
         let idx = index_with(20_000, 4);
         let mut rng = Rng::new(9);
-        let filler = super::super::workload::filler(&mut rng, 20_000);
+        let filler = super::super::prose::filler(&mut rng, 20_000);
         let prose = "The quick brown fox jumps over the lazy dog. Kubernetes orchestrates containers; \
             a refrigerator moves heat from inside to outside. Velvet curtains, zebra crossings and \
             vocabulary lessons: the government announced a comprehensive infrastructure programme \
@@ -325,7 +325,7 @@ mod tests {
         let hits: Vec<(String, &str)> =
             idx.scan(&filler).iter().map(|h| (idx.get(h.canary).text.clone(), &filler[h.start..h.end])).collect();
         assert!(hits.is_empty(), "{hits:?}");
-        assert!(idx.scan(super::super::workload::INSTRUCTIONS.join(" ").as_str()).is_empty());
+        assert!(idx.scan(super::super::prose::INSTRUCTIONS.join(" ").as_str()).is_empty());
         // The project's own documentation: some 40 kB of technical English.
         for doc in [
             include_str!("../../../README.md"),

@@ -101,7 +101,7 @@ pub(crate) fn calibrate(client: &Client, key: &str, model: &str, meter: &Meter) 
         let prompt = format!("The secret code is kavorimu-tezulani-4821. {words} Repeat the secret code exactly.");
         workload::body(model, Endpoint::Chat, &prompt, 1, false, 0)
     };
-    let text = workload::filler(&mut rng, 1000);
+    let text = crate::prose::filler(&mut rng, 1000);
     let (window, a) = probe(client, key, Endpoint::Chat.path(), &make(""));
     let (a, b) = match (meter.count(&make("")), meter.count(&make(&text))) {
         (Some(a), Some(b)) => (Some(a), Some(b)),

@@ -18,11 +18,15 @@
 #![forbid(unsafe_code)]
 
 mod error;
+mod handle;
+mod inbox;
 mod request;
 mod scheduler;
+mod settings;
 mod violation;
 
 pub use error::{AdmissionError, EngineError};
+pub use handle::{door_check, Engine, EngineHandle};
 pub use request::{Event, EventSender, FinishReason, GenRequest, RequestStream, TokenEvent, Usage};
-pub use scheduler::{door_check, Engine, EngineConfig, EngineHandle, EngineStats, Revoke, TenantPolicy};
+pub use settings::{EngineConfig, EngineStats, Revoke, TenantPolicy};
 pub use violation::ViolationKind;

@@ -1,9 +1,8 @@
 //! The step loop: admission, continuous batching, chunked prefill, sampling, cancellation.
 
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
-use std::thread::JoinHandle;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use kv::{BlockTable, CacheScope, KvError, KvPool, Owner, TenantId};
@@ -11,349 +10,12 @@ use model::{Llama, Logits, SeqStep};
 use sampling::Sampler;
 use tokio::sync::mpsc as tmpsc;
 
-use crate::{
-    AdmissionError, EngineError, Event, FinishReason, GenRequest, RequestStream, TokenEvent, Usage, ViolationKind,
-};
-
-#[derive(Debug, Clone)]
-pub struct EngineConfig {
-    /// Tokens per forward step: one per decoding sequence, the rest for prefill chunks. Bounds
-    /// the latency a long prompt adds to everyone else's next token.
-    pub max_batch_tokens: usize,
-    /// Sequences running (prefilling or decoding) at once.
-    pub max_running: usize,
-    /// Requests waiting for pages, across all tenants.
-    pub max_queued: usize,
-    /// How long a request may wait for pages before it is refused.
-    pub queue_timeout: Duration,
-    /// Reuse whole prompt pages a request of the same tenant (and client salt) computed
-    /// before: the tenant-scoped prefix cache of the pool the prompt is prefilled in.
-    pub prefix_cache: bool,
-}
-
-impl Default for EngineConfig {
-    fn default() -> Self {
-        EngineConfig {
-            max_batch_tokens: 512,
-            max_running: 64,
-            max_queued: 256,
-            queue_timeout: Duration::from_secs(30),
-            prefix_cache: true,
-        }
-    }
-}
-
-/// A snapshot for metrics and tests.
-#[derive(Debug, Clone, Default)]
-pub struct EngineStats {
-    pub queued: usize,
-    pub running: usize,
-    pub pages_total: usize,
-    pub pages_used: usize,
-    pub pages_by_tenant: Vec<(TenantId, usize)>,
-    pub steps: u64,
-    /// Prompt tokens computed (cache hits excluded).
-    pub prefill_tokens: u64,
-    pub decode_tokens: u64,
-    /// Prompt tokens served from the prefix cache instead of computed.
-    pub cached_tokens: u64,
-    /// Pages held by the prefix caches (main and prefill pool).
-    pub cached_pages: usize,
-    /// The same, per tenant (filled by [`EngineHandle::stats`]).
-    pub cached_pages_by_tenant: Vec<(TenantId, usize)>,
-}
-
-/// What the gateway's tenant table tells an engine (sent at registration and on every change).
-#[derive(Debug, Clone, PartialEq)]
-pub struct TenantPolicy {
-    /// Tenants that may run here; `None` until a table arrives (any tenant may).
-    pub live: Option<HashSet<TenantId>>,
-    /// Tenants whose running and queued requests end now and whose cached prefixes are dropped
-    /// (removed, or their key rotated).
-    pub revoke: Revoke,
-    /// The most of the main pool one tenant may hold (0 < share <= 1). Applied only while the
-    /// table has more than one tenant, so a lone tenant can use the whole pool.
-    pub max_share: f64,
-}
-
-/// Which tenants' state a [`TenantPolicy`] ends.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Revoke {
-    These(Vec<TenantId>),
-    /// Every cached prefix (the worker cannot tell which tenants they belong to any more).
-    AllCaches,
-}
-
-impl Default for TenantPolicy {
-    fn default() -> Self {
-        TenantPolicy { live: None, revoke: Revoke::These(Vec::new()), max_share: 1.0 }
-    }
-}
-
-struct Shared {
-    queued: AtomicUsize,
-    stopping: AtomicBool,
-    stats: Mutex<EngineStats>,
-}
-
-enum Msg {
-    Submit(Box<Pending>),
-    Resume(Box<Resume>),
-    Tenants(TenantPolicy),
-    Shutdown,
-}
-
-/// What admission does for a queued request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    /// Prefill and decode here.
-    Full,
-    /// Reserve the prompt in the prefill pool, prefill, sample the first token, hand over.
-    Prefill,
-    /// Reserve the whole sequence and hand the empty pages over (nothing runs).
-    Reserve,
-}
-
-struct Pending {
-    req: GenRequest,
-    kind: Kind,
-    tx: tmpsc::UnboundedSender<Event>,
-    enqueued: Instant,
-}
+use crate::inbox::{Kind, Msg, Pending, Resume, Shared};
+use crate::settings::{EngineConfig, EngineStats, Revoke, TenantPolicy};
+use crate::{EngineError, Event, FinishReason, GenRequest, TokenEvent, Usage, ViolationKind};
 
 /// A queue: (is it the prefill lane, tenant).
 type QueueKey = (bool, TenantId);
-
-/// A decode that starts from transferred KV.
-struct Resume {
-    req: GenRequest,
-    kv: BlockTable,
-    first: u32,
-    tx: tmpsc::UnboundedSender<Event>,
-}
-
-/// The door rule, the same at every door (gateway, prefill and decode workers): nothing is
-/// queued, reserved, sent or computed for a request that fails it, and a failing request is
-/// refused, never shortened.
-pub fn door_check(
-    prompt: &[u32],
-    max_tokens: usize,
-    context: usize,
-    pool_capacity: usize,
-    vocab: usize,
-) -> Result<(), AdmissionError> {
-    if prompt.is_empty() {
-        return Err(AdmissionError::EmptyPrompt);
-    }
-    if max_tokens == 0 {
-        return Err(AdmissionError::ZeroMaxTokens);
-    }
-    let needed = prompt.len().saturating_add(max_tokens);
-    if needed > context {
-        return Err(AdmissionError::ContextLengthExceeded { prompt: prompt.len(), max_tokens, needed, context });
-    }
-    if needed > pool_capacity {
-        return Err(AdmissionError::ExceedsPool { needed, capacity: pool_capacity });
-    }
-    if let Some(&id) = prompt.iter().find(|&&t| t as usize >= vocab) {
-        return Err(AdmissionError::InvalidToken { id, vocab });
-    }
-    Ok(())
-}
-
-/// A cheap, cloneable door to the engine.
-#[derive(Clone)]
-pub struct EngineHandle {
-    tx: mpsc::Sender<Msg>,
-    shared: Arc<Shared>,
-    pool: KvPool,
-    prefill_pool: KvPool,
-    context: usize,
-    vocab: usize,
-    max_queued: usize,
-}
-
-pub struct Engine {
-    handle: EngineHandle,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl Engine {
-    /// Starts the engine thread. The pool must have been built for this model's layout.
-    pub fn start(model: Llama, pool: KvPool, cfg: EngineConfig) -> Engine {
-        Self::start_with_prefill_pool(model, pool.clone(), pool, cfg)
-    }
-
-    /// Like [`Engine::start`], with prompts of [`EngineHandle::prefill`] requests held in their
-    /// own pool: one process playing both roles must not let decode reservations (which wait
-    /// for transfers) starve the prefills those transfers come from.
-    pub fn start_with_prefill_pool(model: Llama, pool: KvPool, prefill_pool: KvPool, cfg: EngineConfig) -> Engine {
-        let (tx, rx) = mpsc::channel();
-        let shared = Arc::new(Shared {
-            queued: AtomicUsize::new(0),
-            stopping: AtomicBool::new(false),
-            stats: Mutex::new(EngineStats::default()),
-        });
-        let handle = EngineHandle {
-            tx,
-            shared: shared.clone(),
-            pool: pool.clone(),
-            prefill_pool: prefill_pool.clone(),
-            context: model.config.context,
-            vocab: model.config.vocab,
-            max_queued: cfg.max_queued,
-        };
-        let mut lp = Loop {
-            model,
-            pool,
-            prefill_pool,
-            cfg,
-            rx,
-            shared,
-            queues: HashMap::new(),
-            rotation: VecDeque::new(),
-            running: Vec::new(),
-            prefill_cursor: 0,
-            stats: EngineStats::default(),
-            policy: TenantPolicy::default(),
-        };
-        let thread = std::thread::Builder::new().name("pw-engine".into()).spawn(move || lp.run()).ok();
-        Engine { handle, thread }
-    }
-
-    pub fn handle(&self) -> EngineHandle {
-        self.handle.clone()
-    }
-}
-
-impl Drop for Engine {
-    /// Fails whatever is still queued or running (their pages are freed) and stops the thread.
-    fn drop(&mut self) {
-        self.handle.shared.stopping.store(true, Ordering::SeqCst);
-        let _ = self.handle.tx.send(Msg::Shutdown);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-impl EngineHandle {
-    pub fn context_window(&self) -> usize {
-        self.context
-    }
-
-    pub fn pool(&self) -> &KvPool {
-        &self.pool
-    }
-
-    /// The model's vocabulary size: every token id is below it.
-    pub fn vocab(&self) -> usize {
-        self.vocab
-    }
-
-    /// The door check, shared with every other door: nothing is queued, reserved or computed
-    /// for a request that fails it.
-    pub fn check(&self, prompt: &[u32], max_tokens: usize) -> Result<(), AdmissionError> {
-        door_check(prompt, max_tokens, self.context, self.pool.capacity_tokens(), self.vocab)
-    }
-
-    pub fn submit(&self, req: GenRequest) -> Result<RequestStream, AdmissionError> {
-        self.enqueue(req, Kind::Full)
-    }
-
-    /// Prefill-worker half: after the door check, queues the request; once admitted its prompt
-    /// is reserved (in the prefill pool), computed, and the stream ends with
-    /// [`Event::Prefilled`] carrying the pages and the first sampled token.
-    pub fn prefill(&self, req: GenRequest) -> Result<RequestStream, AdmissionError> {
-        let capacity = self.prefill_pool.capacity_tokens();
-        if req.prompt.len() > capacity {
-            return Err(AdmissionError::ExceedsPool { needed: req.prompt.len(), capacity });
-        }
-        self.enqueue(req, Kind::Prefill)
-    }
-
-    /// Decode-worker half: after the door check, queues the request (fairly, with the queue
-    /// timeout); once pages for the whole sequence are free the stream ends with
-    /// [`Event::Reserved`]. Nothing is computed.
-    pub fn reserve(&self, req: GenRequest) -> Result<RequestStream, AdmissionError> {
-        self.enqueue(req, Kind::Reserve)
-    }
-
-    /// Decodes `req` from `kv`, which must be this request's reservation with every prompt
-    /// slot written (checked before any step: an unwritten slot fails the request as an
-    /// isolation violation). `first` is the token the prefill side sampled; it is not emitted
-    /// again, but it ends the request when it is a stop token or `max_tokens` is 1.
-    pub fn resume(&self, req: GenRequest, kv: BlockTable, first: u32) -> Result<RequestStream, AdmissionError> {
-        self.check(&req.prompt, req.max_tokens)?;
-        if self.shared.stopping.load(Ordering::SeqCst) {
-            return Err(AdmissionError::ShuttingDown);
-        }
-        let (tx, rx) = tmpsc::unbounded_channel();
-        let id = req.id;
-        if self.tx.send(Msg::Resume(Box::new(Resume { req, kv, first, tx }))).is_err() {
-            return Err(AdmissionError::ShuttingDown);
-        }
-        Ok(RequestStream { rx, id })
-    }
-
-    fn enqueue(&self, req: GenRequest, kind: Kind) -> Result<RequestStream, AdmissionError> {
-        self.check(&req.prompt, req.max_tokens)?;
-        if self.shared.stopping.load(Ordering::SeqCst) {
-            return Err(AdmissionError::ShuttingDown);
-        }
-        let q = &self.shared.queued;
-        if q.fetch_add(1, Ordering::SeqCst) >= self.max_queued {
-            q.fetch_sub(1, Ordering::SeqCst);
-            return Err(AdmissionError::QueueFull { limit: self.max_queued });
-        }
-        let (tx, rx) = tmpsc::unbounded_channel();
-        let id = req.id;
-        if self.tx.send(Msg::Submit(Box::new(Pending { req, kind, tx, enqueued: Instant::now() }))).is_err() {
-            q.fetch_sub(1, Ordering::SeqCst);
-            return Err(AdmissionError::ShuttingDown);
-        }
-        Ok(RequestStream { rx, id })
-    }
-
-    /// Applies the gateway's tenant table: revoked tenants' requests end with
-    /// [`EngineError::TenantRevoked`] and their cached prefixes go, before any later request is
-    /// admitted; tenants outside `live` are refused from then on.
-    pub fn apply_tenants(&self, policy: TenantPolicy) {
-        let _ = self.tx.send(Msg::Tenants(policy));
-    }
-
-    /// Stops admitting; queued and running requests continue (see `Engine`'s drop for the end).
-    pub fn stop_admitting(&self) {
-        self.shared.stopping.store(true, Ordering::SeqCst);
-    }
-
-    /// Distinguishes engines across processes and hosts (a per-process random salt and this
-    /// engine's address), so stats reported by two roles sharing one engine count once.
-    pub fn instance_id(&self) -> u64 {
-        use std::hash::{BuildHasher, Hasher};
-        static SALT: std::sync::OnceLock<std::collections::hash_map::RandomState> = std::sync::OnceLock::new();
-        let mut h = SALT.get_or_init(std::collections::hash_map::RandomState::new).build_hasher();
-        h.write_usize(Arc::as_ptr(&self.shared) as usize);
-        h.write_u32(std::process::id());
-        h.finish()
-    }
-
-    pub fn stats(&self) -> EngineStats {
-        let mut s = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        s.pages_total = self.pool.total_pages();
-        // Idle cached pages belong to no request: a reservation takes them when it needs them.
-        s.pages_used = self.pool.used_pages().saturating_sub(self.pool.idle_cached_pages());
-        let mut cached = self.pool.cached_pages_by_tenant();
-        if !self.prefill_pool.same_pool(&self.pool) {
-            for (t, n) in self.prefill_pool.cached_pages_by_tenant() {
-                *cached.entry(t).or_default() += n;
-            }
-        }
-        s.cached_pages_by_tenant = cached.into_iter().collect();
-        s.cached_pages_by_tenant.sort_by_key(|(t, _)| t.0);
-        s
-    }
-}
 
 /// How a step's sampling ends a request.
 enum End {
@@ -388,7 +50,7 @@ impl Running {
     }
 }
 
-struct Loop {
+pub(crate) struct Loop {
     model: Llama,
     pool: KvPool,
     prefill_pool: KvPool,
@@ -408,7 +70,31 @@ struct Loop {
 }
 
 impl Loop {
-    fn run(&mut self) {
+    pub(crate) fn new(
+        model: Llama,
+        pool: KvPool,
+        prefill_pool: KvPool,
+        cfg: EngineConfig,
+        rx: mpsc::Receiver<Msg>,
+        shared: Arc<Shared>,
+    ) -> Loop {
+        Loop {
+            model,
+            pool,
+            prefill_pool,
+            cfg,
+            rx,
+            shared,
+            queues: HashMap::new(),
+            rotation: VecDeque::new(),
+            running: Vec::new(),
+            prefill_cursor: 0,
+            stats: EngineStats::default(),
+            policy: TenantPolicy::default(),
+        }
+    }
+
+    pub(crate) fn run(&mut self) {
         loop {
             if !self.receive() {
                 break;
@@ -896,6 +582,9 @@ fn sample_into(r: &mut Running, logits: &[f32]) -> Option<End> {
 mod tests {
     //! Drives the loop by hand, one step at a time, so which sequences share a step is certain.
     #![allow(clippy::unwrap_used)]
+
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
+    use std::sync::Mutex;
 
     use super::*;
     use gguf::GgufFile;

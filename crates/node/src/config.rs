@@ -13,20 +13,9 @@ use gateway::settings::{Limits, TenantConfig};
 use kv::{KvDtype, ScrubPolicy};
 use serde::Deserialize;
 
-/// A configuration that failed to load or validate.
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("cannot read config file {path}: {source}")]
-    Read { path: String, source: std::io::Error },
-    #[error("config file {path} is not valid: {message}")]
-    Parse { path: String, message: String },
-    #[error("config field `{field}`: {message}")]
-    Invalid { field: String, message: String },
-}
-
-fn invalid(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
-    ConfigError::Invalid { field: field.into(), message: message.into() }
-}
+use crate::config_error::invalid;
+pub use crate::config_error::ConfigError;
+use crate::private_file::{read_private_text, read_secret_file};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_MODEL_NAME: &str = "SmolLM2-135M-Instruct";
@@ -186,9 +175,6 @@ pub struct ClusterSettings {
     pub handshake_timeout: Duration,
 }
 
-/// The fewest characters a cluster secret may have.
-pub const MIN_SECRET_LEN: usize = 32;
-
 impl ClusterSettings {
     /// Reads the cluster secret files: the one to dial with (`secret_file`) and the others to
     /// accept (`accept_secret_files`).
@@ -204,45 +190,6 @@ impl ClusterSettings {
             .collect::<Result<_, _>>()?;
         Ok((current, others))
     }
-}
-
-/// One secret file: at least [`MIN_SECRET_LEN`] characters, and readable by its owner only
-/// (anyone who can read it can join the cluster and read its traffic).
-fn read_secret_file(field: &'static str, path: &Path) -> Result<wire::ClusterSecret, ConfigError> {
-    let secret = read_private_text(field, path)?;
-    Ok(wire::ClusterSecret::from_passphrase(secret.as_bytes()))
-}
-
-/// The trimmed text of a file that must be private (mode 600) and hold at least
-/// [`MIN_SECRET_LEN`] characters: a cluster secret or the metrics token.
-fn read_private_text(field: &'static str, path: &Path) -> Result<String, ConfigError> {
-    let meta = std::fs::metadata(path).map_err(|e| invalid(field, format!("cannot read {}: {e}", path.display())))?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let mode = meta.permissions().mode() & 0o777;
-        if mode & 0o077 != 0 {
-            return Err(invalid(
-                field,
-                format!(
-                    "{} is readable by group or others (mode {mode:04o}); run `chmod 600 {}`",
-                    path.display(),
-                    path.display()
-                ),
-            ));
-        }
-    }
-    let _ = meta;
-    let text =
-        std::fs::read_to_string(path).map_err(|e| invalid(field, format!("cannot read {}: {e}", path.display())))?;
-    let secret = text.trim();
-    if secret.len() < MIN_SECRET_LEN {
-        return Err(invalid(
-            field,
-            format!("the secret in {} has {} characters; use at least {MIN_SECRET_LEN}", path.display(), secret.len()),
-        ));
-    }
-    Ok(secret.to_string())
 }
 
 /// `[metrics]`: where `/metrics` is served and what its labels say. The exposition shows

@@ -15,10 +15,12 @@
 
 pub mod cli;
 pub mod config;
+mod config_error;
 mod error;
 mod front;
 pub mod gateway_role;
 pub mod model;
+mod private_file;
 pub mod secrets;
 pub mod serve;
 pub mod signals;

@@ -1,0 +1,81 @@
+//! What an engine is configured with, what it reports, and what a tenant table tells it.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use kv::TenantId;
+
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Tokens per forward step: one per decoding sequence, the rest for prefill chunks. Bounds
+    /// the latency a long prompt adds to everyone else's next token.
+    pub max_batch_tokens: usize,
+    /// Sequences running (prefilling or decoding) at once.
+    pub max_running: usize,
+    /// Requests waiting for pages, across all tenants.
+    pub max_queued: usize,
+    /// How long a request may wait for pages before it is refused.
+    pub queue_timeout: Duration,
+    /// Reuse whole prompt pages a request of the same tenant (and client salt) computed
+    /// before: the tenant-scoped prefix cache of the pool the prompt is prefilled in.
+    pub prefix_cache: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            max_batch_tokens: 512,
+            max_running: 64,
+            max_queued: 256,
+            queue_timeout: Duration::from_secs(30),
+            prefix_cache: true,
+        }
+    }
+}
+
+/// A snapshot for metrics and tests.
+#[derive(Debug, Clone, Default)]
+pub struct EngineStats {
+    pub queued: usize,
+    pub running: usize,
+    pub pages_total: usize,
+    pub pages_used: usize,
+    pub pages_by_tenant: Vec<(TenantId, usize)>,
+    pub steps: u64,
+    /// Prompt tokens computed (cache hits excluded).
+    pub prefill_tokens: u64,
+    pub decode_tokens: u64,
+    /// Prompt tokens served from the prefix cache instead of computed.
+    pub cached_tokens: u64,
+    /// Pages held by the prefix caches (main and prefill pool).
+    pub cached_pages: usize,
+    /// The same, per tenant (filled by [`EngineHandle::stats`]).
+    pub cached_pages_by_tenant: Vec<(TenantId, usize)>,
+}
+
+/// What the gateway's tenant table tells an engine (sent at registration and on every change).
+#[derive(Debug, Clone, PartialEq)]
+pub struct TenantPolicy {
+    /// Tenants that may run here; `None` until a table arrives (any tenant may).
+    pub live: Option<HashSet<TenantId>>,
+    /// Tenants whose running and queued requests end now and whose cached prefixes are dropped
+    /// (removed, or their key rotated).
+    pub revoke: Revoke,
+    /// The most of the main pool one tenant may hold (0 < share <= 1). Applied only while the
+    /// table has more than one tenant, so a lone tenant can use the whole pool.
+    pub max_share: f64,
+}
+
+/// Which tenants' state a [`TenantPolicy`] ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Revoke {
+    These(Vec<TenantId>),
+    /// Every cached prefix (the worker cannot tell which tenants they belong to any more).
+    AllCaches,
+}
+
+impl Default for TenantPolicy {
+    fn default() -> Self {
+        TenantPolicy { live: None, revoke: Revoke::These(Vec::new()), max_share: 1.0 }
+    }
+}
