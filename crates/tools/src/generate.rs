@@ -1,17 +1,20 @@
 //! `pagewarden generate`: a prompt (raw, or chat messages through the model's template) in,
-//! text streamed to the terminal.
+//! text streamed to the terminal. The request runs through the engine, the same step loop,
+//! door rule and sampling as a served request, on a pool sized for it.
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use sampling::{Sampler, SamplingParams, StopTokens};
+use engine::{AdmissionError, Engine, EngineConfig, Event, FinishReason, GenRequest, TokenEvent};
+use kv::{RequestId, TenantId};
+use sampling::{SamplingParams, StopTokens};
 use serde::Serialize;
 use text::{ChatMessage, ChatTemplate, StreamDecoder};
 
 use crate::runtime;
-use crate::session::{self, Finish};
 use crate::ModelArgs;
 
 #[derive(Args)]
@@ -59,6 +62,13 @@ pub struct GenerateArgs {
     pub json: bool,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum Finish {
+    Stop,
+    Length,
+}
+
 #[derive(Serialize)]
 struct Output {
     prompt_tokens: usize,
@@ -66,9 +76,20 @@ struct Output {
     tokens: Vec<u32>,
     finish_reason: Finish,
     logprobs: Vec<TokenLogprob>,
+    /// From submission to the first token: the prompt's prefill and the first sampling.
     prefill_ms: f64,
+    /// From the first token to the end: one decode step per further token.
     decode_ms: f64,
+    /// Decode steps (tokens after the first) per second.
     decode_tokens_per_s: f64,
+}
+
+/// One request's tokens and timings.
+struct Generation {
+    tokens: Vec<TokenEvent>,
+    finish: Finish,
+    prefill: Duration,
+    decode: Duration,
 }
 
 #[derive(Serialize)]
@@ -122,32 +143,48 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
     };
     let model = runtime::load_model(&file, a.m.threads)?;
     drop(file);
+    let context = model.config.context;
+    // The door rule, before a pool is built: a request that cannot be served whole is refused.
+    if let Err(e) = engine::door_check(&prompt, a.max_tokens, context, usize::MAX, model.config.vocab) {
+        bail!("{}", door_message(&e));
+    }
     let pool = runtime::pool_for(&model, prompt.len() + a.max_tokens)?;
-    let mut sampler = Sampler::new(params);
-    let stops = StopTokens::new(tok.stop_tokens());
+    let engine = Engine::start(model, pool, EngineConfig { prefix_cache: false, ..EngineConfig::default() });
+    let request = GenRequest {
+        id: RequestId(1),
+        tenant: TenantId(1),
+        prompt: prompt.clone(),
+        max_tokens: a.max_tokens,
+        sampling: params,
+        stop_tokens: StopTokens::new(tok.stop_tokens()),
+        deadline: None,
+        cache_salt: None,
+    };
     let mut dec = StreamDecoder::new();
     let mut out = std::io::stdout().lock();
     let stream = !a.json;
-    let g = session::generate(&model, &pool, &prompt, a.max_tokens, &mut sampler, &stops, |id, _| {
-        let piece = dec.push(&tok, id)?;
+    let g = run_request(&engine, request, |t| {
+        let piece = dec.push(&tok, t.token)?;
         if stream {
             out.write_all(piece.as_bytes())?;
             out.flush()?;
         }
         Ok(())
     })?;
+    drop(engine);
     if stream {
         out.write_all(dec.finish().as_bytes())?;
         out.write_all(b"\n")?;
         return Ok(());
     }
+    let ids: Vec<u32> = g.tokens.iter().map(|t| t.token).collect();
     let decode_s = g.decode.as_secs_f64();
     let o = Output {
         prompt_tokens: prompt.len(),
-        text: tok.decode(&g.tokens)?,
+        text: tok.decode(&ids)?,
         finish_reason: g.finish,
         logprobs: g
-            .sampled
+            .tokens
             .iter()
             .map(|s| TokenLogprob {
                 token: s.token,
@@ -155,11 +192,53 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
                 top: s.top.iter().map(|t| (t.token, t.logprob)).collect(),
             })
             .collect(),
-        decode_tokens_per_s: if decode_s > 0.0 { g.tokens.len() as f64 / decode_s } else { 0.0 },
-        tokens: g.tokens,
+        decode_tokens_per_s: if decode_s > 0.0 { ids.len().saturating_sub(1) as f64 / decode_s } else { 0.0 },
+        tokens: ids,
         prefill_ms: g.prefill.as_secs_f64() * 1e3,
         decode_ms: decode_s * 1e3,
     };
     writeln!(out, "{}", serde_json::to_string(&o)?)?;
     Ok(())
+}
+
+/// The CLI's wording of a refusal at the door.
+fn door_message(e: &AdmissionError) -> String {
+    match e {
+        AdmissionError::ContextLengthExceeded { prompt, max_tokens, context, .. } => format!(
+            "prompt of {prompt} tokens plus {max_tokens} new tokens exceeds the context window of {context} tokens"
+        ),
+        other => other.to_string(),
+    }
+}
+
+/// Submits `request` and follows its events to the end, calling `on_token` for each token.
+fn run_request(
+    engine: &Engine,
+    request: GenRequest,
+    mut on_token: impl FnMut(&TokenEvent) -> Result<()>,
+) -> Result<Generation> {
+    let t0 = Instant::now();
+    let mut stream = engine.handle().submit(request).map_err(|e| anyhow::anyhow!(door_message(&e)))?;
+    let mut tokens = Vec::new();
+    let mut first: Option<Instant> = None;
+    loop {
+        match stream.blocking_next() {
+            Some(Event::Token(t)) => {
+                first.get_or_insert_with(Instant::now);
+                on_token(&t)?;
+                tokens.push(t);
+            }
+            Some(Event::Finished { reason, .. }) => {
+                let first = first.unwrap_or_else(Instant::now);
+                let finish = match reason {
+                    FinishReason::Stop => Finish::Stop,
+                    FinishReason::Length => Finish::Length,
+                };
+                return Ok(Generation { tokens, finish, prefill: first - t0, decode: first.elapsed() });
+            }
+            Some(Event::Failed(e)) => bail!("generation failed: {e}"),
+            Some(_) => {}
+            None => bail!("the engine stopped before the request finished"),
+        }
+    }
 }

@@ -12,7 +12,6 @@ pub mod eval;
 pub mod generate;
 mod llama_bench;
 mod runtime;
-mod session;
 pub mod textcmd;
 
 use std::path::PathBuf;
