@@ -136,7 +136,7 @@ async fn decode(
         match stream.next().await {
             Some(Event::Started) => {}
             Some(Event::Token(t)) => {
-                let _ = out.send(ToGateway::Token { route: spec.route, token: (&t).into() });
+                let _ = out.send(ToGateway::Token { route: spec.route, token: t });
             }
             Some(Event::Finished { reason, usage }) => {
                 let _ = out.send(ToGateway::finished(spec.route, reason, usage));

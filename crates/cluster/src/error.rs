@@ -13,7 +13,7 @@ pub enum ClusterError {
     Timeout(&'static str),
     #[error("bad control message: {0}")]
     Message(String),
-    #[error("the peer is a {} node, expected {}", crate::proto::role_name(*got), role_list(want))]
+    #[error("the peer is a {} node, expected {}", got.name(), role_list(want))]
     WrongRole { got: Role, want: Vec<Role> },
     #[error("registration refused: {0}")]
     Rejected(String),
@@ -25,7 +25,7 @@ pub enum ClusterError {
 
 /// "prefill or decode".
 fn role_list(roles: &[Role]) -> String {
-    roles.iter().map(|r| crate::proto::role_name(*r)).collect::<Vec<_>>().join(" or ")
+    roles.iter().map(|r| r.name()).collect::<Vec<_>>().join(" or ")
 }
 
 /// Fresh random bytes (nonces, ticket keys).

@@ -73,7 +73,7 @@ async fn route_inner(
             Some(_) | None => return Err(Failure::Internal("the engine ended the prefill without KV".into())),
         }
     };
-    let _ = out.send(ToGateway::First { route: spec.route, token: (&first).into(), cached_tokens });
+    let _ = out.send(ToGateway::First { route: spec.route, token: first.clone(), cached_tokens });
 
     let timeout = ctx.cfg.handshake_timeout;
     let unreachable = |e: ClusterError| Failure::Unreachable(format!("decode worker at {decode_addr}: {e}"));

@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use engine::{AdmissionError, EngineError, FinishReason, GenRequest, TokenEvent, Usage, ViolationKind};
 use kv::{RequestId, TenantId};
-use sampling::{RawSamplingParams, SamplingParams, StopTokens, TopLogprob};
+use sampling::{RawSamplingParams, SamplingParams, StopTokens};
 use serde::{Deserialize, Serialize};
-use wire::{Role, Ticket, TicketNonce};
+use wire::{Ticket, TicketNonce};
 
 /// Sent by a worker right after the handshake.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -153,29 +153,6 @@ pub enum ToWorker {
     Tenants(TenantTable),
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct TokenWire {
-    pub token: u32,
-    pub logprob: f32,
-    pub top: Vec<(u32, f32)>,
-}
-
-impl From<&TokenEvent> for TokenWire {
-    fn from(t: &TokenEvent) -> Self {
-        TokenWire { token: t.token, logprob: t.logprob, top: t.top.iter().map(|x| (x.token, x.logprob)).collect() }
-    }
-}
-
-impl From<TokenWire> for TokenEvent {
-    fn from(t: TokenWire) -> Self {
-        TokenEvent {
-            token: t.token,
-            logprob: t.logprob,
-            top: t.top.into_iter().map(|(token, logprob)| TopLogprob { token, logprob }).collect(),
-        }
-    }
-}
-
 /// Why a route failed, on the wire.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Failure {
@@ -222,12 +199,6 @@ impl Failure {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub enum Finish {
-    Stop,
-    Length,
-}
-
 /// A worker's counters, pushed to the gateway periodically (and served on its metrics port).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Stats {
@@ -269,7 +240,7 @@ pub enum ToGateway {
     /// Prefill: the first sampled token (held by the gateway until decode verified the KV).
     First {
         route: u64,
-        token: TokenWire,
+        token: TokenEvent,
         /// Prompt tokens the prefill worker served from its prefix cache, when it consulted
         /// one (usage only: the whole prompt's KV is sent and verified either way).
         #[serde(default)]
@@ -287,11 +258,11 @@ pub enum ToGateway {
     },
     Token {
         route: u64,
-        token: TokenWire,
+        token: TokenEvent,
     },
     Finished {
         route: u64,
-        reason: Finish,
+        reason: FinishReason,
         usage: (usize, usize),
     },
     Failed {
@@ -318,20 +289,7 @@ impl ToGateway {
     }
 
     pub fn finished(route: u64, reason: FinishReason, usage: Usage) -> ToGateway {
-        let reason = match reason {
-            FinishReason::Stop => Finish::Stop,
-            FinishReason::Length => Finish::Length,
-        };
         ToGateway::Finished { route, reason, usage: (usage.prompt_tokens, usage.completion_tokens) }
-    }
-}
-
-/// Roles as the router names them.
-pub fn role_name(r: Role) -> &'static str {
-    match r {
-        Role::Gateway => "gateway",
-        Role::Prefill => "prefill",
-        Role::Decode => "decode",
     }
 }
 

@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use engine::{
-    AdmissionError, EngineError, EngineStats, Event, EventSender, FinishReason, GenRequest, RequestStream, TokenEvent,
-    Usage, ViolationKind,
+    AdmissionError, EngineError, EngineStats, Event, EventSender, GenRequest, RequestStream, TokenEvent, Usage,
+    ViolationKind,
 };
 use kv::TenantId;
 use tokio::sync::mpsc;
@@ -17,7 +17,7 @@ use wire::{Role, Ticket};
 use crate::link::{refusal_reason, refuse_busy, HandshakeGate, Identity};
 use crate::metrics::LinkMetrics;
 use crate::net::{BoxIo, Listener};
-use crate::proto::{role_name, Failure, Finish, Register, Registered, Spec, Stats, TenantTable, ToGateway, ToWorker};
+use crate::proto::{Failure, Register, Registered, Spec, Stats, TenantTable, ToGateway, ToWorker};
 use crate::{ClusterError, Link};
 
 #[derive(Clone)]
@@ -203,7 +203,7 @@ impl Router {
             routes: Mutex::new(HashMap::new()),
             stats: Mutex::new(Stats::default()),
         });
-        tracing::info!(role = role_name(role), worker = %w.name, "worker registered");
+        tracing::info!(role = role.name(), worker = %w.name, "worker registered");
         self.workers().push(w.clone());
         let writer = tokio::spawn(async move {
             while let Some(m) = rx.recv().await {
@@ -230,7 +230,7 @@ impl Router {
         for (_, t) in w.routes().drain() {
             let _ = t.send((role, RouteMsg::Lost));
         }
-        tracing::info!(role = role_name(role), worker = %w.name, "worker left");
+        tracing::info!(role = role.name(), worker = %w.name, "worker left");
         result
     }
 
@@ -271,7 +271,7 @@ impl Router {
             .iter()
             .map(|w| WorkerInfo {
                 name: w.name.clone(),
-                role: role_name(w.role),
+                role: w.role.name(),
                 inflight: w.inflight.load(Ordering::Relaxed),
                 stats: w.stats.lock().unwrap_or_else(|e| e.into_inner()).clone(),
             })
@@ -448,7 +448,7 @@ impl Router {
             let msg = match msg {
                 RouteMsg::Lost => {
                     avoid.push(worker.id);
-                    let e = EngineError::Unavailable(format!("{} worker {} was lost", role_name(from), worker.name));
+                    let e = EngineError::Unavailable(format!("{} worker {} was lost", from.name(), worker.name));
                     return if gate.released { Outcome::Fail(e) } else { Outcome::Retry(e) };
                 }
                 RouteMsg::Msg(m) => m,
@@ -464,7 +464,7 @@ impl Router {
                     let _ = prefill.tx.send(ToWorker::Prefill { spec: spec.clone(), ticket, decode_addr });
                 }
                 (Role::Prefill, ToGateway::First { token, cached_tokens, .. }) => {
-                    gate.first = Some(token.into());
+                    gate.first = Some(token);
                     if let Some(n) = cached_tokens {
                         gate.cached_tokens = n;
                         let _ = ev.send(Event::PrefixCache { cached_tokens: n });
@@ -491,7 +491,7 @@ impl Router {
                     return Outcome::Fail(failure.to_engine());
                 }
                 (role, other) => {
-                    let what = format!("{} sent an unexpected {:?}", role_name(role), std::mem::discriminant(&other));
+                    let what = format!("{} sent an unexpected {:?}", role.name(), std::mem::discriminant(&other));
                     return Outcome::Fail(EngineError::Internal(what));
                 }
             }
@@ -556,13 +556,9 @@ impl FirstTokenGate {
                     if token.token as usize >= vocab {
                         return Err(ViolationKind::BadToken);
                     }
-                    let _ = ev.send(Event::Token(token.into()));
+                    let _ = ev.send(Event::Token(token));
                 }
                 ToGateway::Finished { reason, usage, .. } => {
-                    let reason = match reason {
-                        Finish::Stop => FinishReason::Stop,
-                        Finish::Length => FinishReason::Length,
-                    };
                     let usage =
                         Usage { prompt_tokens: usage.0, completion_tokens: usage.1, cached_tokens: self.cached_tokens };
                     let _ = ev.send(Event::Finished { reason, usage });
@@ -598,7 +594,7 @@ impl Drop for RouteGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::TokenWire;
+    use engine::FinishReason;
     use engine::RequestStream;
     use kv::{RequestId, TenantId};
 
@@ -656,7 +652,7 @@ mod tests {
     }
 
     fn token_msg(t: u32) -> ToGateway {
-        ToGateway::Token { route: 1, token: TokenWire { token: t, logprob: -0.5, top: vec![] } }
+        ToGateway::Token { route: 1, token: TokenEvent { token: t, logprob: -0.5, top: vec![] } }
     }
 
     /// What the gate sent, once the sender is gone.
@@ -686,7 +682,7 @@ mod tests {
         assert_eq!(gate.release(&req, &tx, VOCAB), Ok(false));
         assert!(!gate.released);
         gate.verified = Some(42);
-        gate.pending.push_back(ToGateway::Finished { route: 1, reason: Finish::Length, usage: (3, 2) });
+        gate.pending.push_back(ToGateway::Finished { route: 1, reason: FinishReason::Length, usage: (3, 2) });
         assert_eq!(gate.release(&req, &tx, VOCAB), Ok(true));
         assert_eq!(sent(tx, rs), ["token 42", "token 43", "finished Length 3 2 2"]);
     }
@@ -721,7 +717,7 @@ mod tests {
         let req = request(&[0]);
         let (tx, rs) = RequestStream::channel(req.id);
         let mut gate = FirstTokenGate { first: Some(tok(0)), verified: Some(0), ..Default::default() };
-        gate.pending.push_back(ToGateway::Finished { route: 1, reason: Finish::Stop, usage: (3, 1) });
+        gate.pending.push_back(ToGateway::Finished { route: 1, reason: FinishReason::Stop, usage: (3, 1) });
         assert_eq!(gate.release(&req, &tx, VOCAB), Ok(true));
         assert_eq!(sent(tx, rs), ["finished Stop 3 1 0"]);
     }

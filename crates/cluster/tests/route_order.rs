@@ -7,9 +7,10 @@
 use std::time::{Duration, Instant};
 
 use cluster::link::{LinkReader, LinkWriter};
-use cluster::proto::{Finish, Register, Registered, TicketWire, ToGateway, ToWorker, TokenWire};
+use cluster::proto::{Register, Registered, TicketWire, ToGateway, ToWorker};
 use cluster::{Identity, Link, Net, Router, RouterConfig, SecretRing};
 use engine::{Event, GenRequest};
+use engine::{FinishReason, TokenEvent};
 use kv::{KvDtype, KvLayout, RequestId, TenantId};
 use wire::{ClusterSecret, PairingInfo, Role};
 
@@ -52,8 +53,8 @@ async fn next(rd: &mut LinkReader, within: Duration) -> Option<ToWorker> {
     }
 }
 
-fn token(t: u32) -> TokenWire {
-    TokenWire { token: t, logprob: -0.25, top: vec![] }
+fn token(t: u32) -> TokenEvent {
+    TokenEvent { token: t, logprob: -0.25, top: vec![] }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -104,7 +105,7 @@ async fn a_verification_that_overtakes_the_prefill_workers_sent_neither_times_ou
     let retried = next(&mut d_rd, TRANSFER_TIMEOUT * 4).await;
     assert!(retried.is_none(), "the router started the request over: {retried:?}");
     d_wr.send(&ToGateway::Token { route, token: token(42) }).await.unwrap();
-    d_wr.send(&ToGateway::Finished { route, reason: Finish::Length, usage: (3, 3) }).await.unwrap();
+    d_wr.send(&ToGateway::Finished { route, reason: FinishReason::Length, usage: (3, 3) }).await.unwrap();
 
     let mut got = Vec::new();
     loop {

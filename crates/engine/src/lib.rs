@@ -23,10 +23,9 @@ mod inbox;
 mod request;
 mod scheduler;
 mod settings;
-mod violation;
 
 pub use error::{AdmissionError, EngineError};
 pub use handle::{door_check, Engine, EngineHandle};
-pub use request::{Event, EventSender, FinishReason, GenRequest, RequestStream, TokenEvent, Usage};
+pub use request::{Event, EventSender, GenRequest, RequestStream};
 pub use settings::{EngineConfig, EngineStats, Revoke, TenantPolicy};
-pub use violation::ViolationKind;
+pub use types::{FinishReason, TokenEvent, Usage, ViolationKind};

@@ -3,8 +3,9 @@
 use std::time::Instant;
 
 use kv::{BlockTable, RequestId, TenantId};
-use sampling::{SamplingParams, StopTokens, TopLogprob};
+use sampling::{SamplingParams, StopTokens};
 use tokio::sync::mpsc;
+use types::{FinishReason, TokenEvent, Usage};
 
 /// A tokenized generation request.
 #[derive(Debug, Clone)]
@@ -21,28 +22,6 @@ pub struct GenRequest {
     /// A client's salt narrowing prefix-cache sharing within the tenant (never widening it:
     /// the cache scope is derived from `tenant` first).
     pub cache_salt: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinishReason {
-    Stop,
-    Length,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Usage {
-    pub prompt_tokens: usize,
-    pub completion_tokens: usize,
-    /// Prompt tokens whose KV came from the prefix cache (OpenAI's
-    /// `prompt_tokens_details.cached_tokens`).
-    pub cached_tokens: usize,
-}
-
-#[derive(Debug, Clone)]
-pub struct TokenEvent {
-    pub token: u32,
-    pub logprob: f32,
-    pub top: Vec<TopLogprob>,
 }
 
 /// One message of a request's stream. A stream ends with exactly one `Finished` or `Failed`,

@@ -562,16 +562,16 @@ fn sample_into(r: &mut Running, logits: &[f32]) -> Option<End> {
         Ok(s) => s,
         Err(e) => return Some(End::Event(Event::Failed(EngineError::Internal(e.to_string())))),
     };
-    let token = TokenEvent { token: s.token, logprob: s.logprob, top: s.top };
+    let id = s.token;
     if r.kind == Kind::Prefill {
-        return Some(End::Handoff(token));
+        return Some(End::Handoff(s));
     }
-    if r.req.stop_tokens.contains(s.token) {
+    if r.req.stop_tokens.contains(id) {
         return Some(End::Event(Event::Finished { reason: FinishReason::Stop, usage: usage(r) }));
     }
-    r.generated.push(s.token);
-    r.input = [s.token];
-    let _ = r.tx.send(Event::Token(token));
+    r.generated.push(id);
+    r.input = [id];
+    let _ = r.tx.send(Event::Token(s));
     if r.generated.len() >= r.req.max_tokens {
         return Some(End::Event(Event::Finished { reason: FinishReason::Length, usage: usage(r) }));
     }

@@ -48,22 +48,8 @@ pub use pool::KvPool;
 pub use prefix::{CacheScope, PrefixKey};
 pub use slice::KvSlice;
 pub use table::BlockTable;
+pub use types::{Owner, RequestId, TenantId};
 pub use view::{KvChunk, LayerView};
-
-/// An authenticated tenant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TenantId(pub u64);
-
-/// One request of a tenant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct RequestId(pub u64);
-
-/// Who a page or block table belongs to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Owner {
-    pub tenant: TenantId,
-    pub request: RequestId,
-}
 
 /// A page and the generation it was leased at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

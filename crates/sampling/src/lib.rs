@@ -18,7 +18,8 @@ mod sampler;
 pub use error::SamplingError;
 pub use params::{RawSamplingParams, SamplingParams, SamplingParamsBuilder, MAX_TOP_LOGPROBS, PENALTY_LAST_N};
 pub use rng::Rng;
-pub use sampler::{Sampled, Sampler, TopLogprob};
+pub use sampler::{Sampled, Sampler};
+pub use types::TopLogprob;
 
 /// `out[i] = logits[i] - logsumexp(logits)`, computed stably (max subtracted,
 /// sum accumulated in f64). -inf logits give -inf. If no logit is finite or

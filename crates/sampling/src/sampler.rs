@@ -3,14 +3,9 @@
 use std::cmp::Ordering;
 
 use crate::rng::{entropy_seed, Rng};
-use crate::{argmax, SamplingError, SamplingParams};
+use types::TopLogprob;
 
-/// One alternative token with its log-probability.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TopLogprob {
-    pub token: u32,
-    pub logprob: f32,
-}
+use crate::{argmax, SamplingError, SamplingParams};
 
 /// The outcome of one sampling step.
 ///
@@ -18,12 +13,7 @@ pub struct TopLogprob {
 /// penalties, truncation and temperature), as OpenAI reports them. `top` holds
 /// `top_logprobs` entries (fewer if fewer tokens are unmasked), sorted by
 /// descending logprob, ties by lower id; masked (-inf) tokens never appear.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Sampled {
-    pub token: u32,
-    pub logprob: f32,
-    pub top: Vec<TopLogprob>,
-}
+pub type Sampled = types::TokenEvent;
 
 #[derive(Debug, Clone, Copy)]
 struct Cand {

@@ -62,19 +62,12 @@ pub struct GenerateArgs {
     pub json: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-enum Finish {
-    Stop,
-    Length,
-}
-
 #[derive(Serialize)]
 struct Output {
     prompt_tokens: usize,
     text: String,
     tokens: Vec<u32>,
-    finish_reason: Finish,
+    finish_reason: FinishReason,
     logprobs: Vec<TokenLogprob>,
     /// From submission to the first token: the prompt's prefill and the first sampling.
     prefill_ms: f64,
@@ -87,7 +80,7 @@ struct Output {
 /// One request's tokens and timings.
 struct Generation {
     tokens: Vec<TokenEvent>,
-    finish: Finish,
+    finish: FinishReason,
     prefill: Duration,
     decode: Duration,
 }
@@ -230,11 +223,7 @@ fn run_request(
             }
             Some(Event::Finished { reason, .. }) => {
                 let first = first.unwrap_or_else(Instant::now);
-                let finish = match reason {
-                    FinishReason::Stop => Finish::Stop,
-                    FinishReason::Length => Finish::Length,
-                };
-                return Ok(Generation { tokens, finish, prefill: first - t0, decode: first.elapsed() });
+                return Ok(Generation { tokens, finish: reason, prefill: first - t0, decode: first.elapsed() });
             }
             Some(Event::Failed(e)) => bail!("generation failed: {e}"),
             Some(_) => {}

@@ -3,22 +3,9 @@
 //! key exchange, so it can be neither read nor forged on the network.
 
 use kv::{KvDtype, KvLayout};
+pub use types::Role;
 
 use crate::ct::ct_eq32;
-
-/// What a node is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Role {
-    Gateway = 1,
-    Prefill = 2,
-    Decode = 3,
-}
-
-impl Role {
-    pub(crate) fn from_u8(v: u8) -> Option<Self> {
-        [Role::Gateway, Role::Prefill, Role::Decode].into_iter().find(|r| *r as u8 == v)
-    }
-}
 
 /// Model shape of the KV cache, as compared at pairing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

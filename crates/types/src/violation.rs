@@ -2,13 +2,12 @@
 //! one of these, whatever a peer sends (a peer names a kind by variant; an unknown one does not
 //! decode).
 
-use serde::{Deserialize, Serialize};
-
 macro_rules! kinds {
     ($($variant:ident = $label:literal,)*) => {
         /// Which integrity or ownership check failed.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-        #[serde(rename_all = "snake_case")]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+        #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+        #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
         pub enum ViolationKind {
             $($variant,)*
         }
@@ -24,7 +23,7 @@ macro_rules! kinds {
                 }
             }
 
-            /// The kind a local check's label names ([`wire::WireError::kind`]-style labels);
+            /// The kind a local check's label names (`wire::WireError::kind`-style labels);
             /// `Other` for a label that is not a violation kind.
             pub fn from_label(label: &str) -> ViolationKind {
                 match label {
