@@ -24,6 +24,7 @@
 mod decode;
 mod error;
 pub mod link;
+pub mod metric_names;
 pub mod metrics;
 pub mod net;
 mod prefill;

@@ -1,5 +1,5 @@
-//! A worker's counters and their metric names (served by the worker's metrics listener,
-//! `gateway::server::serve_worker_metrics`).
+//! A worker's counters and their exposition (served by the worker's metrics listener,
+//! `gateway::http::serve_worker_metrics`); its names come from [`crate::metric_names`].
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -7,18 +7,8 @@ use std::sync::Mutex;
 
 use engine::{EngineHandle, ViolationKind};
 
+use crate::metric_names::*;
 use crate::proto::Stats;
-
-pub const RESERVATIONS_TOTAL: &str = "pagewarden_worker_reservations_total";
-pub const FRAMES_SENT_TOTAL: &str = "pagewarden_kv_frames_sent_total";
-pub const FRAMES_RECEIVED_TOTAL: &str = "pagewarden_kv_frames_received_total";
-pub const TRANSFERS_COMPLETED_TOTAL: &str = "pagewarden_kv_transfers_completed_total";
-pub const ISOLATION_VIOLATIONS_TOTAL: &str = "pagewarden_isolation_violations_total";
-pub const PAGES_USED: &str = "pagewarden_kv_pages_used";
-pub const PAGES_TOTAL: &str = "pagewarden_kv_pages_total";
-pub const LINK_FAILURES_TOTAL: &str = "pagewarden_link_failures_total";
-pub const KV_CRYPTO_SECONDS_TOTAL: &str = "pagewarden_kv_crypto_seconds_total";
-pub const PREFIX_CACHE_PAGES: &str = "pagewarden_worker_prefix_cache_pages";
 
 /// Node links that failed, by reason ([`crate::link::refusal_reason`]): handshakes refused
 /// (another secret, a reflection, a full handshake gate, a pairing mismatch, a timeout) and
@@ -100,18 +90,18 @@ pub fn render(role: &str, s: &Stats) -> String {
     let mut line = |name: &str, kind: &str, v: u64| {
         out.push_str(&format!("# TYPE {name} {kind}\n{name}{{role=\"{role}\"}} {v}\n"));
     };
-    line(RESERVATIONS_TOTAL, "counter", s.reservations);
-    line(FRAMES_SENT_TOTAL, "counter", s.frames_sent);
-    line(FRAMES_RECEIVED_TOTAL, "counter", s.frames_received);
-    line(TRANSFERS_COMPLETED_TOTAL, "counter", s.transfers_completed);
-    line(PAGES_USED, "gauge", s.pages_used as u64);
-    line(PAGES_TOTAL, "gauge", s.pages_total as u64);
+    line(WORKER_RESERVATIONS_TOTAL, "counter", s.reservations);
+    line(KV_FRAMES_SENT_TOTAL, "counter", s.frames_sent);
+    line(KV_FRAMES_RECEIVED_TOTAL, "counter", s.frames_received);
+    line(KV_TRANSFERS_COMPLETED_TOTAL, "counter", s.transfers_completed);
+    line(KV_PAGES_USED, "gauge", s.pages_used as u64);
+    line(KV_PAGES_TOTAL, "gauge", s.pages_total as u64);
     // Tenant ids only: this listener is the operator's, but names stay at the gateway.
     out.push_str(&format!(
-        "# HELP {PREFIX_CACHE_PAGES} Pages in this worker's prefix caches, by tenant id.\n# TYPE {PREFIX_CACHE_PAGES} gauge\n"
+        "# HELP {WORKER_PREFIX_CACHE_PAGES} Pages in this worker's prefix caches, by tenant id.\n# TYPE {WORKER_PREFIX_CACHE_PAGES} gauge\n"
     ));
     for (t, n) in &s.cached_pages_by_tenant {
-        out.push_str(&format!("{PREFIX_CACHE_PAGES}{{role=\"{role}\",tenant=\"{t}\"}} {n}\n"));
+        out.push_str(&format!("{WORKER_PREFIX_CACHE_PAGES}{{role=\"{role}\",tenant=\"{t}\"}} {n}\n"));
     }
     out.push_str(&format!(
         "# HELP {KV_CRYPTO_SECONDS_TOTAL} Time spent on KV link handshakes and sealing frames (prefill), or opening and checking frames (decode).\n\

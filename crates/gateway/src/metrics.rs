@@ -1,5 +1,5 @@
-//! Prometheus metrics in the text exposition format. Every metric name is a constant of this
-//! module; nothing else spells one.
+//! Prometheus metrics in the text exposition format. Every metric name is a constant of
+//! `cluster::metric_names` (with the naming rules); nothing else spells one.
 //!
 //! Tenants are labelled by numeric id unless `[metrics] tenant_names` is set, and every label
 //! value that is not a fixed string of this crate (worker names from registration, kinds a
@@ -11,28 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use cluster::metric_names::*;
 use engine::EngineStats;
-
-pub const REQUESTS_TOTAL: &str = "pagewarden_requests_total";
-pub const TIME_TO_FIRST_TOKEN: &str = "pagewarden_time_to_first_token_seconds";
-pub const INTER_TOKEN_LATENCY: &str = "pagewarden_inter_token_latency_seconds";
-pub const QUEUE_DEPTH: &str = "pagewarden_queue_depth";
-pub const RUNNING_SEQUENCES: &str = "pagewarden_running_sequences";
-pub const KV_PAGES_TOTAL: &str = "pagewarden_kv_pages_total";
-pub const KV_PAGES_USED: &str = "pagewarden_kv_pages_used";
-pub const REJECTIONS_TOTAL: &str = "pagewarden_rejections_total";
-pub const ISOLATION_VIOLATIONS_TOTAL: &str = "pagewarden_isolation_violations_total";
-pub const ENGINE_STEPS_TOTAL: &str = "pagewarden_engine_steps_total";
-pub const PREFILL_TOKENS_TOTAL: &str = "pagewarden_prefill_tokens_total";
-pub const DECODE_TOKENS_TOTAL: &str = "pagewarden_decode_tokens_total";
-pub const CLUSTER_WORKERS: &str = "pagewarden_cluster_workers";
-pub const WORKER_INFLIGHT: &str = "pagewarden_worker_inflight";
-pub const WORKER_PAGES_USED: &str = "pagewarden_worker_kv_pages_used";
-pub const WORKER_VIOLATIONS_TOTAL: &str = "pagewarden_worker_isolation_violations_total";
-pub const PREFIX_CACHE_LOOKUPS_TOTAL: &str = "pagewarden_prefix_cache_lookups_total";
-pub const PREFIX_CACHE_HITS_TOTAL: &str = "pagewarden_prefix_cache_hits_total";
-pub const PREFIX_CACHE_HIT_TOKENS_TOTAL: &str = "pagewarden_prefix_cache_hit_tokens_total";
-pub const PREFIX_CACHE_PAGES: &str = "pagewarden_prefix_cache_pages";
 
 /// Registered workers by role, and each worker's load, pages and reported violations.
 pub fn render_workers(workers: &[cluster::WorkerInfo]) -> String {
