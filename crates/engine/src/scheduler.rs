@@ -605,21 +605,7 @@ mod tests {
             stopping: AtomicBool::new(false),
             stats: Mutex::new(EngineStats::default()),
         });
-        let lp = Loop {
-            model,
-            prefill_pool: pool.clone(),
-            pool,
-            cfg: EngineConfig::default(),
-            rx,
-            shared,
-            queues: HashMap::new(),
-            rotation: VecDeque::new(),
-            running: Vec::new(),
-            prefill_cursor: 0,
-            stats: EngineStats::default(),
-            policy: TenantPolicy::default(),
-        };
-        (lp, tx)
+        (Loop::new(model, pool.clone(), pool, EngineConfig::default(), rx, shared), tx)
     }
 
     fn req(id: u64, tenant: u64, prompt_len: usize, max_tokens: usize) -> GenRequest {
