@@ -37,6 +37,7 @@ mod progress;
 mod prom;
 mod prose;
 mod proxy;
+pub mod relay;
 mod report;
 mod rerun;
 mod rng;

@@ -3,10 +3,12 @@
 //! duplicates, reorders, delays or stalls KV frames. Whatever it does may fail requests; the
 //! audit checks that it never makes one tenant's data reach another.
 
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::io::Write;
+use std::net::{Shutdown, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use crate::relay::{listen, read_unit};
 
 /// What the proxy does to one transfer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,33 +67,11 @@ pub struct Proxy {
 /// the route first).
 const STALL: Duration = Duration::from_secs(20);
 
-fn read_unit(s: &mut TcpStream) -> Option<Vec<u8>> {
-    let mut len = [0u8; 4];
-    s.read_exact(&mut len).ok()?;
-    let n = u32::from_le_bytes(len) as usize;
-    // Relayed units are at most a KV frame (16 MiB by default).
-    if n > 64 << 20 {
-        return None;
-    }
-    let mut buf = len.to_vec();
-    buf.resize(4 + n, 0);
-    s.read_exact(&mut buf[4..]).ok()?;
-    Some(buf)
-}
-
 impl Proxy {
     pub fn start(upstream: String, choose: Chooser) -> std::io::Result<Proxy> {
-        let l = TcpListener::bind("127.0.0.1:0")?;
-        let addr = l.local_addr()?.to_string();
         let state = Arc::new(Mutex::new(State { upstream, choose, log: Vec::new() }));
         let st = state.clone();
-        std::thread::spawn(move || {
-            for conn in l.incoming() {
-                let Ok(from) = conn else { continue };
-                let st = st.clone();
-                std::thread::spawn(move || relay(from, &st));
-            }
-        });
+        let addr = listen(move |from| relay(from, &st))?;
         Ok(Proxy { addr, state })
     }
 

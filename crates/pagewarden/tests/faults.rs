@@ -7,14 +7,14 @@
 mod common;
 
 use std::io::Write;
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{Shutdown, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use audit::relay::read_unit;
 use cluster::proto::{Register, Registered, ToGateway, ToWorker};
 use cluster::{Link, Net};
 use common::cluster::{metric, node_identity, stream_chat, Cluster};
-use common::relay::read_unit;
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 use wire::{CloseFrame, Frame, KvFrame, PromptDigest, Role, Ticket};
@@ -67,17 +67,9 @@ struct Proxy {
 
 impl Proxy {
     fn start() -> Proxy {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap().to_string();
         let state = Arc::new(Mutex::new(ProxyState::default()));
         let st = state.clone();
-        std::thread::spawn(move || {
-            for conn in l.incoming() {
-                let Ok(from) = conn else { continue };
-                let st = st.clone();
-                std::thread::spawn(move || relay(from, &st));
-            }
-        });
+        let addr = audit::relay::listen(move |from| relay(from, &st)).unwrap();
         Proxy { addr, state }
     }
 

@@ -3,8 +3,10 @@
 //! length-prefixed (handshake messages, control records, KV frames), so the relay forwards
 //! whole units and counts them.
 
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::io::Write;
+use std::net::{Shutdown, TcpStream};
+
+use audit::relay::read_unit;
 use std::sync::{Arc, Mutex};
 
 /// Which way a unit travels: from the dialling node to the listening one, or back.
@@ -35,20 +37,6 @@ pub struct Relay {
     state: Arc<Mutex<State>>,
 }
 
-/// One length-prefixed unit, prefix included; `None` at the end of the stream or past 64 MiB.
-pub fn read_unit(s: &mut TcpStream) -> Option<Vec<u8>> {
-    let mut len = [0u8; 4];
-    s.read_exact(&mut len).ok()?;
-    let n = u32::from_le_bytes(len) as usize;
-    if n > 64 << 20 {
-        return None;
-    }
-    let mut buf = len.to_vec();
-    buf.resize(4 + n, 0);
-    s.read_exact(&mut buf[4..]).ok()?;
-    Some(buf)
-}
-
 fn pump(mut from: TcpStream, mut to: TcpStream, log: Arc<Mutex<Capture>>, dir: Dir, flip: Option<usize>) {
     let mut i = 0;
     while let Some(mut u) = read_unit(&mut from) {
@@ -75,27 +63,23 @@ fn pump(mut from: TcpStream, mut to: TcpStream, log: Arc<Mutex<Capture>>, dir: D
 impl Relay {
     /// A relay whose upstream is set later ([`Relay::set_upstream`]).
     pub fn start() -> Relay {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap().to_string();
         let state = Arc::new(Mutex::new(State::default()));
         let st = state.clone();
-        std::thread::spawn(move || {
-            for conn in l.incoming() {
-                let Ok(client) = conn else { continue };
-                let (upstream, log, tamper) = {
-                    let mut s = st.lock().unwrap();
-                    let log = Arc::new(Mutex::new(Capture::default()));
-                    s.conns.push(log.clone());
-                    (s.upstream.clone(), log, s.tamper.take())
-                };
-                let Some(Ok(server)) = upstream.map(TcpStream::connect) else { continue };
-                let flip = |d| tamper.filter(|(td, _)| *td == d).map(|(_, i)| i);
-                let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
-                let (log2, up_flip, down_flip) = (log.clone(), flip(Dir::Up), flip(Dir::Down));
-                std::thread::spawn(move || pump(client, server, log, Dir::Up, up_flip));
-                std::thread::spawn(move || pump(s2, c2, log2, Dir::Down, down_flip));
-            }
-        });
+        let addr = audit::relay::listen(move |client| {
+            let (upstream, log, tamper) = {
+                let mut s = st.lock().unwrap();
+                let log = Arc::new(Mutex::new(Capture::default()));
+                s.conns.push(log.clone());
+                (s.upstream.clone(), log, s.tamper.take())
+            };
+            let Some(Ok(server)) = upstream.map(TcpStream::connect) else { return };
+            let flip = |d| tamper.filter(|(td, _)| *td == d).map(|(_, i)| i);
+            let (c2, s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            let (log2, up_flip, down_flip) = (log.clone(), flip(Dir::Up), flip(Dir::Down));
+            std::thread::spawn(move || pump(s2, c2, log2, Dir::Down, down_flip));
+            pump(client, server, log, Dir::Up, up_flip);
+        })
+        .unwrap();
         Relay { addr, state }
     }
 
