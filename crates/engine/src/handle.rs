@@ -2,8 +2,8 @@
 //! stops the loop's thread) and [`EngineHandle`] (submit, prefill, reserve, resume, tenant
 //! tables, stats).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::atomic::Ordering;
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -73,11 +73,7 @@ impl Engine {
     /// for transfers) starve the prefills those transfers come from.
     pub fn start_with_prefill_pool(model: Llama, pool: KvPool, prefill_pool: KvPool, cfg: EngineConfig) -> Engine {
         let (tx, rx) = mpsc::channel();
-        let shared = Arc::new(Shared {
-            queued: AtomicUsize::new(0),
-            stopping: AtomicBool::new(false),
-            stats: Mutex::new(EngineStats::default()),
-        });
+        let shared = Arc::new(Shared::default());
         let handle = EngineHandle {
             tx,
             shared: shared.clone(),

@@ -11,6 +11,7 @@ use crate::settings::{EngineStats, TenantPolicy};
 use crate::{Event, GenRequest};
 
 /// State the handles and the loop share.
+#[derive(Default)]
 pub(crate) struct Shared {
     pub(crate) queued: AtomicUsize,
     pub(crate) stopping: AtomicBool,

@@ -583,9 +583,6 @@ mod tests {
     //! Drives the loop by hand, one step at a time, so which sequences share a step is certain.
     #![allow(clippy::unwrap_used)]
 
-    use std::sync::atomic::{AtomicBool, AtomicUsize};
-    use std::sync::Mutex;
-
     use super::*;
     use gguf::GgufFile;
     use kv::{Capacity, KvDtype, PoolConfig, RequestId, ScrubPolicy};
@@ -600,11 +597,7 @@ mod tests {
         let pool =
             KvPool::new(PoolConfig { layout, capacity: Capacity::Tokens(1024), scrub: ScrubPolicy::OnFree }).unwrap();
         let (tx, rx) = mpsc::channel();
-        let shared = Arc::new(Shared {
-            queued: AtomicUsize::new(0),
-            stopping: AtomicBool::new(false),
-            stats: Mutex::new(EngineStats::default()),
-        });
+        let shared = Arc::new(Shared::default());
         (Loop::new(model, pool.clone(), pool, EngineConfig::default(), rx, shared), tx)
     }
 

@@ -25,7 +25,7 @@ fn cli_config(config_path: Option<&Path>, listen: Option<&str>) -> Result<Config
     Ok(config)
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, ServeError> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, ServeError> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -9,6 +9,7 @@ use cluster::{run_worker, Identity, Net, WorkerConfig, WorkerMetrics};
 use engine::Engine;
 use wire::Role;
 
+use crate::cli::runtime;
 use crate::config::{Config, PoolSize};
 use crate::error::ServeError;
 use crate::model::{engine_config, load_model};
@@ -74,10 +75,7 @@ pub fn run(role: Role, overrides: &WorkerOverrides) -> Result<(), ServeError> {
     let loaded = load_model(&config)?;
     let pairing = loaded.info.pairing()?;
     let engine = Engine::start(loaded.llama, loaded.pool, engine_config(&config));
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| ServeError::Io(format!("cannot start the async runtime: {e}")))?;
+    let rt = runtime()?;
     let handle = engine.handle();
     let metrics = Arc::new(WorkerMetrics::default());
     let result = rt.block_on(async {
