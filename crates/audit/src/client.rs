@@ -208,9 +208,7 @@ pub struct Client {
 
 impl Client {
     pub fn new(base: &str, timeout: Duration) -> Self {
-        let agent =
-            ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(timeout)).build().into();
-        Client { agent, base: base.trim_end_matches('/').to_string() }
+        Client { agent: launch::agent(timeout), base: base.trim_end_matches('/').to_string() }
     }
 
     /// GET an absolute URL (metrics) or a path on the deployment; (status, body).

@@ -1,8 +1,6 @@
 //! Judging one exchange: foreign canaries in its text or bytes, an over-long prompt answered,
 //! a prompt under-reported, odd refusals; and the row it adds to the report.
 
-use std::time::Duration;
-
 use crate::canary::{self, CanaryIndex};
 use crate::client::{Exchange, Outcome};
 use crate::finding::{kind, Finding, RequestRow};
@@ -171,37 +169,26 @@ impl Examiner<'_> {
     }
 
     pub(crate) fn row(&self, spec: &ReqSpec, ex: &Exchange, phase: &'static str) -> RequestRow {
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let endpoint = match spec.endpoint {
+            Endpoint::Chat => "chat",
+            Endpoint::Completions => "completions",
+        };
+        let tenant = self.tenant(spec.tenant).to_string();
         RequestRow {
-            id: spec.id,
-            phase,
-            tenant: self.tenant(spec.tenant).to_string(),
-            scenario: spec.scenario.name(),
-            endpoint: match spec.endpoint {
-                Endpoint::Chat => "chat",
-                Endpoint::Completions => "completions",
-            },
             stream: spec.stream,
             max_tokens: spec.max_tokens,
             canaries: spec.canaries.len(),
             disconnect_after: spec.disconnect_after,
-            status: ex.status,
-            outcome: ex.outcome,
-            error_kind: ex.error_kind.clone(),
-            finish_reason: ex.finish_reason.clone(),
             prompt_tokens: ex.prompt_tokens.or(spec.prompt_tokens.map(|p| p as u64)),
-            completion_tokens: ex.completion_tokens,
-            cached_tokens: ex.cached_tokens,
-            events: ex.events,
-            start_ms: ms(ex.started),
-            ttft_ms: ex.ttft.map(ms),
-            total_ms: ms(ex.total),
+            ..RequestRow::answered(spec.id, phase, tenant, spec.scenario.name(), endpoint, ex)
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use serde_json::Value;
 
     use super::*;

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::client::Outcome;
+use crate::client::{Exchange, Outcome};
 
 /// Kinds of finding. The first five and the timing probe's `cross_tenant_cache_hit` and
 /// `timing_side_channel` fail the audit; the rest are reported for the operator.
@@ -114,4 +114,41 @@ pub struct RequestRow {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ttft_ms: Option<f64>,
     pub total_ms: f64,
+}
+
+impl RequestRow {
+    /// The row of request `id`: what its exchange says filled in, the request's shape (stream,
+    /// max_tokens, canaries, disconnect) left at "none" for the caller to set.
+    pub(crate) fn answered(
+        id: usize,
+        phase: &'static str,
+        tenant: String,
+        scenario: &'static str,
+        endpoint: &'static str,
+        ex: &Exchange,
+    ) -> RequestRow {
+        let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+        RequestRow {
+            id,
+            phase,
+            tenant,
+            scenario,
+            endpoint,
+            stream: false,
+            max_tokens: 0,
+            canaries: 0,
+            disconnect_after: None,
+            status: ex.status,
+            outcome: ex.outcome,
+            error_kind: ex.error_kind.clone(),
+            finish_reason: ex.finish_reason.clone(),
+            prompt_tokens: ex.prompt_tokens,
+            completion_tokens: ex.completion_tokens,
+            cached_tokens: ex.cached_tokens,
+            events: ex.events,
+            start_ms: ms(ex.started),
+            ttft_ms: ex.ttft.map(ms),
+            total_ms: ms(ex.total),
+        }
+    }
 }

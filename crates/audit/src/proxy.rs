@@ -92,20 +92,7 @@ fn relay(mut from: TcpStream, st: &Mutex<State>) {
         let f = (s.choose)();
         (s.upstream.clone(), f)
     };
-    let Ok(mut to) = TcpStream::connect(&upstream) else { return };
-    let _ = to.set_nodelay(true);
-    let (Ok(mut back_from), Ok(mut back_to)) = (to.try_clone(), from.try_clone()) else { return };
-    std::thread::spawn(move || {
-        let _ = std::io::copy(&mut back_from, &mut back_to);
-        let _ = back_to.shutdown(Shutdown::Write);
-    });
-    // The dialing side's handshake (Noise hello, then its pairing record): relayed as it is.
-    for _ in 0..2 {
-        let Some(u) = read_unit(&mut from) else { return };
-        if to.write_all(&u).is_err() {
-            return;
-        }
-    }
+    let Some(mut to) = crate::relay::splice(&mut from, &upstream) else { return };
     if fault != Fault::Pass {
         st.lock().unwrap_or_else(|e| e.into_inner()).log.push(format!("kv transfer to {upstream}: {}", fault.name()));
     }

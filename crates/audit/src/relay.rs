@@ -4,8 +4,8 @@
 //! length-prefixed (handshake messages, control records, KV frames), so a relay that forwards
 //! whole units can count, record, hold, drop or alter them without any key.
 
-use std::io::Read;
-use std::net::{TcpListener, TcpStream};
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
 
 /// The largest unit a relay reads (a KV frame is 16 MiB by default); anything longer ends the
 /// connection as if it closed.
@@ -42,4 +42,23 @@ where
         }
     });
     Ok(addr)
+}
+
+/// Connects `from` (a dialer's connection) to `upstream`: the upstream's bytes flow back as they
+/// are on a thread of their own, and the dialer's handshake (the Noise hello, then its pairing
+/// record) is relayed whole. Returns the upstream connection, for the caller to forward (and
+/// alter) the units that follow; `None` if either side went away.
+pub fn splice(from: &mut TcpStream, upstream: &str) -> Option<TcpStream> {
+    let mut to = TcpStream::connect(upstream).ok()?;
+    let _ = to.set_nodelay(true);
+    let (mut back_from, mut back_to) = (to.try_clone().ok()?, from.try_clone().ok()?);
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut back_from, &mut back_to);
+        let _ = back_to.shutdown(Shutdown::Write);
+    });
+    for _ in 0..2 {
+        let u = read_unit(from)?;
+        to.write_all(&u).ok()?;
+    }
+    Some(to)
 }

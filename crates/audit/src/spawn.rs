@@ -6,11 +6,10 @@
 //! Built with the `incident-replay` feature, it deploys the incident's configuration instead:
 //! prefill pools smaller than the context window (the normal build refuses to start so).
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
@@ -19,6 +18,7 @@ use crate::options::{AuditHooks, AuditOptions};
 use crate::proxy::{Fault, Proxy};
 use crate::run::{run_audit, AuditOutcome};
 use crate::tenants::TenantKey;
+use crate::Rng;
 
 /// The served context window: small, so prompts near it stay cheap on a CPU.
 pub const CONTEXT: usize = 1024;
@@ -66,85 +66,32 @@ fn exe() -> anyhow::Result<PathBuf> {
     std::env::current_exe().context("locating the pagewarden executable")
 }
 
-/// Spawns `args`; waits (up to 120 s) for a stdout line containing each marker; returns the
-/// text after each marker.
+/// Spawns `args`; waits for a stdout line containing each marker; returns the text after
+/// each marker.
 fn spawn(args: &[&str], markers: &[&str]) -> anyhow::Result<(Child, Vec<String>)> {
     let mut cmd = Command::new(exe()?);
     if INCIDENT {
         // The incident build refuses to serve unless told this is the audit's self-test.
         cmd.env(INCIDENT_SELF_TEST_ENV, "1");
     }
-    let mut child = cmd.args(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?;
-    let stdout = child.stdout.take().ok_or_else(|| anyhow!("no stdout"))?;
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    let mut found: Vec<Option<String>> = vec![None; markers.len()];
-    let t0 = Instant::now();
-    while found.iter().any(Option::is_none) {
-        let left = Duration::from_secs(120).saturating_sub(t0.elapsed());
-        let Ok(line) = rx.recv_timeout(left) else {
-            let _ = child.kill();
-            let status = child.wait().ok();
-            bail!("`pagewarden {}` did not start (exit {status:?})", args.join(" "));
-        };
-        for (i, m) in markers.iter().enumerate() {
-            if let Some(pos) = line.find(m) {
-                found[i] = Some(line[pos + m.len()..].trim().to_string());
-            }
-        }
-    }
-    Ok((child, found.into_iter().map(Option::unwrap_or_default).collect()))
+    cmd.args(args).stderr(Stdio::null());
+    let mut p = launch::spawn(cmd)?;
+    let got = p.expect_lines(markers, launch::START_TIMEOUT)?;
+    Ok((p.child, got))
 }
 
 fn tenant_add(config: &Path, name: &str) -> anyhow::Result<String> {
-    let out = Command::new(exe()?).args(["tenant", "add", name, "--config"]).arg(config).output()?;
-    if !out.status.success() {
-        bail!("tenant add {name}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    let text = String::from_utf8(out.stdout)?;
-    Ok(text.lines().next().unwrap_or_default().trim().to_string())
-}
-
-/// A fresh random number (the cluster secret of the spawned deployment).
-/// Writes a secret file readable by its owner only (the roles refuse anything looser).
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    #[cfg(unix)]
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    options.mode(0o600);
-    options.open(path)?.write_all(bytes)
-}
-
-fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
-    h.finish()
-}
-
-/// A small random source for fault choices (the audit's own seed drives the workload).
-fn next(state: &mut u64) -> u64 {
-    *state ^= *state << 13;
-    *state ^= *state >> 7;
-    *state ^= *state << 17;
-    *state
+    Ok(launch::tenant_add(&exe()?, config, name)?)
 }
 
 impl Deployment {
     pub fn start(tenants: usize, faults: &[String], seed: u64) -> anyhow::Result<Deployment> {
         let dir = std::env::temp_dir().join(format!("pw-audit-{}-{seed}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
-        let secret: String = std::iter::repeat_with(|| char::from(b'a' + (random_u64() % 26) as u8)).take(48).collect();
-        write_private(&dir.join("secret"), secret.as_bytes())?;
+        let secret: String = cluster::random::<24>()?.iter().map(|b| format!("{b:02x}")).collect();
+        launch::write_private(&dir.join("secret"), secret.as_bytes())?;
         let metrics_token: String = cluster::random::<24>()?.iter().map(|b| format!("{b:02x}")).collect();
-        write_private(&dir.join(METRICS_TOKEN_FILE), metrics_token.as_bytes())?;
+        launch::write_private(&dir.join(METRICS_TOKEN_FILE), metrics_token.as_bytes())?;
         let config = dir.join("pagewarden.toml");
         let text = format!(
             "threads = 1\ncontext_window = {CONTEXT}\n[pool]\ntokens = {}\n[engine]\nqueue_timeout_ms = 20000\n\
@@ -199,15 +146,16 @@ impl Deployment {
             let _ = i;
         }
         for (i, name) in ["decode-0", "decode-1"].into_iter().enumerate() {
-            let mut rng = seed ^ (0x9e37_79b9_7f4a_7c15u64.wrapping_mul(i as u64 + 1)) | 1;
+            // The fault choices: the audit's generator, a stream per proxy from the run's seed.
+            let mut rng = Rng::new(seed ^ (i as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
             let ff = frame_faults.clone();
             let on = d.frame_faults.clone();
             let chooser = Box::new(move || {
                 // One transfer in five gets a fault.
-                if ff.is_empty() || !on.load(Ordering::SeqCst) || !next(&mut rng).is_multiple_of(5) {
+                if ff.is_empty() || !on.load(Ordering::SeqCst) || !rng.next_u64().is_multiple_of(5) {
                     return Fault::Pass;
                 }
-                ff[(next(&mut rng) % ff.len() as u64) as usize]
+                *rng.pick(&ff)
             });
             let proxy = Proxy::start(String::new(), chooser)?;
             let w = d.start_worker("decode", name, Some(proxy))?;
@@ -227,44 +175,33 @@ impl Deployment {
 
     fn wait_ready(&self) -> anyhow::Result<()> {
         let t0 = Instant::now();
-        let agent: ureq::Agent = ureq::Agent::config_builder().http_status_as_error(false).build().into();
         loop {
-            let m = agent
-                .get(format!("{}/metrics", self.url))
-                .header("Authorization", format!("Bearer {}", self.metrics_token))
-                .call()
-                .ok()
-                .and_then(|mut r| r.body_mut().read_to_string().ok())
-                .unwrap_or_default();
-            let n = m
-                .lines()
-                .filter(|l| l.starts_with("pagewarden_cluster_workers{"))
-                .filter(|l| l.ends_with(" 2"))
-                .count();
-            if n == 2 {
+            let metrics = format!("{}/metrics", self.url);
+            let m = launch::scrape(&metrics, &self.metrics_token, Duration::from_secs(10)).unwrap_or_default();
+            let registered = |role: &str| launch::metric(&m, "pagewarden_cluster_workers", &format!("role=\"{role}\""));
+            if registered("prefill") == 2.0 && registered("decode") == 2.0 {
                 return Ok(());
             }
-            if t0.elapsed() > Duration::from_secs(120) {
+            if t0.elapsed() > launch::START_TIMEOUT {
                 bail!("the workers did not register with the gateway");
             }
             std::thread::sleep(Duration::from_millis(100));
         }
     }
 
-    /// Every few seconds, kill -9 one random worker and restart it a moment later.
     fn start_killer(&self, seed: u64) -> std::thread::JoinHandle<()> {
         let (workers, log, stop) = (self.workers.clone(), self.log.clone(), self.stop.clone());
         let (config, cluster) = (self.config.clone(), self.cluster_addr.clone());
         std::thread::spawn(move || {
-            let mut rng = seed | 1;
+            let mut rng = Rng::new(seed);
             let t0 = Instant::now();
             while !stop.load(Ordering::SeqCst) {
-                std::thread::sleep(Duration::from_millis(2500 + next(&mut rng) % 2000));
+                std::thread::sleep(Duration::from_millis(2500 + rng.below(2000) as u64));
                 if stop.load(Ordering::SeqCst) {
                     break;
                 }
                 let Ok(mut ws) = workers.lock() else { break };
-                let i = (next(&mut rng) % ws.len() as u64) as usize;
+                let i = rng.below(ws.len());
                 let (name, role) = (ws[i].name.clone(), ws[i].role);
                 let _ = ws[i].child.kill();
                 let _ = ws[i].child.wait();

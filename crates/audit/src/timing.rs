@@ -536,28 +536,10 @@ pub fn run(setup: &Setup, rng: &mut Rng, tick: &dyn Fn()) -> (TimingProbe, Vec<R
 }
 
 fn row(id: usize, class: Class, tenant: &TenantKey, ex: &Exchange) -> RequestRow {
-    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
     RequestRow {
-        id,
-        phase: "probe",
-        tenant: tenant.name.clone(),
-        scenario: class.name(),
-        endpoint: "completions",
         stream: true,
         max_tokens: 1,
-        canaries: 0,
-        disconnect_after: None,
-        status: ex.status,
-        outcome: ex.outcome,
-        error_kind: ex.error_kind.clone(),
-        finish_reason: ex.finish_reason.clone(),
-        prompt_tokens: ex.prompt_tokens,
-        completion_tokens: ex.completion_tokens,
-        cached_tokens: ex.cached_tokens,
-        events: ex.events,
-        start_ms: ms(ex.started),
-        ttft_ms: ex.ttft.map(ms),
-        total_ms: ms(ex.total),
+        ..RequestRow::answered(id, "probe", tenant.name.clone(), class.name(), "completions", ex)
     }
 }
 

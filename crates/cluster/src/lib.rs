@@ -23,6 +23,7 @@
 
 mod decode;
 mod error;
+pub mod exposition;
 pub mod link;
 pub mod metric_names;
 pub mod metrics;

@@ -5,7 +5,8 @@
 //! Naming rules (Prometheus conventions):
 //! * every name starts with `pagewarden_` and is lower snake case;
 //! * counters end in `_total`; measurements carry their base unit (`_seconds`, `_bytes`);
-//!   gauges have no suffix;
+//!   gauges have no suffix (one exception, older than these rules and kept for existing
+//!   dashboards: the gauge `pagewarden_kv_pages_total`);
 //! * a name means one thing wherever it appears: `pagewarden_kv_pages_used` is the pool of the
 //!   process that exports it (the gateway's own in `serve`, a worker's on its listener); what
 //!   the gateway reports about another node is `pagewarden_worker_*`, labelled by `worker`;

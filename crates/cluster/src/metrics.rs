@@ -1,4 +1,4 @@
-//! A worker's counters and their exposition (served by the worker's metrics listener,
+//! A worker's counters and their exposition (through [`crate::exposition`]) (served by the worker's metrics listener,
 //! `gateway::http::serve_worker_metrics`); its names come from [`crate::metric_names`].
 
 use std::collections::BTreeMap;
@@ -7,6 +7,7 @@ use std::sync::Mutex;
 
 use engine::{EngineHandle, ViolationKind};
 
+use crate::exposition::{label, Exposition, Labels};
 use crate::metric_names::*;
 use crate::proto::Stats;
 
@@ -26,13 +27,14 @@ impl LinkMetrics {
     }
 }
 
-/// Prometheus text of link failures; `labels` come before the reason (may be empty).
-pub fn render_link_failures(labels: &str, failures: &[(String, u64)]) -> String {
-    let mut out = format!("# TYPE {LINK_FAILURES_TOTAL} counter\n");
-    for (reason, n) in failures {
-        out.push_str(&format!("{LINK_FAILURES_TOTAL}{{{labels}reason=\"{reason}\"}} {n}\n"));
-    }
-    out
+/// Link failures by reason, each sample also carrying `labels` (empty at the gateway).
+pub fn expose_link_failures(e: &mut Exposition, labels: &Labels, failures: &[(String, u64)]) {
+    let rows = failures.iter().map(|(reason, n)| {
+        let mut l = labels.clone();
+        l.push(label("reason", reason));
+        (l, *n)
+    });
+    e.counters(LINK_FAILURES_TOTAL, "Node links that failed (handshake refused or record rejected), by reason.", rows);
 }
 
 #[derive(Default)]
@@ -84,34 +86,36 @@ impl WorkerMetrics {
     }
 }
 
-/// Prometheus text of a worker's stats.
+/// A worker's exposition (its own `/metrics`).
 pub fn render(role: &str, s: &Stats) -> String {
-    let mut out = String::new();
-    let mut line = |name: &str, kind: &str, v: u64| {
-        out.push_str(&format!("# TYPE {name} {kind}\n{name}{{role=\"{role}\"}} {v}\n"));
-    };
-    line(WORKER_RESERVATIONS_TOTAL, "counter", s.reservations);
-    line(KV_FRAMES_SENT_TOTAL, "counter", s.frames_sent);
-    line(KV_FRAMES_RECEIVED_TOTAL, "counter", s.frames_received);
-    line(KV_TRANSFERS_COMPLETED_TOTAL, "counter", s.transfers_completed);
-    line(KV_PAGES_USED, "gauge", s.pages_used as u64);
-    line(KV_PAGES_TOTAL, "gauge", s.pages_total as u64);
-    // Tenant ids only: this listener is the operator's, but names stay at the gateway.
-    out.push_str(&format!(
-        "# HELP {WORKER_PREFIX_CACHE_PAGES} Pages in this worker's prefix caches, by tenant id.\n# TYPE {WORKER_PREFIX_CACHE_PAGES} gauge\n"
-    ));
-    for (t, n) in &s.cached_pages_by_tenant {
-        out.push_str(&format!("{WORKER_PREFIX_CACHE_PAGES}{{role=\"{role}\",tenant=\"{t}\"}} {n}\n"));
-    }
-    out.push_str(&format!(
-        "# HELP {KV_CRYPTO_SECONDS_TOTAL} Time spent on KV link handshakes and sealing frames (prefill), or opening and checking frames (decode).\n\
-         # TYPE {KV_CRYPTO_SECONDS_TOTAL} counter\n{KV_CRYPTO_SECONDS_TOTAL}{{role=\"{role}\"}} {}\n",
-        s.kv_crypto_ns as f64 / 1e9
-    ));
-    out.push_str(&format!("# TYPE {ISOLATION_VIOLATIONS_TOTAL} counter\n"));
-    for (k, v) in &s.violations {
-        out.push_str(&format!("{ISOLATION_VIOLATIONS_TOTAL}{{role=\"{role}\",kind=\"{k}\"}} {v}\n"));
-    }
-    out.push_str(&render_link_failures(&format!("role=\"{role}\","), &s.link_failures));
-    out
+    let r = || vec![label("role", role)];
+    let one = |v: u64| [(r(), v)];
+    let mut e = Exposition::new();
+    e.counters(WORKER_RESERVATIONS_TOTAL, "Page reservations this worker granted.", one(s.reservations))
+        .counters(KV_FRAMES_SENT_TOTAL, "KV frames sealed and sent.", one(s.frames_sent))
+        .counters(KV_FRAMES_RECEIVED_TOTAL, "KV frames received and checked.", one(s.frames_received))
+        .counters(KV_TRANSFERS_COMPLETED_TOTAL, "KV transfers completed.", one(s.transfers_completed))
+        .gauges(KV_PAGES_USED, "Pages of this worker's pool in use.", [(r(), s.pages_used as i64)])
+        .gauges(KV_PAGES_TOTAL, "Pages in this worker's pool.", [(r(), s.pages_total as i64)])
+        // Tenant ids only: this listener is the operator's, but names stay at the gateway.
+        .gauges(
+            WORKER_PREFIX_CACHE_PAGES,
+            "Pages in this worker's prefix caches, by tenant id.",
+            s.cached_pages_by_tenant
+                .iter()
+                .map(|(t, n)| (vec![label("role", role), label("tenant", t.to_string())], *n as i64)),
+        )
+        .seconds_counter(
+            KV_CRYPTO_SECONDS_TOTAL,
+            "Time spent on KV link handshakes and sealing frames (prefill), or opening and checking frames (decode).",
+            r(),
+            s.kv_crypto_ns as f64 / 1e9,
+        )
+        .counters(
+            ISOLATION_VIOLATIONS_TOTAL,
+            "Integrity or ownership checks this worker failed, by kind.",
+            s.violations.iter().map(|(k, v)| (vec![label("role", role), label("kind", k.label())], *v)),
+        );
+    expose_link_failures(&mut e, &r(), &s.link_failures);
+    e.text()
 }

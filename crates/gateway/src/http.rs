@@ -27,6 +27,7 @@ use crate::metrics::Metrics;
 use crate::settings::ApiSettings;
 use crate::state::AppState;
 use crate::tenants::{TenantDirectory, Tenants};
+use cluster::exposition::{self, Exposition};
 
 /// Why the HTTP side stopped or did not start.
 #[derive(Debug, thiserror::Error)]
@@ -100,13 +101,14 @@ async fn metrics_open(State(st): State<Arc<AppState>>) -> Response {
 fn metrics_text(st: &AppState) -> Response {
     let stats = st.backend.stats();
     let tenants = st.tenants.current();
-    let mut body = st.metrics.render(&stats, |t| {
+    let mut e = Exposition::new();
+    st.metrics.expose(&mut e, &stats, |t| {
         let name = st.settings.tenant_names.then(|| tenants.by_id(t).map(|x| x.config.name.clone())).flatten();
         name.unwrap_or_else(|| t.0.to_string())
     });
-    body.push_str(&crate::metrics::render_workers(&st.backend.worker_info()));
-    body.push_str(&cluster::metrics::render_link_failures("", &st.backend.link_failures()));
-    text_response(StatusCode::OK, "text/plain; version=0.0.4", body)
+    crate::metrics::expose_workers(&mut e, &st.backend.worker_info());
+    cluster::metrics::expose_link_failures(&mut e, &vec![], &st.backend.link_failures());
+    text_response(StatusCode::OK, exposition::CONTENT_TYPE, e.text())
 }
 
 async fn not_found(State(st): State<Arc<AppState>>, req: Request) -> Response {
@@ -157,7 +159,7 @@ where
             "/metrics",
             get(move || {
                 let body = body.clone();
-                async move { text_response(StatusCode::OK, "text/plain; version=0.0.4", body()) }
+                async move { text_response(StatusCode::OK, exposition::CONTENT_TYPE, body()) }
             }),
         )
         .route("/health", get(health))

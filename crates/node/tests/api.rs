@@ -294,7 +294,11 @@ fn health_ready_and_metrics_are_served() {
         "pagewarden_prefill_tokens_total",
         "pagewarden_decode_tokens_total",
     ] {
-        assert!(m.body.contains(&format!("# TYPE {name} ")), "{name} missing");
+        // OpenMetrics names a counter's family without the `_total` its samples carry.
+        let counter = name.strip_suffix("_total").map(|f| format!("# TYPE {f} counter"));
+        let declared = m.body.contains(&format!("# TYPE {name} ")) || counter.is_some_and(|c| m.body.contains(&c));
+        assert!(declared, "{name} missing");
+        assert!(m.body.lines().any(|l| l.starts_with(name)), "{name} has no sample");
     }
     assert_eq!(metric(&m.body, "pagewarden_kv_pages_total"), 128.0);
 }

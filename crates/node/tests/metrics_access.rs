@@ -35,7 +35,9 @@ fn without_metrics_access_configured_the_api_port_answers_404_and_the_listener_s
     one_request(&server, BOB);
     let r = get(&format!("http://{at}/metrics"), None);
     assert_eq!(r.status, 200, "{}", r.body);
-    assert!(r.body.contains("# TYPE pagewarden_requests_total counter"), "{}", r.body);
+    // OpenMetrics: the family is `pagewarden_requests`, its samples `pagewarden_requests_total`.
+    assert!(r.body.contains("# TYPE pagewarden_requests counter"), "{}", r.body);
+    assert!(r.body.contains("pagewarden_requests_total{status=\"200\"} "), "{}", r.body);
     assert!(r.body.contains("pagewarden_prefix_cache_lookups_total{tenant=\"2\"} 1"), "{}", r.body);
     // The listener serves nothing else of the API.
     assert_eq!(get(&format!("http://{at}/v1/models"), Some(ALICE)).status, 404);

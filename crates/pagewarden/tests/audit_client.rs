@@ -8,12 +8,12 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde_json::{json, Value};
 
@@ -61,37 +61,18 @@ fn serve_with_three_tenants(dir: &Path) -> (Serve, PathBuf) {
     .unwrap();
     let mut tenants = String::new();
     for name in ["alice", "bob", "carol"] {
-        let out = Command::new(common::bin()).args(["tenant", "add", name, "--config"]).arg(&config).output().unwrap();
-        assert!(out.status.success(), "tenant add: {}", String::from_utf8_lossy(&out.stderr));
-        let key = String::from_utf8(out.stdout).unwrap().lines().next().unwrap().trim().to_string();
+        let key = launch::tenant_add(common::bin().as_ref(), &config, name).unwrap();
         tenants.push_str(&format!("[[tenants]]\nname = \"{name}\"\nkey = \"{key}\"\n\n"));
     }
     let tenants_file = dir.join("tenants.toml");
     std::fs::write(&tenants_file, tenants).unwrap();
 
-    let mut child = Command::new(common::bin())
-        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&config)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(url) = line.strip_prefix("listening on ") {
-                let _ = tx.send(url.to_string());
-            }
-        }
-    });
-    let url = rx.recv_timeout(Duration::from_secs(120)).expect("serve did not report its address");
-    let s = Serve { child, url };
-    let t0 = Instant::now();
-    while !ureq::get(format!("{}/ready", s.url)).call().is_ok_and(|r| r.status() == 200) {
-        assert!(t0.elapsed() < Duration::from_secs(60), "serve never became ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut cmd = Command::new(common::bin());
+    cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"]).arg(&config).stderr(Stdio::null());
+    let mut p = launch::spawn(cmd).unwrap();
+    let url = p.expect_lines(&["listening on "], launch::START_TIMEOUT).unwrap().remove(0);
+    let s = Serve { child: p.child, url };
+    launch::wait_ready(&s.url, launch::START_TIMEOUT).unwrap();
     (s, tenants_file)
 }
 
@@ -242,13 +223,7 @@ fn an_audit_of_a_leaking_server_fails_and_names_the_leak() {
     let dir = scratch("audit-client-leak");
     let prompts: Prompts = Arc::default();
     let url = serve(move |s| fake_handle(s, prompts.clone()));
-    let tenants = dir.join("tenants.toml");
-    std::fs::write(
-        &tenants,
-        "[[tenants]]\nname = \"alice\"\nkey = \"ka\"\n[[tenants]]\nname = \"bob\"\nkey = \"kb\"\n\
-         [[tenants]]\nname = \"carol\"\nkey = \"kc\"\n",
-    )
-    .unwrap();
+    let tenants = common::fake_openai::three_tenants_file(&dir);
     let report = dir.join("report");
     // No --context-window: discovered from the refusal.
     let out = audit(&url, &tenants, &report, &[]);

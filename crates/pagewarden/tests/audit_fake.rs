@@ -27,13 +27,7 @@ fn scratch(name: &str) -> PathBuf {
 
 /// `pagewarden audit` against `url` as three tenants, 60 requests; `extra` flags after.
 fn audit(url: &str, dir: &Path, extra: &[&str]) -> (Output, Value) {
-    let tenants = dir.join("tenants.toml");
-    std::fs::write(
-        &tenants,
-        "[[tenants]]\nname = \"alice\"\nkey = \"ka\"\n[[tenants]]\nname = \"bob\"\nkey = \"kb\"\n\
-         [[tenants]]\nname = \"carol\"\nkey = \"kc\"\n",
-    )
-    .unwrap();
+    let tenants = common::fake_openai::three_tenants_file(dir);
     let report = dir.join("report");
     let out = Command::new(common::bin())
         .args(["audit", "--url", url, "--tenants"])

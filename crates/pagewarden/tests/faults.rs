@@ -80,19 +80,7 @@ impl Proxy {
 
 fn relay(mut from: TcpStream, st: &Mutex<ProxyState>) {
     let upstream = st.lock().unwrap().upstream.clone().unwrap();
-    let Ok(mut to) = TcpStream::connect(upstream) else { return };
-    let (mut back_from, mut back_to) = (to.try_clone().unwrap(), from.try_clone().unwrap());
-    std::thread::spawn(move || {
-        let _ = std::io::copy(&mut back_from, &mut back_to);
-        let _ = back_to.shutdown(Shutdown::Write);
-    });
-    // The handshake (Noise hello, then the pairing record): relayed as it is.
-    for _ in 0..2 {
-        let Some(u) = read_unit(&mut from) else { return };
-        if to.write_all(&u).is_err() {
-            return;
-        }
-    }
+    let Some(mut to) = audit::relay::splice(&mut from, &upstream) else { return };
     let fault = {
         let mut s = st.lock().unwrap();
         s.transfers += 1;

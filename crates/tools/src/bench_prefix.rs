@@ -11,7 +11,7 @@
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -80,25 +80,13 @@ impl Drop for Server {
     }
 }
 
-/// Writes `text` to a new file readable by its owner only (the server refuses anything looser).
-fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
-    use std::io::Write;
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    options.open(path)?.write_all(text.as_bytes())
-}
-
 fn tail(path: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_default();
     let v: Vec<&str> = text.lines().collect();
     v[v.len().saturating_sub(lines)..].join("\n")
 }
 
-fn agent(timeout: Duration) -> ureq::Agent {
-    ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(timeout)).build().into()
-}
+use launch::agent;
 
 impl Server {
     /// Writes the configuration into `dir`, adds a tenant, starts `serve` on a free port and
@@ -110,7 +98,7 @@ impl Server {
         // The server's /metrics needs a token; this one is only for the bench's own scrapes.
         let token_file = dir.join("metrics-token");
         let metrics_token: String = cluster::random::<24>()?.iter().map(|b| format!("{b:02x}")).collect();
-        write_private(&token_file, &metrics_token)?;
+        launch::write_private(&token_file, metrics_token.as_bytes())?;
         let model = b.model.as_ref().map_or(String::new(), |m| format!("model = {:?}\n", m.display().to_string()));
         std::fs::write(
             &config,
@@ -123,41 +111,19 @@ impl Server {
                 token_file.display().to_string(),
             ),
         )?;
-        let out = Command::new(&exe).args(["tenant", "add", "bench", "--config"]).arg(&config).output()?;
-        if !out.status.success() {
-            bail!("tenant add ({label}): {}", String::from_utf8_lossy(&out.stderr).trim());
-        }
-        let key = String::from_utf8(out.stdout)?.lines().next().unwrap_or_default().trim().to_string();
+        let key = launch::tenant_add(&exe, &config, "bench").with_context(|| format!("the {label} server"))?;
         let log = dir.join("serve.log");
-        let mut child = Command::new(&exe)
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&config)
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&log)?)
-            .spawn()
-            .context("starting pagewarden serve")?;
-        let stdout = child.stdout.take().context("no stdout")?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            // Keeps reading to the end so the child never blocks on a full pipe.
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(url) = line.strip_prefix("listening on ") {
-                    let _ = tx.send(url.trim().to_string());
-                }
-            }
-        });
-        let mut s = Server { label, child, url: String::new(), key, log, metrics_token };
-        s.url = match rx.recv_timeout(Duration::from_secs(180)) {
-            Ok(u) => u,
-            Err(_) => bail!("the {label} server did not start:\n{}", tail(&s.log, 20)),
+        let mut cmd = Command::new(&exe);
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"]).arg(&config).stderr(std::fs::File::create(&log)?);
+        let mut p = launch::spawn(cmd).context("starting pagewarden serve")?;
+        let url = p.expect_lines(&["listening on "], Duration::from_secs(180));
+        let mut s = Server { label, child: p.child, url: String::new(), key, log, metrics_token };
+        s.url = match url {
+            Ok(u) => u.into_iter().next().unwrap_or_default(),
+            Err(e) => bail!("the {label} server did not start ({e}):\n{}", tail(&s.log, 20)),
         };
-        let a = agent(Duration::from_secs(5));
-        let t0 = Instant::now();
-        while !a.get(format!("{}/ready", s.url)).call().is_ok_and(|r| r.status() == 200) {
-            if t0.elapsed() > Duration::from_secs(120) {
-                bail!("the {label} server never became ready:\n{}", tail(&s.log, 20));
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if let Err(e) = launch::wait_ready(&s.url, Duration::from_secs(120)) {
+            bail!("the {label} server never became ready ({e}):\n{}", tail(&s.log, 20));
         }
         Ok(s)
     }
@@ -173,13 +139,8 @@ impl Server {
 
     /// The `pagewarden_prefix_cache*` samples of `/metrics`.
     fn cache_metrics(&self) -> std::collections::BTreeMap<String, f64> {
-        let text = agent(Duration::from_secs(10))
-            .get(format!("{}/metrics", self.url))
-            .header("Authorization", format!("Bearer {}", self.metrics_token))
-            .call()
-            .ok()
-            .and_then(|mut r| r.body_mut().read_to_string().ok())
-            .unwrap_or_default();
+        let url = format!("{}/metrics", self.url);
+        let text = launch::scrape(&url, &self.metrics_token, Duration::from_secs(10)).unwrap_or_default();
         text.lines()
             .filter(|l| l.starts_with("pagewarden_prefix_cache"))
             .filter_map(|l| {

@@ -68,9 +68,7 @@ struct Sample {
     tokens: usize,
 }
 
-fn agent(timeout: Duration) -> ureq::Agent {
-    ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(timeout)).build().into()
-}
+use launch::agent;
 
 fn model_name(agent: &ureq::Agent, b: &ServeBench) -> Result<String> {
     if let Some(m) = &b.model {

@@ -21,19 +21,10 @@ pub const METRICS_TOKEN: &str = "metrics-token-of-the-gateway-tests-0123456789";
 /// A private file (mode 600, as the server insists) holding `text`, in a directory of this
 /// test process.
 pub fn private_file(name: &str, text: &str) -> std::path::PathBuf {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let dir = std::env::temp_dir().join(format!("pw-gw-tests-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let path = dir.join(name);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&path)
-        .expect("private file");
-    f.write_all(text.as_bytes()).expect("write");
+    launch::write_private(&path, text.as_bytes()).expect("private file");
     path
 }
 
@@ -143,9 +134,7 @@ pub fn start(config: Config) -> Server {
 }
 
 pub fn agent() -> ureq::Agent {
-    ureq::Agent::new_with_config(
-        ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(Duration::from_secs(60))).build(),
-    )
+    launch::agent(Duration::from_secs(60))
 }
 
 /// Status, headers (lower-case name -> value) and body text.

@@ -29,51 +29,23 @@ pub struct Cluster {
     pub workers: Vec<Worker>,
 }
 
-/// Spawns `args`; returns the child and a channel of its stdout lines.
-fn spawn(args: &[&str]) -> (Child, mpsc::Receiver<String>) {
-    let mut child = Command::new(bin()).args(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    (child, rx)
-}
-
-/// Waits for a stdout line starting with each prefix; returns the rest of each.
-fn expect_lines(rx: &mpsc::Receiver<String>, prefixes: &[&str]) -> Vec<String> {
-    let mut found: Vec<Option<String>> = vec![None; prefixes.len()];
-    let t0 = Instant::now();
-    while found.iter().any(Option::is_none) {
-        let left = Duration::from_secs(120).saturating_sub(t0.elapsed());
-        let line = rx.recv_timeout(left).unwrap_or_else(|_| panic!("process did not print {prefixes:?}"));
-        for (i, p) in prefixes.iter().enumerate() {
-            if let Some(pos) = line.find(p) {
-                found[i] = Some(line[pos + p.len()..].trim().to_string());
-            }
-        }
-    }
-    found.into_iter().map(Option::unwrap).collect()
+/// Spawns `pagewarden ARGS` and waits for a stdout line containing each marker; returns the
+/// child and the text after each marker.
+fn spawn(args: &[&str], markers: &[&str]) -> (Child, Vec<String>) {
+    let mut cmd = Command::new(bin());
+    cmd.args(args).stderr(Stdio::null());
+    let mut p = launch::spawn(cmd).unwrap();
+    let got = p.expect_lines(markers, launch::START_TIMEOUT).unwrap();
+    (p.child, got)
 }
 
 /// Sum of the samples of `name` whose labels contain `filter`.
 pub fn metric(text: &str, name: &str, filter: &str) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(&format!("{name}{{")) || l.starts_with(&format!("{name} ")))
-        .filter(|l| l.contains(filter))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    launch::metric(text, name, filter)
 }
 
 pub fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(180)))
-        .build()
-        .into()
+    launch::agent(Duration::from_secs(180))
 }
 
 pub fn get_text(url: &str) -> String {
@@ -84,12 +56,7 @@ impl Cluster {
     /// Starts the gateway; `extra` is appended to the shared config file.
     pub fn start(extra: &str) -> Cluster {
         fetch::ensure_default_model().expect("default model");
-        let dir = std::env::temp_dir().join(format!(
-            "pw-cluster-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = launch::scratch_dir("pw-cluster").unwrap();
         super::write_secret(&dir.join("secret"), SECRET);
         let config = dir.join("pagewarden.toml");
         let text = format!(
@@ -101,9 +68,10 @@ impl Cluster {
         std::fs::write(&config, text).unwrap();
         let key = add_tenant(&config, "tester");
         let cfg = config.to_str().unwrap().to_string();
-        let (gateway, rx) =
-            spawn(&["gateway", "--config", &cfg, "--listen", "127.0.0.1:0", "--cluster-listen", "127.0.0.1:0"]);
-        let got = expect_lines(&rx, &["listening on http://", "cluster listening on "]);
+        let (gateway, got) = spawn(
+            &["gateway", "--config", &cfg, "--listen", "127.0.0.1:0", "--cluster-listen", "127.0.0.1:0"],
+            &["listening on http://", "cluster listening on "],
+        );
         Cluster {
             url: format!("http://{}", got[0]),
             key,
@@ -133,9 +101,10 @@ impl Cluster {
         let _ = self.gateway.wait();
         let cfg = self.config.to_str().unwrap().to_string();
         let http = self.url.trim_start_matches("http://").to_string();
-        let (gateway, rx) =
-            spawn(&["gateway", "--config", &cfg, "--listen", &http, "--cluster-listen", &self.cluster_addr]);
-        expect_lines(&rx, &["listening on http://", "cluster listening on "]);
+        let (gateway, _) = spawn(
+            &["gateway", "--config", &cfg, "--listen", &http, "--cluster-listen", &self.cluster_addr],
+            &["listening on http://", "cluster listening on "],
+        );
         self.gateway = gateway;
     }
 
@@ -163,12 +132,11 @@ impl Cluster {
         if let Some(a) = kv_advertise {
             args.extend(["--kv-advertise", a]);
         }
-        let (child, rx) = spawn(&args);
-        let mut prefixes = vec!["metrics on http://"];
+        let mut markers = vec!["metrics on http://"];
         if role == "decode" {
-            prefixes.push("KV listening on ");
+            markers.push("KV listening on ");
         }
-        let got = expect_lines(&rx, &prefixes);
+        let (child, got) = spawn(&args, &markers);
         let metrics_url = format!("http://{}", got[0]);
         let kv_addr = got.get(1).cloned();
         let pid = child.id();
@@ -236,14 +204,8 @@ impl Cluster {
     }
 
     pub fn post(&self, path: &str, body: &serde_json::Value) -> (u16, String) {
-        let mut r = agent()
-            .post(format!("{}{path}", self.url))
-            .header("Authorization", format!("Bearer {}", self.key))
-            .header("Content-Type", "application/json")
-            .send(body.to_string().as_bytes())
-            .unwrap();
-        let status = r.status().as_u16();
-        (status, r.body_mut().read_to_string().unwrap())
+        let url = format!("{}{path}", self.url);
+        launch::post_json(&url, &self.key, &body.to_string(), Duration::from_secs(180)).unwrap()
     }
 }
 
@@ -299,9 +261,7 @@ pub fn stream_chat(
 
 /// `pagewarden tenant add NAME --config FILE` with generous limits; returns the key.
 pub fn add_tenant(config: &std::path::Path, name: &str) -> String {
-    let out = Command::new(bin()).args(["tenant", "add", name, "--config"]).arg(config).output().unwrap();
-    assert!(out.status.success(), "tenant add: {}", String::from_utf8_lossy(&out.stderr));
-    let key = String::from_utf8(out.stdout).unwrap().lines().next().unwrap().trim().to_string();
+    let key = launch::tenant_add(bin().as_ref(), config, name).unwrap();
     let text = std::fs::read_to_string(config).unwrap();
     // The new tenant's table is the file's last: these keys land in it.
     std::fs::write(config, format!("{text}max_concurrent = 32\nmax_queued = 64\n")).unwrap();

@@ -202,3 +202,15 @@ impl Fake {
         let _ = write!(s, "data: {end}\n\ndata: {}\n\ndata: [DONE]\n\n", json!({"choices": [], "usage": usage}));
     }
 }
+
+/// A tenants file for an audit of a fake server: alice, bob and carol with keys ka, kb, kc.
+pub fn three_tenants_file(dir: &std::path::Path) -> std::path::PathBuf {
+    let tenants = dir.join("tenants.toml");
+    std::fs::write(
+        &tenants,
+        "[[tenants]]\nname = \"alice\"\nkey = \"ka\"\n[[tenants]]\nname = \"bob\"\nkey = \"kb\"\n\
+         [[tenants]]\nname = \"carol\"\nkey = \"kc\"\n",
+    )
+    .unwrap();
+    tenants
+}

@@ -7,10 +7,9 @@ pub mod cluster;
 pub mod fake_openai;
 pub mod relay;
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub const MODEL_NAME: &str = "SmolLM2-135M-Instruct";
 /// The bearer token of the gateway's `/metrics` in every config these helpers write.
@@ -45,17 +44,10 @@ impl Server {
     /// and the tenant's key.
     fn configure(extra_tenant_lines: &[&str]) -> (PathBuf, String) {
         fetch::ensure_default_model().expect("default model");
-        let dir = std::env::temp_dir().join(format!(
-            "pw-serve-{}-{}",
-            std::process::id(),
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = launch::scratch_dir("pw-serve").unwrap();
         let config = dir.join("pagewarden.toml");
         std::fs::write(&config, format!("[pool]\ntokens = 32768\n{}", metrics_section(&dir))).unwrap();
-        let out = Command::new(bin()).args(["tenant", "add", "tester", "--config"]).arg(&config).output().unwrap();
-        assert!(out.status.success(), "tenant add: {}", String::from_utf8_lossy(&out.stderr));
-        let key = String::from_utf8(out.stdout).unwrap().lines().next().unwrap().trim().to_string();
+        let key = launch::tenant_add(bin().as_ref(), &config, "tester").unwrap();
         let mut cfg = std::fs::read_to_string(&config).unwrap();
         for l in extra_tenant_lines {
             cfg.push_str(l);
@@ -81,7 +73,7 @@ impl Server {
     fn spawn(dir: PathBuf, key: String, log_filter: Option<&str>) -> Server {
         let config = dir.join("pagewarden.toml");
         let mut cmd = Command::new(bin());
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"]).arg(&config).stdout(Stdio::piped());
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"]).arg(&config);
         match log_filter {
             Some(f) => {
                 let log = std::fs::File::create(dir.join("stderr.log")).unwrap();
@@ -89,54 +81,20 @@ impl Server {
             }
             None => cmd.stderr(Stdio::null()),
         };
-        let mut child = cmd.spawn().unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if let Some(url) = line.strip_prefix("listening on ") {
-                    let _ = tx.send(url.to_string());
-                }
-            }
-        });
-        let url = rx.recv_timeout(Duration::from_secs(120)).expect("server did not report its address");
-        let s = Server { url, key, dir, child };
-        s.wait_ready();
-        s
-    }
-
-    fn wait_ready(&self) {
-        let t0 = Instant::now();
-        loop {
-            if let Ok(r) = ureq::get(format!("{}/ready", self.url)).call() {
-                if r.status() == 200 {
-                    return;
-                }
-            }
-            assert!(t0.elapsed() < Duration::from_secs(60), "server never became ready");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let mut p = launch::spawn(cmd).unwrap();
+        let url = p.expect_lines(&["listening on "], launch::START_TIMEOUT).unwrap().remove(0);
+        launch::wait_ready(&url, launch::START_TIMEOUT).unwrap();
+        Server { url, key, dir, child: p.child }
     }
 
     pub fn agent(&self) -> ureq::Agent {
-        ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(120)))
-            .build()
-            .into()
+        launch::agent(Duration::from_secs(120))
     }
 
     /// POSTs JSON to `path`; returns (status, body).
     pub fn post(&self, path: &str, body: &serde_json::Value) -> (u16, serde_json::Value) {
-        let mut r = self
-            .agent()
-            .post(format!("{}{path}", self.url))
-            .header("Authorization", format!("Bearer {}", self.key))
-            .header("Content-Type", "application/json")
-            .send(body.to_string().as_bytes())
-            .unwrap();
-        let status = r.status().as_u16();
-        let text = r.body_mut().read_to_string().unwrap();
+        let url = format!("{}{path}", self.url);
+        let (status, text) = launch::post_json(&url, &self.key, &body.to_string(), Duration::from_secs(120)).unwrap();
         (status, serde_json::from_str(&text).unwrap_or(serde_json::Value::Null))
     }
 
@@ -201,8 +159,5 @@ pub fn generate_cli(prompt: &str, max_tokens: usize) -> serde_json::Value {
 
 /// Writes a secret file readable by its owner only, as the roles require.
 pub fn write_secret(path: &std::path::Path, text: &str) {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path).unwrap();
-    f.write_all(text.as_bytes()).unwrap();
+    launch::write_private(path, text.as_bytes()).unwrap();
 }
