@@ -42,7 +42,7 @@ use super::rng::{self, Rng};
 use super::tenants::TenantKey;
 use super::workload::{self, Endpoint};
 
-/// The largest AUC a server may show (the target of DESIGN.md's invariant 8).
+/// The largest AUC a server may show (the target of invariant 8, docs/invariants.md).
 pub const THRESHOLD: f64 = 0.6;
 /// Fewer completed samples in a class than this: the AUC is reported, not judged (the interval
 /// of a handful of samples is too rough to fail an audit on).
