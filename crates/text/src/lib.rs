@@ -19,6 +19,7 @@
 mod bpe;
 mod chat;
 mod error;
+mod pretokenize;
 mod stream;
 mod tokenizer;
 

@@ -3,23 +3,19 @@
 //!
 //! Encoding runs in two stages, as in llama.cpp: the text is first partitioned on special-token
 //! texts (control tokens only when `parse_special`, user-defined tokens always), then every plain
-//! fragment is split into words by the pre-tokenizer regexes (run by the `tokenizers` crate) and
-//! each word is merged by BPE rank exactly as llama.cpp's `llm_tokenizer_bpe_session` does. The
-//! merge loop is our own because `tokenizers`' BPE silently skips characters that have no token
-//! and then merges their neighbours across the gap, where llama.cpp keeps the character as a
-//! barrier and drops it only at the end (SmolLM2 has no token for 21 byte values, U+0013 among them).
-//! Decoding never goes through `tokenizers`: each id maps to its exact bytes from a table built
-//! once, which makes decoding lossless for any sequence (even one that splits a UTF-8 character).
+//! fragment is split into words by the pre-tokenizer (pretokenize.rs: llama.cpp's regexes, written
+//! out by hand as llama.cpp does) and each word is merged by BPE rank exactly as llama.cpp's
+//! `llm_tokenizer_bpe_session` does. The merge loop is our own because HF `tokenizers`' BPE
+//! silently skips characters that have no token and then merges their neighbours across the gap,
+//! where llama.cpp keeps the character as a barrier and drops it only at the end (SmolLM2 has no
+//! token for 21 byte values, U+0013 among them). Decoding maps each id to its exact bytes from a
+//! table built once, which makes it lossless for any sequence (even one that splits a UTF-8
+//! character).
 
 use std::collections::HashMap;
 
-use tokenizers::pre_tokenizers::digits::Digits;
-use tokenizers::pre_tokenizers::sequence::Sequence;
-use tokenizers::pre_tokenizers::split::Split;
-use tokenizers::pre_tokenizers::PreTokenizerWrapper;
-use tokenizers::{OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer, SplitDelimiterBehavior};
-
 use crate::bpe::{self, Bpe};
+use crate::pretokenize::PreTokenizer;
 use crate::TextError;
 
 /// GGUF `tokenizer.ggml.token_type` values (llama.cpp's `llama_token_type`).
@@ -41,8 +37,8 @@ struct SpecialText {
 /// Text to token ids and back for one model's vocabulary. Cheap to share: `Send + Sync`.
 #[derive(Debug, Clone)]
 pub struct Tokenizer {
-    /// Splits plain text into words (pre-tokenizer regexes), on raw text.
-    pre: PreTokenizerWrapper,
+    /// Splits plain text into words (llama.cpp's pre-tokenizer), on raw text.
+    pre: PreTokenizer,
     /// Merge rules, applied to each word.
     bpe: Bpe,
     /// Exact bytes of each token, indexed by id.
@@ -131,18 +127,7 @@ impl Tokenizer {
                 v.as_str().ok_or_else(|| TextError::InvalidVocab("tokenizer.ggml.pre is not a string".into()))?
             }
         };
-        let gpt2 = Split::new(
-            tokenizers::pre_tokenizers::split::SplitPattern::Regex(GPT2_REGEX.to_string()),
-            SplitDelimiterBehavior::Isolated,
-            false,
-        )
-        .map_err(|e| TextError::Encode(format!("pre-tokenizer regex: {e}")))?;
-        let pre = match pre_name {
-            // llama.cpp: "\p{N}" then the GPT-2 regex; Digits uses char::is_numeric, i.e. \p{N}.
-            "smollm" => PreTokenizerWrapper::Sequence(Sequence::new(vec![Digits::new(true).into(), gpt2.into()])),
-            "gpt2" | "default" => gpt2.into(),
-            other => return Err(TextError::UnsupportedPre(other.to_string())),
-        };
+        let pre = PreTokenizer::from_name(pre_name).ok_or_else(|| TextError::UnsupportedPre(pre_name.to_string()))?;
 
         let tokens = g.str_array("tokenizer.ggml.tokens")?;
         let n = tokens.len();
@@ -258,10 +243,8 @@ impl Tokenizer {
         if text.is_empty() {
             return Ok(());
         }
-        let mut words = PreTokenizedString::from(text);
-        self.pre.pre_tokenize(&mut words).map_err(|e| TextError::Encode(e.to_string()))?;
         let mut scratch = bpe::Scratch::default();
-        for (word, _, _) in words.get_splits(OffsetReferential::Original, OffsetType::Byte) {
+        for word in self.pre.split(text) {
             self.bpe.word(word.as_bytes(), &mut scratch, out);
         }
         Ok(())
@@ -350,9 +333,6 @@ impl Tokenizer {
         self.stop.clone()
     }
 }
-
-/// The GPT-2 split regex (llama.cpp's, with the trailing `\s+` its custom matcher implements).
-const GPT2_REGEX: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+";
 
 enum Fragment<'t> {
     Text(&'t str),
