@@ -69,8 +69,22 @@ pub const KV_CRYPTO_SECONDS_TOTAL: &str = "pagewarden_kv_crypto_seconds_total";
 /// gauge; worker, by tenant id.
 pub const WORKER_PREFIX_CACHE_PAGES: &str = "pagewarden_worker_prefix_cache_pages";
 
+/// counter; gateway: generation requests by tenant and outcome (a finish reason, `error`,
+/// `cancelled`, `rejected`).
+pub const TENANT_REQUESTS_TOTAL: &str = "pagewarden_tenant_requests_total";
+/// counter; gateway: prompt tokens of requests that ran, by tenant (cached ones included).
+pub const TENANT_PROMPT_TOKENS_TOTAL: &str = "pagewarden_tenant_prompt_tokens_total";
+/// counter; gateway: prompt tokens taken from the tenant's prefix cache, by tenant.
+pub const TENANT_CACHED_TOKENS_TOTAL: &str = "pagewarden_tenant_cached_tokens_total";
+/// counter; gateway: tokens generated, by tenant.
+pub const TENANT_COMPLETION_TOKENS_TOTAL: &str = "pagewarden_tenant_completion_tokens_total";
+
 /// Every name above.
 pub const ALL: &[&str] = &[
+    TENANT_REQUESTS_TOTAL,
+    TENANT_PROMPT_TOKENS_TOTAL,
+    TENANT_CACHED_TOKENS_TOTAL,
+    TENANT_COMPLETION_TOKENS_TOTAL,
     REQUESTS_TOTAL,
     TIME_TO_FIRST_TOKEN,
     INTER_TOKEN_LATENCY,

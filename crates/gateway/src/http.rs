@@ -27,6 +27,7 @@ use crate::metrics::Metrics;
 use crate::settings::ApiSettings;
 use crate::state::AppState;
 use crate::tenants::{TenantDirectory, Tenants};
+use crate::usage::{UsageLog, UsageSettings};
 use cluster::exposition::{self, Exposition};
 
 /// Why the HTTP side stopped or did not start.
@@ -41,6 +42,8 @@ pub enum HttpError {
     },
     #[error("the HTTP server failed: {0}")]
     Server(#[source] std::io::Error),
+    #[error(transparent)]
+    Usage(#[from] crate::usage::UsageError),
 }
 
 fn text_response(status: StatusCode, content_type: &'static str, body: String) -> Response {
@@ -215,6 +218,8 @@ pub struct HttpSetup {
     pub context: usize,
     /// New tenant tables from the deployment (a SIGHUP reload), installed as they come.
     pub tenant_updates: Option<mpsc::UnboundedReceiver<Tenants>>,
+    /// `[usage]`: the usage log, if one is kept.
+    pub usage: Option<UsageSettings>,
 }
 
 /// The HTTP side shared by `serve` and `gateway`: binds, serves, and on `shutdown` drains
@@ -239,7 +244,9 @@ where
         template,
         context,
         tenant_updates,
+        usage,
     } = setup;
+    let usage = usage.map(UsageLog::open).transpose()?;
     let stop_tokens = StopTokens::new(tokenizer.stop_tokens());
     let limiter = Limiter::new(tenants.iter().map(|t| (t.id, &t.config)));
     let started_at =
@@ -253,6 +260,7 @@ where
         tenants: TenantDirectory::new(tenants),
         limiter,
         metrics: Metrics::default(),
+        usage,
         metrics_token,
         context,
         draining: AtomicBool::new(false),
@@ -345,6 +353,15 @@ where
     }
     if let Some(t) = updates_task {
         t.abort();
+    }
+    if st.usage.is_some() {
+        // Every request has ended (or been ended): its record is queued; write it before exit.
+        let st2 = st.clone();
+        let flushed =
+            tokio::task::spawn_blocking(move || st2.usage.as_ref().is_some_and(|u| u.flush(Duration::from_secs(10))));
+        if !flushed.await.unwrap_or(false) {
+            tracing::error!("the usage log did not flush within 10 s");
+        }
     }
     tracing::info!("stopped");
     Ok(())

@@ -24,3 +24,4 @@ pub mod metrics;
 pub mod settings;
 pub mod state;
 pub mod tenants;
+pub mod usage;

@@ -55,6 +55,17 @@ pub struct Metrics {
     /// Per tenant: (lookups, hits, hit tokens); labelled at scrape time, when the tenant's
     /// label (id or current name) is known.
     prefix: Mutex<BTreeMap<kv::TenantId, [u64; 3]>>,
+    /// Per tenant: its usage (labelled at scrape time, like `prefix`).
+    usage: Mutex<BTreeMap<kv::TenantId, TenantUsage>>,
+}
+
+/// One tenant's requests by outcome and tokens, as billed.
+#[derive(Debug, Default)]
+struct TenantUsage {
+    requests: BTreeMap<&'static str, u64>,
+    prompt: u64,
+    cached: u64,
+    completion: u64,
 }
 
 impl Default for Metrics {
@@ -71,6 +82,7 @@ impl Default for Metrics {
             ttft: histogram(&TTFT_BUCKETS),
             itl: histogram(&ITL_BUCKETS),
             prefix: Mutex::default(),
+            usage: Mutex::default(),
         }
     }
 }
@@ -106,6 +118,23 @@ impl Metrics {
             c[1] += 1;
             c[2] += cached_tokens as u64;
         }
+    }
+
+    /// One generation request of `tenant` ended with `outcome`, having used these tokens.
+    pub fn tenant_usage(
+        &self,
+        tenant: kv::TenantId,
+        outcome: &'static str,
+        prompt: usize,
+        cached: usize,
+        completion: usize,
+    ) {
+        let mut m = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        let u = m.entry(tenant).or_default();
+        *u.requests.entry(outcome).or_default() += 1;
+        u.prompt += prompt as u64;
+        u.cached += cached as u64;
+        u.completion += completion as u64;
     }
 
     /// Adds the gateway's own families to `e`; `tenant_label` gives a tenant's label value
@@ -146,6 +175,31 @@ impl Metrics {
             e.counters(name, help, prefix.iter().map(|(t, c)| (vec![label("tenant", t)], c[i])));
         }
         e.gauges(PREFIX_CACHE_PAGES, "KV pages held by the prefix caches.", gauge(stats.cached_pages));
+        self.expose_usage(e, &tenant_label);
+    }
+
+    fn expose_usage(&self, e: &mut Exposition, tenant_label: &impl Fn(kv::TenantId) -> String) {
+        let usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        let rows: Vec<(String, &TenantUsage)> = usage.iter().map(|(t, u)| (tenant_label(*t), u)).collect();
+        let per_tenant = |f: fn(&TenantUsage) -> u64| rows.iter().map(move |(t, u)| (vec![label("tenant", t)], f(u)));
+        e.counters(
+            TENANT_REQUESTS_TOTAL,
+            "Generation requests by tenant and outcome.",
+            rows.iter().flat_map(|(t, u)| {
+                u.requests.iter().map(move |(o, n)| (vec![label("tenant", t), label("outcome", o)], *n))
+            }),
+        )
+        .counters(
+            TENANT_PROMPT_TOKENS_TOTAL,
+            "Prompt tokens of requests that ran, by tenant.",
+            per_tenant(|u| u.prompt),
+        )
+        .counters(
+            TENANT_CACHED_TOKENS_TOTAL,
+            "Prompt tokens taken from the prefix cache, by tenant.",
+            per_tenant(|u| u.cached),
+        )
+        .counters(TENANT_COMPLETION_TOKENS_TOTAL, "Tokens generated, by tenant.", per_tenant(|u| u.completion));
     }
 }
 
@@ -161,6 +215,8 @@ mod tests {
         m.time_to_first_token(Duration::from_millis(30));
         m.prefix_lookup(kv::TenantId(1), 0);
         m.prefix_lookup(kv::TenantId(1), 32);
+        m.tenant_usage(kv::TenantId(1), "stop", 40, 32, 7);
+        m.tenant_usage(kv::TenantId(1), "rejected", 0, 0, 0);
         let stats = EngineStats { pages_by_tenant: vec![(kv::TenantId(1), 3)], ..Default::default() };
         let mut e = Exposition::new();
         m.expose(&mut e, &stats, |t| format!("tenant-{}", t.0));
@@ -182,6 +238,10 @@ mod tests {
             PREFIX_CACHE_HITS_TOTAL,
             PREFIX_CACHE_HIT_TOKENS_TOTAL,
             PREFIX_CACHE_PAGES,
+            TENANT_REQUESTS_TOTAL,
+            TENANT_PROMPT_TOKENS_TOTAL,
+            TENANT_CACHED_TOKENS_TOTAL,
+            TENANT_COMPLETION_TOKENS_TOTAL,
         ] {
             let counter = name.strip_suffix("_total").map(|f| format!("# TYPE {f} counter"));
             let declared = text.contains(&format!("# TYPE {name} ")) || counter.is_some_and(|c| text.contains(&c));
@@ -192,6 +252,11 @@ mod tests {
         assert!(text.contains("pagewarden_prefix_cache_hits_total{tenant=\"tenant-1\"} 1"));
         assert!(text.contains("pagewarden_prefix_cache_hit_tokens_total{tenant=\"tenant-1\"} 32"));
         assert!(text.contains("pagewarden_kv_pages_used{tenant=\"tenant-1\"} 3"));
+        assert!(text.contains("pagewarden_tenant_requests_total{tenant=\"tenant-1\",outcome=\"stop\"} 1"), "{text}");
+        assert!(text.contains("pagewarden_tenant_requests_total{tenant=\"tenant-1\",outcome=\"rejected\"} 1"));
+        assert!(text.contains("pagewarden_tenant_prompt_tokens_total{tenant=\"tenant-1\"} 40"));
+        assert!(text.contains("pagewarden_tenant_cached_tokens_total{tenant=\"tenant-1\"} 32"));
+        assert!(text.contains("pagewarden_tenant_completion_tokens_total{tenant=\"tenant-1\"} 7"));
         assert!(text.contains("pagewarden_isolation_violations_total{kind=\"generation_mismatch\"} 0"));
         assert!(text.contains("pagewarden_time_to_first_token_seconds_bucket{le=\"0.05\"} 1"));
     }

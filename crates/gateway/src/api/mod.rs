@@ -26,6 +26,7 @@ use self::validate::{validate, Endpoint};
 use crate::error::ApiError;
 use crate::state::AppState;
 use crate::tenants::Tenant;
+use crate::usage::UsageRecord;
 
 /// One request's log line and status metric, written when it is dropped. It also counts the
 /// request as in flight (the drain waits for these).
@@ -43,6 +44,11 @@ pub struct RequestLog {
     /// The error's reason label (never its message: that could quote the request).
     pub error: Option<&'static str>,
     pub ttft: Option<Duration>,
+    /// Set once a generation request is authenticated: whose usage this request is.
+    pub billed: Option<(kv::TenantId, String)>,
+    /// Whether the request was submitted (its prompt computed or taken from the cache).
+    pub ran: bool,
+    pub cached_tokens: usize,
     started: Instant,
     armed: bool,
 }
@@ -63,6 +69,9 @@ impl RequestLog {
             outcome: "cancelled",
             error: None,
             ttft: None,
+            billed: None,
+            ran: false,
+            cached_tokens: 0,
             started: Instant::now(),
             armed: true,
         }
@@ -82,8 +91,39 @@ impl RequestLog {
             outcome: self.outcome,
             error: self.error,
             ttft: self.ttft,
+            billed: self.billed.take(),
+            ran: self.ran,
+            cached_tokens: self.cached_tokens,
             started: self.started,
             armed: true,
+        }
+    }
+
+    /// The tenant's usage of this request: the metrics, and a record in the usage log.
+    fn bill(&self, tenant: kv::TenantId, name: &str, total: Duration) {
+        // A request refused before it ran computed nothing: it is counted, with no tokens.
+        let (prompt, cached) = if self.ran { (self.prompt_tokens, self.cached_tokens) } else { (0, 0) };
+        self.st.metrics.tenant_usage(tenant, self.outcome, prompt, cached, self.completion_tokens);
+        if let Some(log) = &self.st.usage {
+            let ms = |d: Duration| (d.as_secs_f64() * 1e4).round() / 10.0;
+            log.record(UsageRecord {
+                ts: std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_secs_f64())
+                    .unwrap_or_default(),
+                request: self.id,
+                tenant: tenant.0,
+                tenant_name: name.to_string(),
+                model: self.st.settings.model_name.clone(),
+                endpoint: self.endpoint.to_string(),
+                status: self.status,
+                outcome: self.outcome.to_string(),
+                prompt_tokens: prompt as u64,
+                cached_tokens: cached as u64,
+                completion_tokens: self.completion_tokens as u64,
+                ttft_ms: self.ttft.map(ms),
+                total_ms: ms(total),
+            });
         }
     }
 }
@@ -94,6 +134,9 @@ impl Drop for RequestLog {
             return;
         }
         self.st.metrics.request(self.status);
+        if let Some((tenant, name)) = &self.billed {
+            self.bill(*tenant, name, self.started.elapsed());
+        }
         // Ids, sizes and timings only: the prompt and the output never reach a log.
         tracing::info!(
             target: "pagewarden::request",
@@ -219,6 +262,7 @@ async fn generate_inner(
     let mark = st.backend.revocation_mark();
     let tenant = authenticate(st, req.headers())?;
     log.tenant = tenant.id.0.to_string();
+    log.billed = Some((tenant.id, tenant.config.name.clone()));
     tracing::Span::current().record("tenant", tenant.id.0);
     // The tenant's concurrency and queue slots come before any work for it: reading the body,
     // rendering and tokenizing cost as much as queueing, and must count against its limits.
@@ -254,6 +298,7 @@ async fn generate_inner(
         Endpoint::Completions => "prompt",
     };
     let rs = st.backend.submit(gen_req, mark).map_err(|e| ApiError::admission(&e, prompt_param))?;
+    log.ran = true;
     let mut gen = Generation::new(
         st.clone(),
         rs,
@@ -290,6 +335,7 @@ async fn generate_inner(
                 log.status = 200;
                 log.outcome = reason;
                 log.completion_tokens = usage.completion_tokens;
+                log.cached_tokens = usage.cached_tokens;
                 log.ttft = gen.ttft;
                 return Ok(json_response(StatusCode::OK, &meta.full(&text, reason, lp, usage)));
             }
@@ -297,5 +343,7 @@ async fn generate_inner(
             None => return Err(ApiError::internal("the request ended without a result")),
         }
         step = gen.next().await;
+        // Kept current: a client that goes away mid-generation is billed what was generated.
+        log.completion_tokens = gen.completion_tokens();
     }
 }

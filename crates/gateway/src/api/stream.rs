@@ -305,6 +305,7 @@ pub fn sse_response(
                     v.push(Bytes::from_static(b"data: [DONE]\n\n"));
                     log.prompt_tokens = usage.prompt_tokens;
                     log.completion_tokens = usage.completion_tokens;
+                    log.cached_tokens = usage.cached_tokens;
                     log.outcome = reason;
                     v
                 }

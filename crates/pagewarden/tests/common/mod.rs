@@ -109,6 +109,23 @@ impl Server {
         assert!(st.success());
     }
 
+    /// SIGTERM, then waits (at most 60 s) for the drain to end and the process to exit; the
+    /// directory stays (for a restart with [`Server::start_with`]).
+    pub fn stop(mut self) -> std::process::ExitStatus {
+        let st = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status().unwrap();
+        assert!(st.success());
+        let t0 = std::time::Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                // Keep the directory: forget it before Drop removes it.
+                self.dir = PathBuf::new();
+                return status;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "serve did not exit within 60 s of SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     pub fn metrics(&self) -> String {
         self.agent()
             .get(format!("{}/metrics", self.url))
@@ -125,7 +142,9 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if !self.dir.as_os_str().is_empty() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
