@@ -27,6 +27,7 @@ use crate::metrics::Metrics;
 use crate::settings::ApiSettings;
 use crate::state::AppState;
 use crate::tenants::{TenantDirectory, Tenants};
+use crate::tls::{ServerCertificate, TlsListener};
 use crate::usage::{UsageLog, UsageSettings};
 use cluster::exposition::{self, Exposition};
 
@@ -44,6 +45,8 @@ pub enum HttpError {
     Server(#[source] std::io::Error),
     #[error(transparent)]
     Usage(#[from] crate::usage::UsageError),
+    #[error("HTTPS: {0}")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 fn text_response(status: StatusCode, content_type: &'static str, body: String) -> Response {
@@ -220,12 +223,14 @@ pub struct HttpSetup {
     pub tenant_updates: Option<mpsc::UnboundedReceiver<Tenants>>,
     /// `[usage]`: the usage log, if one is kept.
     pub usage: Option<UsageSettings>,
+    /// `[tls]`: serve the API over HTTPS with this (replaceable) certificate.
+    pub tls: Option<Arc<ServerCertificate>>,
 }
 
 /// The HTTP side shared by `serve` and `gateway`: binds, serves, and on `shutdown` drains
 /// (503 for new requests, in-flight ones get up to the drain timeout; then `on_drain_timeout`
 /// ends the rest). `ready` gets the bound address (port 0 allowed); `listening on
-/// http://ADDR` is also printed to stdout.
+/// http://ADDR` (`https://` with `tls`) is also printed to stdout.
 pub async fn run<F, R, D>(setup: HttpSetup, shutdown: F, ready: R, on_drain_timeout: D) -> Result<(), HttpError>
 where
     F: Future<Output = ()> + Send,
@@ -245,6 +250,7 @@ where
         context,
         tenant_updates,
         usage,
+        tls,
     } = setup;
     let usage = usage.map(UsageLog::open).transpose()?;
     let stop_tokens = StopTokens::new(tokenizer.stop_tokens());
@@ -300,15 +306,26 @@ where
     })?;
     let addr = listener.local_addr().map_err(HttpError::Server)?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = axum::serve(listener, router(st.clone())).with_graceful_shutdown(async move {
+    let stopped = async move {
         let _ = stop_rx.await;
-    });
-    let mut server_task = tokio::spawn(async move { server.await });
-    println!("listening on http://{addr}");
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let mut server_task = match tls {
+        Some(cert) => {
+            let listener = TlsListener::new(listener, cert.server_config()?).map_err(HttpError::Server)?;
+            let server = axum::serve(listener, router(st.clone())).with_graceful_shutdown(stopped);
+            tokio::spawn(async move { server.await })
+        }
+        None => {
+            let server = axum::serve(listener, router(st.clone())).with_graceful_shutdown(stopped);
+            tokio::spawn(async move { server.await })
+        }
+    };
+    println!("listening on {scheme}://{addr}");
     if let Some(path) = dev_key {
         println!(
             "no tenants configured: the development tenant's key is in {} (mode 0600). Try:\n  curl \
-             http://{addr}/v1/chat/completions -H \"Authorization: Bearer $(cat {})\" -H 'Content-Type: \
+             {scheme}://{addr}/v1/chat/completions -H \"Authorization: Bearer $(cat {})\" -H 'Content-Type: \
              application/json' -d '{{\"model\":\"{}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hi\"}}]}}'",
             path.display(),
             path.display(),

@@ -24,4 +24,5 @@ pub mod metrics;
 pub mod settings;
 pub mod state;
 pub mod tenants;
+pub mod tls;
 pub mod usage;

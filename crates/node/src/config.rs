@@ -17,6 +17,7 @@ use serde::Deserialize;
 use crate::config_error::invalid;
 pub use crate::config_error::ConfigError;
 use crate::private_file::{read_private_text, read_secret_file};
+pub use crate::tls_files::TlsSettings;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_MODEL_NAME: &str = "SmolLM2-135M-Instruct";
@@ -51,8 +52,16 @@ struct RawConfig {
     metrics: RawMetrics,
     #[serde(default)]
     usage: RawUsage,
+    tls: Option<RawTls>,
     #[serde(default)]
     tenants: Vec<RawTenant>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTls {
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -245,6 +254,8 @@ pub struct Config {
     pub metrics: MetricsSettings,
     /// `[usage]`: the usage log (none unless `log` is set).
     pub usage: Option<UsageSettings>,
+    /// `[tls]`: HTTPS on the API listener (plain HTTP without it).
+    pub tls: Option<TlsSettings>,
     /// Empty: one development tenant (see [`crate::tenant_file::dev_tenant`]).
     pub tenants: Vec<TenantConfig>,
     /// The highest tenant id ever given out (at least every tenant's id).
@@ -299,6 +310,7 @@ fn builtin_defaults() -> Config {
         },
         metrics: MetricsSettings::default(),
         usage: None,
+        tls: None,
         tenants: Vec::new(),
         last_tenant_id: 0,
         source: None,
@@ -456,6 +468,19 @@ impl Config {
             None => None,
         };
 
+        let tls = match raw.tls {
+            None => None,
+            Some(RawTls { cert_file: Some(cert_file), key_file: Some(key_file) }) => {
+                Some(TlsSettings { cert_file, key_file })
+            }
+            Some(RawTls { cert_file: None, .. }) => {
+                return Err(invalid("tls.cert_file", "`[tls]` needs `cert_file` (PEM, the chain leaf first)"))
+            }
+            Some(RawTls { key_file: None, .. }) => {
+                return Err(invalid("tls.key_file", "`[tls]` needs `key_file` (PEM, readable by its owner only)"))
+            }
+        };
+
         let c = raw.cluster;
         let d = builtin_defaults().cluster;
         let cluster = ClusterSettings {
@@ -548,6 +573,7 @@ impl Config {
             last_tenant_id: raw.last_tenant_id.unwrap_or(0).max(tenants.iter().map(|t| t.id.0).max().unwrap_or(0)),
             metrics,
             usage,
+            tls,
             tenants,
             source: None,
         })

@@ -2,11 +2,13 @@
 //! timeouts, the initial tenant table, and the HTTP side's setup from the configuration.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use cluster::{Identity, RouterConfig, SecretRing};
 use gateway::http::HttpSetup;
 use gateway::settings::ApiSettings;
 use gateway::tenants::{sha256, Tenants};
+use gateway::tls::ServerCertificate;
 use text::{ChatTemplate, Tokenizer};
 use wire::Role;
 
@@ -41,7 +43,7 @@ pub(crate) fn initial_tenants(config: &Config) -> Result<(Tenants, bool), ServeE
 
 /// The HTTP side's setup: `config`'s listeners, limits and tenants (reloaded on SIGHUP when
 /// the config came from a file), the metrics token read once (a missing, loose or short token
-/// file fails here).
+/// file fails here); `tls` from [`tls_certificate`].
 pub(crate) fn http_setup(
     config: &Config,
     backend: cluster::Router,
@@ -49,6 +51,7 @@ pub(crate) fn http_setup(
     tokenizer: Tokenizer,
     template: ChatTemplate,
     context: usize,
+    tls: Option<Arc<ServerCertificate>>,
 ) -> Result<HttpSetup, ServeError> {
     let metrics_token = config.metrics.token()?.map(|t| sha256(t.as_bytes()));
     let dev_key: Option<PathBuf> = dev.then(dev_key_path);
@@ -69,5 +72,12 @@ pub(crate) fn http_setup(
         context,
         tenant_updates: reload_tenants_on_sighup(config.source.clone(), dev),
         usage: config.usage.clone(),
+        tls,
     })
+}
+
+/// `[tls]`'s certificate, checked before anything slow starts (a bad file fails at once) and
+/// reloaded on every SIGHUP from then on.
+pub(crate) fn tls_certificate(config: &Config) -> Result<Option<Arc<ServerCertificate>>, ServeError> {
+    Ok(config.tls.as_ref().map(|t| t.serve()).transpose()?)
 }

@@ -9,7 +9,7 @@ use text::{ChatTemplate, Tokenizer};
 
 use crate::config::Config;
 use crate::error::ServeError;
-use crate::front::{http_setup, initial_tenants, router_config};
+use crate::front::{http_setup, initial_tenants, router_config, tls_certificate};
 use crate::model::{model_err, ModelInfo};
 use crate::secrets::{cluster_secrets, reload_secrets_on_sighup};
 
@@ -20,6 +20,7 @@ where
     F: Future<Output = ()> + Send,
     R: FnOnce(SocketAddr),
 {
+    let tls = tls_certificate(&config)?;
     let secrets = cluster_secrets(&config)?;
     reload_secrets_on_sighup(&config, &secrets);
     let cfg = config.clone();
@@ -44,6 +45,6 @@ where
     println!("cluster listening on {bound}");
     tokio::spawn(router.clone().serve(listener));
     let r2 = router.clone();
-    let setup = http_setup(&config, router, tenants, tokenizer, template, info.context)?;
+    let setup = http_setup(&config, router, tenants, tokenizer, template, info.context, tls)?;
     Ok(gateway::http::run(setup, shutdown, ready, move || r2.fail_all()).await?)
 }

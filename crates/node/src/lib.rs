@@ -7,7 +7,7 @@
 //! * [`gateway_role`]: the HTTP API and the cluster listener workers register on;
 //! * [`worker`]: a prefill or a decode worker registered with a gateway.
 //!
-//! SIGINT/SIGTERM drain; SIGHUP re-reads the tenant table and the cluster secrets. The
+//! SIGINT/SIGTERM drain; SIGHUP re-reads the tenant table, the cluster secrets and the TLS certificate. The
 //! tenant commands edit the configuration file ([`tenant_file`]). The HTTP API itself lives in
 //! the `gateway` crate, the request path below it in `cluster` and `engine`.
 
@@ -25,6 +25,7 @@ pub mod secrets;
 pub mod serve;
 pub mod signals;
 pub mod tenant_file;
+pub mod tls_files;
 pub mod usage_cli;
 pub mod worker;
 

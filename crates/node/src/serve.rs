@@ -13,7 +13,7 @@ use wire::{ClusterSecret, Role};
 
 use crate::config::Config;
 use crate::error::ServeError;
-use crate::front::{http_setup, initial_tenants, router_config};
+use crate::front::{http_setup, initial_tenants, router_config, tls_certificate};
 use crate::model::{engine_config, load_model, pool_of, LoadedModel};
 
 /// Runs the single-process server until `shutdown` completes, then drains and returns: the
@@ -26,6 +26,7 @@ where
     F: Future<Output = ()> + Send,
     R: FnOnce(SocketAddr),
 {
+    let tls = tls_certificate(&config)?;
     let cfg = config.clone();
     let loaded = tokio::task::spawn_blocking(move || load_model(&cfg))
         .await
@@ -75,7 +76,7 @@ where
     let on_drain = move || {
         handle.stop_admitting();
     };
-    let setup = http_setup(&config, router.clone(), tenants, tokenizer, template, info.context)?;
+    let setup = http_setup(&config, router.clone(), tenants, tokenizer, template, info.context, tls)?;
     let result = gateway::http::run(setup, shutdown, ready, on_drain).await.map_err(ServeError::from);
     // Dropping the engine fails whatever is still queued or running (their clients get an error
     // response or an error event) and frees their pages.

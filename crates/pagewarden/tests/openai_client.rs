@@ -9,20 +9,9 @@ use std::process::Command;
 
 #[test]
 fn official_openai_python_client_works_against_the_server() {
-    let venv = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("openai-venv");
-    let python = venv.join("bin/python");
-    if !python.exists() {
-        let ok = Command::new("python3").args(["-m", "venv"]).arg(&venv).status().expect("python3 -m venv");
-        assert!(ok.success(), "creating a venv failed");
-    }
-    let pip = Command::new(&python)
-        .args(["-m", "pip", "install", "-q", "--disable-pip-version-check", "openai>=1.40,<3"])
-        .status()
-        .expect("pip install openai");
-    assert!(pip.success(), "pip install openai failed (is PyPI reachable?)");
-
+    let python = common::python_with(&["openai>=1.40,<3"]);
     let server = common::Server::start(&[]);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/openai/client_test.py");
+    let script = common::python_script("client_test.py");
     let out = Command::new(&python)
         .arg(script)
         .arg(&server.url)
