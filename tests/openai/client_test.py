@@ -104,4 +104,38 @@ try:
 except openai.NotFoundError as e:
     check(e.status_code == 404, "unknown model is 404")
 
+# n choices
+r = client.chat.completions.create(
+    model=model, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=4, temperature=1, n=3
+)
+check([c.index for c in r.choices] == [0, 1, 2], "n = 3 returns 3 choices")
+check(all(isinstance(c.message.content, str) for c in r.choices), "each choice has content")
+c3 = client.completions.create(model=model, prompt="Once upon a time", max_tokens=3, n=3, temperature=1)
+check(len(c3.choices) == 3, "completions n = 3")
+
+# logit_bias: +100 on one token forces it
+forced = client.completions.create(
+    model=model, prompt="The capital of France is", max_tokens=2, temperature=0, logit_bias={"504": 100}
+)
+again = client.completions.create(
+    model=model, prompt="Something else entirely:", max_tokens=2, temperature=0, logit_bias={"504": 100}
+)
+check(forced.choices[0].text == again.choices[0].text, "logit_bias forces the same token whatever the prompt")
+
+
+def refused_naming(param, **kwargs):
+    try:
+        client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=4, **kwargs
+        )
+    except openai.BadRequestError as e:
+        return e.status_code == 400 and e.param == param
+    return False
+
+
+# Fields the server does not know or cannot honour are refused, never ignored
+check(refused_naming("frobnicate", extra_body={"frobnicate": 1}), "an unknown field is a 400 naming it")
+check(refused_naming("audio", audio={"voice": "alloy", "format": "wav"}), "an unsupported field is a 400 naming it")
+check(refused_naming("store", store=True), "store: true is a 400 naming it")
+
 print(f"{checks} passed, 0 failed")

@@ -85,7 +85,7 @@ impl Spec {
 
     /// The worker's own request; sampling parameters are validated again here.
     pub fn to_request(&self) -> Result<GenRequest, String> {
-        let sampling = SamplingParams::new(self.sampling).map_err(|e| e.to_string())?;
+        let sampling = SamplingParams::new(self.sampling.clone()).map_err(|e| e.to_string())?;
         Ok(GenRequest {
             id: RequestId(self.request),
             tenant: TenantId(self.tenant),

@@ -241,7 +241,7 @@ impl Loop {
                     if scope.is_some() {
                         let _ = p.tx.send(Event::PrefixCache { cached_tokens: cached });
                     }
-                    let sampler = Sampler::new(p.req.sampling);
+                    let sampler = Sampler::new(p.req.sampling.clone());
                     self.stats.cached_tokens += cached as u64;
                     self.running.push(Running {
                         req: p.req,
@@ -476,7 +476,7 @@ impl Loop {
             let _ = tx.send(ev);
             return;
         }
-        let mut sampler = Sampler::new(req.sampling);
+        let mut sampler = Sampler::new(req.sampling.clone());
         // The prefill side drew the first token from the same seeded stream.
         sampler.skip_draws(1);
         self.running.push(Running {

@@ -33,6 +33,28 @@ impl ApiError {
         e
     }
 
+    /// 400 for a field the endpoint does not know: never silently ignored (a typo such as
+    /// `temprature` would otherwise change nothing without a word).
+    pub fn unknown_param(param: &str, path: &str) -> Self {
+        let mut e = Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            "unknown_parameter",
+            format!("unrecognized request argument `{param}`: {path} does not take it"),
+        );
+        e.param = Some(param.to_string());
+        e.code = Some("unknown_parameter");
+        e
+    }
+
+    /// 400 for a known field asking for what this server does not do.
+    pub fn unsupported_param(param: &str, message: impl Into<String>) -> Self {
+        let mut e = Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", "unsupported_parameter", message);
+        e.param = Some(param.to_string());
+        e.code = Some("unsupported_parameter");
+        e
+    }
+
     /// 400 for a body that is not a JSON object.
     pub fn malformed(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", "malformed_json", message)

@@ -146,7 +146,7 @@ impl Permit {
             return Err(ApiError::rate_limited(
                 "tenant_tokens_per_minute",
                 format!(
-                    "the request needs {tokens} tokens (prompt + max_tokens), more than this key's limit of {} \
+                    "the request needs {tokens} tokens ((prompt + max_tokens) x n), more than this key's limit of {} \
                      tokens per minute; lower max_tokens",
                     s.tokens_per_minute
                 ),
@@ -186,6 +186,29 @@ impl Permit {
         if let Some(s) = self.limiter.lock().get_mut(&self.tenant) {
             s.tokens = (s.tokens + give).min(s.tokens_per_minute as f64);
         }
+    }
+}
+
+/// The permit the choices of one request share (`n` > 1): one concurrency slot and one
+/// charge; each choice refunds what it did not generate.
+#[derive(Debug, Clone)]
+pub struct SharedPermit(Arc<Mutex<Permit>>);
+
+impl SharedPermit {
+    pub fn new(p: Permit) -> Self {
+        SharedPermit(Arc::new(Mutex::new(p)))
+    }
+
+    fn permit(&self) -> MutexGuard<'_, Permit> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn started(&self) {
+        self.permit().started();
+    }
+
+    pub fn refund(&self, unused: usize) {
+        self.permit().refund(unused);
     }
 }
 

@@ -211,21 +211,114 @@ fn bad_field_is_400_naming_the_param() {
 }
 
 #[test]
-fn n_other_than_one_is_400() {
-    let r = post_json(&chat_url(), Some(ALICE), &hello(json!({"n": 2})));
-    assert_eq!(r.status, 400);
-    assert_eq!(r.error()["param"], "n");
-    assert_eq!(post_json(&chat_url(), Some(ALICE), &hello(json!({"n": 1}))).status, 200);
+fn n_returns_that_many_choices_with_usage_summed_and_out_of_range_n_is_400() {
+    let body = hello(json!({"n": 3, "max_tokens": 4, "ignore_eos": true, "temperature": 1.0, "seed": 5}));
+    let r = post_json(&chat_url(), Some(ALICE), &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3, "{v}");
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert_eq!(c["finish_reason"], "length");
+        assert!(c["message"]["content"].is_string());
+    }
+    // The prompt counts once; every choice's tokens count.
+    let single = post_json(&chat_url(), Some(ALICE), &hello(json!({"max_tokens": 4, "ignore_eos": true}))).json();
+    assert_eq!(v["usage"]["prompt_tokens"], single["usage"]["prompt_tokens"]);
+    assert_eq!(v["usage"]["completion_tokens"], 12);
+    // Seeded: the same request gives the same choices.
+    assert_eq!(post_json(&chat_url(), Some(ALICE), &body).json()["choices"], v["choices"]);
+    for n in [0, 17] {
+        let r = post_json(&chat_url(), Some(ALICE), &hello(json!({"n": n})));
+        assert_eq!((r.status, r.error()["param"].clone()), (400, json!("n")), "{}", r.body);
+    }
 }
 
 #[test]
-fn unknown_fields_and_user_are_ignored() {
+fn streaming_n_choices_carry_their_index_and_end_with_one_done() {
+    let body = hello(json!({"n": 2, "max_tokens": 3, "ignore_eos": true, "stream": true,
+        "stream_options": {"include_usage": true}}));
+    let r = post_json(&chat_url(), Some(ALICE), &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let events = r.events();
+    assert_eq!(events.iter().filter(|e| *e == "[DONE]").count(), 1);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> =
+        events.iter().filter(|e| *e != "[DONE]").map(|e| serde_json::from_str(e).unwrap()).collect();
+    for i in 0..2 {
+        let mine: Vec<&Value> =
+            chunks.iter().flat_map(|c| c["choices"].as_array().unwrap()).filter(|c| c["index"] == i).collect();
+        assert_eq!(mine.first().unwrap()["delta"]["role"], "assistant", "choice {i}");
+        assert_eq!(mine.iter().filter(|c| c["finish_reason"] == "length").count(), 1, "choice {i}");
+    }
+    let usage = chunks.iter().find(|c| c["usage"].is_object()).unwrap();
+    assert_eq!(usage["usage"]["completion_tokens"], 6);
+}
+
+#[test]
+fn logit_bias_forces_or_bans_tokens_and_bad_entries_are_400() {
+    let path = node::model_path(&test_config()).unwrap();
+    let file = gguf::GgufFile::open(&path).unwrap();
+    let tok = text::Tokenizer::from_gguf(&file).unwrap();
+    // Forcing: +100 on one token makes greedy decoding repeat it.
+    let id = tok.encode(" banana", false).unwrap()[0];
+    let body = json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 3, "temperature": 0,
+        "ignore_eos": true, "logit_bias": {id.to_string(): 100}});
+    let r = post_json(&completions_url(), Some(ALICE), &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["choices"][0]["text"], tok.decode(&[id, id, id]).unwrap());
+    // Banning: -100 on the greedy first token makes another come first.
+    let plain = json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 1, "temperature": 0});
+    let first = post_json(&completions_url(), Some(ALICE), &plain).json()["choices"][0]["text"].clone();
+    let first_id = tok.encode(first.as_str().unwrap(), false).unwrap()[0];
+    let mut banned = plain.clone();
+    banned["logit_bias"] = json!({first_id.to_string(): -100});
+    let r = post_json(&completions_url(), Some(ALICE), &banned);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_ne!(r.json()["choices"][0]["text"], first);
+    for bad in [json!({"abc": 1}), json!({"99999999": 1}), json!({"5": 101}), json!({"5": "x"}), json!([1])] {
+        let r = post_json(&chat_url(), Some(ALICE), &hello(json!({"logit_bias": bad})));
+        assert_eq!((r.status, r.error()["param"].clone()), (400, json!("logit_bias")), "{}", r.body);
+    }
+}
+
+#[test]
+fn unknown_or_unsupported_fields_are_400_naming_them_and_no_effect_fields_are_accepted() {
+    let r = post_json(&chat_url(), Some(ALICE), &hello(json!({"some_future_field": {"x": 1}})));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.error()["param"], "some_future_field");
+    assert_eq!(r.error()["code"], "unknown_parameter");
+    let schema = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}});
+    let r = post_json(&chat_url(), Some(ALICE), &hello(json!({"response_format": schema})));
+    assert_eq!((r.status, r.error()["param"].clone()), (400, json!("response_format")), "{}", r.body);
+    assert_eq!(r.error()["code"], "unsupported_parameter");
+    let r = post_json(
+        &completions_url(),
+        Some(ALICE),
+        &json!({"model": MODEL, "prompt": "x", "max_tokens": 1, "best_of": 3}),
+    );
+    assert_eq!((r.status, r.error()["param"].clone()), (400, json!("best_of")), "{}", r.body);
     let r = post_json(
         &chat_url(),
         Some(ALICE),
-        &hello(json!({"user": "u1", "some_future_field": {"x": 1}, "max_tokens": 2})),
+        &hello(json!({"user": "u1", "metadata": {"k": "v"}, "store": false, "max_tokens": 2})),
     );
     assert_eq!(r.status, 200, "{}", r.body);
+}
+
+#[test]
+fn completions_echo_puts_the_prompt_before_the_text() {
+    let body = json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0});
+    let plain = post_json(&completions_url(), Some(ALICE), &body).json()["choices"][0]["text"].clone();
+    let mut echoed = body.clone();
+    echoed["echo"] = json!(true);
+    let r = post_json(&completions_url(), Some(ALICE), &echoed);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["choices"][0]["text"], format!("The capital of France is{}", plain.as_str().unwrap()));
+    echoed["logprobs"] = json!(1);
+    let r = post_json(&completions_url(), Some(ALICE), &echoed);
+    assert_eq!((r.status, r.error()["param"].clone()), (400, json!("echo")), "{}", r.body);
 }
 
 #[test]

@@ -7,11 +7,16 @@ use crate::SamplingError;
 pub const PENALTY_LAST_N: usize = 64;
 /// The most alternatives `top_logprobs` may ask for (OpenAI's limit).
 pub const MAX_TOP_LOGPROBS: usize = 20;
+/// The most tokens one `logit_bias` may name (OpenAI documents none; this bounds the work a
+/// request adds to every step).
+pub const MAX_LOGIT_BIAS: usize = 1024;
+/// A bias lies in `[-100, 100]` (OpenAI's range: -100 bans a token, 100 all but forces it).
+pub const LOGIT_BIAS_LIMIT: f32 = 100.0;
 
 /// Unvalidated parameters as a request carries them. Integers are signed so
 /// that a negative value from a client is reported instead of wrapping.
 /// `Default` is greedy decoding with every filter and penalty off.
-#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RawSamplingParams {
     /// `[0, 2]`; 0 = greedy.
     pub temperature: f32,
@@ -33,6 +38,10 @@ pub struct RawSamplingParams {
     pub seed: Option<u64>,
     /// Window of `repetition_penalty`, in most recent history tokens.
     pub penalty_last_n: usize,
+    /// `(token, bias)` added to the token's logit before anything else; each bias in
+    /// `[-100, 100]`, at most [`MAX_LOGIT_BIAS`] tokens, each named once.
+    #[serde(default)]
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for RawSamplingParams {
@@ -48,13 +57,14 @@ impl Default for RawSamplingParams {
             top_logprobs: 0,
             seed: None,
             penalty_last_n: PENALTY_LAST_N,
+            logit_bias: Vec::new(),
         }
     }
 }
 
 /// Parameters that passed validation. Only [`SamplingParams::new`] and
 /// [`SamplingParamsBuilder::build`] produce one. `Default` = greedy.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
     temperature: f32,
     top_k: usize,
@@ -66,6 +76,8 @@ pub struct SamplingParams {
     top_logprobs: usize,
     seed: Option<u64>,
     penalty_last_n: usize,
+    /// Sorted by token, each token once.
+    logit_bias: std::sync::Arc<[(u32, f32)]>,
 }
 
 impl Default for SamplingParams {
@@ -81,6 +93,7 @@ impl Default for SamplingParams {
             top_logprobs: 0,
             seed: None,
             penalty_last_n: PENALTY_LAST_N,
+            logit_bias: std::sync::Arc::new([]),
         }
     }
 }
@@ -119,6 +132,17 @@ impl SamplingParams {
         if !(0..=MAX_TOP_LOGPROBS as i64).contains(&raw.top_logprobs) {
             return Err(invalid("top_logprobs", raw.top_logprobs, "0..=20"));
         }
+        if raw.logit_bias.len() > MAX_LOGIT_BIAS {
+            return Err(invalid("logit_bias", format!("{} tokens", raw.logit_bias.len()), "at most 1024 tokens"));
+        }
+        let mut bias = raw.logit_bias;
+        for &(_, b) in &bias {
+            check("logit_bias", b, (-LOGIT_BIAS_LIMIT..=LOGIT_BIAS_LIMIT).contains(&b), "[-100, 100] per token")?;
+        }
+        bias.sort_unstable_by_key(|&(t, _)| t);
+        if let Some(w) = bias.windows(2).find(|w| w[0].0 == w[1].0) {
+            return Err(invalid("logit_bias", format!("token {} twice", w[0].0), "each token once"));
+        }
         Ok(Self {
             temperature: t,
             top_k: usize::try_from(raw.top_k).unwrap_or(usize::MAX),
@@ -130,6 +154,7 @@ impl SamplingParams {
             top_logprobs: raw.top_logprobs as usize,
             seed: raw.seed,
             penalty_last_n: raw.penalty_last_n,
+            logit_bias: bias.into(),
         })
     }
 
@@ -156,6 +181,7 @@ impl SamplingParams {
             top_logprobs: self.top_logprobs as i64,
             seed: self.seed,
             penalty_last_n: self.penalty_last_n,
+            logit_bias: self.logit_bias.to_vec(),
         }
     }
 
@@ -195,6 +221,16 @@ impl SamplingParams {
         self.temperature == 0.0
     }
     /// Whether any penalty changes logits.
+    /// The same parameters with another seed (`None`: fresh entropy per sampler).
+    pub fn with_seed(&self, seed: Option<u64>) -> Self {
+        Self { seed, ..self.clone() }
+    }
+
+    /// `(token, bias)` sorted by token.
+    pub fn logit_bias(&self) -> &[(u32, f32)] {
+        &self.logit_bias
+    }
+
     pub fn has_penalties(&self) -> bool {
         (self.repetition_penalty != 1.0 && self.penalty_last_n > 0)
             || self.frequency_penalty != 0.0
@@ -203,7 +239,7 @@ impl SamplingParams {
 }
 
 /// Builder for [`SamplingParams`]; `build` validates.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct SamplingParamsBuilder {
     raw: RawSamplingParams,
 }
@@ -250,6 +286,10 @@ impl SamplingParamsBuilder {
         self.raw.penalty_last_n = v;
         self
     }
+    pub fn logit_bias(mut self, v: Vec<(u32, f32)>) -> Self {
+        self.raw.logit_bias = v;
+        self
+    }
     pub fn build(self) -> Result<SamplingParams, SamplingError> {
         SamplingParams::new(self.raw)
     }
@@ -271,7 +311,7 @@ mod tests {
         let p = SamplingParams::default();
         assert!(p.is_greedy());
         assert!(!p.has_penalties());
-        assert_eq!(SamplingParams::new(RawSamplingParams::default()), Ok(p));
+        assert_eq!(SamplingParams::new(RawSamplingParams::default()), Ok(p.clone()));
         assert_eq!(SamplingParams::builder().build(), Ok(p));
     }
 

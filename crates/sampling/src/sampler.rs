@@ -165,6 +165,9 @@ impl Sampler {
         if let Some(&token) = history.iter().find(|&&t| t as usize >= logits.len()) {
             return Err(SamplingError::TokenOutOfRange { token, vocab: logits.len() });
         }
+        if let Some(&(token, _)) = self.params.logit_bias().iter().find(|&&(t, _)| t as usize >= logits.len()) {
+            return Err(SamplingError::TokenOutOfRange { token, vocab: logits.len() });
+        }
         self.vocab = Some(logits.len());
         Ok(Lse::new(logits, max))
     }
@@ -180,10 +183,19 @@ impl Sampler {
 
     /// Penalties, then top_k -> top_p -> min_p on `cand`.
     fn truncate(&mut self, logits: &[f32], history: &[u32]) -> Result<Kept, SamplingError> {
-        let p = self.params;
+        let p = &self.params;
         self.work.clear();
         if p.has_penalties() && !history.is_empty() {
-            apply_penalties(&p, logits, history, &mut self.work, &mut self.counts);
+            apply_penalties(p, logits, history, &mut self.work, &mut self.counts);
+        }
+        if !p.logit_bias().is_empty() {
+            if self.work.is_empty() {
+                self.work.extend_from_slice(logits);
+            }
+            for &(t, b) in p.logit_bias() {
+                // Ids past this vocabulary were refused by `validate`.
+                self.work[t as usize] += b;
+            }
         }
         let row: &[f32] = if self.work.is_empty() { logits } else { &self.work };
 
@@ -588,6 +600,33 @@ mod tests {
         let p = SamplingParams::builder().frequency_penalty(0.5).presence_penalty(1.0).build().unwrap();
         let out = penalised(p, &[0.0; 4], &[1, 2, 2, 2]);
         assert_eq!(out, [0.0, -1.5, -2.5, 0.0]);
+    }
+
+    #[test]
+    fn logit_bias_bans_and_forces_tokens_and_logprobs_stay_raw() {
+        let logits = [3.0f32, 2.0, 1.0, 0.0];
+        let ban = SamplingParams::builder().logit_bias(vec![(0, -100.0)]).build().unwrap();
+        let s = Sampler::new(ban).sample(&logits, &[]).unwrap();
+        assert_eq!(s.token, 1, "greedy skips the banned argmax");
+        let force = SamplingParams::builder().temperature(1.0).seed(7).logit_bias(vec![(3, 100.0)]).build().unwrap();
+        let mut sampler = Sampler::new(force);
+        for _ in 0..50 {
+            let s = sampler.sample(&logits, &[]).unwrap();
+            assert_eq!(s.token, 3);
+            // The log-probability reported is the model's own, before the bias.
+            assert!((s.logprob - (0.0 - crate::logsumexp(&logits))).abs() < 1e-5);
+        }
+    }
+
+    #[test]
+    fn logit_bias_out_of_range_duplicated_or_naming_a_token_past_the_vocabulary_is_refused() {
+        for bias in [vec![(1, 100.5)], vec![(1, f32::NAN)], vec![(1, 1.0), (1, 2.0)]] {
+            let e = SamplingParams::builder().logit_bias(bias).build().unwrap_err();
+            assert!(matches!(e, SamplingError::InvalidParam { field: "logit_bias", .. }), "{e}");
+        }
+        let past = SamplingParams::builder().logit_bias(vec![(9, 1.0)]).build().unwrap();
+        let e = Sampler::new(past).sample(&[0.0; 4], &[]).unwrap_err();
+        assert!(matches!(e, SamplingError::TokenOutOfRange { token: 9, vocab: 4 }), "{e}");
     }
 
     #[test]

@@ -79,7 +79,7 @@ proptest! {
     ) {
         let history: Vec<u32> = history.into_iter().filter(|&t| (t as usize) < logits.len()).collect();
         let b = SamplingParams::builder().repetition_penalty(rep).frequency_penalty(freq).presence_penalty(presence);
-        let greedy = Sampler::new(b.build().unwrap()).sample(&logits, &history).unwrap();
+        let greedy = Sampler::new(b.clone().build().unwrap()).sample(&logits, &history).unwrap();
         let k1 = Sampler::new(b.temperature(temperature).top_k(1).seed(seed).build().unwrap())
             .sample(&logits, &history).unwrap();
         prop_assert_eq!(greedy.token, k1.token);

@@ -219,8 +219,8 @@ fn prob_of(p: SamplingParams, l: &[f32], history: &[u32], token: u32) -> f64 {
 fn repetition_penalty_lowers_the_probability_of_repeated_tokens() {
     let p = params(SamplingParams::builder().temperature(1.0).repetition_penalty(1.5));
     for l in [[2.0f32, 1.0, 0.0], [-0.5, -1.0, -2.0]] {
-        let fresh = prob_of(p, &l, &[1], 0);
-        let repeated = prob_of(p, &l, &[0, 1], 0);
+        let fresh = prob_of(p.clone(), &l, &[1], 0);
+        let repeated = prob_of(p.clone(), &l, &[0, 1], 0);
         assert!(repeated < fresh - 0.01, "{l:?}: {repeated} !< {fresh}");
     }
 }
@@ -229,9 +229,9 @@ fn repetition_penalty_lowers_the_probability_of_repeated_tokens() {
 fn frequency_penalty_scales_with_count() {
     let l = [1.0f32, 1.0, 1.0];
     let p = params(SamplingParams::builder().temperature(1.0).frequency_penalty(0.5));
-    let p0 = prob_of(p, &l, &[], 0);
-    let p1 = prob_of(p, &l, &[0], 0);
-    let p3 = prob_of(p, &l, &[0, 0, 0], 0);
+    let p0 = prob_of(p.clone(), &l, &[], 0);
+    let p1 = prob_of(p.clone(), &l, &[0], 0);
+    let p3 = prob_of(p.clone(), &l, &[0, 0, 0], 0);
     assert!(p0 > p1 && p1 > p3, "{p0} {p1} {p3}");
     // Exact: logit of token 0 drops by 0.5 * count.
     let expect = |c: f64| (-0.5 * c).exp() / ((-0.5 * c).exp() + 2.0);
@@ -242,9 +242,9 @@ fn frequency_penalty_scales_with_count() {
 fn presence_penalty_does_not_scale_with_count() {
     let l = [1.0f32, 1.0, 1.0];
     let p = params(SamplingParams::builder().temperature(1.0).presence_penalty(0.8));
-    let p0 = prob_of(p, &l, &[], 0);
-    let p1 = prob_of(p, &l, &[0], 0);
-    let p3 = prob_of(p, &l, &[0, 0, 0], 0);
+    let p0 = prob_of(p.clone(), &l, &[], 0);
+    let p1 = prob_of(p.clone(), &l, &[0], 0);
+    let p3 = prob_of(p.clone(), &l, &[0, 0, 0], 0);
     assert!(p1 < p0 - 0.05);
     assert!((p1 - p3).abs() < 1e-12);
 }
@@ -253,7 +253,7 @@ fn presence_penalty_does_not_scale_with_count() {
 fn negative_penalties_raise_the_probability_of_repeated_tokens() {
     let l = [1.0f32, 1.0];
     let p = params(SamplingParams::builder().temperature(1.0).frequency_penalty(-1.0).presence_penalty(-1.0));
-    assert!(prob_of(p, &l, &[0], 0) > 0.8);
+    assert!(prob_of(p.clone(), &l, &[0], 0) > 0.8);
 }
 
 #[test]
@@ -353,7 +353,7 @@ fn full_vocab_sampling_is_fast_enough() {
     ];
     let history: Vec<u32> = (0..500).map(|i| (i * 97) % 49_152).collect();
     for b in cases {
-        let mut s = Sampler::new(params(b.seed(1)));
+        let mut s = Sampler::new(params(b.clone().seed(1)));
         let start = std::time::Instant::now();
         for _ in 0..100 {
             s.sample(&l, &history).unwrap();

@@ -5,6 +5,7 @@
 
 pub mod chat;
 pub mod completions;
+pub mod fields;
 pub mod stream;
 pub mod types;
 pub mod validate;
@@ -21,9 +22,10 @@ use engine::GenRequest;
 use kv::RequestId;
 
 use self::stream::{sse_response, Generation, Step};
-use self::types::{logprobs_json, ResponseMeta};
+use self::types::{logprobs_json, Choice, ResponseMeta, Usage};
 use self::validate::{validate, Endpoint};
 use crate::error::ApiError;
+use crate::limits::SharedPermit;
 use crate::state::AppState;
 use crate::tenants::Tenant;
 use crate::usage::UsageRecord;
@@ -281,69 +283,101 @@ async fn generate_inner(
         .map_err(|e| ApiError::internal(format!("validation task failed: {e}")))??;
     log.prompt_tokens = v.prompt.len();
 
-    permit.charge(v.prompt.len() + v.max_tokens)?;
-    let prompt_tokens = v.prompt.len();
-    let gen_req = GenRequest {
-        id: RequestId(log.id),
-        tenant: tenant.id,
-        prompt: v.prompt,
-        max_tokens: v.max_tokens,
-        sampling: v.sampling,
-        stop_tokens: if v.ignore_eos { sampling::StopTokens::new([]) } else { st.stop_tokens.clone() },
-        deadline: Some(arrived + st.settings.limits.request_timeout),
-        cache_salt: v.cache_salt,
-    };
+    // Every choice computes its prompt and may generate max_tokens.
+    permit.charge(v.choices * (v.prompt.len() + v.max_tokens))?;
+    let permit = SharedPermit::new(permit);
     let prompt_param = match endpoint {
         Endpoint::Chat => "messages",
         Endpoint::Completions => "prompt",
     };
-    let rs = st.backend.submit(gen_req, mark).map_err(|e| ApiError::admission(&e, prompt_param))?;
-    log.ran = true;
-    let mut gen = Generation::new(
-        st.clone(),
-        rs,
-        permit,
-        v.stop,
-        v.logprobs.is_some(),
-        prompt_tokens,
-        v.max_tokens,
-        arrived,
-        tenant.id,
-    );
+    let prompt_tokens = v.prompt.len();
+    let mut gens = Vec::with_capacity(v.choices);
+    for index in 0..v.choices {
+        // Choice 0 is the request itself; the others are sequences of their own in the engine.
+        let id = if index == 0 { log.id } else { st.next_id.fetch_add(1, Ordering::Relaxed) };
+        // A seeded request stays reproducible, and its choices differ.
+        let seed = v.sampling.seed().map(|s| s.wrapping_add(index as u64));
+        let gen_req = GenRequest {
+            id: RequestId(id),
+            tenant: tenant.id,
+            prompt: v.prompt.clone(),
+            max_tokens: v.max_tokens,
+            sampling: v.sampling.with_seed(seed),
+            stop_tokens: if v.ignore_eos { sampling::StopTokens::new([]) } else { st.stop_tokens.clone() },
+            deadline: Some(arrived + st.settings.limits.request_timeout),
+            cache_salt: v.cache_salt.clone(),
+        };
+        // A refusal drops the choices submitted so far, which cancels them.
+        let rs = st.backend.submit(gen_req, mark).map_err(|e| ApiError::admission(&e, prompt_param))?;
+        log.ran = true;
+        gens.push(Generation::new(
+            st.clone(),
+            rs,
+            permit.clone(),
+            v.stop.clone(),
+            v.logprobs.is_some(),
+            prompt_tokens,
+            v.max_tokens,
+            arrived,
+            tenant.id,
+        ));
+    }
+    drop(permit);
     let meta = ResponseMeta::new(endpoint, log.id, &st.settings.model_name);
 
-    // Nothing is sent before the first result: a failure up to here is a proper HTTP error.
-    let first = gen.next().await.ok_or_else(|| ApiError::internal("the request ended without a result"))?;
-    if let Step::Error(e) = first {
-        return Err(e);
+    // Nothing is sent before every choice has its first result: a failure up to here is a
+    // proper HTTP error.
+    let mut started = Vec::with_capacity(gens.len());
+    for mut gen in gens {
+        let first = gen.next().await.ok_or_else(|| ApiError::internal("the request ended without a result"))?;
+        if let Step::Error(e) = first {
+            return Err(e);
+        }
+        started.push((gen, first));
     }
     if v.stream {
-        return Ok(sse_response(st.clone(), gen, first, meta, v.include_usage, log.take()));
+        return Ok(sse_response(st.clone(), started, meta, v.include_usage, v.echo, log.take()));
     }
 
-    let mut text = String::new();
-    let mut lps = Vec::new();
-    let mut step = Some(first);
-    loop {
-        match step {
-            Some(Step::Text { text: t, logprobs }) => {
-                text.push_str(&t);
-                lps.extend(logprobs);
+    let mut choices = Vec::with_capacity(started.len());
+    let mut total = Usage { prompt_tokens, ..Usage::default() };
+    let mut outcome = "stop";
+    let mut ttft: Option<Duration> = None;
+    for (index, (mut gen, first)) in started.into_iter().enumerate() {
+        let mut text = v.echo.clone().unwrap_or_default();
+        let mut lps = Vec::new();
+        let mut step = Some(first);
+        loop {
+            match step {
+                Some(Step::Text { text: t, logprobs }) => {
+                    text.push_str(&t);
+                    lps.extend(logprobs);
+                }
+                Some(Step::Done { reason, usage }) => {
+                    let logprobs = v.logprobs.map(|_| logprobs_json(endpoint, &st.tokenizer, &lps, 0));
+                    choices.push(Choice { text, reason, logprobs });
+                    total.completion_tokens += usage.completion_tokens;
+                    if index == 0 {
+                        total.cached_tokens = usage.cached_tokens;
+                    }
+                    if reason != "stop" {
+                        outcome = reason;
+                    }
+                    break;
+                }
+                Some(Step::Error(e)) => return Err(e),
+                None => return Err(ApiError::internal("the request ended without a result")),
             }
-            Some(Step::Done { reason, usage }) => {
-                let lp = v.logprobs.map(|_| logprobs_json(endpoint, &st.tokenizer, &lps, 0));
-                log.status = 200;
-                log.outcome = reason;
-                log.completion_tokens = usage.completion_tokens;
-                log.cached_tokens = usage.cached_tokens;
-                log.ttft = gen.ttft;
-                return Ok(json_response(StatusCode::OK, &meta.full(&text, reason, lp, usage)));
-            }
-            Some(Step::Error(e)) => return Err(e),
-            None => return Err(ApiError::internal("the request ended without a result")),
+            step = gen.next().await;
+            // Kept current: a client that goes away mid-generation is billed what was generated.
+            log.completion_tokens = total.completion_tokens + gen.completion_tokens();
         }
-        step = gen.next().await;
-        // Kept current: a client that goes away mid-generation is billed what was generated.
-        log.completion_tokens = gen.completion_tokens();
+        ttft = ttft.into_iter().chain(gen.ttft).min();
     }
+    log.status = 200;
+    log.outcome = outcome;
+    log.completion_tokens = total.completion_tokens;
+    log.cached_tokens = total.cached_tokens;
+    log.ttft = ttft;
+    Ok(json_response(StatusCode::OK, &meta.full(&choices, total)))
 }

@@ -8,6 +8,7 @@
 use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -23,7 +24,7 @@ use tokio::sync::mpsc;
 use super::types::{finish_reason, logprobs_json, ResponseMeta, TokenLogprob, Usage};
 use super::RequestLog;
 use crate::error::ApiError;
-use crate::limits::Permit;
+use crate::limits::SharedPermit;
 use crate::state::AppState;
 
 /// Cuts text at the first stop string; holds back a tail that could be the start of one.
@@ -85,7 +86,7 @@ pub enum Step {
 pub struct Generation {
     st: Arc<AppState>,
     rs: Option<RequestStream>,
-    permit: Permit,
+    permit: SharedPermit,
     dec: StreamDecoder,
     stop: StopMatcher,
     want_logprobs: bool,
@@ -107,7 +108,7 @@ impl Generation {
     pub fn new(
         st: Arc<AppState>,
         rs: RequestStream,
-        permit: Permit,
+        permit: SharedPermit,
         stops: Vec<String>,
         want_logprobs: bool,
         prompt_tokens: usize,
@@ -255,69 +256,120 @@ fn frame(v: &Value) -> Bytes {
     Bytes::from(format!("data: {v}\n\n"))
 }
 
-/// Streams `gen` as server-sent events, starting with `first` (already taken, so that errors
-/// before the first token were proper HTTP errors). Client disconnect drops the generation,
-/// which cancels the request.
+/// What one choice's forwarder sends the SSE task.
+struct ChoiceStep {
+    index: usize,
+    step: Step,
+}
+
+/// Streams the choices as server-sent events, each starting with its `first` step (already
+/// taken, so that errors before the first token were proper HTTP errors); with `echo`, each
+/// choice's text begins with the prompt. Every choice runs on a forwarder task of its own; a
+/// client that goes away closes the channel, which ends the forwarders, whose dropped
+/// generations cancel their requests.
 pub fn sse_response(
     st: Arc<AppState>,
-    mut gen: Generation,
-    first: Step,
+    gens: Vec<(Generation, Step)>,
     meta: ResponseMeta,
     include_usage: bool,
-    log: RequestLog,
+    echo: Option<String>,
+    mut log: RequestLog,
 ) -> Response {
     let (tx, rx) = mpsc::channel::<Bytes>(64);
+    let n = gens.len();
+    let (step_tx, mut steps) = mpsc::channel::<ChoiceStep>(64);
+    let generated: Vec<Arc<AtomicUsize>> = (0..n).map(|_| Arc::new(AtomicUsize::new(0))).collect();
+    log.ttft = gens.iter().filter_map(|(g, _)| g.ttft).min();
+    for (index, (mut gen, first)) in gens.into_iter().enumerate() {
+        let (step_tx, count) = (step_tx.clone(), generated[index].clone());
+        tokio::spawn(async move {
+            let mut pending = Some(first);
+            loop {
+                let step = match pending.take() {
+                    Some(s) => s,
+                    None => tokio::select! {
+                        s = gen.next() => match s { Some(s) => s, None => break },
+                        _ = step_tx.closed() => break,
+                    },
+                };
+                count.store(gen.completion_tokens(), Ordering::Relaxed);
+                let last = !matches!(step, Step::Text { .. });
+                if step_tx.send(ChoiceStep { index, step }).await.is_err() || last {
+                    break;
+                }
+            }
+            count.store(gen.completion_tokens(), Ordering::Relaxed);
+        });
+    }
+    drop(step_tx);
     tokio::spawn(async move {
-        // Move the whole log (and with it the in-flight count) into the task: an `async move`
-        // block would otherwise capture only copies of the fields it assigns.
+        // The whole log (and with it the in-flight count) lives in this task.
         let mut log = log;
-        let mut pending = Some(first);
-        let mut first_chunk = true;
-        let mut offset = 0usize;
+        let mut first_chunk = vec![true; n];
+        let mut offset = vec![0usize; n];
+        let mut open = n;
+        let mut total = Usage::default();
+        let mut finished = "stop";
         log.status = 200;
-        loop {
-            let step = match pending.take() {
-                Some(s) => Some(s),
-                None => tokio::select! {
-                    s = gen.next() => s,
-                    _ = tx.closed() => { log.outcome = "cancelled"; break; }
-                },
+        let mut frames: Vec<Bytes> = Vec::new();
+        if let Some(prompt) = &echo {
+            for (index, first) in first_chunk.iter_mut().enumerate() {
+                frames.push(frame(&meta.chunk(index, prompt, true, None, None, include_usage)));
+                *first = false;
+            }
+        }
+        while open > 0 {
+            let Some(ChoiceStep { index, step }) = (tokio::select! {
+                s = steps.recv() => s,
+                _ = tx.closed() => { log.outcome = "cancelled"; break; }
+            }) else {
+                break;
             };
-            let frames: Vec<Bytes> = match step {
-                None => break,
-                Some(Step::Text { text, logprobs }) => {
-                    let lp =
-                        (!logprobs.is_empty()).then(|| logprobs_json(meta.endpoint, &st.tokenizer, &logprobs, offset));
-                    offset += text.len();
-                    let c = meta.chunk(&text, first_chunk, None, lp, include_usage);
-                    first_chunk = false;
-                    vec![frame(&c)]
+            match step {
+                Step::Text { text, logprobs } => {
+                    let lp = (!logprobs.is_empty())
+                        .then(|| logprobs_json(meta.endpoint, &st.tokenizer, &logprobs, offset[index]));
+                    offset[index] += text.len();
+                    frames.push(frame(&meta.chunk(index, &text, first_chunk[index], None, lp, include_usage)));
+                    first_chunk[index] = false;
                 }
-                Some(Step::Done { reason, usage }) => {
-                    let mut v = Vec::new();
-                    if first_chunk {
-                        v.push(frame(&meta.chunk("", true, None, None, include_usage)));
+                Step::Done { reason, usage } => {
+                    if first_chunk[index] {
+                        frames.push(frame(&meta.chunk(index, "", true, None, None, include_usage)));
                     }
-                    v.push(frame(&meta.chunk("", false, Some(reason), None, include_usage)));
-                    if include_usage {
-                        v.push(frame(&meta.usage_chunk(usage)));
+                    frames.push(frame(&meta.chunk(index, "", false, Some(reason), None, include_usage)));
+                    total.prompt_tokens = usage.prompt_tokens;
+                    total.completion_tokens += usage.completion_tokens;
+                    if index == 0 {
+                        total.cached_tokens = usage.cached_tokens;
                     }
-                    v.push(Bytes::from_static(b"data: [DONE]\n\n"));
-                    log.prompt_tokens = usage.prompt_tokens;
-                    log.completion_tokens = usage.completion_tokens;
-                    log.cached_tokens = usage.cached_tokens;
-                    log.outcome = reason;
-                    v
+                    // One choice stopped by length makes the request's outcome `length`.
+                    if reason != "stop" {
+                        finished = reason;
+                    }
+                    open -= 1;
+                    if open == 0 {
+                        if include_usage {
+                            frames.push(frame(&meta.usage_chunk(total)));
+                        }
+                        frames.push(Bytes::from_static(b"data: [DONE]\n\n"));
+                        log.prompt_tokens = total.prompt_tokens;
+                        log.completion_tokens = total.completion_tokens;
+                        log.cached_tokens = total.cached_tokens;
+                        log.outcome = finished;
+                    }
                 }
-                Some(Step::Error(e)) => {
-                    // Streaming began: the failure is an error event, and no [DONE] follows.
+                Step::Error(e) => {
+                    // Streaming began: the failure is an error event, and no [DONE] follows; the
+                    // other choices end with the stream.
                     log.outcome = "error";
                     log.error = Some(e.reason);
-                    vec![frame(&e.body())]
+                    frames.push(frame(&e.body()));
+                    open = 0;
                 }
-            };
+            }
             let mut closed = false;
-            for f in frames {
+            for f in frames.drain(..) {
                 if tx.send(f).await.is_err() {
                     closed = true;
                     break;
@@ -328,9 +380,9 @@ pub fn sse_response(
                 break;
             }
         }
-        log.completion_tokens = log.completion_tokens.max(gen.completion_tokens());
-        log.ttft = gen.ttft;
-        drop(gen);
+        // Dropping the receiver ends the forwarders (and cancels what still runs).
+        drop(steps);
+        log.completion_tokens = log.completion_tokens.max(generated.iter().map(|c| c.load(Ordering::Relaxed)).sum());
     });
     let mut resp = Response::new(Body::from_stream(Frames(rx)));
     *resp.status_mut() = StatusCode::OK;

@@ -14,6 +14,14 @@ pub struct TokenLogprob {
     pub top: Vec<sampling::TopLogprob>,
 }
 
+/// One finished choice of a complete response.
+#[derive(Debug, Clone)]
+pub struct Choice {
+    pub text: String,
+    pub reason: &'static str,
+    pub logprobs: Option<Value>,
+}
+
 /// Token counts as OpenAI reports them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -65,24 +73,32 @@ impl ResponseMeta {
         ResponseMeta { id: format!("{prefix}-{serial:x}{nanos:08x}"), created, model: model.to_string(), endpoint }
     }
 
-    /// A complete (non-streaming) response.
-    pub fn full(&self, text: &str, reason: &str, logprobs: Option<Value>, usage: Usage) -> Value {
-        let lp = logprobs.unwrap_or(Value::Null);
-        let choice = match self.endpoint {
-            Endpoint::Chat => json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": lp,
-                "finish_reason": reason,
-            }),
-            Endpoint::Completions => json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": reason}),
-        };
+    /// A complete (non-streaming) response with one entry per choice, in index order.
+    pub fn full(&self, choices: &[Choice], usage: Usage) -> Value {
+        let choices: Vec<Value> = choices
+            .iter()
+            .enumerate()
+            .map(|(index, c)| {
+                let lp = c.logprobs.clone().unwrap_or(Value::Null);
+                match self.endpoint {
+                    Endpoint::Chat => json!({
+                        "index": index,
+                        "message": {"role": "assistant", "content": c.text},
+                        "logprobs": lp,
+                        "finish_reason": c.reason,
+                    }),
+                    Endpoint::Completions => {
+                        json!({"index": index, "text": c.text, "logprobs": lp, "finish_reason": c.reason})
+                    }
+                }
+            })
+            .collect();
         json!({
             "id": self.id,
             "object": self.object(false),
             "created": self.created,
             "model": self.model,
-            "choices": [choice],
+            "choices": choices,
             "usage": usage.json(),
         })
     }
@@ -95,9 +111,11 @@ impl ResponseMeta {
         }
     }
 
-    /// One streaming chunk carrying `text` (chat: the first one also carries the role).
+    /// One streaming chunk carrying `text` for choice `index` (chat: the choice's first chunk
+    /// also carries the role).
     pub fn chunk(
         &self,
+        index: usize,
         text: &str,
         first: bool,
         reason: Option<&str>,
@@ -112,9 +130,9 @@ impl ResponseMeta {
                     (false, true) => json!({}),
                     (false, false) => json!({"content": text}),
                 };
-                json!({"index": 0, "delta": delta, "logprobs": lp, "finish_reason": reason})
+                json!({"index": index, "delta": delta, "logprobs": lp, "finish_reason": reason})
             }
-            Endpoint::Completions => json!({"index": 0, "text": text, "logprobs": lp, "finish_reason": reason}),
+            Endpoint::Completions => json!({"index": index, "text": text, "logprobs": lp, "finish_reason": reason}),
         };
         let mut v = json!({
             "id": self.id,

@@ -26,6 +26,9 @@ impl Endpoint {
     }
 }
 
+/// The most choices one request may ask for (`n`): each is a sequence of its own in the engine.
+pub const MAX_CHOICES: usize = 16;
+
 /// Stop strings a request may give (OpenAI's limit).
 pub const MAX_STOP_STRINGS: usize = 4;
 /// The longest stop string accepted, in bytes.
@@ -41,6 +44,10 @@ pub struct Sealed(());
 pub struct Validated {
     pub endpoint: Endpoint,
     pub prompt: Vec<u32>,
+    /// `n`: how many independent choices to generate for the prompt.
+    pub choices: usize,
+    /// Completions' `echo`: the prompt's text begins each choice's text.
+    pub echo: Option<String>,
     pub max_tokens: usize,
     pub sampling: SamplingParams,
     pub stop: Vec<String>,
@@ -116,6 +123,28 @@ fn stop_strings(o: &Obj) -> Result<Vec<String>, ApiError> {
     Ok(list)
 }
 
+/// `logit_bias`: `{"TOKEN_ID": bias}`, ids of this vocabulary (range and count checked by the
+/// sampling parameters).
+fn logit_bias(o: &Obj, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+    let map = match field(o, "logit_bias") {
+        None => return Ok(Vec::new()),
+        Some(Value::Object(m)) => m,
+        Some(_) => return Err(type_error("logit_bias", "an object mapping token ids to numbers")),
+    };
+    map.iter()
+        .map(|(k, v)| {
+            let id = k.parse::<u32>().ok().filter(|&id| (id as usize) < vocab).ok_or_else(|| {
+                ApiError::invalid_param(
+                    "logit_bias",
+                    format!("`{k}` is not a token id of this model (0 to {})", vocab - 1),
+                )
+            })?;
+            let bias = v.as_f64().ok_or_else(|| type_error("logit_bias", "an object mapping token ids to numbers"))?;
+            Ok((id, bias as f32))
+        })
+        .collect()
+}
+
 fn chat_messages(o: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
     let Some(Value::Array(items)) = field(o, "messages") else {
         return Err(type_error("messages", "a non-empty array of messages"));
@@ -174,17 +203,30 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
         return Err(ApiError::malformed("the request body must be a JSON object"));
     };
 
+    super::fields::check(&o, endpoint)?;
     match get_str(&o, "model")? {
         None => return Err(ApiError::invalid_param("model", "`model` is required")),
         Some(m) if m != st.settings.model_name => return Err(ApiError::model_not_found(m)),
         Some(_) => {}
     }
-    if let Some(n) = get_i64(&o, "n")? {
-        if n != 1 {
-            return Err(ApiError::invalid_param("n", format!("only n = 1 is supported, got {n}")));
+    let choices = match get_i64(&o, "n")? {
+        None => 1,
+        Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => n as usize,
+        Some(n) => {
+            return Err(ApiError::invalid_param("n", format!("`n` must be between 1 and {MAX_CHOICES}, got {n}")))
+        }
+    };
+    let stream = get_bool(&o, "stream")?.unwrap_or(false);
+    if let Some(b) = get_i64(&o, "best_of")? {
+        // best_of = n is n choices; more would rank candidates by log-probability, not done here.
+        if b != choices as i64 {
+            return Err(ApiError::unsupported_param(
+                "best_of",
+                format!("`best_of` must equal `n` ({choices}) here: ranking extra candidates is not supported"),
+            ));
         }
     }
-    let stream = get_bool(&o, "stream")?.unwrap_or(false);
+    let echo_on = get_bool(&o, "echo")?.unwrap_or(false);
     let include_usage = match field(&o, "stream_options") {
         None => false,
         Some(Value::Object(so)) => get_bool(so, "include_usage")
@@ -255,6 +297,7 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
         b = b.seed(v as u64);
     }
     b = b.top_logprobs(logprobs.unwrap_or(0));
+    b = b.logit_bias(logit_bias(&o, st.tokenizer.vocab_size())?);
     let sampling = b.build().map_err(|e| match e {
         sampling::SamplingError::InvalidParam { field, .. } => {
             let field = if field == "top_logprobs" { top_param } else { field };
@@ -262,6 +305,12 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
         }
         other => ApiError::invalid_param("sampling", other.to_string()),
     })?;
+    if echo_on && logprobs.is_some() {
+        return Err(ApiError::unsupported_param(
+            "echo",
+            "`echo` with `logprobs` would need the prompt's log-probabilities, which this server does not compute",
+        ));
+    }
     let stop = stop_strings(&o)?;
     let ignore_eos = get_bool(&o, "ignore_eos")?.unwrap_or(false);
     let cache_salt = match get_str(&o, "cache_salt")? {
@@ -274,6 +323,7 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
         s => s.map(str::to_string),
     };
 
+    let mut echo = None;
     let prompt = match endpoint {
         Endpoint::Chat => {
             let messages = chat_messages(&o)?;
@@ -295,6 +345,9 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
                 Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default(),
                 _ => return Err(type_error("prompt", "a string")),
             };
+            if echo_on {
+                echo = Some(text.to_string());
+            }
             // Raw text: control-token texts stay plain text.
             st.tokenizer
                 .encode(text, false)
@@ -329,6 +382,8 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
     Ok(Validated {
         endpoint,
         prompt,
+        choices,
+        echo,
         max_tokens,
         sampling,
         stop,
