@@ -45,7 +45,7 @@ pub(crate) async fn reserve(ctx: Arc<Ctx>, spec: Spec, out: UnboundedSender<ToGa
 }
 
 async fn route_inner(ctx: &Ctx, spec: &Spec, out: &UnboundedSender<ToGateway>) -> Result<(), Failure> {
-    let req = spec.to_request().map_err(|m| Failure::Internal(format!("invalid sampling parameters: {m}")))?;
+    let req = spec.to_request(ctx.engine.grammars()).map_err(|m| Failure::Internal(format!("invalid request: {m}")))?;
     let mut stream = ctx.engine.reserve(req.clone()).map_err(Failure::Refused)?;
     let mut table = match stream.next().await {
         Some(Event::Reserved(kv)) => kv,

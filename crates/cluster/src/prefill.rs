@@ -42,7 +42,7 @@ async fn route_inner(
     decode_addr: &str,
     out: &UnboundedSender<ToGateway>,
 ) -> Result<(), Failure> {
-    let req = spec.to_request().map_err(|m| Failure::Internal(format!("invalid sampling parameters: {m}")))?;
+    let req = spec.to_request(ctx.engine.grammars()).map_err(|m| Failure::Internal(format!("invalid request: {m}")))?;
     // Our own door first: nothing is computed or sent for a request that fails it.
     #[cfg(not(feature = "incident-replay"))]
     ctx.engine.check(&req.prompt, req.max_tokens).map_err(Failure::Refused)?;

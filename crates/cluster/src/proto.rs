@@ -66,6 +66,9 @@ pub struct Spec {
     /// first, so the salt only narrows.
     #[serde(default)]
     pub cache_salt: Option<String>,
+    /// The shape the output must have; the worker compiles its own constraint from it.
+    #[serde(default)]
+    pub output: Option<grammar::OutputFormat>,
 }
 
 impl Spec {
@@ -80,12 +83,19 @@ impl Spec {
             stop_tokens: req.stop_tokens.iter().collect(),
             deadline_ms: req.deadline.map(|d| d.saturating_duration_since(Instant::now()).as_millis() as u64),
             cache_salt: req.cache_salt.clone(),
+            output: req.constraint.as_ref().map(|c| c.format().clone()),
         }
     }
 
-    /// The worker's own request; sampling parameters are validated again here.
-    pub fn to_request(&self) -> Result<GenRequest, String> {
+    /// The worker's own request; sampling parameters are validated again here, and the output
+    /// format compiled with this worker's `grammars`.
+    pub fn to_request(&self, grammars: Option<&grammar::Grammars>) -> Result<GenRequest, String> {
         let sampling = SamplingParams::new(self.sampling.clone()).map_err(|e| e.to_string())?;
+        let constraint = match (&self.output, grammars) {
+            (None, _) => None,
+            (Some(f), Some(g)) => Some(g.compile(f).map_err(|e| e.to_string())?),
+            (Some(_), None) => return Err("this worker cannot constrain outputs (no grammar compiler)".into()),
+        };
         Ok(GenRequest {
             id: RequestId(self.request),
             tenant: TenantId(self.tenant),
@@ -95,6 +105,7 @@ impl Spec {
             stop_tokens: StopTokens::new(self.stop_tokens.iter().copied()),
             deadline: self.deadline_ms.map(after_ms),
             cache_salt: self.cache_salt.clone(),
+            constraint,
         })
     }
 
@@ -308,13 +319,14 @@ mod tests {
             stop_tokens: vec![],
             deadline_ms,
             cache_salt: None,
+            output: None,
         }
     }
 
     #[test]
     fn a_deadline_past_what_an_instant_holds_is_far_away_instead_of_a_panic() {
         let s = spec(Some(u64::MAX));
-        let req = s.to_request().expect("valid sampling");
+        let req = s.to_request(None).expect("valid sampling");
         let far = Instant::now() + Duration::from_secs(300 * 24 * 3600);
         assert!(req.deadline.expect("has a deadline") > far);
         assert!(s.deadline() > far);

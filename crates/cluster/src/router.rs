@@ -644,6 +644,7 @@ mod tests {
             stop_tokens: sampling::StopTokens::new(stop.iter().copied()),
             deadline: None,
             cache_salt: None,
+            constraint: None,
         }
     }
 

@@ -60,6 +60,7 @@ fn spec() -> Spec {
         stop_tokens: Vec::new(),
         deadline_ms: None,
         cache_salt: None,
+        output: None,
     }
 }
 

@@ -84,6 +84,7 @@ async fn a_verification_that_overtakes_the_prefill_workers_sent_neither_times_ou
         stop_tokens: sampling::StopTokens::new([]),
         deadline: Some(Instant::now() + T),
         cache_salt: None,
+        constraint: None,
     };
     let mut stream = router.submit(req, router.revocation_mark()).unwrap();
 

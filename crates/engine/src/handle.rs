@@ -55,6 +55,7 @@ pub struct EngineHandle {
     context: usize,
     vocab: usize,
     max_queued: usize,
+    grammars: Option<grammar::Grammars>,
 }
 
 pub struct Engine {
@@ -82,6 +83,7 @@ impl Engine {
             context: model.config.context,
             vocab: model.config.vocab,
             max_queued: cfg.max_queued,
+            grammars: cfg.grammars.clone(),
         };
         let mut lp = Loop::new(model, pool, prefill_pool, cfg, rx, shared);
         let thread = std::thread::Builder::new().name("pw-engine".into()).spawn(move || lp.run()).ok();
@@ -105,6 +107,11 @@ impl Drop for Engine {
 }
 
 impl EngineHandle {
+    /// The compiler of output formats for this engine's model, when it was given one.
+    pub fn grammars(&self) -> Option<&grammar::Grammars> {
+        self.grammars.as_ref()
+    }
+
     pub fn context_window(&self) -> usize {
         self.context
     }

@@ -22,6 +22,9 @@ pub struct GenRequest {
     /// A client's salt narrowing prefix-cache sharing within the tenant (never widening it:
     /// the cache scope is derived from `tenant` first).
     pub cache_salt: Option<String>,
+    /// The grammar every sampled token must continue (`response_format`, tools); its state
+    /// advances with each token.
+    pub constraint: Option<grammar::Constraint>,
 }
 
 /// One message of a request's stream. A stream ends with exactly one `Finished` or `Failed`,

@@ -421,8 +421,8 @@ impl Loop {
         self.model.compute_pool().for_each_chunk_mut(&mut self.running, 1, &|_, rs| {
             for r in rs {
                 if !r.logits.is_empty() {
-                    let logits = std::mem::take(&mut r.logits);
-                    r.end = sample_into(r, &logits);
+                    let mut logits = std::mem::take(&mut r.logits);
+                    r.end = sample_into(r, &mut logits);
                 }
             }
         });
@@ -442,7 +442,7 @@ impl Loop {
     /// Starts decoding from transferred KV, after checking that the pages are this request's
     /// and hold every prompt slot.
     fn resume(&mut self, r: Resume) {
-        let Resume { req, kv, first, tx } = r;
+        let Resume { mut req, kv, first, tx } = r;
         let owner = Owner { tenant: req.tenant, request: req.id };
         let n = req.prompt.len();
         let refused = if kv.owner() != owner {
@@ -454,6 +454,10 @@ impl Loop {
             Some(EngineError::IsolationViolation { kind: ViolationKind::BadFirstToken })
         } else if !self.is_live(req.tenant) {
             Some(EngineError::TenantRevoked)
+        } else if !req.stop_tokens.contains(first) && req.constraint.as_mut().is_some_and(|c| c.accept(first).is_err())
+        {
+            // The prefill side drew a first token its grammar does not allow.
+            Some(EngineError::Internal("the first token breaks the request's output format".into()))
         } else {
             kv.verify_written(n).err().map(|e| EngineError::from_model(&model::ModelError::Kv(e)))
         };
@@ -552,15 +556,22 @@ fn end(r: Running, ev: Event) {
 }
 
 /// Samples the next token of `r`; returns how the request ends when it is complete.
-fn sample_into(r: &mut Running, logits: &[f32]) -> Option<End> {
+fn sample_into(r: &mut Running, logits: &mut [f32]) -> Option<End> {
     let usage = |r: &Running| Usage {
         prompt_tokens: r.req.prompt.len(),
         completion_tokens: r.generated.len(),
         cached_tokens: r.cached,
     };
+    let failed = |e: String| Some(End::Event(Event::Failed(EngineError::Internal(e))));
+    // Constrained decoding: only tokens that continue the output's grammar stay drawable.
+    if let Some(c) = r.req.constraint.as_mut() {
+        if let Err(e) = c.mask(logits) {
+            return failed(e.to_string());
+        }
+    }
     let s = match r.sampler.sample(logits, &r.generated) {
         Ok(s) => s,
-        Err(e) => return Some(End::Event(Event::Failed(EngineError::Internal(e.to_string())))),
+        Err(e) => return failed(e.to_string()),
     };
     let id = s.token;
     if r.kind == Kind::Prefill {
@@ -568,6 +579,11 @@ fn sample_into(r: &mut Running, logits: &[f32]) -> Option<End> {
     }
     if r.req.stop_tokens.contains(id) {
         return Some(End::Event(Event::Finished { reason: FinishReason::Stop, usage: usage(r) }));
+    }
+    if let Some(c) = r.req.constraint.as_mut() {
+        if let Err(e) = c.accept(id) {
+            return failed(e.to_string());
+        }
     }
     r.generated.push(id);
     r.input = [id];
@@ -611,6 +627,7 @@ mod tests {
             stop_tokens: StopTokens::new([]),
             deadline: None,
             cache_salt: None,
+            constraint: None,
         }
     }
 

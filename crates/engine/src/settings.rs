@@ -19,6 +19,9 @@ pub struct EngineConfig {
     /// Reuse whole prompt pages a request of the same tenant (and client salt) computed
     /// before: the tenant-scoped prefix cache of the pool the prompt is prefilled in.
     pub prefix_cache: bool,
+    /// The compiler of output formats for this model's vocabulary: workers build the
+    /// constraint of each request they receive with it (`None`: they refuse such requests).
+    pub grammars: Option<grammar::Grammars>,
 }
 
 impl Default for EngineConfig {
@@ -29,6 +32,7 @@ impl Default for EngineConfig {
             max_queued: 256,
             queue_timeout: Duration::from_secs(30),
             prefix_cache: true,
+            grammars: None,
         }
     }
 }

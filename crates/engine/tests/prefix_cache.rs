@@ -32,6 +32,7 @@ fn req(id: u64, tenant: u64, prompt: &[u32], salt: Option<&str>) -> GenRequest {
         stop_tokens: StopTokens::new([]),
         deadline: None,
         cache_salt: salt.map(str::to_string),
+        constraint: None,
     }
 }
 

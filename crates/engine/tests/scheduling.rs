@@ -29,6 +29,7 @@ fn req(id: u64, tenant: u64, prompt_len: usize, max_tokens: usize) -> GenRequest
         stop_tokens: StopTokens::new([]),
         deadline: None,
         cache_salt: None,
+        constraint: None,
     }
 }
 

@@ -217,6 +217,8 @@ pub struct HttpSetup {
     pub dev_key: Option<PathBuf>,
     pub tokenizer: Tokenizer,
     pub template: ChatTemplate,
+    /// Compiles `response_format` and tool schemas (a bad one is a 400 before anything runs).
+    pub grammars: grammar::Grammars,
     /// The served context window.
     pub context: usize,
     /// New tenant tables from the deployment (a SIGHUP reload), installed as they come.
@@ -247,6 +249,7 @@ where
         dev_key,
         tokenizer,
         template,
+        grammars,
         context,
         tenant_updates,
         usage,
@@ -262,6 +265,7 @@ where
         backend,
         tokenizer,
         template,
+        grammars,
         stop_tokens,
         tenants: TenantDirectory::new(tenants),
         limiter,

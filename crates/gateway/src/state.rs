@@ -18,6 +18,7 @@ pub struct AppState {
     pub backend: cluster::Router,
     pub tokenizer: Tokenizer,
     pub template: ChatTemplate,
+    pub grammars: grammar::Grammars,
     pub stop_tokens: StopTokens,
     /// Replaced whole on SIGHUP.
     pub tenants: TenantDirectory,

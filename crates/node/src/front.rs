@@ -9,6 +9,7 @@ use gateway::http::HttpSetup;
 use gateway::settings::ApiSettings;
 use gateway::tenants::{sha256, Tenants};
 use gateway::tls::ServerCertificate;
+use grammar::Grammars;
 use text::{ChatTemplate, Tokenizer};
 use wire::Role;
 
@@ -48,8 +49,7 @@ pub(crate) fn http_setup(
     config: &Config,
     backend: cluster::Router,
     (tenants, dev): (Tenants, bool),
-    tokenizer: Tokenizer,
-    template: ChatTemplate,
+    (tokenizer, template, grammars): (Tokenizer, ChatTemplate, Grammars),
     context: usize,
     tls: Option<Arc<ServerCertificate>>,
 ) -> Result<HttpSetup, ServeError> {
@@ -69,6 +69,7 @@ pub(crate) fn http_setup(
         dev_key,
         tokenizer,
         template,
+        grammars,
         context,
         tenant_updates: reload_tenants_on_sighup(config.source.clone(), dev),
         usage: config.usage.clone(),

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 
 use cluster::Net;
+use grammar::Grammars;
 use text::{ChatTemplate, Tokenizer};
 
 use crate::config::Config;
@@ -24,12 +25,14 @@ where
     let secrets = cluster_secrets(&config)?;
     reload_secrets_on_sighup(&config, &secrets);
     let cfg = config.clone();
-    let (info, tokenizer, template) = tokio::task::spawn_blocking(move || -> Result<_, ServeError> {
+    let (info, tokenizer, template, grammars) = tokio::task::spawn_blocking(move || -> Result<_, ServeError> {
         let (info, file) = ModelInfo::read(&cfg)?;
         let err = model_err(&info.path);
         let tokenizer = Tokenizer::from_gguf(&file).map_err(|e| err(e.to_string()))?;
         let template = ChatTemplate::from_gguf(&file).map_err(|e| err(e.to_string()))?;
-        Ok((info, tokenizer, template))
+        // Compiled here too: a schema that does not compile is refused before it is routed.
+        let grammars = Grammars::new(&tokenizer).map_err(|e| err(e.to_string()))?;
+        Ok((info, tokenizer, template, grammars))
     })
     .await
     .map_err(|e| ServeError::Io(format!("model loading task failed: {e}")))??;
@@ -45,6 +48,6 @@ where
     println!("cluster listening on {bound}");
     tokio::spawn(router.clone().serve(listener));
     let r2 = router.clone();
-    let setup = http_setup(&config, router, tenants, tokenizer, template, info.context, tls)?;
+    let setup = http_setup(&config, router, tenants, (tokenizer, template, grammars), info.context, tls)?;
     Ok(gateway::http::run(setup, shutdown, ready, move || r2.fail_all()).await?)
 }

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use engine::EngineConfig;
 use gguf::GgufFile;
+use grammar::Grammars;
 use kv::{Capacity, KvLayout, KvPool, PoolConfig};
 use model::{Llama, LlamaConfig, LoadOptions};
 use text::{ChatTemplate, Tokenizer};
@@ -71,6 +72,8 @@ pub struct LoadedModel {
     pub pool: KvPool,
     pub tokenizer: Tokenizer,
     pub template: ChatTemplate,
+    /// Output formats compiled for this vocabulary (constrained decoding).
+    pub grammars: Grammars,
 }
 
 pub fn load_model(config: &Config) -> Result<LoadedModel, ServeError> {
@@ -86,11 +89,15 @@ pub fn load_model(config: &Config) -> Result<LoadedModel, ServeError> {
     let mut llama = Llama::from_file(&file, LoadOptions { threads: config.threads }).map_err(|e| err(e.to_string()))?;
     // The engine's door check uses the model's context: serve the configured window.
     llama.config.context = info.context;
-    Ok(LoadedModel { info, llama, pool, tokenizer, template })
+    let grammars = Grammars::new(&tokenizer).map_err(|e| err(e.to_string()))?;
+    Ok(LoadedModel { info, llama, pool, tokenizer, template, grammars })
 }
 
-pub fn engine_config(config: &Config) -> EngineConfig {
+/// The engine's settings from `config`; `grammars` compiles the output formats of the requests
+/// it runs.
+pub fn engine_config(config: &Config, grammars: &Grammars) -> EngineConfig {
     EngineConfig {
+        grammars: Some(grammars.clone()),
         max_batch_tokens: config.engine.max_batch_tokens,
         max_running: config.engine.max_running,
         max_queued: config.engine.max_queued,

@@ -31,11 +31,11 @@ where
     let loaded = tokio::task::spawn_blocking(move || load_model(&cfg))
         .await
         .map_err(|e| ServeError::Io(format!("model loading task failed: {e}")))??;
-    let LoadedModel { info, llama, pool, tokenizer, template } = loaded;
+    let LoadedModel { info, llama, pool, tokenizer, template, grammars } = loaded;
     // Prompts being prefilled get a pool of their own (one full context window), so decode
     // reservations waiting for transfers can never starve the prefills they wait for.
     let prefill_pool = pool_of(&config, info.layout, info.context)?;
-    let engine = Engine::start_with_prefill_pool(llama, pool, prefill_pool, engine_config(&config));
+    let engine = Engine::start_with_prefill_pool(llama, pool, prefill_pool, engine_config(&config, &grammars));
 
     // In one process the links are in-memory pipes; they run the same handshake and
     // encryption under a secret that never leaves the process.
@@ -76,7 +76,7 @@ where
     let on_drain = move || {
         handle.stop_admitting();
     };
-    let setup = http_setup(&config, router.clone(), tenants, tokenizer, template, info.context, tls)?;
+    let setup = http_setup(&config, router.clone(), tenants, (tokenizer, template, grammars), info.context, tls)?;
     let result = gateway::http::run(setup, shutdown, ready, on_drain).await.map_err(ServeError::from);
     // Dropping the engine fails whatever is still queued or running (their clients get an error
     // response or an error event) and frees their pages.

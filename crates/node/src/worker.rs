@@ -74,7 +74,7 @@ pub fn run(role: Role, overrides: &WorkerOverrides) -> Result<(), ServeError> {
     let name = config.cluster.name.clone().unwrap_or_else(|| format!("{role_name}-{}", std::process::id()));
     let loaded = load_model(&config)?;
     let pairing = loaded.info.pairing()?;
-    let engine = Engine::start(loaded.llama, loaded.pool, engine_config(&config));
+    let engine = Engine::start(loaded.llama, loaded.pool, engine_config(&config, &loaded.grammars));
     let rt = runtime()?;
     let handle = engine.handle();
     let metrics = Arc::new(WorkerMetrics::default());

@@ -166,6 +166,7 @@ async fn direct(role: Role, config: &std::path::Path) -> (Vec<ToGateway>, Stats)
         stop_tokens: vec![2],
         deadline_ms: Some(30_000),
         cache_salt: None,
+        output: None,
     };
     let msg = if role == Role::Prefill {
         let ticket = TicketWire { request: 1, tenant: 1, nonce: [7; 16], pages: 564, tokens: 9000 };

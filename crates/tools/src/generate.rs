@@ -152,6 +152,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
         stop_tokens: StopTokens::new(tok.stop_tokens()),
         deadline: None,
         cache_salt: None,
+        constraint: None,
     };
     let mut dec = StreamDecoder::new();
     let mut out = std::io::stdout().lock();

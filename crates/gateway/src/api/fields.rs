@@ -84,43 +84,6 @@ pub fn check(o: &Map<String, Value>, endpoint: Endpoint) -> Result<(), ApiError>
         return Err(ApiError::unknown_param(k, path));
     }
 
-    if let Some(rf) = present(o, "response_format") {
-        match rf.get("type").and_then(Value::as_str) {
-            Some("text") => {}
-            Some(t @ ("json_object" | "json_schema")) => {
-                return Err(unsupported(
-                    "response_format",
-                    format!(
-                        "`response_format` of type `{t}` (constrained decoding) is not supported by this server yet"
-                    ),
-                ))
-            }
-            _ => {
-                return Err(ApiError::invalid_param(
-                    "response_format",
-                    "`response_format` must be an object with `type` text, json_object or json_schema",
-                ))
-            }
-        }
-    }
-    match present(o, "tools") {
-        None => {}
-        Some(Value::Array(a)) if a.is_empty() => {}
-        Some(Value::Array(_)) => {
-            return Err(unsupported("tools", "`tools` (function calling) is not supported by this server yet"))
-        }
-        Some(_) => return Err(ApiError::invalid_param("tools", "`tools` must be an array")),
-    }
-    match present(o, "tool_choice") {
-        None => {}
-        Some(Value::String(s)) if s == "none" || s == "auto" => {}
-        Some(_) => {
-            return Err(unsupported(
-                "tool_choice",
-                "`tool_choice` can only be `none` or `auto`: no tools are supported",
-            ))
-        }
-    }
     for name in
         ["functions", "function_call", "audio", "prediction", "reasoning_effort", "verbosity", "web_search_options"]
     {
@@ -184,9 +147,6 @@ mod tests {
     #[test]
     fn fields_asking_for_what_the_server_does_not_do_are_refused_by_name() {
         for (field, value) in [
-            ("response_format", json!({"type": "json_schema", "json_schema": {}})),
-            ("tools", json!([{"type": "function", "function": {"name": "f"}}])),
-            ("tool_choice", json!("required")),
             ("store", json!(true)),
             ("audio", json!({})),
             ("modalities", json!(["text", "audio"])),

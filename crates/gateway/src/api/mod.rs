@@ -7,6 +7,7 @@ pub mod chat;
 pub mod completions;
 pub mod fields;
 pub mod stream;
+pub mod tools;
 pub mod types;
 pub mod validate;
 
@@ -306,6 +307,7 @@ async fn generate_inner(
             stop_tokens: if v.ignore_eos { sampling::StopTokens::new([]) } else { st.stop_tokens.clone() },
             deadline: Some(arrived + st.settings.limits.request_timeout),
             cache_salt: v.cache_salt.clone(),
+            constraint: v.constraint.clone(),
         };
         // A refusal drops the choices submitted so far, which cancels them.
         let rs = st.backend.submit(gen_req, mark).map_err(|e| ApiError::admission(&e, prompt_param))?;
@@ -336,7 +338,8 @@ async fn generate_inner(
         started.push((gen, first));
     }
     if v.stream {
-        return Ok(sse_response(st.clone(), started, meta, v.include_usage, v.echo, log.take()));
+        let shape = stream::Shape { include_usage: v.include_usage, echo: v.echo, tools: v.tools };
+        return Ok(sse_response(st.clone(), started, meta, shape, log.take()));
     }
 
     let mut choices = Vec::with_capacity(started.len());
@@ -355,7 +358,13 @@ async fn generate_inner(
                 }
                 Some(Step::Done { reason, usage }) => {
                     let logprobs = v.logprobs.map(|_| logprobs_json(endpoint, &st.tokenizer, &lps, 0));
-                    choices.push(Choice { text, reason, logprobs });
+                    // A complete answer that is a call becomes `tool_calls`.
+                    let call = v.tools.as_ref().filter(|_| reason == "stop").and_then(|t| t.call(&text));
+                    let (reason, tool_calls) = match call {
+                        Some(c) => ("tool_calls", Some(serde_json::json!([c.json(&meta.call_id(index), None)]))),
+                        None => (reason, None),
+                    };
+                    choices.push(Choice { text, reason, logprobs, tool_calls });
                     total.completion_tokens += usage.completion_tokens;
                     if index == 0 {
                         total.cached_tokens = usage.cached_tokens;

@@ -21,6 +21,7 @@ use serde_json::Value;
 use text::StreamDecoder;
 use tokio::sync::mpsc;
 
+use super::tools::Tools;
 use super::types::{finish_reason, logprobs_json, ResponseMeta, TokenLogprob, Usage};
 use super::RequestLog;
 use crate::error::ApiError;
@@ -256,6 +257,16 @@ fn frame(v: &Value) -> Bytes {
     Bytes::from(format!("data: {v}\n\n"))
 }
 
+/// What a stream carries besides the choices' text.
+pub struct Shape {
+    pub include_usage: bool,
+    /// Completions' `echo`: each choice's text begins with the prompt.
+    pub echo: Option<String>,
+    /// A choice's answer is held back until it is complete, then sent as `tool_calls` when it
+    /// is a call (as content when it is not).
+    pub tools: Option<Arc<Tools>>,
+}
+
 /// What one choice's forwarder sends the SSE task.
 struct ChoiceStep {
     index: usize,
@@ -271,10 +282,10 @@ pub fn sse_response(
     st: Arc<AppState>,
     gens: Vec<(Generation, Step)>,
     meta: ResponseMeta,
-    include_usage: bool,
-    echo: Option<String>,
+    shape: Shape,
     mut log: RequestLog,
 ) -> Response {
+    let Shape { include_usage, echo, tools } = shape;
     let (tx, rx) = mpsc::channel::<Bytes>(64);
     let n = gens.len();
     let (step_tx, mut steps) = mpsc::channel::<ChoiceStep>(64);
@@ -306,6 +317,7 @@ pub fn sse_response(
         // The whole log (and with it the in-flight count) lives in this task.
         let mut log = log;
         let mut first_chunk = vec![true; n];
+        let mut held = vec![String::new(); n];
         let mut offset = vec![0usize; n];
         let mut open = n;
         let mut total = Usage::default();
@@ -326,6 +338,7 @@ pub fn sse_response(
                 break;
             };
             match step {
+                Step::Text { text, .. } if tools.is_some() => held[index].push_str(&text),
                 Step::Text { text, logprobs } => {
                     let lp = (!logprobs.is_empty())
                         .then(|| logprobs_json(meta.endpoint, &st.tokenizer, &logprobs, offset[index]));
@@ -334,9 +347,30 @@ pub fn sse_response(
                     first_chunk[index] = false;
                 }
                 Step::Done { reason, usage } => {
-                    if first_chunk[index] {
-                        frames.push(frame(&meta.chunk(index, "", true, None, None, include_usage)));
-                    }
+                    let answer = std::mem::take(&mut held[index]);
+                    let call = tools.as_ref().filter(|_| reason == "stop").and_then(|t| t.call(&answer));
+                    let reason = match call {
+                        Some(c) => {
+                            let calls = serde_json::json!([c.json(&meta.call_id(index), Some(0))]);
+                            frames.push(frame(&meta.tool_calls_chunk(index, first_chunk[index], calls, include_usage)));
+                            first_chunk[index] = false;
+                            "tool_calls"
+                        }
+                        None => {
+                            if !answer.is_empty() || first_chunk[index] {
+                                frames.push(frame(&meta.chunk(
+                                    index,
+                                    &answer,
+                                    first_chunk[index],
+                                    None,
+                                    None,
+                                    include_usage,
+                                )));
+                                first_chunk[index] = false;
+                            }
+                            reason
+                        }
+                    };
                     frames.push(frame(&meta.chunk(index, "", false, Some(reason), None, include_usage)));
                     total.prompt_tokens = usage.prompt_tokens;
                     total.completion_tokens += usage.completion_tokens;

@@ -20,6 +20,8 @@ pub struct Choice {
     pub text: String,
     pub reason: &'static str,
     pub logprobs: Option<Value>,
+    /// The `tool_calls` array when the answer is a call (then there is no content).
+    pub tool_calls: Option<Value>,
 }
 
 /// Token counts as OpenAI reports them.
@@ -81,12 +83,13 @@ impl ResponseMeta {
             .map(|(index, c)| {
                 let lp = c.logprobs.clone().unwrap_or(Value::Null);
                 match self.endpoint {
-                    Endpoint::Chat => json!({
-                        "index": index,
-                        "message": {"role": "assistant", "content": c.text},
-                        "logprobs": lp,
-                        "finish_reason": c.reason,
-                    }),
+                    Endpoint::Chat => {
+                        let message = match &c.tool_calls {
+                            Some(calls) => json!({"role": "assistant", "content": null, "tool_calls": calls}),
+                            None => json!({"role": "assistant", "content": c.text}),
+                        };
+                        json!({"index": index, "message": message, "logprobs": lp, "finish_reason": c.reason})
+                    }
                     Endpoint::Completions => {
                         json!({"index": index, "text": c.text, "logprobs": lp, "finish_reason": c.reason})
                     }
@@ -145,6 +148,31 @@ impl ResponseMeta {
             v["usage"] = Value::Null;
         }
         v
+    }
+
+    /// A chat chunk carrying a choice's whole `tool_calls` delta (calls are sent once complete).
+    pub fn tool_calls_chunk(&self, index: usize, first: bool, calls: Value, include_usage: bool) -> Value {
+        let mut delta = json!({"content": null, "tool_calls": calls});
+        if first {
+            delta["role"] = json!("assistant");
+        }
+        let mut v = json!({
+            "id": self.id,
+            "object": self.object(true),
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": index, "delta": delta, "logprobs": null, "finish_reason": null}],
+        });
+        if include_usage {
+            v["usage"] = Value::Null;
+        }
+        v
+    }
+
+    /// The id of choice `index`'s call: unique per response, quoted back by the `tool` message.
+    pub fn call_id(&self, index: usize) -> String {
+        let tail = self.id.split_once('-').map_or(self.id.as_str(), |(_, t)| t);
+        format!("call_{tail}_{index}")
     }
 
     /// The usage chunk of `stream_options.include_usage`: no choices.

@@ -3,8 +3,11 @@
 //! parameters range-checked, the prompt rendered and tokenized, and the door check of the
 //! engine applied (invariant 1: nothing is reserved or computed for a request that fails).
 
+use grammar::OutputFormat;
 use sampling::SamplingParams;
 use serde_json::{Map, Value};
+
+use super::tools::Tools;
 use text::ChatMessage;
 
 use crate::error::ApiError;
@@ -62,6 +65,10 @@ pub struct Validated {
     /// send the same salt. The tenant part of the cache scope comes from authentication, so
     /// no salt can reach another tenant's cache.
     pub cache_salt: Option<String>,
+    /// `response_format`: the grammar the output is held to, compiled (each choice clones it).
+    pub constraint: Option<grammar::Constraint>,
+    /// `tools`: the functions the model may call; its answers are read back as `tool_calls`.
+    pub tools: Option<std::sync::Arc<Tools>>,
     _sealed: Sealed,
 }
 
@@ -123,6 +130,30 @@ fn stop_strings(o: &Obj) -> Result<Vec<String>, ApiError> {
     Ok(list)
 }
 
+/// `response_format`: `text` (no constraint), `json_object`, or `json_schema` with its schema.
+fn output_format(o: &Obj) -> Result<Option<OutputFormat>, ApiError> {
+    let Some(rf) = field(o, "response_format") else { return Ok(None) };
+    let bad = || {
+        type_error(
+            "response_format",
+            "an object with `type` text, json_object or json_schema (with `json_schema.schema`)",
+        )
+    };
+    match rf.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(OutputFormat::JsonObject)),
+        Some("json_schema") => {
+            let Some(Value::Object(js)) = rf.get("json_schema") else { return Err(bad()) };
+            match js.get("schema") {
+                Some(schema @ Value::Object(_)) => Ok(Some(OutputFormat::JsonSchema { schema: schema.clone() })),
+                None | Some(Value::Null) => Ok(Some(OutputFormat::JsonObject)),
+                Some(_) => Err(bad()),
+            }
+        }
+        _ => Err(bad()),
+    }
+}
+
 /// `logit_bias`: `{"TOKEN_ID": bias}`, ids of this vocabulary (range and count checked by the
 /// sampling parameters).
 fn logit_bias(o: &Obj, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
@@ -161,15 +192,27 @@ fn chat_messages(o: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
                 return Err(ApiError::invalid_param(&format!("messages[{i}]"), "each message must be an object"));
             };
             let role = match m.get("role").and_then(Value::as_str) {
-                Some(r @ ("system" | "user" | "assistant")) => r,
+                Some(r @ ("system" | "user" | "assistant" | "tool")) => r,
                 Some("developer") => "system",
                 _ => {
                     return Err(ApiError::invalid_param(
                         &p("role"),
-                        "role must be one of system, developer, user, assistant",
+                        "role must be one of system, developer, user, assistant, tool",
                     ))
                 }
             };
+            // An earlier turn's calls are shown to the model as it wrote them.
+            if role == "assistant" {
+                if let Some(calls) = m.get("tool_calls").filter(|c| !c.is_null()) {
+                    let text = super::tools::calls_as_text(calls).ok_or_else(|| {
+                        ApiError::invalid_param(
+                            &p("tool_calls"),
+                            "each tool call needs `function.name` and `function.arguments`",
+                        )
+                    })?;
+                    return Ok(ChatMessage::new(role, text));
+                }
+            }
             let content = match m.get("content") {
                 Some(Value::String(s)) => s.clone(),
                 Some(Value::Array(parts)) => {
@@ -313,6 +356,30 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
     }
     let stop = stop_strings(&o)?;
     let ignore_eos = get_bool(&o, "ignore_eos")?.unwrap_or(false);
+    let mut output = output_format(&o)?;
+    let tools = match endpoint {
+        Endpoint::Chat => super::tools::parse(&o)?,
+        Endpoint::Completions => None,
+    };
+    if let Some(t) = &tools {
+        if output.is_some() {
+            return Err(ApiError::unsupported_param(
+                "response_format",
+                "`response_format` cannot be combined with `tools`: a call's arguments follow its schema",
+            ));
+        }
+        output = Some(t.output_format());
+    }
+    if output.is_some() && ignore_eos {
+        // A finished document can only be followed by the end of the sequence.
+        return Err(ApiError::unsupported_param(
+            "ignore_eos",
+            "`ignore_eos` cannot be combined with `response_format`",
+        ));
+    }
+    let constraint = output.map(|f| st.grammars.compile(&f)).transpose().map_err(|e| {
+        ApiError::invalid_param(if tools.is_some() { "tools" } else { "response_format" }, e.to_string())
+    })?;
     let cache_salt = match get_str(&o, "cache_salt")? {
         Some(s) if s.is_empty() || s.len() > MAX_CACHE_SALT_BYTES => {
             return Err(ApiError::invalid_param(
@@ -326,7 +393,14 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
     let mut echo = None;
     let prompt = match endpoint {
         Endpoint::Chat => {
-            let messages = chat_messages(&o)?;
+            let mut messages = chat_messages(&o)?;
+            if let Some(t) = &tools {
+                // The functions go into the system message (added when the client sent none).
+                match messages.first_mut() {
+                    Some(m) if m.role == "system" => m.content = format!("{}\n\n{}", m.content, t.system_text()),
+                    _ => messages.insert(0, ChatMessage::new("system", t.system_text())),
+                }
+            }
             let rendered = st.template.render(&messages, true).map_err(|e| {
                 ApiError::invalid_param("messages", format!("the chat template refused the messages: {e}"))
             })?;
@@ -392,6 +466,8 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
         logprobs: logprobs.map(|t| t as usize),
         ignore_eos,
         cache_salt,
+        constraint,
+        tools: tools.map(std::sync::Arc::new),
         _sealed: Sealed(()),
     })
 }
