@@ -239,6 +239,9 @@ pub struct Stats {
     /// Handshakes and links this worker refused, by reason.
     #[serde(default)]
     pub link_failures: Vec<(String, u64)>,
+    /// Who holds each page of the worker's pools, run-length coded (the admin dashboard).
+    #[serde(default)]
+    pub page_map: Vec<engine::PageRun>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -13,7 +13,7 @@ use tokio::sync::mpsc as tmpsc;
 
 use crate::inbox::{Kind, Msg, Pending, Resume, Shared};
 use crate::scheduler::Loop;
-use crate::settings::{EngineConfig, EngineStats, TenantPolicy};
+use crate::settings::{EngineConfig, EngineStats, PageRun, TenantPolicy};
 use crate::{AdmissionError, GenRequest, RequestStream};
 
 /// The door rule, the same at every door (gateway, prefill and decode workers): nothing is
@@ -225,6 +225,10 @@ impl EngineHandle {
         }
         s.cached_pages_by_tenant = cached.into_iter().collect();
         s.cached_pages_by_tenant.sort_by_key(|(t, _)| t.0);
+        PageRun::encode(&self.pool.page_map(), &mut s.page_map);
+        if !self.prefill_pool.same_pool(&self.pool) {
+            PageRun::encode(&self.prefill_pool.page_map(), &mut s.page_map);
+        }
         s
     }
 }

@@ -27,5 +27,5 @@ mod settings;
 pub use error::{AdmissionError, EngineError};
 pub use handle::{door_check, Engine, EngineHandle};
 pub use request::{Event, EventSender, GenRequest, RequestStream};
-pub use settings::{EngineConfig, EngineStats, Revoke, TenantPolicy};
+pub use settings::{EngineConfig, EngineStats, PageKind, PageRun, Revoke, TenantPolicy};
 pub use types::{FinishReason, TokenEvent, Usage, ViolationKind};

@@ -55,6 +55,46 @@ pub struct EngineStats {
     pub cached_pages: usize,
     /// The same, per tenant (filled by [`EngineHandle::stats`]).
     pub cached_pages_by_tenant: Vec<(TenantId, usize)>,
+    /// Who holds each page of the main pool, then of the prefill pool when it is another one,
+    /// run-length coded (filled by [`EngineHandle::stats`]).
+    pub page_map: Vec<PageRun>,
+}
+
+/// What a page is used for, as the operator's map shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PageKind {
+    Free,
+    /// Leased to a running request of `tenant`.
+    Request,
+    /// A sealed prefix page in `tenant`'s cache.
+    Sealed,
+}
+
+/// Consecutive pages with the same holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PageRun {
+    pub kind: PageKind,
+    /// The holder's tenant id (0 for free pages).
+    pub tenant: u64,
+    pub pages: u32,
+}
+
+impl PageRun {
+    /// Run-length codes a pool's page map, appending to `out`.
+    pub fn encode(map: &[kv::PageUse], out: &mut Vec<PageRun>) {
+        for u in map {
+            let (kind, tenant) = match *u {
+                kv::PageUse::Free => (PageKind::Free, 0),
+                kv::PageUse::Request(t) => (PageKind::Request, t.0),
+                kv::PageUse::Sealed(t) => (PageKind::Sealed, t.0),
+            };
+            match out.last_mut() {
+                Some(r) if r.kind == kind && r.tenant == tenant => r.pages += 1,
+                _ => out.push(PageRun { kind, tenant, pages: 1 }),
+            }
+        }
+    }
 }
 
 /// What the gateway's tenant table tells an engine (sent at registration and on every change).

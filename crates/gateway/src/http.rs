@@ -26,7 +26,7 @@ use crate::limits::Limiter;
 use crate::metrics::Metrics;
 use crate::settings::ApiSettings;
 use crate::state::AppState;
-use crate::tenants::{TenantDirectory, Tenants};
+use crate::tenants::{bearer_matches, TenantDirectory, Tenants};
 use crate::tls::{ServerCertificate, TlsListener};
 use crate::usage::{UsageLog, UsageSettings};
 use cluster::exposition::{self, Exposition};
@@ -87,18 +87,6 @@ async fn metrics(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Respons
     metrics_text(&st)
 }
 
-/// Whether the request carries `Authorization: Bearer T` with SHA-256(T) equal to `digest`,
-/// compared in constant time (comparing digests also hides the token's length).
-fn bearer_matches(headers: &HeaderMap, digest: &[u8; 32]) -> bool {
-    use subtle::ConstantTimeEq;
-    let text = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or_default().trim();
-    let presented = match text.split_once(' ') {
-        Some((scheme, t)) if scheme.eq_ignore_ascii_case("bearer") => t.trim(),
-        _ => return false,
-    };
-    bool::from(crate::tenants::sha256(presented.as_bytes()).ct_eq(digest))
-}
-
 /// `/metrics` on the `[metrics] listen` listener: no authentication (a private network).
 async fn metrics_open(State(st): State<Arc<AppState>>) -> Response {
     metrics_text(&st)
@@ -135,6 +123,8 @@ pub fn router(st: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
+        .route("/admin", get(crate::admin::page))
+        .route("/admin/state", get(crate::admin::state))
         .route("/v1/models", get(api::models))
         .route("/v1/chat/completions", post(api::chat::chat_completions))
         .route("/v1/completions", post(api::completions::completions))
@@ -209,6 +199,8 @@ pub struct HttpSetup {
     pub metrics_listen: Option<SocketAddr>,
     /// SHA-256 of the token `/metrics` on the public listener asks for (`None`: a 404 there).
     pub metrics_token: Option<[u8; 32]>,
+    /// SHA-256 of the `[admin]` key the dashboard asks for (`None`: no dashboard).
+    pub admin_key: Option<[u8; 32]>,
     pub settings: ApiSettings,
     /// The cluster: in-process workers (`serve`) or registered remote ones (`gateway`).
     pub backend: cluster::Router,
@@ -243,6 +235,7 @@ where
         listen,
         metrics_listen,
         metrics_token,
+        admin_key,
         settings,
         backend,
         tenants,
@@ -272,6 +265,7 @@ where
         metrics: Metrics::default(),
         usage,
         metrics_token,
+        admin_key,
         context,
         draining: AtomicBool::new(false),
         inflight: AtomicUsize::new(0),

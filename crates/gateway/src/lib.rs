@@ -16,6 +16,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod api;
 pub mod error;
 pub mod http;

@@ -95,6 +95,11 @@ impl Limiter {
 
     /// Admits one request of `tenant` to its concurrency and queue slots, or says which limit
     /// it hit (429 with Retry-After). Called before the body is read.
+    /// `tenant`'s requests running and waiting now.
+    pub fn load(&self, tenant: TenantId) -> (usize, usize) {
+        self.lock().get(&tenant).map_or((0, 0), |s| (s.running, s.queued))
+    }
+
     pub fn acquire(&self, tenant: TenantId) -> Result<Permit, ApiError> {
         let mut map = self.lock();
         let Some(s) = map.get_mut(&tenant) else {

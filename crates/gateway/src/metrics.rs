@@ -120,6 +120,20 @@ impl Metrics {
         }
     }
 
+    /// `tenant`'s usage so far: (requests, prompt, cached, completion tokens).
+    pub fn usage_of(&self, tenant: kv::TenantId) -> [u64; 4] {
+        let m = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        m.get(&tenant).map_or([0; 4], |u| [u.requests.values().sum(), u.prompt, u.cached, u.completion])
+    }
+
+    /// Isolation violations the gateway saw, by kind (every kind, 0 included).
+    pub fn violation_counts(&self) -> Vec<(&'static str, u64)> {
+        ViolationKind::ALL
+            .iter()
+            .map(|k| (k.label(), self.violations.get_or_create(&vec![label("kind", k.label())]).get()))
+            .collect()
+    }
+
     /// One generation request of `tenant` ended with `outcome`, having used these tokens.
     pub fn tenant_usage(
         &self,

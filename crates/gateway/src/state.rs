@@ -28,6 +28,8 @@ pub struct AppState {
     pub usage: Option<crate::usage::UsageLog>,
     /// SHA-256 of the `[metrics] token_file` token: `/metrics` on the public listener needs it.
     pub metrics_token: Option<[u8; 32]>,
+    /// SHA-256 of the `[admin]` key: the dashboard's (`None`: no dashboard).
+    pub admin_key: Option<[u8; 32]>,
     /// The served context window (at most the model's).
     pub context: usize,
     pub draining: AtomicBool,

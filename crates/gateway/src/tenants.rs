@@ -5,6 +5,7 @@
 
 use std::sync::{Arc, RwLock};
 
+use axum::http::{header, HeaderMap};
 use kv::TenantId;
 use sha2::{Digest, Sha256};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
@@ -124,6 +125,18 @@ impl Tenants {
     pub fn is_empty(&self) -> bool {
         self.list.is_empty()
     }
+}
+
+/// Whether the request carries `Authorization: Bearer T` with SHA-256(T) equal to `digest`,
+/// compared in constant time (comparing digests also hides the token's length).
+pub fn bearer_matches(headers: &HeaderMap, digest: &[u8; 32]) -> bool {
+    use subtle::ConstantTimeEq;
+    let text = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()).unwrap_or_default().trim();
+    let presented = match text.split_once(' ') {
+        Some((scheme, t)) if scheme.eq_ignore_ascii_case("bearer") => t.trim(),
+        _ => return false,
+    };
+    bool::from(sha256(presented.as_bytes()).ct_eq(digest))
 }
 
 #[cfg(test)]

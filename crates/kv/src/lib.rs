@@ -43,7 +43,7 @@ mod view;
 
 pub use error::KvError;
 pub use layout::{Capacity, KvDtype, KvLayout, PoolConfig, ScrubPolicy};
-pub use pages::{PageLease, SealedPage};
+pub use pages::{PageLease, PageUse, SealedPage};
 pub use pool::KvPool;
 pub use prefix::{CacheScope, PrefixKey};
 pub use slice::KvSlice;

@@ -17,6 +17,16 @@ struct PageMeta {
     request: AtomicU64,
 }
 
+/// What one page holds, as an operator's map shows it (never its content).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageUse {
+    Free,
+    /// Leased to a request of this tenant.
+    Request(TenantId),
+    /// A sealed prefix page in this tenant's cache (read-only, shared within the tenant).
+    Sealed(TenantId),
+}
+
 /// Mutable pool state; locked only to reserve and free pages, never to read or write KV.
 struct FreeState {
     /// Free pages, used as a stack (most recently freed page is reused first).
@@ -331,6 +341,27 @@ impl PoolInner {
 
     pub(crate) fn free_count(&self) -> usize {
         self.lock().free.len()
+    }
+
+    /// Who holds each page, in page order: a snapshot taken under the free-list lock, so a page
+    /// is either free or has the one owner its lease recorded.
+    pub(crate) fn page_map(&self) -> Vec<PageUse> {
+        let st = self.lock();
+        st.leased
+            .iter()
+            .zip(self.meta.iter())
+            .map(|(&leased, meta)| {
+                if !leased {
+                    return PageUse::Free;
+                }
+                let tenant = TenantId(meta.tenant.load(Ordering::Acquire));
+                if meta.request.load(Ordering::Acquire) == SEALED.0 {
+                    PageUse::Sealed(tenant)
+                } else {
+                    PageUse::Request(tenant)
+                }
+            })
+            .collect()
     }
 
     /// Pages leased by `tenant` (its requests' and its sealed cached ones).

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::pages::{PoolInner, Slot};
+use crate::pages::{PageUse, PoolInner, Slot};
 use crate::prefix::{CacheScope, SEALED};
 use crate::{BlockTable, KvError, KvLayout, Owner, PoolConfig, ScrubPolicy, TenantId};
 
@@ -64,6 +64,11 @@ impl KvPool {
     /// Pages currently leased by `tenant` (all its requests).
     pub fn pages_used_by(&self, tenant: TenantId) -> usize {
         self.inner.pages_of(tenant)
+    }
+
+    /// Who holds each page now, in page order (the admin dashboard's map).
+    pub fn page_map(&self) -> Vec<PageUse> {
+        self.inner.page_map()
     }
 
     /// Pages zeroed so far (scrub cost accounting).

@@ -54,7 +54,15 @@ struct RawConfig {
     usage: RawUsage,
     tls: Option<RawTls>,
     #[serde(default)]
+    admin: RawAdmin,
+    #[serde(default)]
     tenants: Vec<RawTenant>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAdmin {
+    key_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -236,6 +244,22 @@ impl MetricsSettings {
     }
 }
 
+impl Config {
+    /// SHA-256 of the `[admin]` key, read now (mode 600, 32+ characters). Refused when it is
+    /// also a tenant's key: the dashboard shows every tenant, and no tenant may see it.
+    pub fn admin_key(&self) -> Result<Option<[u8; 32]>, ConfigError> {
+        let Some(path) = &self.admin_key_file else { return Ok(None) };
+        let digest = gateway::tenants::sha256(read_private_text("admin.key_file", path)?.as_bytes());
+        if self.tenants.iter().any(|t| t.key_sha256 == digest) {
+            return Err(invalid(
+                "admin.key_file",
+                "the admin key is also a tenant's key; give the dashboard a key of its own",
+            ));
+        }
+        Ok(Some(digest))
+    }
+}
+
 /// A validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -256,6 +280,8 @@ pub struct Config {
     pub usage: Option<UsageSettings>,
     /// `[tls]`: HTTPS on the API listener (plain HTTP without it).
     pub tls: Option<TlsSettings>,
+    /// `[admin] key_file`: the dashboard's key (no dashboard without it).
+    pub admin_key_file: Option<PathBuf>,
     /// Empty: one development tenant (see [`crate::tenant_file::dev_tenant`]).
     pub tenants: Vec<TenantConfig>,
     /// The highest tenant id ever given out (at least every tenant's id).
@@ -311,6 +337,7 @@ fn builtin_defaults() -> Config {
         metrics: MetricsSettings::default(),
         usage: None,
         tls: None,
+        admin_key_file: None,
         tenants: Vec::new(),
         last_tenant_id: 0,
         source: None,
@@ -574,6 +601,7 @@ impl Config {
             metrics,
             usage,
             tls,
+            admin_key_file: raw.admin.key_file,
             tenants,
             source: None,
         })

@@ -59,6 +59,7 @@ pub(crate) fn http_setup(
         listen: config.listen,
         metrics_listen: config.metrics.listen,
         metrics_token,
+        admin_key: config.admin_key()?,
         settings: ApiSettings {
             model_name: config.model_name.clone(),
             limits: config.limits.clone(),

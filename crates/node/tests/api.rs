@@ -289,10 +289,13 @@ fn unknown_or_unsupported_fields_are_400_naming_them_and_no_effect_fields_are_ac
     assert_eq!(r.status, 400, "{}", r.body);
     assert_eq!(r.error()["param"], "some_future_field");
     assert_eq!(r.error()["code"], "unknown_parameter");
-    let schema = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}});
+    let r = post_json(&chat_url(), Some(ALICE), &hello(json!({"audio": {"voice": "alloy"}})));
+    assert_eq!((r.status, r.error()["param"].clone()), (400, json!("audio")), "{}", r.body);
+    assert_eq!(r.error()["code"], "unsupported_parameter");
+    // A schema that does not compile is refused before anything runs.
+    let schema = json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}});
     let r = post_json(&chat_url(), Some(ALICE), &hello(json!({"response_format": schema})));
     assert_eq!((r.status, r.error()["param"].clone()), (400, json!("response_format")), "{}", r.body);
-    assert_eq!(r.error()["code"], "unsupported_parameter");
     let r = post_json(
         &completions_url(),
         Some(ALICE),

@@ -248,7 +248,8 @@ fn structured_outputs_and_tool_calls_across_processes_equal_one_process_and_vali
     });
     let structured = |prompt: &str| {
         let mut b = chat(prompt, 60);
-        b["response_format"] = serde_json::json!({"type": "json_schema", "json_schema": {"name": "c", "schema": schema}});
+        b["response_format"] =
+            serde_json::json!({"type": "json_schema", "json_schema": {"name": "c", "schema": schema}});
         b
     };
     let tools = serde_json::json!([{"type": "function", "function": {"name": "get_weather",

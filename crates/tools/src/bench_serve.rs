@@ -35,6 +35,11 @@ pub struct ServeBench {
     /// Per-request time limit in seconds.
     #[arg(long, default_value_t = 300)]
     timeout: u64,
+    /// Hold every answer to a JSON object (`response_format: json_object`): the cost of
+    /// constrained decoding's token masks. Answers then end where the model closes the object
+    /// (no `ignore_eos`), so compare tokens/s, not request counts.
+    #[arg(long)]
+    json_object: bool,
     #[arg(long)]
     json: bool,
 }
@@ -85,7 +90,7 @@ fn model_name(agent: &ureq::Agent, b: &ServeBench) -> Result<String> {
 
 /// One streaming request; token count from the usage chunk, else from content chunks.
 fn one(agent: &ureq::Agent, b: &ServeBench, model: &str, prompt: &str) -> Result<Sample> {
-    let body = json!({
+    let mut body = json!({
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": b.max_tokens,
@@ -94,6 +99,10 @@ fn one(agent: &ureq::Agent, b: &ServeBench, model: &str, prompt: &str) -> Result
         "stream_options": {"include_usage": true},
         "ignore_eos": true,
     });
+    if b.json_object {
+        body["response_format"] = json!({"type": "json_object"});
+        body["ignore_eos"] = json!(false);
+    }
     let t0 = Instant::now();
     let resp = agent
         .post(format!("{}/v1/chat/completions", b.url))
