@@ -35,11 +35,12 @@ pub struct ServeBench {
     /// Per-request time limit in seconds.
     #[arg(long, default_value_t = 300)]
     timeout: u64,
-    /// Hold every answer to a JSON object (`response_format: json_object`): the cost of
-    /// constrained decoding's token masks. Answers then end where the model closes the object
-    /// (no `ignore_eos`), so compare tokens/s, not request counts.
+    /// Hold every answer to a JSON schema (`response_format: json_schema`): the cost of
+    /// constrained decoding's token masks. The schema asks for at least 1000 records
+    /// `{"name": ..., "age": ...}`, so every answer still runs to max_tokens, as the
+    /// unconstrained ones do with `ignore_eos`, and the two runs compare token for token.
     #[arg(long)]
-    json_object: bool,
+    structured: bool,
     #[arg(long)]
     json: bool,
 }
@@ -99,8 +100,15 @@ fn one(agent: &ureq::Agent, b: &ServeBench, model: &str, prompt: &str) -> Result
         "stream_options": {"include_usage": true},
         "ignore_eos": true,
     });
-    if b.json_object {
-        body["response_format"] = json!({"type": "json_object"});
+    if b.structured {
+        let record = json!({
+            "type": "object",
+            "properties": {"name": {"type": "string", "maxLength": 16}, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+            "required": ["name", "age"],
+            "additionalProperties": false,
+        });
+        let schema = json!({"type": "array", "items": record, "minItems": 1000});
+        body["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "records", "schema": schema}});
         body["ignore_eos"] = json!(false);
     }
     let t0 = Instant::now();
