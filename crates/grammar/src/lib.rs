@@ -126,7 +126,14 @@ impl Grammars {
 
     /// A fresh parser state for one sequence.
     pub fn compile(&self, format: &OutputFormat) -> Result<Constraint, GrammarError> {
-        let parser = self.factory.create_parser(format.grammar()).map_err(|e| GrammarError::Compile(e.to_string()))?;
+        // The grammar is a tenant's text: a panic inside the engine is that request's error,
+        // never the caller's crash (mask and accept are guarded inside llguidance's matcher).
+        let built =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.factory.create_parser(format.grammar())));
+        let parser = match built {
+            Ok(p) => p.map_err(|e| GrammarError::Compile(e.to_string()))?,
+            Err(_) => return Err(GrammarError::Compile("the grammar engine failed on this grammar".into())),
+        };
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(GrammarError::Compile(e));
