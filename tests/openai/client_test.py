@@ -9,17 +9,10 @@ import sys
 import openai
 from openai import OpenAI
 
+from checks import check, done
+
 base, key, model = sys.argv[1], sys.argv[2], sys.argv[3]
 client = OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=120)
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    if not cond:
-        print(f"FAILED: {what}", file=sys.stderr)
-        sys.exit(1)
-    checks += 1
 
 
 # Models
@@ -138,4 +131,4 @@ check(refused_naming("frobnicate", extra_body={"frobnicate": 1}), "an unknown fi
 check(refused_naming("audio", audio={"voice": "alloy", "format": "wav"}), "an unsupported field is a 400 naming it")
 check(refused_naming("store", store=True), "store: true is a 400 naming it")
 
-print(f"{checks} passed, 0 failed")
+done()

@@ -12,16 +12,9 @@ import httpx
 import openai
 from openai import OpenAI
 
+from checks import check, done
+
 base, key, model, trusted, other = sys.argv[1:6]
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    if not cond:
-        print(f"FAILED: {what}", file=sys.stderr)
-        sys.exit(1)
-    checks += 1
 
 
 def client(ca, url=base):
@@ -80,4 +73,4 @@ check(refused(lambda: chat(client(other))), "a client trusting another CA refuse
 check(refused(lambda: chat(client(trusted, base.replace("https://", "http://")))), "plain HTTP to the HTTPS port fails")
 # The listener survives refused handshakes.
 check(chat(good).choices[0].message.content == r.choices[0].message.content, "HTTPS still serves after refusals")
-print(f"{checks} passed, 0 failed")
+done()

@@ -14,17 +14,10 @@ import jsonschema
 import openai
 from openai import OpenAI
 
+from checks import check, done
+
 base, key, model = sys.argv[1], sys.argv[2], sys.argv[3]
 client = OpenAI(base_url=base + "/v1", api_key=key, max_retries=0, timeout=120)
-checks = 0
-
-
-def check(cond, what):
-    global checks
-    if not cond:
-        print(f"FAILED: {what}", file=sys.stderr)
-        sys.exit(1)
-    checks += 1
 
 
 # Bounded strings and numbers: a schema without bounds lets a small model write digits until
@@ -213,4 +206,4 @@ follow = client.chat.completions.create(
 )
 check(isinstance(follow.choices[0].message.content, str), "a tool result is answered in text")
 
-print(f"{checks} passed, 0 failed")
+done()

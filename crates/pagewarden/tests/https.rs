@@ -9,19 +9,11 @@ use std::path::Path;
 use std::process::Command;
 
 fn run_client(python: &Path, server: &common::Server, trusted: &Path, other: &Path) {
-    let out = Command::new(python)
-        .arg(common::python_script("https_test.py"))
-        .arg(&server.url)
-        .arg(&server.key)
-        .arg(common::MODEL_NAME)
-        .arg(trusted)
-        .arg(other)
-        .output()
-        .expect("run the https client script");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "https client checks failed:\n{stdout}\n{stderr}");
-    assert!(stdout.contains("passed, 0 failed"), "{stdout}");
+    common::run_python_checks(
+        python,
+        "https_test.py",
+        &[&server.url, &server.key, &common::MODEL_NAME, &trusted, &other],
+    );
 }
 
 /// Copies CA `n`'s server certificate and key to the paths the config names (key mode 600).

@@ -188,6 +188,9 @@ pub fn write_secret(path: &std::path::Path, text: &str) {
 /// A Python virtual environment (shared by the tests, in the target's temporary directory)
 /// with `packages` installed from PyPI; returns its interpreter.
 pub fn python_with(packages: &[&str]) -> PathBuf {
+    // The tests of one binary run on threads: one venv creation and one pip at a time.
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let venv = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("openai-venv");
     let python = venv.join("bin/python");
     if !python.exists() {
@@ -206,4 +209,18 @@ pub fn python_with(packages: &[&str]) -> PathBuf {
 /// A script of the repository's `tests/openai` directory.
 pub fn python_script(name: &str) -> PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/openai").join(name)
+}
+
+/// Runs a client script of `tests/openai` with `args` and asserts it passed every check.
+pub fn run_python_checks(python: &std::path::Path, script: &str, args: &[&dyn AsRef<std::ffi::OsStr>]) {
+    let mut cmd = Command::new(python);
+    cmd.arg(python_script(script));
+    for a in args {
+        cmd.arg(a);
+    }
+    let out = cmd.output().unwrap_or_else(|e| panic!("cannot run {script}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{script} failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("passed, 0 failed"), "{stdout}");
 }
