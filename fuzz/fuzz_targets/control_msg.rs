@@ -1,12 +1,24 @@
 //! Arbitrary bytes as the plaintext of a control record, as a peer holding the cluster secret
 //! could send them (the record layer authenticates the sender, not what it says). Decoding
 //! returns a message or a typed error; a decoded message goes through what a worker and the
-//! gateway do with it first (the worker's own request and deadline, failures as engine errors;
-//! token events decode as themselves); nothing panics, and every message re-encodes to bytes
+//! gateway do with it first (the worker's own request and deadline, its output format compiled
+//! as a worker compiles it, failures as engine errors; token events decode as themselves);
+//! nothing panics, and every message re-encodes to bytes
 //! that decode to the same message.
 #![no_main]
+use std::sync::OnceLock;
+
 use cluster::proto::{ToGateway, ToWorker};
+use grammar::Grammars;
 use libfuzzer_sys::fuzz_target;
+
+#[path = "shared/vocab.rs"]
+mod vocab;
+
+fn grammars() -> &'static Grammars {
+    static G: OnceLock<Grammars> = OnceLock::new();
+    G.get_or_init(|| Grammars::new(&vocab::tokenizer().0).expect("the fuzz vocabulary indexes"))
+}
 
 fn round_trips<T: serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug>(m: &T) {
     let once = serde_json::to_vec(m).expect("a decoded message encodes");
@@ -24,7 +36,7 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(m) = serde_json::from_slice::<ToWorker>(data) {
         match &m {
             ToWorker::Reserve(spec) | ToWorker::Prefill { spec, .. } => {
-                if let Ok(req) = spec.to_request() {
+                if let Ok(req) = spec.to_request(Some(grammars())) {
                     assert_eq!(req.prompt, spec.prompt);
                 }
                 let _ = spec.deadline();
