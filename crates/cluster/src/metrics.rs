@@ -82,7 +82,7 @@ impl WorkerMetrics {
                 .map(|(k, v)| (*k, *v))
                 .collect(),
             link_failures: self.links.snapshot(),
-            page_map: e.page_map,
+            page_map: engine.page_map(),
         }
     }
 }

@@ -225,10 +225,18 @@ impl EngineHandle {
         }
         s.cached_pages_by_tenant = cached.into_iter().collect();
         s.cached_pages_by_tenant.sort_by_key(|(t, _)| t.0);
-        PageRun::encode(&self.pool.page_map(), &mut s.page_map);
-        if !self.prefill_pool.same_pool(&self.pool) {
-            PageRun::encode(&self.prefill_pool.page_map(), &mut s.page_map);
-        }
         s
+    }
+
+    /// Who holds each page of the main pool, then of the prefill pool when it is another one,
+    /// run-length coded: the admin dashboard's map. A pass over every page under the pools'
+    /// free-list locks, so only the periodic worker report asks for it, not every scrape.
+    pub fn page_map(&self) -> Vec<PageRun> {
+        let mut runs = Vec::new();
+        PageRun::encode(&self.pool.page_map(), &mut runs);
+        if !self.prefill_pool.same_pool(&self.pool) {
+            PageRun::encode(&self.prefill_pool.page_map(), &mut runs);
+        }
+        runs
     }
 }

@@ -55,9 +55,6 @@ pub struct EngineStats {
     pub cached_pages: usize,
     /// The same, per tenant (filled by [`EngineHandle::stats`]).
     pub cached_pages_by_tenant: Vec<(TenantId, usize)>,
-    /// Who holds each page of the main pool, then of the prefill pool when it is another one,
-    /// run-length coded (filled by [`EngineHandle::stats`]).
-    pub page_map: Vec<PageRun>,
 }
 
 /// What a page is used for, as the operator's map shows it.

@@ -52,8 +52,9 @@ impl OutputFormat {
 }
 
 /// JSON without free whitespace between tokens, unless the schema asks otherwise: a small
-/// model offered "any whitespace" can spend its whole budget on newlines.
-fn compact(mut schema: Value) -> Value {
+/// model offered "any whitespace" can spend its whole budget on newlines. Public for schemas
+/// embedded in a Lark grammar (`%json`), which do not pass through [`OutputFormat::JsonSchema`].
+pub fn compact(mut schema: Value) -> Value {
     if let Value::Object(o) = &mut schema {
         o.entry("x-guidance").or_insert_with(|| json!({"whitespace_flexible": false}));
     }

@@ -180,10 +180,7 @@ impl Tools {
         let call = self.call_schema();
         match self.choice {
             Choice::Auto => {
-                let mut schema = call;
-                if let Value::Object(o) = &mut schema {
-                    o.insert("x-guidance".into(), json!({"whitespace_flexible": false}));
-                }
+                let schema = grammar::compact(call);
                 OutputFormat::Lark {
                     grammar: format!("start: call | TEXT\ncall: %json {schema}\nTEXT: /[^{{][\\s\\S]*/\n"),
                 }
