@@ -149,9 +149,9 @@ impl<'a> Meter<'a> {
                             .collect();
                         let rendered = l.template.render(&msgs, true).ok()?;
                         // As the server does: the rendered template with control-token parsing.
-                        Some(l.tokenizer.encode(&rendered, true).ok()?.len())
+                        Some(l.tokenizer.encode_prompt(&rendered, true).ok()?.len())
                     }
-                    (None, Some(p)) => Some(l.tokenizer.encode(p, false).ok()?.len()),
+                    (None, Some(p)) => Some(l.tokenizer.encode_prompt(p, false).ok()?.len()),
                     _ => None,
                 }
             }
@@ -206,11 +206,11 @@ mod tests {
         let text = "The secret code is kavorimu-tezulani-4821. Repeat the secret code exactly.";
         let chat = json!({"model": "x", "messages": [{"role": "user", "content": text}]});
         let rendered = l.template.render(&[text::ChatMessage::new("user", text)], true).unwrap();
-        assert_eq!(m.count(&chat), Some(l.tokenizer.encode(&rendered, true).unwrap().len()));
+        assert_eq!(m.count(&chat), Some(l.tokenizer.encode_prompt(&rendered, true).unwrap().len()));
         // The template adds its turn markers: a chat prompt is longer than its text alone.
         let raw = json!({"model": "x", "prompt": text});
         let n = m.count(&raw).unwrap();
-        assert_eq!(n, l.tokenizer.encode(text, false).unwrap().len());
+        assert_eq!(n, l.tokenizer.encode_prompt(text, false).unwrap().len());
         assert!(m.count(&chat).unwrap() > n + 4);
         assert_eq!(m.count(&json!({"model": "x"})), None);
     }

@@ -15,7 +15,11 @@ pub enum GgufError {
     Malformed { offset: usize, reason: String },
     #[error("unknown metadata value type {0}")]
     UnknownValueType(u32),
-    #[error("tensor {name}: unsupported ggml type {ty}")]
+    #[error(
+        "tensor {name}: unsupported ggml type {} (type {ty}); supported: {}",
+        crate::types::ggml_type_name(*ty),
+        crate::GgmlType::supported_names()
+    )]
     UnsupportedTensorType { name: String, ty: u32 },
     #[error("tensor {name}: data [{start}, {end}) lies outside the file ({len} bytes)")]
     TensorOutOfBounds { name: String, start: u64, end: u64, len: usize },

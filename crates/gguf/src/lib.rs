@@ -16,5 +16,5 @@ pub mod write;
 
 pub use error::GgufError;
 pub use reader::{Gguf, GgufFile, TensorInfo};
-pub use types::GgmlType;
+pub use types::{ggml_type_name, GgmlType};
 pub use value::Value;

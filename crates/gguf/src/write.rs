@@ -7,7 +7,7 @@ const ALIGNMENT: usize = 32;
 #[derive(Default)]
 pub struct GgufWriter {
     metadata: Vec<(String, Value)>,
-    tensors: Vec<(String, Vec<u64>, GgmlType, Vec<u8>)>,
+    tensors: Vec<(String, Vec<u64>, u32, Vec<u8>)>,
 }
 
 fn put_str(out: &mut Vec<u8>, s: &str) {
@@ -71,6 +71,11 @@ impl GgufWriter {
 
     /// `dims` in ggml order (row length first); `data` already encoded in `ty`.
     pub fn tensor(&mut self, name: &str, dims: &[u64], ty: GgmlType, data: Vec<u8>) -> &mut Self {
+        self.tensor_type_id(name, dims, ty.id(), data)
+    }
+
+    /// A tensor of any ggml type id, including ones this crate cannot read (to test refusals).
+    pub fn tensor_type_id(&mut self, name: &str, dims: &[u64], ty: u32, data: Vec<u8>) -> &mut Self {
         self.tensors.push((name.to_string(), dims.to_vec(), ty, data));
         self
     }
@@ -94,7 +99,7 @@ impl GgufWriter {
             for d in dims {
                 out.extend_from_slice(&d.to_le_bytes());
             }
-            out.extend_from_slice(&ty.id().to_le_bytes());
+            out.extend_from_slice(&ty.to_le_bytes());
             out.extend_from_slice(&(offset as u64).to_le_bytes());
             offsets.push(offset);
             offset = (offset + data.len()).div_ceil(ALIGNMENT) * ALIGNMENT;

@@ -81,3 +81,45 @@ proptest! {
         let _ = Gguf::parse(&bytes);
     }
 }
+
+#[test]
+fn tensor_of_an_unsupported_type_is_refused_by_name_and_id() {
+    // A Q2_K tensor: 256 elements in one 84-byte block.
+    let mut w = GgufWriter::new();
+    w.meta("general.architecture", Value::String("llama".into())).tensor_type_id(
+        "blk.0.attn_k.weight",
+        &[256, 1],
+        10,
+        vec![0u8; 84],
+    );
+    let err = Gguf::parse(&w.to_bytes()).unwrap_err();
+    assert!(matches!(err, GgufError::UnsupportedTensorType { ty: 10, .. }), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        "tensor blk.0.attn_k.weight: unsupported ggml type Q2_K (type 10); supported: F32, F16, BF16, Q4_0, Q4_1, \
+         Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K"
+    );
+}
+
+#[test]
+fn k_quant_tensors_are_read_with_their_block_sizes() {
+    let mut w = GgufWriter::new();
+    w.tensor("a", &[256, 2], GgmlType::Q4_K, vec![1u8; 288])
+        .tensor("b", &[256, 1], GgmlType::Q5_K, vec![2u8; 176])
+        .tensor("c", &[512, 1], GgmlType::Q6_K, vec![3u8; 420])
+        .tensor("d", &[64, 1], GgmlType::Q5_0, vec![4u8; 44])
+        .tensor("e", &[32, 1], GgmlType::Q5_1, vec![5u8; 24]);
+    let bytes = w.to_bytes();
+    let g = Gguf::parse(&bytes).unwrap();
+    for (name, ty, len) in
+        [("a", GgmlType::Q4_K, 288), ("b", GgmlType::Q5_K, 176), ("c", GgmlType::Q6_K, 420), ("d", GgmlType::Q5_0, 44)]
+    {
+        let (t, data) = g.tensor_data(&bytes, name).unwrap();
+        assert_eq!((t.ty, data.len()), (ty, len), "{name}");
+    }
+    assert_eq!(g.tensor("e").unwrap().n_bytes, 24);
+    // A K-quant row must be whole superblocks.
+    let mut w = GgufWriter::new();
+    w.tensor("k", &[128, 2], GgmlType::Q4_K, vec![0u8; 144]);
+    assert!(matches!(Gguf::parse(&w.to_bytes()), Err(GgufError::Malformed { .. })));
+}

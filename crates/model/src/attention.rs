@@ -26,6 +26,8 @@ pub struct AttnShape {
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
+    /// Sliding-window layers: a query at position p sees keys p - window + 1 ..= p.
+    pub window: Option<usize>,
 }
 
 /// The score arithmetic, as a definition: fused multiply-adds in dimension order. The kernels
@@ -146,18 +148,21 @@ fn gather<W: Widen>(
     f16
 }
 
-/// Scores of `G` queries against keys `[0, upto)`, sixteen keys at a time.
+/// Scores of `G` queries against keys `[from, upto)` (`from` a multiple of sixteen), sixteen
+/// keys at a time.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn scores_tile<const G: usize>(
     qs: [&[f32]; G],
     kt: &[f32],
     stride: usize,
+    from: usize,
     upto: usize,
     scale: f32,
     out: &mut [Vec<f32>],
 ) {
     let hd = qs[0].len();
-    for jb in (0..upto).step_by(LANES) {
+    for jb in (from..upto).step_by(LANES) {
         let mut acc = [[0f32; LANES]; G];
         for d in 0..hd {
             let k: &[f32; LANES] = match kt[d * stride + jb..d * stride + jb + LANES].try_into() {
@@ -229,6 +234,9 @@ fn attend_impl<W: Widen>(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, row
     let mut q = vec![0f32; group * hd];
     for (oi, i) in rows.enumerate() {
         let upto = inp.start + i + 1;
+        // First key this query sees; scores are computed from the tile holding it.
+        let from = shape.window.map_or(0, |w| upto.saturating_sub(w));
+        let tile_from = from / LANES * LANES;
         q.copy_from_slice(&inp.q[i * shape.n_heads * hd + kvh * group * hd..][..group * hd]);
         if f16_queries {
             for x in q.iter_mut() {
@@ -240,16 +248,16 @@ fn attend_impl<W: Widen>(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, row
             let rest = &mut scores[g0..];
             let qh = |g: usize| &q[(g0 + g) * hd..(g0 + g + 1) * hd];
             match group - g0 {
-                1 => scores_tile::<1>([qh(0)], &kt, stride, upto, scale, rest),
-                2 => scores_tile::<2>([qh(0), qh(1)], &kt, stride, upto, scale, rest),
-                3 => scores_tile::<3>([qh(0), qh(1), qh(2)], &kt, stride, upto, scale, rest),
-                _ => scores_tile::<4>([qh(0), qh(1), qh(2), qh(3)], &kt, stride, upto, scale, rest),
+                1 => scores_tile::<1>([qh(0)], &kt, stride, tile_from, upto, scale, rest),
+                2 => scores_tile::<2>([qh(0), qh(1)], &kt, stride, tile_from, upto, scale, rest),
+                3 => scores_tile::<3>([qh(0), qh(1), qh(2)], &kt, stride, tile_from, upto, scale, rest),
+                _ => scores_tile::<4>([qh(0), qh(1), qh(2), qh(3)], &kt, stride, tile_from, upto, scale, rest),
             }
             g0 += (group - g0).min(4);
         }
         for (g, s) in scores.iter_mut().enumerate() {
             let o = &mut out[(oi * group + g) * hd..][..hd];
-            softmax_weighted_sum(&mut s[..upto], &v, hd, o);
+            softmax_weighted_sum(&mut s[from..upto], &v[from * hd..], hd, o);
         }
     }
     out
@@ -276,12 +284,49 @@ mod tests {
         t.write_range(0, 0, &k, &v).unwrap();
         let q: Vec<f32> = (0..3 * n_heads * hd).map(|i| val(i + 101)).collect();
         let inp = AttnInput { q: &q, start: 20, n: 3, view: t.layer(0, 23).unwrap() };
-        let shape = AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd };
+        let shape = AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd, window: None };
         for kvh in 0..n_kv {
             let want = attend_impl::<Portable>(&inp, &shape, kvh, 0..3);
             let got = attend_group(&inp, &shape, kvh, 0..3);
             assert_eq!(want, got);
             assert!(want.iter().all(|x| x.is_finite()));
+        }
+    }
+
+    /// A sliding window of w: each query attends to exactly its last w positions, as a direct
+    /// softmax over those keys computes (windows smaller than, equal to and spanning tiles).
+    #[test]
+    fn a_sliding_window_attends_to_exactly_the_last_positions() {
+        let (n_heads, n_kv, hd, ps, len) = (2, 1, 8, 4, 45);
+        let layout = KvLayout { n_layers: 1, n_kv_heads: n_kv, head_dim: hd, page_size: ps, dtype: KvDtype::F32 };
+        let pool =
+            KvPool::new(PoolConfig { layout, capacity: Capacity::Tokens(64), scrub: ScrubPolicy::OnFree }).unwrap();
+        let mut t = pool.reserve(Owner { tenant: TenantId(1), request: RequestId(1) }, len).unwrap();
+        let val = |i: usize| ((i * 7919 % 1000) as f32 - 500.0) / 250.0;
+        let k: Vec<f32> = (0..len * hd).map(val).collect();
+        let v: Vec<f32> = (0..len * hd).map(|i| val(i + 13)).collect();
+        t.write_range(0, 0, &k, &v).unwrap();
+        let q: Vec<f32> = (0..len * n_heads * hd).map(|i| val(i + 101)).collect();
+        let inp = AttnInput { q: &q, start: 0, n: len, view: t.layer(0, len).unwrap() };
+        for window in [1, 5, 16, 17, 40, 100] {
+            let shape = AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd, window: Some(window) };
+            let got = attend_group(&inp, &shape, 0, 0..len);
+            for p in 0..len {
+                for h in 0..n_heads {
+                    let qh = &q[(p * n_heads + h) * hd..][..hd];
+                    let from = (p + 1).saturating_sub(window);
+                    let sc: Vec<f32> =
+                        (from..=p).map(|j| dot(qh, &k[j * hd..(j + 1) * hd]) / (hd as f32).sqrt()).collect();
+                    let m = sc.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                    let e: Vec<f32> = sc.iter().map(|s| (s - m).exp()).collect();
+                    let z: f32 = e.iter().sum();
+                    for d in 0..hd {
+                        let want: f32 = (from..=p).zip(&e).map(|(j, w)| w * v[j * hd + d]).sum::<f32>() / z;
+                        let have = got[(p * n_heads + h) * hd + d];
+                        assert!((want - have).abs() < 1e-4, "window {window} pos {p} head {h}: {want} vs {have}");
+                    }
+                }
+            }
         }
     }
 }

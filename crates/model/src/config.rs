@@ -5,8 +5,49 @@ use kv::{KvDtype, KvLayout};
 
 use crate::error::ModelError;
 
+/// The model families whose forward pass this crate implements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arch {
+    Llama,
+    /// Gemma 3: RMS norms after attention and FFN as well as before, per-head Q/K norms, GeGLU,
+    /// a scaled embedding, and local sliding-window layers between global ones.
+    Gemma3,
+}
+
+impl Arch {
+    fn from_name(name: &str) -> Result<Arch, ModelError> {
+        match name {
+            "llama" => Ok(Arch::Llama),
+            "gemma3" => Ok(Arch::Gemma3),
+            other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Gemma3 => "gemma3",
+        }
+    }
+}
+
+/// How the rotary embedding pairs the dimensions of a head.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// Adjacent pairs `(2i, 2i+1)`: llama GGUFs have Q and K permuted for it.
+    Interleaved,
+    /// Halves `(i, i + d/2)`, as GPT-NeoX and Gemma.
+    Halves,
+}
+
+/// Gemma 3's sliding-window layers use this base; only the global layers use the file's.
+const GEMMA3_LOCAL_ROPE_BASE: f32 = 10_000.0;
+/// Gemma 3: every sixth layer attends globally, the five before it locally.
+const GEMMA3_SWA_PERIOD: usize = 6;
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct LlamaConfig {
+    pub arch: Arch,
     pub n_layers: usize,
     pub n_heads: usize,
     pub n_kv_heads: usize,
@@ -17,39 +58,77 @@ pub struct LlamaConfig {
     pub context: usize,
     pub rope_base: f32,
     pub rms_eps: f32,
+    /// Sliding-window layers: the window (positions a query sees, itself included), the
+    /// period of the local/global pattern, and their rotary base.
+    pub sliding_window: Option<SlidingWindow>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SlidingWindow {
+    pub window: usize,
+    /// Layer `i` is local unless `(i + 1) % period == 0`.
+    pub period: usize,
+    pub rope_base: f32,
+}
+
+/// What differs between layers: where attention looks and how positions rotate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LayerAttention {
+    /// Keys older than this many positions are not attended to.
+    pub window: Option<usize>,
+    pub rope_base: f32,
 }
 
 impl LlamaConfig {
     pub fn from_gguf(g: &Gguf) -> Result<LlamaConfig, ModelError> {
-        let arch = g.str("general.architecture")?;
-        if arch != "llama" {
-            return Err(ModelError::UnsupportedArchitecture(arch.to_string()));
-        }
-        let u = |k: &str| -> Result<usize, ModelError> { Ok(g.u64(&format!("llama.{k}"))? as usize) };
+        let arch = Arch::from_name(g.str("general.architecture")?)?;
+        let prefix = arch.name();
+        let key = |k: &str| format!("{prefix}.{k}");
+        let u = |k: &str| -> Result<usize, ModelError> { Ok(g.u64(&key(k))? as usize) };
+        let opt_u = |k: &str| -> Result<Option<usize>, ModelError> {
+            match g.get(&key(k)) {
+                Some(_) => Ok(Some(u(k)?)),
+                None => Ok(None),
+            }
+        };
         let n_embd = u("embedding_length")?;
         let n_heads = u("attention.head_count")?;
-        let n_kv_heads = match g.get("llama.attention.head_count_kv") {
-            Some(_) => u("attention.head_count_kv")?,
-            None => n_heads,
-        };
-        let rope_base = match g.get("llama.rope.freq_base") {
-            Some(_) => g.f32("llama.rope.freq_base")?,
+        let n_kv_heads = opt_u("attention.head_count_kv")?.unwrap_or(n_heads);
+        let rope_base = match g.get(&key("rope.freq_base")) {
+            Some(_) => g.f32(&key("rope.freq_base"))?,
             None => 10_000.0,
         };
+        let head_dim = match opt_u("attention.key_length")? {
+            Some(k) => k,
+            None => n_embd.checked_div(n_heads).unwrap_or(0),
+        };
+        if let Some(v) = opt_u("attention.value_length")? {
+            if v != head_dim {
+                return Err(ModelError::Config(format!("value length {v} differs from key length {head_dim}")));
+            }
+        }
         let vocab = g.tensor("token_embd.weight")?.dims.get(1).copied().unwrap_or(0) as usize;
+        let sliding_window = match (arch, opt_u("attention.sliding_window")?) {
+            (Arch::Gemma3, Some(window)) => {
+                Some(SlidingWindow { window, period: GEMMA3_SWA_PERIOD, rope_base: GEMMA3_LOCAL_ROPE_BASE })
+            }
+            _ => None,
+        };
         let cfg = LlamaConfig {
+            arch,
             n_layers: u("block_count")?,
             n_heads,
             n_kv_heads,
             n_embd,
             n_ff: u("feed_forward_length")?,
-            head_dim: n_embd.checked_div(n_heads).unwrap_or(0),
+            head_dim,
             vocab,
             context: u("context_length")?,
             rope_base,
-            rms_eps: g.f32("llama.attention.layer_norm_rms_epsilon")?,
+            rms_eps: g.f32(&key("attention.layer_norm_rms_epsilon"))?,
+            sliding_window,
         };
-        if let Some(v) = g.get("llama.rope.dimension_count") {
+        if let Some(v) = g.get(&key("rope.dimension_count")) {
             if v.as_u64() != Some(cfg.head_dim as u64) {
                 return Err(ModelError::Config(format!(
                     "partial rotary embeddings ({v:?} of {} dims) are not supported",
@@ -57,8 +136,46 @@ impl LlamaConfig {
                 )));
             }
         }
+        if let Some(v) = g.get(&key("rope.scaling.type")) {
+            if v.as_str().is_some_and(|t| t != "none") {
+                return Err(ModelError::Config(format!("rope scaling {v:?} is not supported")));
+            }
+        }
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// Width of the query projection (heads x head dim; Gemma's differs from the embedding).
+    pub fn q_dim(&self) -> usize {
+        self.n_heads * self.head_dim
+    }
+
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    pub fn rope_style(&self) -> RopeStyle {
+        match self.arch {
+            Arch::Llama => RopeStyle::Interleaved,
+            Arch::Gemma3 => RopeStyle::Halves,
+        }
+    }
+
+    /// Gemma scales the embedding by sqrt(n_embd); llama does not scale it.
+    pub fn embed_scale(&self) -> Option<f32> {
+        match self.arch {
+            Arch::Llama => None,
+            Arch::Gemma3 => Some((self.n_embd as f32).sqrt()),
+        }
+    }
+
+    pub fn layer_attention(&self, layer: usize) -> LayerAttention {
+        match self.sliding_window {
+            Some(sw) if sw.period == 0 || !(layer + 1).is_multiple_of(sw.period) => {
+                LayerAttention { window: Some(sw.window), rope_base: sw.rope_base }
+            }
+            _ => LayerAttention { window: None, rope_base: self.rope_base },
+        }
     }
 
     pub fn validate(&self) -> Result<(), ModelError> {
@@ -66,8 +183,14 @@ impl LlamaConfig {
         if self.n_layers == 0 || self.n_heads == 0 || self.n_kv_heads == 0 || self.vocab == 0 || self.context == 0 {
             return bad(format!("zero-sized dimension in {self:?}"));
         }
-        if self.n_embd != self.n_heads * self.head_dim || !self.head_dim.is_multiple_of(2) {
+        if !self.head_dim.is_multiple_of(2) || (self.arch == Arch::Llama && self.n_embd != self.q_dim()) {
             return bad(format!("embedding {} is not heads {} x even head dim", self.n_embd, self.n_heads));
+        }
+        if !self.q_dim().is_multiple_of(32) {
+            return bad(format!("query width {} must be a multiple of 32", self.q_dim()));
+        }
+        if self.sliding_window.is_some_and(|sw| sw.window == 0) {
+            return bad("a sliding window of 0 positions".into());
         }
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(format!("{} heads do not divide into {} KV heads", self.n_heads, self.n_kv_heads));

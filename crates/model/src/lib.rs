@@ -1,13 +1,16 @@
 //! The model runtime: a llama-architecture forward pass on CPU whose K and V live only in the
 //! paged, ownership-checked pool of the `kv` crate.
 //!
-//! Weights stay quantized (Q4_1 / Q8_0, as in the default GGUF) and are multiplied with integer
-//! kernels chosen at run time for the CPU (AVX-512 VNNI, AVX2, or portable scalar code), each
-//! tested bit-for-bit against the scalar definition. Activations are quantized the way
-//! llama.cpp quantizes them, so logits agree with the reference implementation.
+//! Weights stay quantized (each GGUF block type mapped exactly onto a kernel format) and are
+//! multiplied with integer kernels chosen at run time for the CPU (AVX-512 VNNI, AVX2, or
+//! portable scalar code), each tested bit-for-bit against the scalar definition. Activations are
+//! quantized per 32 the way llama.cpp quantizes them for the 32-element types, so logits agree
+//! with the reference implementation; K-quant weights meet the same per-32 activations (not
+//! llama.cpp's per-256 Q8_K), so there agreement is close rather than exact.
 
 pub mod attention;
 pub mod config;
+pub mod dequant;
 mod error;
 pub mod kernels;
 pub mod llama;
@@ -15,8 +18,10 @@ pub mod matmul;
 pub mod ops;
 pub mod qmatrix;
 pub mod quant;
+pub mod synth;
 pub mod threads;
 pub mod tiny;
+pub mod unpack;
 pub mod weights;
 
 pub use config::LlamaConfig;

@@ -10,7 +10,7 @@ use gguf::GgufFile;
 use kv::BlockTable;
 
 use crate::attention::{attend_group, AttnInput, AttnShape};
-use crate::config::LlamaConfig;
+use crate::config::{Arch, LlamaConfig};
 use crate::error::ModelError;
 use crate::kernels::Isa;
 use crate::matmul::matmul;
@@ -146,44 +146,75 @@ impl Llama {
     fn forward_inner(&self, batch: &mut [SeqStep<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
         let c = &self.config;
         let (d, hd) = (c.n_embd, c.head_dim);
-        let kv_dim = c.n_kv_heads * hd;
+        let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
         let t: usize = batch.iter().map(|s| s.tokens.len()).sum();
         let mut offsets = Vec::with_capacity(batch.len());
         let mut x = vec![0f32; t * d];
-        let mut ropes = vec![(0f32, 0f32); t * hd / 2];
+        let mut positions = Vec::with_capacity(t);
         let mut row = 0;
         for s in batch.iter() {
             offsets.push(row);
             for (i, &tok) in s.tokens.iter().enumerate() {
                 self.embed(tok, &mut x[(row + i) * d..(row + i + 1) * d]);
-                ops::rope_table(s.start + i, hd, c.rope_base, &mut ropes[(row + i) * hd / 2..(row + i + 1) * hd / 2]);
+                positions.push(s.start + i);
             }
             row += s.tokens.len();
         }
+        if let Some(scale) = c.embed_scale() {
+            x.iter_mut().for_each(|v| *v *= scale);
+        }
+        // One table of rotary angles per base in use (Gemma's local layers have their own).
+        let mut ropes: Vec<(f32, Vec<(f32, f32)>)> = Vec::new();
+        for li in 0..c.n_layers {
+            let base = c.layer_attention(li).rope_base;
+            if !ropes.iter().any(|(b, _)| *b == base) {
+                let mut tab = vec![(0f32, 0f32); t * hd / 2];
+                for (r, &pos) in positions.iter().enumerate() {
+                    ops::rope_table(pos, hd, base, &mut tab[r * hd / 2..(r + 1) * hd / 2]);
+                }
+                ropes.push((base, tab));
+            }
+        }
+        let rope_style = c.rope_style();
         let mut acts = QuantActs::default();
         let mut xn = vec![0f32; t * d];
-        let qkv_w = d + 2 * kv_dim;
+        let qkv_w = q_dim + 2 * kv_dim;
         let mut qkv = vec![0f32; t * qkv_w];
-        let (mut q, mut k, mut v) = (vec![0f32; t * d], vec![0f32; t * kv_dim], vec![0f32; t * kv_dim]);
-        let mut attn = vec![0f32; t * d];
+        let (mut q, mut k, mut v) = (vec![0f32; t * q_dim], vec![0f32; t * kv_dim], vec![0f32; t * kv_dim]);
+        let mut attn = vec![0f32; t * q_dim];
         let mut proj = vec![0f32; t * d];
+        let mut normed = vec![0f32; t * d];
         let mut gate_up = vec![0f32; t * 2 * c.n_ff];
         let mut hidden = vec![0f32; t * c.n_ff];
-        let shape = AttnShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: hd };
         let group = c.n_heads / c.n_kv_heads;
 
         for (li, layer) in self.weights.layers.iter().enumerate() {
+            let la = c.layer_attention(li);
+            let shape = AttnShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: hd, window: la.window };
+            let Some((_, ropes)) = ropes.iter().find(|(b, _)| *b == la.rope_base) else {
+                return Err(ModelError::Config(format!("no rotary table for base {}", la.rope_base)));
+            };
             ops::rms_norm(&x, &layer.attn_norm, c.rms_eps, &mut xn);
             quantize_for(&layer.wqkv, &xn, t, &mut acts);
             matmul(&self.pool, self.isa, &layer.wqkv, &acts, &mut qkv);
             for r in 0..t {
                 let row = &qkv[r * qkv_w..(r + 1) * qkv_w];
-                q[r * d..(r + 1) * d].copy_from_slice(&row[..d]);
-                k[r * kv_dim..(r + 1) * kv_dim].copy_from_slice(&row[d..d + kv_dim]);
-                v[r * kv_dim..(r + 1) * kv_dim].copy_from_slice(&row[d + kv_dim..]);
+                let (qr, kr) = (&mut q[r * q_dim..(r + 1) * q_dim], &mut k[r * kv_dim..(r + 1) * kv_dim]);
+                v[r * kv_dim..(r + 1) * kv_dim].copy_from_slice(&row[q_dim + kv_dim..]);
+                match &layer.extra_norms {
+                    // Gemma normalizes each head of Q and K before rotating it.
+                    Some(n) => {
+                        ops::rms_norm(&row[..q_dim], &n.q, c.rms_eps, qr);
+                        ops::rms_norm(&row[q_dim..q_dim + kv_dim], &n.k, c.rms_eps, kr);
+                    }
+                    None => {
+                        qr.copy_from_slice(&row[..q_dim]);
+                        kr.copy_from_slice(&row[q_dim..q_dim + kv_dim]);
+                    }
+                }
                 let tab = &ropes[r * hd / 2..(r + 1) * hd / 2];
-                ops::rope_apply(&mut q[r * d..(r + 1) * d], hd, tab);
-                ops::rope_apply(&mut k[r * kv_dim..(r + 1) * kv_dim], hd, tab);
+                ops::rope_apply(qr, hd, tab, rope_style);
+                ops::rope_apply(kr, hd, tab, rope_style);
             }
             for (s, &off) in batch.iter_mut().zip(&offsets) {
                 let n = s.tokens.len();
@@ -200,7 +231,7 @@ impl Llama {
             for (s, &off) in batch.iter().zip(&offsets) {
                 let n = s.tokens.len();
                 let view = s.kv.layer(li, s.start + n)?;
-                inputs.push(AttnInput { q: &q[off * d..(off + n) * d], start: s.start, n, view });
+                inputs.push(AttnInput { q: &q[off * q_dim..(off + n) * q_dim], start: s.start, n, view });
             }
             let mut tasks: Vec<(usize, usize, std::ops::Range<usize>)> = Vec::new();
             for (si, inp) in inputs.iter().enumerate() {
@@ -219,12 +250,16 @@ impl Llama {
                 let off = offsets[*si];
                 for (k, i) in rows.clone().enumerate() {
                     let src = &res[k * group * hd..(k + 1) * group * hd];
-                    attn[(off + i) * d + h * group * hd..][..group * hd].copy_from_slice(src);
+                    attn[(off + i) * q_dim + h * group * hd..][..group * hd].copy_from_slice(src);
                 }
             }
             drop(inputs);
             quantize_for(&layer.wo, &attn, t, &mut acts);
             matmul(&self.pool, self.isa, &layer.wo, &acts, &mut proj);
+            if let Some(n) = &layer.extra_norms {
+                ops::rms_norm(&proj, &n.post_attn, c.rms_eps, &mut normed);
+                std::mem::swap(&mut proj, &mut normed);
+            }
             ops::add_in_place(&mut x, &proj);
 
             ops::rms_norm(&x, &layer.ffn_norm, c.rms_eps, &mut xn);
@@ -234,10 +269,17 @@ impl Llama {
                 let row = &gate_up[r * 2 * c.n_ff..(r + 1) * 2 * c.n_ff];
                 let h = &mut hidden[r * c.n_ff..(r + 1) * c.n_ff];
                 h.copy_from_slice(&row[..c.n_ff]);
-                ops::swiglu(h, &row[c.n_ff..]);
+                match c.arch {
+                    Arch::Llama => ops::swiglu(h, &row[c.n_ff..]),
+                    Arch::Gemma3 => ops::geglu(h, &row[c.n_ff..]),
+                }
             }
             quantize_for(&layer.w_down, &hidden, t, &mut acts);
             matmul(&self.pool, self.isa, &layer.w_down, &acts, &mut proj);
+            if let Some(n) = &layer.extra_norms {
+                ops::rms_norm(&proj, &n.post_ffn, c.rms_eps, &mut normed);
+                std::mem::swap(&mut proj, &mut normed);
+            }
             ops::add_in_place(&mut x, &proj);
         }
         self.logits(batch, &offsets, &x, &mut acts)

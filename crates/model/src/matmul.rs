@@ -50,35 +50,29 @@ unsafe impl Sync for OutPtr {}
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dequant::dequantize;
     use crate::qmatrix::QKind;
+    use crate::synth::{random_blocks, QUANTIZED};
+    use gguf::GgmlType;
 
     /// A ggml-encoded random matrix, deterministic from `seed`.
-    pub(crate) fn random_ggml(kind: QKind, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
-        let mut s = seed;
-        let mut next = move || {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            (s >> 33) as u32
-        };
-        let nb = cols / 32;
-        let mut out = Vec::new();
-        for _ in 0..rows * nb {
-            let d = half::f16::from_f32((next() % 1000) as f32 / 50_000.0 + 1e-4);
-            out.extend_from_slice(&d.to_bits().to_le_bytes());
-            match kind {
-                QKind::Q4_1 => {
-                    let m = half::f16::from_f32(-((next() % 1000) as f32) / 10_000.0);
-                    out.extend_from_slice(&m.to_bits().to_le_bytes());
-                    out.extend((0..16).map(|_| next() as u8));
-                }
-                QKind::Q8_0 => out.extend((0..32).map(|_| next() as u8)),
-            }
-        }
-        out
+    fn random_ggml(ty: GgmlType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+        let (be, _) = ty.block();
+        random_blocks(ty, rows * cols / be, seed)
     }
 
-    fn check_isa(isa: Isa, kind: QKind) {
-        for &(rows, cols, t) in &[(16, 32, 1), (40, 96, 3), (192, 576, 7), (33, 64, 4), (17, 1536, 9)] {
-            let w = QMatrix::from_ggml(kind, rows, cols, &random_ggml(kind, rows, cols, rows as u64)).unwrap();
+    /// Shapes with row counts that are and are not multiples of 16 (rows, cols, tokens).
+    fn shapes(ty: GgmlType) -> &'static [(usize, usize, usize)] {
+        if ty.block().0 == 256 {
+            &[(16, 256, 1), (40, 512, 3), (192, 256, 7), (33, 768, 4), (17, 1536, 9)]
+        } else {
+            &[(16, 32, 1), (40, 96, 3), (192, 576, 7), (33, 64, 4), (17, 1536, 9)]
+        }
+    }
+
+    fn check_isa(isa: Isa, ty: GgmlType) {
+        for &(rows, cols, t) in shapes(ty) {
+            let w = QMatrix::from_ggml(ty, rows, cols, &random_ggml(ty, rows, cols, rows as u64)).unwrap();
             let x: Vec<f32> = (0..t * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 300.0).collect();
             let mut a = QuantActs::default();
             crate::qmatrix::quantize_for(&w, &x, t, &mut a);
@@ -86,7 +80,8 @@ mod tests {
             let pool = ComputePool::new(2).unwrap();
             matmul(&pool, Isa::Scalar, &w, &a, &mut want);
             matmul(&pool, isa, &w, &a, &mut got);
-            assert_eq!(want, got, "{isa:?} {kind:?} {rows}x{cols} t={t}");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&want), bits(&got), "{isa:?} {ty:?} {rows}x{cols} t={t}");
             // And the scalar kernel itself agrees with a dequantized float dot product.
             let mut row = vec![0.0; cols];
             for r in 0..rows {
@@ -94,46 +89,127 @@ mod tests {
                 for ti in 0..t {
                     let exact: f32 = row.iter().zip(&x[ti * cols..]).map(|(a, b)| a * b).sum();
                     let tol = 0.02 * row.iter().map(|v| v.abs()).sum::<f32>() + 1e-3;
-                    assert!((exact - want[ti * rows + r]).abs() < tol, "{exact} vs {}", want[ti * rows + r]);
+                    let got = want[ti * rows + r];
+                    assert!((exact - got).abs() < tol, "{ty:?} row {r} token {ti}: {exact} vs {got}");
                 }
             }
+        }
+    }
+
+    fn check_every_isa(ty: GgmlType) {
+        for isa in Isa::available() {
+            check_isa(isa, ty);
         }
     }
 
     #[test]
     fn every_available_kernel_matches_scalar_bit_for_bit_q4_1() {
-        for isa in Isa::available() {
-            check_isa(isa, QKind::Q4_1);
-        }
+        check_every_isa(GgmlType::Q4_1);
     }
 
     #[test]
     fn every_available_kernel_matches_scalar_bit_for_bit_q8_0() {
-        for isa in Isa::available() {
-            check_isa(isa, QKind::Q8_0);
-        }
+        check_every_isa(GgmlType::Q8_0);
+    }
+
+    #[test]
+    fn every_available_kernel_matches_scalar_bit_for_bit_q4_0_as_q8_0() {
+        check_every_isa(GgmlType::Q4_0);
+    }
+
+    #[test]
+    fn every_available_kernel_matches_scalar_bit_for_bit_q5_0_as_q8_0() {
+        check_every_isa(GgmlType::Q5_0);
+    }
+
+    #[test]
+    fn every_available_kernel_matches_scalar_bit_for_bit_q5_1_as_u8min() {
+        check_every_isa(GgmlType::Q5_1);
+    }
+
+    #[test]
+    fn every_available_kernel_matches_scalar_bit_for_bit_q4_k() {
+        check_every_isa(GgmlType::Q4_K);
+    }
+
+    #[test]
+    fn every_available_kernel_matches_scalar_bit_for_bit_q5_k_as_u8min() {
+        check_every_isa(GgmlType::Q5_K);
+    }
+
+    #[test]
+    fn every_available_kernel_matches_scalar_bit_for_bit_q6_k() {
+        check_every_isa(GgmlType::Q6_K);
     }
 
     #[test]
     fn repacked_rows_dequantize_to_ggml_values() {
-        for kind in [QKind::Q4_1, QKind::Q8_0] {
-            let (rows, cols) = (20, 64);
-            let raw = random_ggml(kind, rows, cols, 3);
-            let w = QMatrix::from_ggml(kind, rows, cols, &raw).unwrap();
-            let bb = if kind == QKind::Q4_1 { 20 } else { 34 };
-            let mut want = vec![0.0; 32];
+        for ty in QUANTIZED {
+            let (be, bb) = ty.block();
+            let (rows, cols) = (20, 2 * be.max(32));
+            let raw = random_ggml(ty, rows, cols, 3);
+            let w = QMatrix::from_ggml(ty, rows, cols, &raw).unwrap();
+            let row_bytes = cols / be * bb;
             let mut got = vec![0.0; cols];
             for r in 0..rows {
                 w.row_f32(r, &mut got);
-                for b in 0..2 {
-                    let blk = &raw[(r * 2 + b) * bb..][..bb];
-                    match kind {
-                        QKind::Q4_1 => crate::quant::dequant_q4_1(blk, &mut want),
-                        QKind::Q8_0 => crate::quant::dequant_q8_0(blk, &mut want),
-                    }
-                    assert_eq!(&got[b * 32..(b + 1) * 32], &want[..]);
-                }
+                let want = dequantize(ty, &raw[r * row_bytes..(r + 1) * row_bytes]);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{ty:?} row {r}");
             }
+        }
+    }
+
+    #[test]
+    fn each_file_type_maps_onto_its_kernel_format() {
+        let want = [
+            (GgmlType::Q4_0, QKind::Q8_0),
+            (GgmlType::Q4_1, QKind::Q4_1),
+            (GgmlType::Q5_0, QKind::Q8_0),
+            (GgmlType::Q5_1, QKind::U8Min),
+            (GgmlType::Q8_0, QKind::Q8_0),
+            (GgmlType::Q4_K, QKind::Q4K),
+            (GgmlType::Q5_K, QKind::U8Min),
+            (GgmlType::Q6_K, QKind::Q6K),
+        ];
+        for (ty, kind) in want {
+            assert_eq!(QKind::of(ty), Some(kind), "{ty:?}");
+        }
+        assert_eq!(QKind::of(GgmlType::F16), None);
+    }
+
+    #[test]
+    fn parts_sharing_a_kernel_format_stack_with_exact_values() {
+        // As Gemma 3 stacks Q5_0 q and k with a Q8_0 v.
+        let cols = 64;
+        let parts = [(GgmlType::Q5_0, 16), (GgmlType::Q4_0, 3), (GgmlType::Q8_0, 5)];
+        let raw: Vec<Vec<u8>> = parts.iter().map(|&(ty, n)| random_ggml(ty, n, cols, n as u64)).collect();
+        let stack: Vec<_> = parts.iter().zip(&raw).map(|(&(ty, n), r)| (ty, n, &r[..])).collect();
+        let w = QMatrix::from_parts(&stack, cols).unwrap();
+        assert_eq!((w.kind, w.rows), (QKind::Q8_0, 24));
+        let want: Vec<f32> = parts.iter().zip(&raw).flat_map(|(&(ty, _), r)| dequantize(ty, r)).collect();
+        let mut got = vec![0.0; cols];
+        for r in 0..24 {
+            w.row_f32(r, &mut got);
+            assert_eq!(got, want[r * cols..(r + 1) * cols], "row {r}");
+        }
+    }
+
+    #[test]
+    fn parts_of_different_kernel_formats_do_not_stack() {
+        let (a, b) = (random_ggml(GgmlType::Q4_K, 2, 256, 1), random_ggml(GgmlType::Q6_K, 2, 256, 2));
+        let err = QMatrix::from_parts(&[(GgmlType::Q4_K, 2, &a), (GgmlType::Q6_K, 2, &b)], 256).err().unwrap();
+        assert!(err.to_string().contains("cannot stack Q6_K with Q4_K"), "{err}");
+    }
+
+    #[test]
+    fn k_quant_rows_must_be_whole_superblocks_of_256() {
+        for ty in [GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K] {
+            let raw = random_ggml(ty, 1, 256, 1);
+            let err = QMatrix::from_ggml(ty, 2, 128, &raw).err().unwrap();
+            let msg = err.to_string();
+            assert!(msg.contains("whole superblocks of 256 columns"), "{msg}");
+            assert!(msg.contains(ty.name()), "{msg}");
         }
     }
 }

@@ -1,6 +1,8 @@
 //! Element-wise pieces of the llama block, written to follow ggml's arithmetic (where it sums in
 //! f64, how it steps the rotary angle) because agreement with llama.cpp is measured.
 
+use crate::config::RopeStyle;
+
 /// `out = (x / rms(x)) * w` per row of `w.len()`.
 pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let n = w.len();
@@ -25,14 +27,23 @@ pub fn rope_table(pos: usize, head_dim: usize, base: f32, out: &mut [(f32, f32)]
     }
 }
 
-/// Rotates adjacent pairs `(x[2i], x[2i+1])` of every head in `row` (llama's "normal" mode; GGUF
-/// converters permute Q and K so that this is the right pairing).
-pub fn rope_apply(row: &mut [f32], head_dim: usize, table: &[(f32, f32)]) {
+/// Rotates every head of `row` by the angles of `table`, pairing dimensions as `style` says
+/// (llama GGUF converters permute Q and K for adjacent pairs; Gemma pairs the two halves).
+pub fn rope_apply(row: &mut [f32], head_dim: usize, table: &[(f32, f32)], style: RopeStyle) {
+    let rot = |x0: f32, x1: f32, c: f32, s: f32| (x0 * c - x1 * s, x0 * s + x1 * c);
     for head in row.chunks_exact_mut(head_dim) {
-        for (pair, &(c, s)) in head.chunks_exact_mut(2).zip(table) {
-            let (x0, x1) = (pair[0], pair[1]);
-            pair[0] = x0 * c - x1 * s;
-            pair[1] = x0 * s + x1 * c;
+        match style {
+            RopeStyle::Interleaved => {
+                for (pair, &(c, s)) in head.chunks_exact_mut(2).zip(table) {
+                    (pair[0], pair[1]) = rot(pair[0], pair[1], c, s);
+                }
+            }
+            RopeStyle::Halves => {
+                let (lo, hi) = head.split_at_mut(head_dim / 2);
+                for ((a, b), &(c, s)) in lo.iter_mut().zip(hi.iter_mut()).zip(table) {
+                    (*a, *b) = rot(*a, *b, c, s);
+                }
+            }
         }
     }
 }
@@ -41,6 +52,30 @@ pub fn rope_apply(row: &mut [f32], head_dim: usize, table: &[(f32, f32)]) {
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     for (g, &u) in gate.iter_mut().zip(up) {
         *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// ggml's tanh approximation of GELU in f32.
+fn gelu_f32(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044_715;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh())
+}
+
+/// `gate = gelu(gate) * up`, in place. ggml's CPU backend looks GELU up in a table indexed by
+/// the f16 value of the input, with f16 outputs; this computes the same entries.
+pub fn geglu(gate: &mut [f32], up: &[f32]) {
+    use half::f16;
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = *g;
+        let y = if x <= -10.0 {
+            0.0
+        } else if x >= 10.0 {
+            x
+        } else {
+            f16::from_f32(gelu_f32(f16::from_f32(x).to_f32())).to_f32()
+        };
+        *g = y * u;
     }
 }
 
@@ -69,10 +104,10 @@ mod tests {
         rope_table(0, 8, 10000.0, &mut t);
         let mut row: Vec<f32> = (0..8).map(|i| i as f32).collect();
         let orig = row.clone();
-        rope_apply(&mut row, 8, &t);
+        rope_apply(&mut row, 8, &t, RopeStyle::Interleaved);
         assert_eq!(row, orig);
         rope_table(37, 8, 10000.0, &mut t);
-        rope_apply(&mut row, 8, &t);
+        rope_apply(&mut row, 8, &t, RopeStyle::Interleaved);
         let n0: f32 = orig.iter().map(|v| v * v).sum();
         let n1: f32 = row.iter().map(|v| v * v).sum();
         assert!((n0 - n1).abs() < 1e-3);

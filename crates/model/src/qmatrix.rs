@@ -1,54 +1,97 @@
 //! Quantized weight matrices, repacked at load time for the integer kernels.
 //!
-//! ggml stores a weight row as consecutive blocks of 32. The kernels instead want 16 rows side
-//! by side, so that one 512-bit multiply-accumulate covers four elements of sixteen rows and a
-//! broadcast of four activation bytes. The repack keeps ggml's exact values and scales; only
-//! the order of bytes changes, so results equal ggml's integer dot products.
+//! ggml stores a weight row as consecutive blocks of 32 (or superblocks of 256). The kernels
+//! instead want 16 rows side by side, so that one 512-bit multiply-accumulate covers four
+//! elements of sixteen rows and a broadcast of four activation bytes. The repack keeps ggml's
+//! exact values and scales (each file type maps losslessly onto a kernel format, see
+//! [`QKind::of`]); only the order of bytes changes, so results equal ggml's integer dot
+//! products block by block.
 
+use gguf::GgmlType;
+
+use crate::dequant::QK_K;
 use crate::error::ModelError;
 use crate::quant::{ActFormat, QuantActs, QK};
+use crate::unpack::{unpack, Scale};
 
 /// Rows interleaved per group.
 pub const GROUP: usize = 16;
 
+/// 32-element blocks per K-quant superblock.
+pub const KBLOCKS: usize = QK_K / QK;
+
+/// The kernel formats. Tiles hold 32 elements of each of 16 rows: the nibble formats as
+/// `tile[p*64 + r*4 + e]` = element 4p+e (low nibble) and 16+4p+e (high nibble) of row r, the
+/// byte formats as `tile[j*64 + r*4 + e]` = element 4j+e.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QKind {
-    /// 4-bit unsigned with per-block scale and minimum; activations in Q8_1.
+    /// 4-bit unsigned with per-block f16 scale and minimum (Q4_1); activations in Q8_1.
     Q4_1,
-    /// 8-bit signed with per-block scale; activations in Q8_0.
+    /// 8-bit signed with per-block f16 scale (Q8_0, Q4_0 as q-8, Q5_0 as q-16); activations in Q8_0.
     Q8_0,
+    /// 4-bit unsigned as Q4_1, scale `d*sc` and minimum `-dmin*mn` from the superblock's f16
+    /// `d`, `dmin` and the block's 6-bit `sc`, `mn` (Q4_K); activations in Q8_1.
+    Q4K,
+    /// 8-bit unsigned (0..31) with per-block f32 scale and minimum (Q5_1, Q5_K); activations in Q8_1.
+    U8Min,
+    /// 8-bit signed (-32..31) with an f32 scale per 16 elements (Q6_K); activations in Q8_0.
+    Q6K,
 }
 
 impl QKind {
+    /// The kernel format a file type maps onto exactly, if any.
+    pub fn of(ty: GgmlType) -> Option<QKind> {
+        match ty {
+            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => Some(QKind::Q8_0),
+            GgmlType::Q4_1 => Some(QKind::Q4_1),
+            GgmlType::Q4_K => Some(QKind::Q4K),
+            GgmlType::Q5_1 | GgmlType::Q5_K => Some(QKind::U8Min),
+            GgmlType::Q6_K => Some(QKind::Q6K),
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => None,
+        }
+    }
+
     pub fn act_format(self) -> ActFormat {
         match self {
-            QKind::Q4_1 => ActFormat::Q8_1,
-            QKind::Q8_0 => ActFormat::Q8_0,
+            QKind::Q4_1 | QKind::Q4K | QKind::U8Min => ActFormat::Q8_1,
+            QKind::Q8_0 | QKind::Q6K => ActFormat::Q8_0,
         }
     }
 
     /// Bytes of quantized values per (group, block).
     pub const fn tile_bytes(self) -> usize {
         match self {
-            QKind::Q4_1 => GROUP * QK / 2,
-            QKind::Q8_0 => GROUP * QK,
+            QKind::Q4_1 | QKind::Q4K => GROUP * QK / 2,
+            QKind::Q8_0 | QKind::U8Min | QKind::Q6K => GROUP * QK,
         }
+    }
+
+    fn nibbles(self) -> bool {
+        self.tile_bytes() == GROUP * QK / 2
     }
 }
 
-/// A `rows x cols` weight matrix (out features x in features), `cols` a multiple of 32.
+/// A `rows x cols` weight matrix (out features x in features), `cols` a multiple of 32 (of 256
+/// for `Q4K`). Per-row parameters are stored 16 rows at a time, `[group][block][16]` unless noted.
 pub struct QMatrix {
     pub kind: QKind,
     pub rows: usize,
     pub cols: usize,
     /// Quantized values, `[group][block][tile_bytes]`.
     pub qs: Vec<u8>,
-    /// Block scales as f16 bits, `[group][block][16]`.
+    /// f16 bits: Q8_0, Q4_1 block scales; Q4K superblock scales `[group][superblock][16]`.
     pub d: Vec<u16>,
-    /// Q4_1: block minimums as f16 bits, `[group][block][16]`.
+    /// f16 bits: Q4_1 block minimums; Q4K superblock minimum scales `[group][superblock][16]`.
     pub m: Vec<u16>,
-    /// Q8_0: 128 * sum of the block's values, `[group][block][16]`: corrects for the activations
-    /// being fed as value + 128 to an unsigned x signed instruction.
+    /// Q4K: the blocks' 6-bit scales and minimums.
+    pub sc: Vec<u8>,
+    pub mn: Vec<u8>,
+    /// U8Min: block scales; Q6K: scales of each half block, `[group][block][half][16]`.
+    pub fd: Vec<f32>,
+    /// U8Min: block minimums.
+    pub fm: Vec<f32>,
+    /// Q8_0: 128 * sum of the block's values; Q6K: of each half block, `[group][block][half][16]`.
+    /// Corrects for the activations being fed as value + 128 to an unsigned x signed instruction.
     pub wsum128: Vec<i32>,
 }
 
@@ -61,67 +104,161 @@ impl QMatrix {
         self.cols / QK
     }
 
-    /// Repacks ggml rows (`rows` rows of `cols` elements, ggml block encoding) into groups.
-    /// Missing rows of the last group are zero (scale 0), so they compute to 0 and are not stored.
-    pub fn from_ggml(kind: QKind, rows: usize, cols: usize, data: &[u8]) -> Result<QMatrix, ModelError> {
-        if !cols.is_multiple_of(QK) || rows == 0 {
-            return Err(ModelError::Shape(format!("matrix {rows}x{cols}: columns must be a positive multiple of 32")));
-        }
-        let nb = cols / QK;
-        let block_bytes = match kind {
-            QKind::Q4_1 => 20,
-            QKind::Q8_0 => 34,
-        };
-        if data.len() != rows * nb * block_bytes {
-            return Err(ModelError::Shape(format!(
-                "matrix {rows}x{cols}: {} bytes of data, expected {}",
-                data.len(),
-                rows * nb * block_bytes
-            )));
-        }
-        let groups = rows.div_ceil(GROUP);
-        let tb = kind.tile_bytes();
-        let mut qs = vec![0u8; groups * nb * tb];
-        let mut d = vec![0u16; groups * nb * GROUP];
-        let mut m = vec![0u16; if kind == QKind::Q4_1 { groups * nb * GROUP } else { 0 }];
-        let mut wsum128 = vec![0i32; if kind == QKind::Q8_0 { groups * nb * GROUP } else { 0 }];
-        for row in 0..rows {
-            let (g, r) = (row / GROUP, row % GROUP);
-            for b in 0..nb {
-                let src = &data[(row * nb + b) * block_bytes..(row * nb + b + 1) * block_bytes];
-                let gb = g * nb + b;
-                d[gb * GROUP + r] = u16::from_le_bytes([src[0], src[1]]);
-                let tile = &mut qs[gb * tb..(gb + 1) * tb];
-                match kind {
-                    QKind::Q4_1 => {
-                        m[gb * GROUP + r] = u16::from_le_bytes([src[2], src[3]]);
-                        // Byte j of a ggml block holds elements j (low) and j+16 (high); lane
-                        // p*64 + r*4 + e takes byte 4p+e, so low nibbles form element group p and
-                        // high nibbles group p+4.
-                        for p in 0..4 {
-                            for e in 0..4 {
-                                tile[p * 64 + r * 4 + e] = src[4 + 4 * p + e];
-                            }
-                        }
-                    }
-                    QKind::Q8_0 => {
-                        let mut sum = 0i32;
-                        for j in 0..8 {
-                            for e in 0..4 {
-                                let v = src[2 + 4 * j + e];
-                                tile[j * 64 + r * 4 + e] = v;
-                                sum += v as i8 as i32;
-                            }
-                        }
-                        wsum128[gb * GROUP + r] = 128 * sum;
-                    }
-                }
-            }
-        }
-        Ok(QMatrix { kind, rows, cols, qs, d, m, wsum128 })
+    /// Repacks ggml rows (`rows` rows of `cols` elements encoded as `ty`) into groups.
+    pub fn from_ggml(ty: GgmlType, rows: usize, cols: usize, data: &[u8]) -> Result<QMatrix, ModelError> {
+        Self::from_parts(&[(ty, rows, data)], cols)
     }
 
-    /// Dequantized row, for embedding lookups and tests.
+    /// Stacks parts (type, rows, ggml data) by rows into one matrix; every part's type must map
+    /// onto the same kernel format. Missing rows of the last group are zero (scale 0), so they
+    /// compute to 0 and are not stored.
+    pub fn from_parts(parts: &[(GgmlType, usize, &[u8])], cols: usize) -> Result<QMatrix, ModelError> {
+        let rows: usize = parts.iter().map(|p| p.1).sum();
+        let shape = |why: String| ModelError::Shape(format!("matrix {rows}x{cols}: {why}"));
+        if !cols.is_multiple_of(QK) || rows == 0 {
+            return Err(shape("columns must be a positive multiple of 32".into()));
+        }
+        let Some(kind) = parts.first().and_then(|p| QKind::of(p.0)) else {
+            return Err(shape(format!("no integer kernel format for {}", parts[0].0.name())));
+        };
+        for &(ty, n, data) in parts {
+            if QKind::of(ty) != Some(kind) {
+                return Err(shape(format!("cannot stack {} with {}", ty.name(), parts[0].0.name())));
+            }
+            let (be, bb) = ty.block();
+            if !cols.is_multiple_of(be) {
+                return Err(shape(format!("{} rows must be whole superblocks of {be} columns", ty.name())));
+            }
+            let expected = n * cols / be * bb;
+            if data.len() != expected {
+                return Err(shape(format!("{} bytes of {} data, expected {expected}", data.len(), ty.name())));
+            }
+        }
+        let mut w = Self::zeroed(kind, rows, cols);
+        let mut row = 0;
+        for &(ty, n, data) in parts {
+            let (be, bb) = ty.block();
+            let row_bytes = cols / be * bb;
+            for src in data.chunks_exact(row_bytes).take(n) {
+                for b in 0..cols / QK {
+                    let (blk, sub) = ((b * QK) / be, (b * QK) % be / QK);
+                    w.put(row, b, &unpack(ty, &src[blk * bb..(blk + 1) * bb], sub));
+                }
+                row += 1;
+            }
+        }
+        Ok(w)
+    }
+
+    fn zeroed(kind: QKind, rows: usize, cols: usize) -> QMatrix {
+        let n = rows.div_ceil(GROUP) * (cols / QK) * GROUP;
+        let per = |yes: bool, len: usize| if yes { len } else { 0 };
+        use QKind::*;
+        QMatrix {
+            kind,
+            rows,
+            cols,
+            qs: vec![0; n / GROUP * kind.tile_bytes()],
+            d: vec![0; per(matches!(kind, Q8_0 | Q4_1), n) + per(kind == Q4K, n / KBLOCKS)],
+            m: vec![0; per(kind == Q4_1, n) + per(kind == Q4K, n / KBLOCKS)],
+            sc: vec![0; per(kind == Q4K, n)],
+            mn: vec![0; per(kind == Q4K, n)],
+            fd: vec![0.0; per(kind == U8Min, n) + per(kind == Q6K, 2 * n)],
+            fm: vec![0.0; per(kind == U8Min, n)],
+            wsum128: vec![0; per(kind == Q8_0, n) + per(kind == Q6K, 2 * n)],
+        }
+    }
+
+    /// Stores block `b` of row `row`.
+    fn put(&mut self, row: usize, b: usize, blk: &crate::unpack::Block32) {
+        let (g, r, nb) = (row / GROUP, row % GROUP, self.blocks());
+        let gb = g * nb + b;
+        let i = gb * GROUP + r;
+        let tb = self.kind.tile_bytes();
+        let tile = &mut self.qs[gb * tb..(gb + 1) * tb];
+        let q = &blk.q;
+        if self.kind.nibbles() {
+            for p in 0..4 {
+                for e in 0..4 {
+                    tile[p * 64 + r * 4 + e] = q[4 * p + e] | (q[16 + 4 * p + e] << 4);
+                }
+            }
+        } else {
+            for j in 0..8 {
+                tile[j * 64 + r * 4..][..4].copy_from_slice(&q[4 * j..4 * j + 4]);
+            }
+        }
+        let sum = |s: &[u8]| 128 * s.iter().map(|&v| v as i8 as i32).sum::<i32>();
+        let half = (gb * 2 * GROUP) + r;
+        match blk.scale {
+            Scale::F16 { d } => {
+                self.d[i] = d;
+                self.wsum128[i] = sum(q);
+            }
+            Scale::F16Min { d, m } => {
+                self.d[i] = d;
+                self.m[i] = m;
+            }
+            Scale::K { d, dmin, sc, mn } => {
+                let si = (g * (nb / KBLOCKS) + b / KBLOCKS) * GROUP + r;
+                self.d[si] = d;
+                self.m[si] = dmin;
+                self.sc[i] = sc;
+                self.mn[i] = mn;
+            }
+            Scale::F32Min { d, m } => {
+                self.fd[i] = d;
+                self.fm[i] = m;
+            }
+            Scale::Halves { lo, hi } => {
+                self.fd[half] = lo;
+                self.fd[half + GROUP] = hi;
+                self.wsum128[half] = sum(&q[..16]);
+                self.wsum128[half + GROUP] = sum(&q[16..]);
+            }
+        }
+    }
+
+    /// Row `r` of group `g`, block `b`: the scale and minimum a min-kind (Q4_1, Q4K, U8Min)
+    /// applies, `value = q * scale + min`, in f32 as the kernels form them; for Q8_0 the
+    /// minimum is 0, and for Q6K see [`QMatrix::half_scales`].
+    #[inline(always)]
+    pub fn scale_min(&self, g: usize, b: usize, r: usize) -> (f32, f32) {
+        let nb = self.blocks();
+        let i = (g * nb + b) * GROUP + r;
+        let h = |bits: u16| half::f16::from_bits(bits).to_f32();
+        match self.kind {
+            QKind::Q8_0 => (h(self.d[i]), 0.0),
+            QKind::Q4_1 => (h(self.d[i]), h(self.m[i])),
+            QKind::Q4K => {
+                let si = (g * (nb / KBLOCKS) + b / KBLOCKS) * GROUP + r;
+                (h(self.d[si]) * self.sc[i] as f32, -(h(self.m[si]) * self.mn[i] as f32))
+            }
+            QKind::U8Min => (self.fd[i], self.fm[i]),
+            QKind::Q6K => (0.0, 0.0),
+        }
+    }
+
+    /// Q6K: the scales of elements 0..16 and 16..32 of row `r` of group `g`, block `b`.
+    #[inline(always)]
+    pub fn half_scales(&self, g: usize, b: usize, r: usize) -> (f32, f32) {
+        let i = (g * self.blocks() + b) * 2 * GROUP + r;
+        (self.fd[i], self.fd[i + GROUP])
+    }
+
+    /// Element `k` (0..32) of row `r` in a block's tile, as the kernels read it.
+    #[inline(always)]
+    pub fn tile_value(&self, tile: &[u8], r: usize, k: usize) -> i32 {
+        let (j, e) = (k / 4, k % 4);
+        match self.kind {
+            QKind::Q4_1 | QKind::Q4K if j < 4 => (tile[j * 64 + r * 4 + e] & 0x0F) as i32,
+            QKind::Q4_1 | QKind::Q4K => (tile[(j - 4) * 64 + r * 4 + e] >> 4) as i32,
+            QKind::U8Min => tile[j * 64 + r * 4 + e] as i32,
+            QKind::Q8_0 | QKind::Q6K => tile[j * 64 + r * 4 + e] as i8 as i32,
+        }
+    }
+
+    /// Dequantized row, for embedding lookups and tests: ggml's values exactly.
     pub fn row_f32(&self, row: usize, out: &mut [f32]) {
         let nb = self.blocks();
         let (g, r) = (row / GROUP, row % GROUP);
@@ -129,24 +266,24 @@ impl QMatrix {
         for b in 0..nb {
             let gb = g * nb + b;
             let tile = &self.qs[gb * tb..(gb + 1) * tb];
-            let d = half::f16::from_bits(self.d[gb * GROUP + r]).to_f32();
             let o = &mut out[b * QK..(b + 1) * QK];
             match self.kind {
-                QKind::Q4_1 => {
-                    let m = half::f16::from_bits(self.m[gb * GROUP + r]).to_f32();
-                    for p in 0..4 {
-                        for e in 0..4 {
-                            let byte = tile[p * 64 + r * 4 + e];
-                            o[4 * p + e] = (byte & 0x0F) as f32 * d + m;
-                            o[16 + 4 * p + e] = (byte >> 4) as f32 * d + m;
-                        }
+                QKind::Q8_0 => {
+                    let (d, _) = self.scale_min(g, b, r);
+                    for (k, v) in o.iter_mut().enumerate() {
+                        *v = self.tile_value(tile, r, k) as f32 * d;
                     }
                 }
-                QKind::Q8_0 => {
-                    for j in 0..8 {
-                        for e in 0..4 {
-                            o[4 * j + e] = tile[j * 64 + r * 4 + e] as i8 as f32 * d;
-                        }
+                QKind::Q4_1 | QKind::Q4K | QKind::U8Min => {
+                    let (d, m) = self.scale_min(g, b, r);
+                    for (k, v) in o.iter_mut().enumerate() {
+                        *v = self.tile_value(tile, r, k) as f32 * d + m;
+                    }
+                }
+                QKind::Q6K => {
+                    let (lo, hi) = self.half_scales(g, b, r);
+                    for (k, v) in o.iter_mut().enumerate() {
+                        *v = self.tile_value(tile, r, k) as f32 * if k < 16 { lo } else { hi };
                     }
                 }
             }
@@ -155,7 +292,11 @@ impl QMatrix {
 
     /// Bytes the matrix occupies (for reports).
     pub fn bytes(&self) -> usize {
-        self.qs.len() + 2 * (self.d.len() + self.m.len()) + 4 * self.wsum128.len()
+        self.qs.len()
+            + 2 * (self.d.len() + self.m.len())
+            + self.sc.len()
+            + self.mn.len()
+            + 4 * (self.fd.len() + self.fm.len() + self.wsum128.len())
     }
 }
 

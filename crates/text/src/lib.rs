@@ -6,10 +6,12 @@
 //! differs by one newline changes what the model does. This crate builds both from the model
 //! file itself, from GGUF metadata only, so there is no second source of truth to drift:
 //!
-//! * [`Tokenizer`]: byte-level BPE from `tokenizer.ggml.*`, matching llama.cpp's tokenization
-//!   (special-token parsing, pre-tokenizer splits, merge ranks) and decoding losslessly to bytes;
+//! * [`Tokenizer`]: byte-level BPE (`"gpt2"`) or SentencePiece (`"llama"`, e.g. Gemma 3) from
+//!   `tokenizer.ggml.*`, matching llama.cpp's tokenization (special-token parsing, pre-tokenizer
+//!   splits, merge ranks or scores, byte fallback) and decoding losslessly to bytes;
 //! * [`StreamDecoder`]: incremental detokenization that never emits half a UTF-8 character;
-//! * [`ChatTemplate`]: the model's own Jinja chat template (`tokenizer.chat_template`).
+//! * [`ChatTemplate`]: the model's own Jinja chat template (`tokenizer.chat_template`), or
+//!   llama.cpp's ChatML fallback when the model has none.
 //!
 //! Unsupported tokenizers are refused with a typed [`TextError`] at load time rather than
 //! approximated.
@@ -20,6 +22,7 @@ mod bpe;
 mod chat;
 mod error;
 mod pretokenize;
+mod spm;
 mod stream;
 mod tokenizer;
 

@@ -1,5 +1,6 @@
-//! Streaming detokenization: a byte-level BPE token can end in the middle of a UTF-8 character,
-//! so text is released only once its characters are complete.
+//! Streaming detokenization: a byte-level BPE token, or a SentencePiece byte-fallback token
+//! (`<0xC4>`), can end in the middle of a UTF-8 character, so text is released only once its
+//! characters are complete.
 
 use crate::{TextError, Tokenizer};
 

@@ -1,21 +1,30 @@
-//! Byte-level BPE tokenizer built from GGUF metadata, matching llama.cpp's `llama_tokenize` with
-//! `add_special = false`.
+//! Tokenizer built from GGUF metadata, matching llama.cpp's `llama_tokenize` with
+//! `add_special = false`, for two tokenizer families (`tokenizer.ggml.model`):
+//!
+//! * `"gpt2"`: byte-level BPE (`Encoder::Bpe`);
+//! * `"llama"`: SentencePiece-style BPE by token score with `▁` for spaces and `<0xXX>` byte
+//!   fallback (`Encoder::Spm`, spm.rs), as llama.cpp's `llm_tokenizer_spm` (Gemma 3).
 //!
 //! Encoding runs in two stages, as in llama.cpp: the text is first partitioned on special-token
 //! texts (control tokens only when `parse_special`, user-defined tokens always), then every plain
-//! fragment is split into words by the pre-tokenizer (pretokenize.rs: llama.cpp's regexes, written
-//! out by hand as llama.cpp does) and each word is merged by BPE rank exactly as llama.cpp's
-//! `llm_tokenizer_bpe_session` does. The merge loop is our own because HF `tokenizers`' BPE
-//! silently skips characters that have no token and then merges their neighbours across the gap,
-//! where llama.cpp keeps the character as a barrier and drops it only at the end (SmolLM2 has no
-//! token for 21 byte values, U+0013 among them). Decoding maps each id to its exact bytes from a
-//! table built once, which makes it lossless for any sequence (even one that splits a UTF-8
-//! character).
+//! fragment is encoded. For BPE it is split into words by the pre-tokenizer (pretokenize.rs:
+//! llama.cpp's regexes, written out by hand as llama.cpp does) and each word is merged by BPE rank
+//! exactly as llama.cpp's `llm_tokenizer_bpe_session` does. For SPM the whole fragment is escaped
+//! (`' '` to `▁`, plus a leading `▁` with `add_space_prefix` at the start of the text or after a
+//! special token) and merged by score as `llm_tokenizer_spm_session` does.
+//!
+//! The BPE merge loop is our own because HF `tokenizers`' BPE silently skips characters that have
+//! no token and then merges their neighbours across the gap, where llama.cpp keeps the character
+//! as a barrier and drops it only at the end (SmolLM2 has no token for 21 byte values, U+0013
+//! among them). Decoding maps each id to its exact bytes from a table built once (for SPM: `▁` as
+//! a space, `<0xXX>` as its byte), which makes it lossless for any sequence (even one that splits
+//! a UTF-8 character).
 
 use std::collections::HashMap;
 
 use crate::bpe::{self, Bpe};
 use crate::pretokenize::PreTokenizer;
+use crate::spm::{self, Spm};
 use crate::TextError;
 
 /// GGUF `tokenizer.ggml.token_type` values (llama.cpp's `llama_token_type`).
@@ -34,13 +43,24 @@ struct SpecialText {
     always: bool,
 }
 
+/// How plain text (between special tokens) becomes ids: one variant per `tokenizer.ggml.model`.
+#[derive(Debug, Clone)]
+enum Encoder {
+    /// `"gpt2"`: byte-level BPE.
+    Bpe {
+        /// Splits plain text into words (llama.cpp's pre-tokenizer), on raw text.
+        pre: PreTokenizer,
+        /// Merge rules, applied to each word.
+        bpe: Box<Bpe>,
+    },
+    /// `"llama"`: SentencePiece-style merges by score.
+    Spm(Box<Spm>),
+}
+
 /// Text to token ids and back for one model's vocabulary. Cheap to share: `Send + Sync`.
 #[derive(Debug, Clone)]
 pub struct Tokenizer {
-    /// Splits plain text into words (llama.cpp's pre-tokenizer), on raw text.
-    pre: PreTokenizer,
-    /// Merge rules, applied to each word.
-    bpe: Bpe,
+    encoder: Encoder,
     /// Exact bytes of each token, indexed by id.
     pieces: Vec<Box<[u8]>>,
     /// Control and unknown tokens: they mark structure and carry no text of their own.
@@ -50,7 +70,24 @@ pub struct Tokenizer {
     bos: Option<u32>,
     eos: u32,
     stop: Vec<u32>,
+    add_bos: bool,
 }
+
+/// Token texts that end a turn, as llama.cpp's end-of-generation list (`special_eog_ids`).
+const EOG_TEXTS: [&str; 12] = [
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<end_of_turn>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|end|>",
+    "<|end_of_text|>",
+    "<|return|>",
+    "<|call|>",
+    "<EOT>",
+    "_<EOT>",
+    "<end_of_utterance>",
+];
 
 /// GPT-2's reversible map from bytes to printable characters: the alphabet of byte-level BPE
 /// vocabularies (a vocabulary for a test or a fuzz target is built from it).
@@ -95,6 +132,14 @@ fn parse_byte_token(text: &str) -> Option<u8> {
     u8::from_str_radix(hex, 16).ok()
 }
 
+/// A boolean key, `default` when missing.
+fn optional_bool(g: &gguf::Gguf, key: &str, default: bool) -> Result<bool, TextError> {
+    match g.get(key) {
+        None => Ok(default),
+        Some(v) => v.as_bool().ok_or_else(|| TextError::InvalidVocab(format!("{key} is not a boolean"))),
+    }
+}
+
 fn optional_id(g: &gguf::Gguf, key: &str, n: usize) -> Result<Option<u32>, TextError> {
     let Some(v) = g.get(key) else { return Ok(None) };
     let id = match v.as_i64() {
@@ -117,17 +162,11 @@ impl Tokenizer {
     /// Builds the tokenizer from GGUF metadata (`tokenizer.ggml.*`).
     pub fn from_gguf(g: &gguf::Gguf) -> Result<Tokenizer, TextError> {
         let model = g.str("tokenizer.ggml.model")?;
-        if model != "gpt2" {
-            return Err(TextError::UnsupportedModel(model.to_string()));
-        }
-        // llama.cpp treats a missing pre-tokenizer key as "default".
-        let pre_name = match g.get("tokenizer.ggml.pre") {
-            None => "default",
-            Some(v) => {
-                v.as_str().ok_or_else(|| TextError::InvalidVocab("tokenizer.ggml.pre is not a string".into()))?
-            }
+        let is_spm = match model {
+            "gpt2" => false,
+            "llama" => true,
+            _ => return Err(TextError::UnsupportedModel(model.to_string())),
         };
-        let pre = PreTokenizer::from_name(pre_name).ok_or_else(|| TextError::UnsupportedPre(pre_name.to_string()))?;
 
         let tokens = g.str_array("tokenizer.ggml.tokens")?;
         let n = tokens.len();
@@ -144,6 +183,14 @@ impl Tokenizer {
 
         let to_char = bytes_to_chars();
         let char_to_byte: HashMap<char, u8> = to_char.iter().enumerate().map(|(b, &c)| (c, b as u8)).collect();
+        // The bytes of a normal token: byte-level characters for BPE, `▁` for a space for SPM.
+        let normal_bytes = |text: &str| -> Vec<u8> {
+            if is_spm {
+                text.replace(spm::SPACE, " ").into_bytes()
+            } else {
+                byte_level_decode(text, &char_to_byte)
+            }
+        };
 
         let mut vocab: HashMap<String, u32> = HashMap::with_capacity(n);
         let mut pieces = Vec::with_capacity(n);
@@ -157,9 +204,9 @@ impl Tokenizer {
                 TYPE_CONTROL | TYPE_UNKNOWN | TYPE_USER_DEFINED => text.as_bytes().to_vec(),
                 TYPE_BYTE => match parse_byte_token(text) {
                     Some(b) => vec![b],
-                    None => byte_level_decode(text, &char_to_byte),
+                    None => normal_bytes(text),
                 },
-                _ => byte_level_decode(text, &char_to_byte),
+                _ => normal_bytes(text),
             };
             pieces.push(bytes.into_boxed_slice());
             special.push(matches!(ty, TYPE_CONTROL | TYPE_UNKNOWN));
@@ -169,6 +216,52 @@ impl Tokenizer {
         }
         // Longest first, so that a token whose text contains another's is matched whole.
         special_texts.sort_by(|a, b| b.text.len().cmp(&a.text.len()).then(a.id.cmp(&b.id)));
+
+        // llama.cpp's defaults when the keys are missing: BOS 1 and EOS 2 for SPM vocabularies;
+        // for BPE we look for <|endoftext|> (llama.cpp's fixed 11 is GPT-2's own).
+        let default_id = |id: u32| (is_spm && (id as usize) < n).then_some(id);
+        let bos = optional_id(g, "tokenizer.ggml.bos_token_id", n)?
+            .or_else(|| g.get("tokenizer.ggml.bos_token_id").is_none().then(|| default_id(1)).flatten());
+        let find = |text: &str| vocab.get(text).copied();
+        let eos = match optional_id(g, "tokenizer.ggml.eos_token_id", n)? {
+            Some(id) => id,
+            None => default_id(2).or_else(|| find("<|endoftext|>")).ok_or_else(|| {
+                TextError::InvalidVocab("no tokenizer.ggml.eos_token_id and no <|endoftext|> token".into())
+            })?,
+        };
+        let mut stop = vec![eos];
+        let keyed =
+            [optional_id(g, "tokenizer.ggml.eot_token_id", n)?, optional_id(g, "tokenizer.ggml.eom_token_id", n)?];
+        for id in keyed.into_iter().chain(EOG_TEXTS.iter().map(|t| find(t))).flatten() {
+            if !stop.contains(&id) {
+                stop.push(id);
+            }
+        }
+
+        let (encoder, add_bos) = if is_spm {
+            (Encoder::Spm(Box::new(Self::spm(g, vocab, n)?)), optional_bool(g, "tokenizer.ggml.add_bos_token", true)?)
+        } else {
+            let (pre, bpe) = Self::bpe(g, &vocab, &to_char)?;
+            (Encoder::Bpe { pre, bpe: Box::new(bpe) }, optional_bool(g, "tokenizer.ggml.add_bos_token", false)?)
+        };
+
+        Ok(Tokenizer { encoder, pieces, special, special_texts, bos, eos, stop, add_bos })
+    }
+
+    /// The byte-level BPE encoder: pre-tokenizer and merges.
+    fn bpe(
+        g: &gguf::Gguf,
+        vocab: &HashMap<String, u32>,
+        to_char: &[char; 256],
+    ) -> Result<(PreTokenizer, Bpe), TextError> {
+        // llama.cpp treats a missing pre-tokenizer key as "default".
+        let pre_name = match g.get("tokenizer.ggml.pre") {
+            None => "default",
+            Some(v) => {
+                v.as_str().ok_or_else(|| TextError::InvalidVocab("tokenizer.ggml.pre is not a string".into()))?
+            }
+        };
+        let pre = PreTokenizer::from_name(pre_name).ok_or_else(|| TextError::UnsupportedPre(pre_name.to_string()))?;
 
         let merges = match g.get("tokenizer.ggml.merges") {
             Some(_) => g.str_array("tokenizer.ggml.merges")?,
@@ -192,62 +285,72 @@ impl Tokenizer {
             merge_map.entry((l, r)).or_insert((rank as u32, merged));
         }
         let byte_token = std::array::from_fn(|b| vocab.get(to_char[b].encode_utf8(&mut [0u8; 4]) as &str).copied());
+        Ok((pre, Bpe { byte_token, merges: merge_map }))
+    }
 
-        let bos = optional_id(g, "tokenizer.ggml.bos_token_id", n)?;
-        let find = |text: &str| tokens.iter().position(|&t| t == text).map(|i| i as u32);
-        let eos = match optional_id(g, "tokenizer.ggml.eos_token_id", n)? {
-            Some(id) => id,
-            None => find("<|endoftext|>").ok_or_else(|| {
-                TextError::InvalidVocab("no tokenizer.ggml.eos_token_id and no <|endoftext|> token".into())
-            })?,
-        };
-        let mut stop = vec![eos];
-        let extra = [
-            optional_id(g, "tokenizer.ggml.eot_token_id", n)?,
-            optional_id(g, "tokenizer.ggml.eom_token_id", n)?,
-            find("<|im_end|>"),
-            find("<|endoftext|>"),
-        ];
-        for id in extra.into_iter().flatten() {
-            if !stop.contains(&id) {
-                stop.push(id);
+    /// The SentencePiece encoder: scores (0 when the file has none, as in llama.cpp) and the
+    /// space prefix (`tokenizer.ggml.add_space_prefix`, default true as in llama.cpp). The
+    /// pre-tokenizer key means nothing to SPM and is ignored, as llama.cpp does.
+    fn spm(g: &gguf::Gguf, vocab: HashMap<String, u32>, n: usize) -> Result<Spm, TextError> {
+        let scores = match g.get("tokenizer.ggml.scores") {
+            None => vec![0.0; n],
+            Some(v) => {
+                let bad = || TextError::InvalidVocab("tokenizer.ggml.scores is not an array of numbers".into());
+                let arr = v.as_array().ok_or_else(bad)?;
+                if arr.len() != n {
+                    return Err(TextError::InvalidVocab(format!("{} token scores for {n} tokens", arr.len())));
+                }
+                arr.iter().map(|x| x.as_f64().map(|f| f as f32).ok_or_else(bad)).collect::<Result<Vec<f32>, _>>()?
             }
-        }
+        };
+        let add_space_prefix = optional_bool(g, "tokenizer.ggml.add_space_prefix", true)?;
+        Ok(Spm::new(vocab, scores, add_space_prefix))
+    }
 
-        Ok(Tokenizer {
-            pre,
-            bpe: Bpe { byte_token, merges: merge_map },
-            pieces,
-            special,
-            special_texts,
-            bos,
-            eos,
-            stop,
-        })
+    /// A prompt's token ids: [`encode`](Tokenizer::encode), after the BOS token when the
+    /// vocabulary asks for one (llama.cpp's `add_special` for prompts; Gemma does, SmolLM2 not).
+    pub fn encode_prompt(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TextError> {
+        let mut ids = self.encode(text, parse_special)?;
+        if let (true, Some(bos)) = (self.add_bos(), self.bos) {
+            ids.insert(0, bos);
+        }
+        Ok(ids)
     }
 
     /// Token ids of `text`, without BOS. With `parse_special`, control-token texts such as
     /// `<|im_start|>` become their ids; without it they are tokenized as plain text.
     pub fn encode(&self, text: &str, parse_special: bool) -> Result<Vec<u32>, TextError> {
         let mut out = Vec::with_capacity(text.len() / 3 + 1);
+        // SPM's space prefix goes before a fragment at the start or right after a special token.
+        let mut after_special = true;
         for frag in self.partition(text, parse_special) {
             match frag {
-                Fragment::Token(id) => out.push(id),
-                Fragment::Text(s) => self.encode_plain(s, &mut out)?,
+                Fragment::Token(id) => {
+                    out.push(id);
+                    after_special = true;
+                }
+                // Empty text has no fragment at all in llama.cpp (and so no space prefix).
+                Fragment::Text("") => {}
+                Fragment::Text(s) => {
+                    self.encode_plain(s, after_special, &mut out)?;
+                    after_special = false;
+                }
             }
         }
         Ok(out)
     }
 
-    fn encode_plain(&self, text: &str, out: &mut Vec<u32>) -> Result<(), TextError> {
-        if text.is_empty() {
-            return Ok(());
+    fn encode_plain(&self, text: &str, after_special: bool, out: &mut Vec<u32>) -> Result<(), TextError> {
+        match &self.encoder {
+            Encoder::Bpe { pre, bpe } => {
+                let mut scratch = bpe::Scratch::default();
+                for word in pre.split(text) {
+                    bpe.word(word.as_bytes(), &mut scratch, out);
+                }
+                Ok(())
+            }
+            Encoder::Spm(spm) => spm.fragment(text, after_special, out),
         }
-        let mut scratch = bpe::Scratch::default();
-        for word in self.pre.split(text) {
-            self.bpe.word(word.as_bytes(), &mut scratch, out);
-        }
-        Ok(())
     }
 
     /// llama.cpp's `tokenizer_st_partition`: for each special text, longest first, split every
@@ -318,6 +421,16 @@ impl Tokenizer {
         self.bos
     }
 
+    /// Whether the model expects BOS before a prompt (`tokenizer.ggml.add_bos_token`; when the
+    /// key is missing, llama.cpp's default: true for SPM, false for byte-level BPE). [`encode`]
+    /// never adds it: the caller prepends [`bos`] when this is true.
+    ///
+    /// [`encode`]: Tokenizer::encode
+    /// [`bos`]: Tokenizer::bos
+    pub fn add_bos(&self) -> bool {
+        self.add_bos && self.bos.is_some()
+    }
+
     pub fn eos(&self) -> u32 {
         self.eos
     }
@@ -327,8 +440,9 @@ impl Tokenizer {
         self.special.get(id as usize).copied().unwrap_or(false)
     }
 
-    /// Ids that end generation: EOS, EOT/EOM when the GGUF names them, and `<|im_end|>` /
-    /// `<|endoftext|>` when the vocabulary has them. EOS comes first; no duplicates.
+    /// Ids that end generation: EOS, EOT/EOM when the GGUF names them, and the tokens llama.cpp
+    /// treats as end of generation by their text when the vocabulary has them (`<|im_end|>`,
+    /// `<|endoftext|>`, `<end_of_turn>`, `<|eot_id|>`, ...). EOS comes first; no duplicates.
     pub fn stop_tokens(&self) -> Vec<u32> {
         self.stop.clone()
     }

@@ -65,10 +65,11 @@ fn id_of(t: &Tokenizer, text: &str) -> u32 {
 }
 
 #[test]
-fn unsupported_tokenizer_model_is_named() {
-    let err = Tokenizer::from_gguf(&tiny("llama", Some("default"), &[])).expect_err("spm refused");
-    assert!(matches!(&err, TextError::UnsupportedModel(m) if m == "llama"), "{err}");
-    assert!(err.to_string().contains("llama"));
+fn unsupported_tokenizer_model_is_named_with_the_supported_ones() {
+    let err = Tokenizer::from_gguf(&tiny("bert", Some("default"), &[])).expect_err("wpm refused");
+    assert!(matches!(&err, TextError::UnsupportedModel(m) if m == "bert"), "{err}");
+    let msg = err.to_string();
+    assert!(msg.contains("\"bert\"") && msg.contains("\"gpt2\"") && msg.contains("\"llama\""), "{msg}");
 }
 
 #[test]
@@ -87,9 +88,12 @@ fn missing_tokenizer_metadata_is_typed() {
 }
 
 #[test]
-fn missing_chat_template_is_typed() {
-    let err = ChatTemplate::from_gguf(&tiny("gpt2", Some("gpt2"), &[])).expect_err("no template");
-    assert!(matches!(err, TextError::MissingChatTemplate), "{err}");
+fn missing_chat_template_falls_back_to_chatml_like_llama_cpp() {
+    let t = ChatTemplate::from_gguf(&tiny("gpt2", Some("gpt2"), &[])).expect("ChatML fallback");
+    assert_eq!(
+        t.render(&[ChatMessage::new("user", "x")], true).expect("render"),
+        "<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n"
+    );
 }
 
 #[test]
@@ -191,4 +195,84 @@ fn chat_message_serde_shape() {
     let m: ChatMessage = serde_json::from_str(r#"{"role":"user","content":"hi"}"#).expect("deserialize");
     assert_eq!(m, ChatMessage::new("user", "hi"));
     assert_eq!(serde_json::to_string(&m).expect("serialize"), r#"{"role":"user","content":"hi"}"#);
+}
+
+/// A tiny SentencePiece vocabulary: `<unk>`, `<s>`, `</s>`, a user-defined `<u>`, the 256 byte
+/// tokens, then `▁`, `h`, `i`, `hi`, `▁hi` with scores (no BOS/EOS keys: llama.cpp's defaults apply).
+fn tiny_spm(extra: &[(&str, Value)], scores: Option<usize>) -> Gguf {
+    let mut tokens: Vec<String> = vec!["<unk>".into(), "<s>".into(), "</s>".into(), "<u>".into()];
+    let mut types: Vec<Value> = vec![Value::I32(2), Value::I32(3), Value::I32(3), Value::I32(4)];
+    for b in 0..=255u8 {
+        tokens.push(format!("<0x{b:02X}>"));
+        types.push(Value::I32(6));
+    }
+    for t in ["▁", "h", "i", "hi", "▁hi"] {
+        tokens.push(t.into());
+        types.push(Value::I32(1));
+    }
+    let n = scores.unwrap_or(tokens.len());
+    let score = |t: &str| match t {
+        "▁hi" => -1.0,
+        "hi" => -5.0,
+        _ => -10.0,
+    };
+    let score_values = tokens.iter().cycle().take(n).map(|t| Value::F32(score(t))).collect();
+    let tok_refs: Vec<&str> = tokens.iter().map(String::as_str).collect();
+    let mut w = GgufWriter::new();
+    w.meta("general.architecture", s("gemma3"))
+        .meta("tokenizer.ggml.model", s("llama"))
+        .meta("tokenizer.ggml.pre", s("no-such-pre-tokenizer"))
+        .meta("tokenizer.ggml.tokens", strs(&tok_refs))
+        .meta("tokenizer.ggml.token_type", Value::Array(types))
+        .meta("tokenizer.ggml.scores", Value::Array(score_values));
+    for (k, v) in extra {
+        w.meta(k, v.clone());
+    }
+    Gguf::parse(&w.to_bytes()).expect("tiny spm gguf parses")
+}
+
+#[test]
+fn tiny_spm_vocab_follows_llama_cpp_defaults_and_space_prefix_rules() {
+    // The pre-tokenizer key means nothing to SPM (llama.cpp ignores it): no UnsupportedPre.
+    let t = Tokenizer::from_gguf(&tiny_spm(&[], None)).expect("builds");
+    let (s_, u, sp, h, i, hi, sp_hi) = (1, 3, 260, 261, 262, 263, 264);
+    assert_eq!((t.bos(), t.eos(), t.add_bos()), (Some(1), 2, true), "llama.cpp's SPM defaults");
+    assert_eq!(t.stop_tokens(), vec![2]);
+    // add_space_prefix defaults to true: a space before text at the start and after a special
+    // token (user-defined ones included), not elsewhere.
+    assert_eq!(t.encode("hi", false).expect("encode"), vec![sp_hi]);
+    assert_eq!(t.encode("hi hi", false).expect("encode"), vec![sp_hi, sp_hi]);
+    assert_eq!(t.encode("<s>hi", true).expect("encode"), vec![s_, sp_hi]);
+    assert_eq!(t.encode("hi<u>hi", false).expect("encode"), vec![sp_hi, u, sp_hi]);
+    assert_eq!(t.encode("hih", false).expect("encode"), vec![sp_hi, h]);
+    assert!(t.encode("", false).expect("encode").is_empty(), "no fragment, no prefix");
+    // Control tokens only with parse_special; without, their text is merged and byte-falls-back.
+    let raw = t.encode("<s>", false).expect("encode");
+    assert_eq!(raw, vec![sp, 4 + u32::from(b'<'), 4 + u32::from(b's'), 4 + u32::from(b'>')]);
+    assert!(t.is_special(s_) && t.is_special(0) && !t.is_special(u));
+    // Decoding: ▁ is a space, <0xXX> its byte, control and user-defined tokens their text.
+    assert_eq!(
+        t.decode_bytes(&[sp_hi, sp, h, i, 4 + 0xC3, 4 + 0xA9, u, s_]).expect("decode"),
+        " hi hié<u><s>".as_bytes()
+    );
+
+    let no_prefix = ("tokenizer.ggml.add_space_prefix", Value::Bool(false));
+    let t = Tokenizer::from_gguf(&tiny_spm(&[no_prefix], None)).expect("builds");
+    assert_eq!(t.encode("hi hi", false).expect("encode"), vec![hi, sp_hi]);
+    assert_eq!(t.encode("ih", false).expect("encode"), vec![i, h]);
+    assert_eq!(t.decode_bytes(&t.encode("hi hié", false).expect("encode")).expect("decode"), "hi hié".as_bytes());
+
+    let keyed = [
+        ("tokenizer.ggml.bos_token_id", Value::U32(0)),
+        ("tokenizer.ggml.eos_token_id", Value::U32(1)),
+        ("tokenizer.ggml.add_bos_token", Value::Bool(false)),
+    ];
+    let t = Tokenizer::from_gguf(&tiny_spm(&keyed, None)).expect("builds");
+    assert_eq!((t.bos(), t.eos(), t.add_bos()), (Some(0), 1, false));
+}
+
+#[test]
+fn spm_scores_of_the_wrong_length_are_typed() {
+    let err = Tokenizer::from_gguf(&tiny_spm(&[], Some(3))).expect_err("bad scores");
+    assert!(matches!(&err, TextError::InvalidVocab(m) if m.contains("scores")), "{err}");
 }

@@ -127,10 +127,10 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
     let prompt = match messages(a)? {
         Some(msgs) => {
             let text = ChatTemplate::from_gguf(&file)?.render(&msgs, true)?;
-            tok.encode(&text, true)?
+            tok.encode_prompt(&text, true)?
         }
         None => match &a.prompt {
-            Some(p) => tok.encode(p, a.parse_special)?,
+            Some(p) => tok.encode_prompt(p, a.parse_special)?,
             None => bail!("give a prompt, or --messages FILE"),
         },
     };

@@ -410,7 +410,7 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
             // can close their turn and forge another). It is the behaviour clients expect from
             // llama.cpp-compatible servers; the model, not the server, is the trust boundary here.
             st.tokenizer
-                .encode(&rendered, true)
+                .encode_prompt(&rendered, true)
                 .map_err(|e| ApiError::invalid_param("messages", format!("cannot tokenize the messages: {e}")))?
         }
         Endpoint::Completions => {
@@ -424,7 +424,7 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
             }
             // Raw text: control-token texts stay plain text.
             st.tokenizer
-                .encode(text, false)
+                .encode_prompt(text, false)
                 .map_err(|e| ApiError::invalid_param("prompt", format!("cannot tokenize the prompt: {e}")))?
         }
     };

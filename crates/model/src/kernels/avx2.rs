@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::qmatrix::{QMatrix, GROUP};
+use crate::qmatrix::{QMatrix, GROUP, KBLOCKS};
 use crate::quant::{QuantActs, QK};
 
 #[inline(always)]
@@ -16,12 +16,66 @@ unsafe fn load_f16x8(p: *const u16) -> __m256 {
     _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i))
 }
 
+#[inline(always)]
+unsafe fn load_u8x8(p: *const u8) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(p as *const __m128i)))
+}
+
 /// # Safety
 /// The CPU must support avx2, fma and f16c; indices are checked by the caller, which also
 /// vouches for `out` (see [`super::group_dot`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q4_1(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
+    min_kind::<true>(w, g, a, t0, nt, out, stride, |gb, h| {
+        let i = gb * GROUP + h * 8;
+        (load_f16x8(w.d.as_ptr().add(i)), load_f16x8(w.m.as_ptr().add(i)))
+    })
+}
+
+/// # Safety
+/// As for [`q4_1`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q4k(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
     let nb = w.blocks();
+    let sign = _mm256_set1_ps(-0.0);
+    min_kind::<true>(w, g, a, t0, nt, out, stride, |gb, h| {
+        let b = gb - g * nb;
+        let si = (g * (nb / KBLOCKS) + b / KBLOCKS) * GROUP + h * 8;
+        let i = gb * GROUP + h * 8;
+        // Exact products, as in the AVX-512 kernel.
+        let d = load_f16x8(w.d.as_ptr().add(si));
+        let dmin = _mm256_xor_ps(load_f16x8(w.m.as_ptr().add(si)), sign);
+        let (sc, mn) = (load_u8x8(w.sc.as_ptr().add(i)), load_u8x8(w.mn.as_ptr().add(i)));
+        (_mm256_mul_ps(d, sc), _mm256_mul_ps(dmin, mn))
+    })
+}
+
+/// # Safety
+/// As for [`q4_1`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn u8min(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
+    min_kind::<false>(w, g, a, t0, nt, out, stride, |gb, h| {
+        let i = gb * GROUP + h * 8;
+        (_mm256_loadu_ps(w.fd.as_ptr().add(i)), _mm256_loadu_ps(w.fm.as_ptr().add(i)))
+    })
+}
+
+/// The kinds with unsigned weights and a minimum (Q4_1, Q4K: nibble tiles; U8Min: byte tiles):
+/// `scale_min(gb, h)` gives the block's scale and minimum of rows `8h..8h+8`.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn min_kind<const NIBBLES: bool>(
+    w: &QMatrix,
+    g: usize,
+    a: &QuantActs,
+    t0: usize,
+    nt: usize,
+    out: *mut f32,
+    stride: usize,
+    scale_min: impl Fn(usize, usize) -> (__m256, __m256),
+) {
+    let nb = w.blocks();
+    let tb = w.kind.tile_bytes();
     let mask = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
     for h in 0..2 {
@@ -29,24 +83,24 @@ pub unsafe fn q4_1(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, o
         let mut macc = [_mm256_setzero_ps(); 4];
         for b in 0..nb {
             let gb = g * nb + b;
-            let tile = w.qs.as_ptr().add(gb * 256 + h * 32);
-            let dw = load_f16x8(w.d.as_ptr().add(gb * GROUP + h * 8));
-            let mw = load_f16x8(w.m.as_ptr().add(gb * GROUP + h * 8));
+            let tile = w.qs.as_ptr().add(gb * tb + h * 32);
+            let (dw, mw) = scale_min(gb, h);
             let mut wv = [_mm256_setzero_si256(); 8];
-            for p in 0..4 {
-                let l = _mm256_loadu_si256(tile.add(p * 64) as *const __m256i);
-                wv[p] = _mm256_and_si256(l, mask);
-                wv[p + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(l), mask);
+            if NIBBLES {
+                for p in 0..4 {
+                    let l = _mm256_loadu_si256(tile.add(p * 64) as *const __m256i);
+                    wv[p] = _mm256_and_si256(l, mask);
+                    wv[p + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(l), mask);
+                }
+            } else {
+                for (j, v) in wv.iter_mut().enumerate() {
+                    *v = _mm256_loadu_si256(tile.add(j * 64) as *const __m256i);
+                }
             }
             for tt in 0..nt {
                 let ti = (t0 + tt) * nb + b;
                 let x = a.qs.as_ptr().add(ti * QK) as *const u8;
-                // 8 products of at most 15 * 127 * 2 each stay inside i16.
-                let mut s16 = _mm256_maddubs_epi16(wv[0], bcast4(x, 0));
-                for (j, wj) in wv.iter().enumerate().skip(1) {
-                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(*wj, bcast4(x, j)));
-                }
-                let isum = _mm256_madd_epi16(s16, ones);
+                let isum = _mm256_add_epi32(unsigned_dot4(&wv, x, 0, ones), unsigned_dot4(&wv, x, 4, ones));
                 let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*a.d.get_unchecked(ti)));
                 acc[tt] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[tt]);
                 macc[tt] = _mm256_fmadd_ps(mw, _mm256_set1_ps(*a.s.get_unchecked(ti)), macc[tt]);
@@ -56,6 +110,18 @@ pub unsafe fn q4_1(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, o
             _mm256_storeu_ps(out.add(tt * stride + h * 8), _mm256_add_ps(acc[tt], macc[tt]));
         }
     }
+}
+
+/// Sums of unsigned weights `wv[j0..j0+4]` times the matching signed activation quads, per row.
+/// Pair products are at most 31 * 127 * 2, so four such sums stay inside i16 (eight would for
+/// nibbles, but the same split serves both).
+#[inline(always)]
+unsafe fn unsigned_dot4(wv: &[__m256i; 8], x: *const u8, j0: usize, ones: __m256i) -> __m256i {
+    let mut s16 = _mm256_maddubs_epi16(wv[j0], bcast4(x, j0));
+    for (j, wj) in wv.iter().enumerate().skip(j0 + 1).take(3) {
+        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(*wj, bcast4(x, j)));
+    }
+    _mm256_madd_epi16(s16, ones)
 }
 
 /// # Safety
@@ -87,6 +153,49 @@ pub unsafe fn q8_0(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, o
                 }
                 let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*a.d.get_unchecked(ti)));
                 *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, *acc);
+            }
+        }
+        let zero = _mm256_setzero_ps();
+        for (tt, acc) in acc.iter().enumerate().take(nt) {
+            _mm256_storeu_ps(out.add(tt * stride + h * 8), _mm256_add_ps(*acc, zero));
+        }
+    }
+}
+
+/// # Safety
+/// As for [`q4_1`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q6k(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
+    let nb = w.blocks();
+    let ones = _mm256_set1_epi16(1);
+    for h in 0..2 {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for b in 0..nb {
+            let gb = g * nb + b;
+            let tile = w.qs.as_ptr().add(gb * 512 + h * 32);
+            let (lo, hi) = (gb * 2 * GROUP + h * 8, (gb * 2 + 1) * GROUP + h * 8);
+            let (s_lo, s_hi) = (_mm256_loadu_ps(w.fd.as_ptr().add(lo)), _mm256_loadu_ps(w.fd.as_ptr().add(hi)));
+            let mut wabs = [_mm256_setzero_si256(); 8];
+            let mut wv = [_mm256_setzero_si256(); 8];
+            for j in 0..8 {
+                wv[j] = _mm256_loadu_si256(tile.add(j * 64) as *const __m256i);
+                wabs[j] = _mm256_sign_epi8(wv[j], wv[j]);
+            }
+            for (tt, acc) in acc.iter_mut().enumerate().take(nt) {
+                let ti = (t0 + tt) * nb + b;
+                let x = a.qs.as_ptr().add(ti * QK) as *const u8;
+                // |w| <= 32, so four pair sums (at most 4 * 2 * 32 * 127) stay inside i16.
+                let half = |j0: usize| {
+                    let mut s16 = _mm256_setzero_si256();
+                    for j in j0..j0 + 4 {
+                        let p = _mm256_maddubs_epi16(wabs[j], _mm256_sign_epi8(bcast4(x, j), wv[j]));
+                        s16 = _mm256_add_epi16(s16, p);
+                    }
+                    _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones))
+                };
+                let dx = _mm256_set1_ps(*a.d.get_unchecked(ti));
+                *acc = _mm256_fmadd_ps(half(0), _mm256_mul_ps(s_lo, dx), *acc);
+                *acc = _mm256_fmadd_ps(half(4), _mm256_mul_ps(s_hi, dx), *acc);
             }
         }
         let zero = _mm256_setzero_ps();

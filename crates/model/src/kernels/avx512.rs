@@ -3,12 +3,23 @@
 
 use std::arch::x86_64::*;
 
-use crate::qmatrix::{QMatrix, GROUP};
+use crate::qmatrix::{QMatrix, GROUP, KBLOCKS};
 use crate::quant::{QuantActs, QK};
 
 #[inline(always)]
 unsafe fn load_f16x16(p: *const u16) -> __m512 {
     _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+}
+
+#[inline(always)]
+unsafe fn load_u8x16(p: *const u8) -> __m512 {
+    _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i)))
+}
+
+/// `-v` exactly (a sign flip; `_mm512_xor_ps` would need avx512dq).
+#[inline(always)]
+unsafe fn neg(v: __m512) -> __m512 {
+    _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), _mm512_set1_epi32(i32::MIN)))
 }
 
 #[inline(always)]
@@ -38,20 +49,104 @@ pub unsafe fn q4_1(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, o
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
 unsafe fn q4_1_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, out: *mut f32, stride: usize) {
+    min_kind_n::<NT, true, Q4_1Scales>(w, g, a, t0, out, stride)
+}
+
+/// # Safety
+/// As for [`q4_1`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
+pub unsafe fn q4k(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
+    dispatch_nt!(q4k_n, w, g, a, t0, nt, out, stride)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
+unsafe fn q4k_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, out: *mut f32, stride: usize) {
+    min_kind_n::<NT, true, Q4kScales>(w, g, a, t0, out, stride)
+}
+
+/// # Safety
+/// As for [`q4_1`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
+pub unsafe fn u8min(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
+    dispatch_nt!(u8min_n, w, g, a, t0, nt, out, stride)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
+unsafe fn u8min_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, out: *mut f32, stride: usize) {
+    min_kind_n::<NT, false, U8MinScales>(w, g, a, t0, out, stride)
+}
+
+/// Where a min kind keeps its scales and minimums: those of the 16 rows of block `b` of group
+/// `g`. (Methods, not closures: a closure does not inherit the caller's target features unless
+/// it is inlined, and an outlined one is slower than the whole kernel.)
+trait ScaleMin {
+    unsafe fn scale_min(w: &QMatrix, g: usize, b: usize) -> (__m512, __m512);
+}
+
+struct Q4_1Scales;
+impl ScaleMin for Q4_1Scales {
+    #[inline(always)]
+    unsafe fn scale_min(w: &QMatrix, g: usize, b: usize) -> (__m512, __m512) {
+        let i = (g * w.blocks() + b) * GROUP;
+        (load_f16x16(w.d.as_ptr().add(i)), load_f16x16(w.m.as_ptr().add(i)))
+    }
+}
+
+struct Q4kScales;
+impl ScaleMin for Q4kScales {
+    #[inline(always)]
+    unsafe fn scale_min(w: &QMatrix, g: usize, b: usize) -> (__m512, __m512) {
+        let nb = w.blocks();
+        let si = (g * (nb / KBLOCKS) + b / KBLOCKS) * GROUP;
+        let i = (g * nb + b) * GROUP;
+        // d * sc and dmin * mn are exact in f32 (11-bit by 6-bit products); negating the
+        // factor negates the product exactly.
+        let d = load_f16x16(w.d.as_ptr().add(si));
+        let dmin = neg(load_f16x16(w.m.as_ptr().add(si)));
+        let (sc, mn) = (load_u8x16(w.sc.as_ptr().add(i)), load_u8x16(w.mn.as_ptr().add(i)));
+        (_mm512_mul_ps(d, sc), _mm512_mul_ps(dmin, mn))
+    }
+}
+
+struct U8MinScales;
+impl ScaleMin for U8MinScales {
+    #[inline(always)]
+    unsafe fn scale_min(w: &QMatrix, g: usize, b: usize) -> (__m512, __m512) {
+        let i = (g * w.blocks() + b) * GROUP;
+        (_mm512_loadu_ps(w.fd.as_ptr().add(i)), _mm512_loadu_ps(w.fm.as_ptr().add(i)))
+    }
+}
+
+/// The kinds with unsigned weights and a minimum (Q4_1, Q4K: nibble tiles; U8Min: byte tiles).
+#[inline(always)]
+unsafe fn min_kind_n<const NT: usize, const NIBBLES: bool, S: ScaleMin>(
+    w: &QMatrix,
+    g: usize,
+    a: &QuantActs,
+    t0: usize,
+    out: *mut f32,
+    stride: usize,
+) {
     let nb = w.blocks();
+    let tb = w.kind.tile_bytes();
     let mask = _mm512_set1_epi8(0x0F);
     let mut acc = [_mm512_setzero_ps(); NT];
     let mut macc = [_mm512_setzero_ps(); NT];
     for b in 0..nb {
         let gb = g * nb + b;
-        let tile = w.qs.as_ptr().add(gb * 256);
-        let dw = load_f16x16(w.d.as_ptr().add(gb * GROUP));
-        let mw = load_f16x16(w.m.as_ptr().add(gb * GROUP));
+        let tile = w.qs.as_ptr().add(gb * tb);
+        let (dw, mw) = S::scale_min(w, g, b);
         let mut wv = [_mm512_setzero_si512(); 8];
-        for p in 0..4 {
-            let l = _mm512_loadu_si512(tile.add(p * 64) as *const _);
-            wv[p] = _mm512_and_si512(l, mask);
-            wv[p + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(l), mask);
+        if NIBBLES {
+            for p in 0..4 {
+                let l = _mm512_loadu_si512(tile.add(p * 64) as *const _);
+                wv[p] = _mm512_and_si512(l, mask);
+                wv[p + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(l), mask);
+            }
+        } else {
+            for (j, v) in wv.iter_mut().enumerate() {
+                *v = _mm512_loadu_si512(tile.add(j * 64) as *const _);
+            }
         }
         for tt in 0..NT {
             let ti = (t0 + tt) * nb + b;
@@ -115,6 +210,53 @@ unsafe fn q8_0_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usiz
     let zero = _mm512_setzero_ps();
     for (tt, acc) in acc.iter().enumerate() {
         // Q8_0 has no minimum term; adding zero keeps the final rounding identical to scalar.
+        _mm512_storeu_ps(out.add(tt * stride), _mm512_add_ps(*acc, zero));
+    }
+}
+
+/// # Safety
+/// As for [`q4_1`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
+pub unsafe fn q6k(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
+    dispatch_nt!(q6k_n, w, g, a, t0, nt, out, stride)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
+unsafe fn q6k_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, out: *mut f32, stride: usize) {
+    let nb = w.blocks();
+    let mut acc = [_mm512_setzero_ps(); NT];
+    for b in 0..nb {
+        let gb = g * nb + b;
+        let tile = w.qs.as_ptr().add(gb * 512);
+        let (lo, hi) = (gb * 2 * GROUP, (gb * 2 + 1) * GROUP);
+        let (s_lo, s_hi) = (_mm512_loadu_ps(w.fd.as_ptr().add(lo)), _mm512_loadu_ps(w.fd.as_ptr().add(hi)));
+        let corr_lo = _mm512_loadu_si512(w.wsum128.as_ptr().add(lo) as *const _);
+        let corr_hi = _mm512_loadu_si512(w.wsum128.as_ptr().add(hi) as *const _);
+        let mut wv = [_mm512_setzero_si512(); 8];
+        for (j, v) in wv.iter_mut().enumerate() {
+            *v = _mm512_loadu_si512(tile.add(j * 64) as *const _);
+        }
+        for (tt, acc) in acc.iter_mut().enumerate() {
+            let ti = (t0 + tt) * nb + b;
+            // As in Q8_0, with elements 0..16 (wv[0..4]) and 16..32 (wv[4..8]) summed apart.
+            let x = a.qs_offset.as_ptr().add(ti * QK);
+            let mut l0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), bcast4(x, 0), wv[0]);
+            let mut h0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), bcast4(x, 4), wv[4]);
+            let mut l1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), bcast4(x, 1), wv[1]);
+            let mut h1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), bcast4(x, 5), wv[5]);
+            l0 = _mm512_dpbusd_epi32(l0, bcast4(x, 2), wv[2]);
+            h0 = _mm512_dpbusd_epi32(h0, bcast4(x, 6), wv[6]);
+            l1 = _mm512_dpbusd_epi32(l1, bcast4(x, 3), wv[3]);
+            h1 = _mm512_dpbusd_epi32(h1, bcast4(x, 7), wv[7]);
+            let isum_lo = _mm512_sub_epi32(_mm512_add_epi32(l0, l1), corr_lo);
+            let isum_hi = _mm512_sub_epi32(_mm512_add_epi32(h0, h1), corr_hi);
+            let dx = _mm512_set1_ps(*a.d.get_unchecked(ti));
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum_lo), _mm512_mul_ps(s_lo, dx), *acc);
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum_hi), _mm512_mul_ps(s_hi, dx), *acc);
+        }
+    }
+    let zero = _mm512_setzero_ps();
+    for (tt, acc) in acc.iter().enumerate() {
         _mm512_storeu_ps(out.add(tt * stride), _mm512_add_ps(*acc, zero));
     }
 }

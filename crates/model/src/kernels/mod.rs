@@ -1,8 +1,9 @@
 //! Integer dot-product kernels for one group of 16 weight rows against a few tokens.
 //!
 //! Each instruction set has its own implementation of the same arithmetic (integer block sums,
-//! then `acc = fma(isum, d_w * d_x, acc)` per block in block order, plus the Q4_1 minimum term),
-//! so every kernel returns bit-identical results to the scalar one; the tests hold them to it.
+//! then `acc = fma(isum, d_w * d_x, acc)` per block in block order, plus the minimum term of the
+//! kinds that have one; Q6K per half block, see `scalar.rs`), so every kernel returns
+//! bit-identical results to the scalar one; the tests hold them to it.
 
 use std::sync::OnceLock;
 
@@ -100,6 +101,9 @@ pub unsafe fn group_dot(
             match w.kind {
                 QKind::Q4_1 => avx2::q4_1(w, g, a, t0, nt, out, stride),
                 QKind::Q8_0 => avx2::q8_0(w, g, a, t0, nt, out, stride),
+                QKind::Q4K => avx2::q4k(w, g, a, t0, nt, out, stride),
+                QKind::U8Min => avx2::u8min(w, g, a, t0, nt, out, stride),
+                QKind::Q6K => avx2::q6k(w, g, a, t0, nt, out, stride),
             }
         },
         #[cfg(target_arch = "x86_64")]
@@ -108,6 +112,9 @@ pub unsafe fn group_dot(
             match w.kind {
                 QKind::Q4_1 => avx512::q4_1(w, g, a, t0, nt, out, stride),
                 QKind::Q8_0 => avx512::q8_0(w, g, a, t0, nt, out, stride),
+                QKind::Q4K => avx512::q4k(w, g, a, t0, nt, out, stride),
+                QKind::U8Min => avx512::u8min(w, g, a, t0, nt, out, stride),
+                QKind::Q6K => avx512::q6k(w, g, a, t0, nt, out, stride),
             }
         },
         #[cfg(not(target_arch = "x86_64"))]

@@ -1,20 +1,16 @@
 //! The portable kernel and the definition the SIMD kernels are tested against.
+//!
+//! Per block and row: integer sums of weight x activation values, then
+//! `acc = fma(isum, d_w * d_x, acc)`; the min kinds (Q4_1, Q4K, U8Min) also
+//! `macc = fma(m_w, s_x, macc)`; Q6K instead sums each half block apart and applies
+//! `acc = fma(isum_lo, s_lo * d_x, acc)`, then `acc = fma(isum_hi, s_hi * d_x, acc)`.
+//! The result is `acc + macc` (macc is 0 for Q8_0 and Q6K).
 
 use crate::qmatrix::{QKind, QMatrix, GROUP};
 use crate::quant::{QuantActs, QK};
 
-fn weight(w: &QMatrix, tile: &[u8], r: usize, k: usize) -> i32 {
-    match w.kind {
-        QKind::Q4_1 => {
-            let (j, e) = (k / 4, k % 4);
-            if j < 4 {
-                (tile[j * 64 + r * 4 + e] & 0x0F) as i32
-            } else {
-                (tile[(j - 4) * 64 + r * 4 + e] >> 4) as i32
-            }
-        }
-        QKind::Q8_0 => tile[(k / 4) * 64 + r * 4 + k % 4] as i8 as i32,
-    }
+fn dot(w: &[i32], x: &[i8]) -> i32 {
+    w.iter().zip(x).map(|(&wv, &xv)| wv * xv as i32).sum()
 }
 
 /// # Safety
@@ -22,6 +18,7 @@ fn weight(w: &QMatrix, tile: &[u8], r: usize, k: usize) -> i32 {
 pub unsafe fn group_dot(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
     let nb = w.blocks();
     let tb = w.kind.tile_bytes();
+    let with_min = matches!(w.kind, QKind::Q4_1 | QKind::Q4K | QKind::U8Min);
     let mut acc = [[0f32; GROUP]; super::TOKENS_PER_TILE];
     let mut macc = [[0f32; GROUP]; super::TOKENS_PER_TILE];
     let mut row = [0i32; QK];
@@ -31,17 +28,22 @@ pub unsafe fn group_dot(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usi
         for r in 0..GROUP {
             // Unpack the row's block once, then reuse it for every token of the tile.
             for (k, v) in row.iter_mut().enumerate() {
-                *v = weight(w, tile, r, k);
+                *v = w.tile_value(tile, r, k);
             }
-            let dw = half::f16::from_bits(w.d[gb * GROUP + r]).to_f32();
-            let m = if w.kind == QKind::Q4_1 { half::f16::from_bits(w.m[gb * GROUP + r]).to_f32() } else { 0.0 };
             for tt in 0..nt {
                 let ti = (t0 + tt) * nb + b;
                 let x = &a.qs[ti * QK..(ti + 1) * QK];
-                let isum: i32 = row.iter().zip(x).map(|(&wv, &xv)| wv * xv as i32).sum();
-                acc[tt][r] = (isum as f32).mul_add(dw * a.d[ti], acc[tt][r]);
-                if w.kind == QKind::Q4_1 {
-                    macc[tt][r] = m.mul_add(a.s[ti], macc[tt][r]);
+                let acc = &mut acc[tt][r];
+                if w.kind == QKind::Q6K {
+                    let (lo, hi) = w.half_scales(g, b, r);
+                    *acc = (dot(&row[..16], &x[..16]) as f32).mul_add(lo * a.d[ti], *acc);
+                    *acc = (dot(&row[16..], &x[16..]) as f32).mul_add(hi * a.d[ti], *acc);
+                } else {
+                    let (dw, m) = w.scale_min(g, b, r);
+                    *acc = (dot(&row, x) as f32).mul_add(dw * a.d[ti], *acc);
+                    if with_min {
+                        macc[tt][r] = m.mul_add(a.s[ti], macc[tt][r]);
+                    }
                 }
             }
         }
