@@ -75,6 +75,9 @@ impl QKind {
 /// for `Q4K`). Per-row parameters are stored 16 rows at a time, `[group][block][16]` unless noted.
 pub struct QMatrix {
     pub kind: QKind,
+    /// How activations are quantized against it: as llama.cpp does for the file's type (Q8_K
+    /// for K-quants), so products agree with the reference implementation.
+    pub act: ActFormat,
     pub rows: usize,
     pub cols: usize,
     /// Quantized values, `[group][block][tile_bytes]`.
@@ -135,6 +138,9 @@ impl QMatrix {
             }
         }
         let mut w = Self::zeroed(kind, rows, cols);
+        if parts.iter().all(|p| matches!(p.0, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)) {
+            w.act = ActFormat::Q8K;
+        }
         let mut row = 0;
         for &(ty, n, data) in parts {
             let (be, bb) = ty.block();
@@ -156,6 +162,7 @@ impl QMatrix {
         use QKind::*;
         QMatrix {
             kind,
+            act: kind.act_format(),
             rows,
             cols,
             qs: vec![0; n / GROUP * kind.tile_bytes()],
@@ -302,5 +309,5 @@ impl QMatrix {
 
 /// Quantizes `x` (`t` rows of `cols`) in the format `w` needs.
 pub fn quantize_for(w: &QMatrix, x: &[f32], t: usize, acts: &mut QuantActs) {
-    acts.quantize(x, t, w.cols, w.kind.act_format());
+    acts.quantize(x, t, w.cols, w.act);
 }

@@ -37,16 +37,24 @@ pub struct QuantActs {
     pub s: Vec<f32>,
 }
 
-/// The two activation formats: Q8_1 keeps the block sum needed by Q4_1's offset term.
+/// The activation formats: Q8_1 keeps the block sum needed by Q4_1's offset term; Q8_K is
+/// llama.cpp's format against K-quant weights (one f32 scale per 256, block sums kept).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum ActFormat {
     Q8_1,
     Q8_0,
+    Q8K,
 }
+
+/// Elements per Q8_K block.
+pub const QK_K: usize = 256;
 
 impl QuantActs {
     /// Quantizes `rows` rows of length `k` (a multiple of 32) from `x`.
     pub fn quantize(&mut self, x: &[f32], rows: usize, k: usize, fmt: ActFormat) {
+        if fmt == ActFormat::Q8K && k.is_multiple_of(QK_K) {
+            return self.quantize_q8k(x, rows, k);
+        }
         #[cfg(target_arch = "x86_64")]
         {
             if is_x86_feature_detected!("avx512f")
@@ -120,7 +128,7 @@ impl QuantActs {
     fn finish_block(&mut self, bi: usize, d: f32, sum: i32, fmt: ActFormat) {
         self.d[bi] = round_f16(d);
         self.s[bi] = match fmt {
-            ActFormat::Q8_1 => round_f16(d * sum as f32),
+            ActFormat::Q8_1 | ActFormat::Q8K => round_f16(d * sum as f32),
             ActFormat::Q8_0 => 0.0,
         };
     }
@@ -129,6 +137,37 @@ impl QuantActs {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn quantize_avx2(&mut self, x: &[f32], rows: usize, k: usize, fmt: ActFormat) {
         self.quantize_impl(x, rows, k, fmt)
+    }
+
+    /// ggml's `quantize_row_q8_K_ref`: per 256, the element of largest magnitude maps to -127
+    /// (the scale keeps its sign and stays f32), values round half to even. Stored as eight
+    /// blocks of 32 sharing that scale, each with its own sum, which is the shape the kernels
+    /// read; the products they form are the ones llama.cpp's K-quant dot products form.
+    fn quantize_q8k(&mut self, x: &[f32], rows: usize, k: usize) {
+        self.prepare(x, rows, k);
+        for (sb, src) in x[..rows * k].chunks_exact(QK_K).enumerate() {
+            let (mut amax, mut max) = (0f32, 0f32);
+            for &v in src {
+                if v.abs() > amax {
+                    amax = v.abs();
+                    max = v;
+                }
+            }
+            let iscale = if amax != 0.0 { -127.0 / max } else { 0.0 };
+            let d = if amax != 0.0 { 1.0 / iscale } else { 0.0 };
+            for (j, blk) in src.chunks_exact(QK).enumerate() {
+                let bi = sb * (QK_K / QK) + j;
+                let mut sum = 0i32;
+                for (e, &v) in blk.iter().enumerate() {
+                    let r = ((iscale * v).round_ties_even() as i32).min(127);
+                    self.qs[bi * QK + e] = r as i8;
+                    self.qs_offset[bi * QK + e] = (r + 128) as u8;
+                    sum += r;
+                }
+                self.d[bi] = d;
+                self.s[bi] = d * sum as f32;
+            }
+        }
     }
 
     /// The definition the SIMD path is tested against.
@@ -201,5 +240,21 @@ mod tests {
         }
         let sum0: i32 = a.qs[..32].iter().map(|&q| q as i32).sum();
         assert!((a.s[0] - a.d[0] * sum0 as f32).abs() < 1e-2);
+    }
+
+    #[test]
+    fn q8k_maps_the_largest_magnitude_to_minus_127_and_shares_one_scale_per_256() {
+        let mut x: Vec<f32> = (0..512).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01).collect();
+        x[3] = 2.0;
+        let mut a = QuantActs::default();
+        a.quantize(&x, 1, 512, ActFormat::Q8K);
+        assert_eq!(a.qs[3], -127);
+        assert!(a.d[..8].iter().all(|&d| d == a.d[0]) && a.d[0] < 0.0);
+        for (i, &v) in x.iter().enumerate() {
+            let d = a.d[i / 32];
+            assert!((a.qs[i] as f32 * d - v).abs() <= d.abs() * 0.5 + 1e-6, "{i}");
+        }
+        let sum0: i32 = a.qs[..32].iter().map(|&q| q as i32).sum();
+        assert_eq!(a.s[0], a.d[0] * sum0 as f32);
     }
 }

@@ -112,11 +112,7 @@ impl LlamaWeights {
             };
             layers.push(Layer {
                 attn_norm: vector(f, &n("attn_norm"), c.n_embd)?,
-                wqkv: stacked(
-                    f,
-                    &[(&n("attn_q"), q_dim), (&n("attn_k"), kv_dim), (&n("attn_v"), kv_dim)],
-                    c.n_embd,
-                )?,
+                wqkv: stacked(f, &[(&n("attn_q"), q_dim), (&n("attn_k"), kv_dim), (&n("attn_v"), kv_dim)], c.n_embd)?,
                 wo: matrix(f, &n("attn_output"), q_dim, c.n_embd)?,
                 ffn_norm: vector(f, &n("ffn_norm"), c.n_embd)?,
                 w_gate_up: stacked(f, &[(&n("ffn_gate"), c.n_ff), (&n("ffn_up"), c.n_ff)], c.n_embd)?,

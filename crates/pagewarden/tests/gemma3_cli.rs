@@ -31,10 +31,7 @@ fn gemma3_tokenize_matches_llamacpp_with_and_without_special_parsing() {
     for case in reference()["tokenizer"].as_array().unwrap() {
         let text = case["text"].as_str().unwrap();
         assert_eq!(ok_json(&["tokenize", "--model", &model, text]), case["token_ids_no_parse_special"]);
-        assert_eq!(
-            ok_json(&["tokenize", "--model", &model, "--parse-special", text]),
-            case["token_ids_parse_special"]
-        );
+        assert_eq!(ok_json(&["tokenize", "--model", &model, "--parse-special", text]), case["token_ids_parse_special"]);
     }
 }
 
@@ -43,18 +40,27 @@ fn gemma3_greedy_generation_matches_llamacpp_up_to_a_near_tie() {
     let model = gemma();
     for case in reference()["greedy"].as_array().unwrap() {
         let prompt = case["prompt"].as_str().unwrap();
-        let out = ok_json(&["generate", "--model", &model, prompt, "--max-tokens", "16", "--json"]);
+        let out =
+            ok_json(&["generate", "--model", &model, prompt, "--max-tokens", "16", "--top-logprobs", "5", "--json"]);
         // The prompt is counted with the BOS token llama.cpp adds for this vocabulary.
         assert_eq!(out["prompt_tokens"], case["prompt_token_ids"].as_array().unwrap().len());
         let ours: Vec<u64> = out["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
         let want: Vec<u64> = case["tokens"].as_array().unwrap().iter().map(|t| t.as_u64().unwrap()).collect();
-        // Equal, or parting where llama.cpp's own top two were within 0.1 nats.
+        // Equal, or parting at a near-tie: the two candidates within 0.1 nats of each other in
+        // llama.cpp's distribution or in ours (the rule of the default model's agreement test).
         let split = ours.iter().zip(&want).position(|(a, b)| a != b);
         if let Some(i) = split {
-            let top = case["probs"][i]["top_logprobs"].as_array().unwrap();
-            let lp = |id: u64| top.iter().find(|t| t["id"] == id).map(|t| t["logprob"].as_f64().unwrap());
-            let gap = lp(want[i]).zip(lp(ours[i])).map(|(a, b)| (a - b).abs());
-            assert!(gap.is_some_and(|g| g < 0.1), "{}: parted at {i} without a near-tie: {ours:?}", case["id"]);
+            let theirs = case["probs"][i]["top_logprobs"].as_array().unwrap();
+            let lp = |id: u64| theirs.iter().find(|t| t["id"] == id).map(|t| t["logprob"].as_f64().unwrap());
+            let their_gap = lp(want[i]).zip(lp(ours[i])).map(|(a, b)| (a - b).abs());
+            let mine = out["logprobs"][i]["top"].as_array().unwrap();
+            let lp = |id: u64| mine.iter().find(|t| t[0] == id).map(|t| t[1].as_f64().unwrap());
+            let our_gap = lp(want[i]).zip(lp(ours[i])).map(|(a, b)| (a - b).abs());
+            assert!(
+                their_gap.is_some_and(|g| g < 0.1) || our_gap.is_some_and(|g| g < 0.1),
+                "{}: parted at {i} without a near-tie ({their_gap:?} / {our_gap:?}): {ours:?}",
+                case["id"]
+            );
         }
     }
 }
