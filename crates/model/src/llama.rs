@@ -20,8 +20,8 @@ use crate::quant::QuantActs;
 use crate::threads::ComputePool;
 use crate::weights::LlamaWeights;
 
-/// Query rows per attention task: small enough to balance threads on a long prefill, large
-/// enough that gathering the keys is amortized.
+/// Most query rows per attention task: small enough to balance threads on a long prefill,
+/// large enough that gathering the keys is amortized.
 const ATTN_ROWS_PER_TASK: usize = 128;
 
 /// Which logits a sequence wants back from a step.
@@ -233,11 +233,14 @@ impl Llama {
                 let view = s.kv.layer(li, s.start + n)?;
                 inputs.push(AttnInput { q: &q[off * q_dim..(off + n) * q_dim], start: s.start, n, view });
             }
+            // With few KV heads (Gemma 270M has one) blocks of 128 rows would leave threads
+            // idle: aim for about eight tasks per thread, each row's result is the same anyway.
+            let per_task = (t * c.n_kv_heads).div_ceil(self.pool.threads() * 8).clamp(16, ATTN_ROWS_PER_TASK);
             let mut tasks: Vec<(usize, usize, std::ops::Range<usize>)> = Vec::new();
             for (si, inp) in inputs.iter().enumerate() {
                 for h in 0..c.n_kv_heads {
-                    for r0 in (0..inp.n).step_by(ATTN_ROWS_PER_TASK) {
-                        tasks.push((si, h, r0..(r0 + ATTN_ROWS_PER_TASK).min(inp.n)));
+                    for r0 in (0..inp.n).step_by(per_task) {
+                        tasks.push((si, h, r0..(r0 + per_task).min(inp.n)));
                     }
                 }
             }

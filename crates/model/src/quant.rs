@@ -46,6 +46,14 @@ pub enum ActFormat {
     Q8K,
 }
 
+/// ggml's `nearest_int`: round half to even through the float adder (|x| < 2^22), which
+/// compiles to two instructions where `round_ties_even` may become a libm call.
+#[inline(always)]
+fn nearest_int(x: f32) -> i32 {
+    let v = x + 12_582_912.0;
+    (v.to_bits() & 0x007f_ffff) as i32 - 0x0040_0000
+}
+
 /// Elements per Q8_K block.
 pub const QK_K: usize = 256;
 
@@ -159,7 +167,7 @@ impl QuantActs {
                 let bi = sb * (QK_K / QK) + j;
                 let mut sum = 0i32;
                 for (e, &v) in blk.iter().enumerate() {
-                    let r = ((iscale * v).round_ties_even() as i32).min(127);
+                    let r = nearest_int(iscale * v).min(127);
                     self.qs[bi * QK + e] = r as i8;
                     self.qs_offset[bi * QK + e] = (r + 128) as u8;
                     sum += r;
