@@ -57,6 +57,33 @@ pub struct EngineStats {
     pub cached_pages_by_tenant: Vec<(TenantId, usize)>,
 }
 
+impl EngineStats {
+    /// Adds `other`'s figures (another engine's) to these.
+    pub fn absorb(&mut self, other: &EngineStats) {
+        self.queued += other.queued;
+        self.running += other.running;
+        self.pages_total += other.pages_total;
+        self.pages_used += other.pages_used;
+        self.steps += other.steps;
+        self.prefill_tokens += other.prefill_tokens;
+        self.decode_tokens += other.decode_tokens;
+        self.cached_tokens += other.cached_tokens;
+        self.cached_pages += other.cached_pages;
+        for (dst, src) in [
+            (&mut self.pages_by_tenant, &other.pages_by_tenant),
+            (&mut self.cached_pages_by_tenant, &other.cached_pages_by_tenant),
+        ] {
+            for &(t, n) in src {
+                match dst.iter_mut().find(|(u, _)| *u == t) {
+                    Some((_, m)) => *m += n,
+                    None => dst.push((t, n)),
+                }
+            }
+            dst.sort_by_key(|(t, _)| t.0);
+        }
+    }
+}
+
 /// What a page is used for, as the operator's map shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]

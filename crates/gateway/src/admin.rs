@@ -75,7 +75,7 @@ pub async fn state(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Respo
 pub fn snapshot(st: &AppState) -> Value {
     // Workers sharing one engine (the roles of `serve`) share one pool: one map for them.
     let mut engines: Vec<(u64, Vec<Value>, &cluster::proto::Stats)> = Vec::new();
-    let workers = st.backend.worker_info();
+    let workers: Vec<_> = st.backends().flat_map(|b| b.worker_info()).collect();
     let mut list = Vec::new();
     let mut violations: std::collections::BTreeMap<String, u64> =
         st.metrics.violation_counts().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
@@ -121,7 +121,7 @@ pub fn snapshot(st: &AppState) -> Value {
         })
         .collect();
     json!({
-        "model": st.settings.model_name,
+        "model": st.models.iter().map(|m| m.name.as_str()).collect::<Vec<_>>().join(", "),
         "time": std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or_default(),
         "draining": st.is_draining(),
         "workers": list,

@@ -16,14 +16,13 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
-use sampling::StopTokens;
-use text::{ChatTemplate, Tokenizer};
 use tokio::sync::mpsc;
 
 use crate::api;
 use crate::error::ApiError;
 use crate::limits::Limiter;
 use crate::metrics::Metrics;
+use crate::served::Models;
 use crate::settings::ApiSettings;
 use crate::state::AppState;
 use crate::tenants::{bearer_matches, TenantDirectory, Tenants};
@@ -63,7 +62,7 @@ async fn health() -> Response {
 async fn ready(State(st): State<Arc<AppState>>) -> Response {
     if st.is_draining() {
         text_response(StatusCode::SERVICE_UNAVAILABLE, "application/json", r#"{"status":"draining"}"#.into())
-    } else if !st.backend.can_route() {
+    } else if !st.backends().all(|b| b.can_route()) {
         text_response(StatusCode::SERVICE_UNAVAILABLE, "application/json", r#"{"status":"no_workers"}"#.into())
     } else {
         text_response(StatusCode::OK, "application/json", r#"{"status":"ready"}"#.into())
@@ -93,15 +92,20 @@ async fn metrics_open(State(st): State<Arc<AppState>>) -> Response {
 }
 
 fn metrics_text(st: &AppState) -> Response {
-    let stats = st.backend.stats();
+    let mut stats = engine::EngineStats::default();
+    for b in st.backends() {
+        stats.absorb(&b.stats());
+    }
     let tenants = st.tenants.current();
     let mut e = Exposition::new();
     st.metrics.expose(&mut e, &stats, |t| {
         let name = st.settings.tenant_names.then(|| tenants.by_id(t).map(|x| x.config.name.clone())).flatten();
         name.unwrap_or_else(|| t.0.to_string())
     });
-    crate::metrics::expose_workers(&mut e, &st.backend.worker_info());
-    cluster::metrics::expose_link_failures(&mut e, &vec![], &st.backend.link_failures());
+    let workers: Vec<_> = st.backends().flat_map(|b| b.worker_info()).collect();
+    crate::metrics::expose_workers(&mut e, &workers);
+    let failures: Vec<_> = st.backends().flat_map(|b| b.link_failures()).collect();
+    cluster::metrics::expose_link_failures(&mut e, &vec![], &failures);
     text_response(StatusCode::OK, exposition::CONTENT_TYPE, e.text())
 }
 
@@ -187,7 +191,9 @@ pub fn apply_tenants(st: &AppState, next: Tenants) {
     let count = next.len();
     st.limiter.reconfigure(next.iter().map(|t| (t.id, &t.config)));
     let revoked = st.tenants.replace(next);
-    st.backend.set_tenants(table, &revoked);
+    for b in st.backends() {
+        b.set_tenants(table.clone(), &revoked);
+    }
     let ids: Vec<u64> = revoked.iter().map(|t| t.0).collect();
     tracing::info!(tenants = count, revoked = ?ids, "tenants reloaded (revoked: removed or key rotated)");
 }
@@ -202,17 +208,12 @@ pub struct HttpSetup {
     /// SHA-256 of the `[admin]` key the dashboard asks for (`None`: no dashboard).
     pub admin_key: Option<[u8; 32]>,
     pub settings: ApiSettings,
-    /// The cluster: in-process workers (`serve`) or registered remote ones (`gateway`).
-    pub backend: cluster::Router,
+    /// The served models, each with its cluster: in-process workers (`serve`) or registered
+    /// remote ones (`gateway`).
+    pub models: Models,
     pub tenants: Tenants,
     /// The development tenant's key file, when it is the only tenant (printed with an example).
     pub dev_key: Option<PathBuf>,
-    pub tokenizer: Tokenizer,
-    pub template: ChatTemplate,
-    /// Compiles `response_format` and tool schemas (a bad one is a 400 before anything runs).
-    pub grammars: grammar::Grammars,
-    /// The served context window.
-    pub context: usize,
     /// New tenant tables from the deployment (a SIGHUP reload), installed as they come.
     pub tenant_updates: Option<mpsc::UnboundedReceiver<Tenants>>,
     /// `[usage]`: the usage log, if one is kept.
@@ -237,36 +238,26 @@ where
         metrics_token,
         admin_key,
         settings,
-        backend,
+        models,
         tenants,
         dev_key,
-        tokenizer,
-        template,
-        grammars,
-        context,
         tenant_updates,
         usage,
         tls,
     } = setup;
     let usage = usage.map(UsageLog::open).transpose()?;
-    let stop_tokens = StopTokens::new(tokenizer.stop_tokens());
     let limiter = Limiter::new(tenants.iter().map(|t| (t.id, &t.config)));
     let started_at =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default();
     let drain_timeout = settings.limits.drain_timeout;
     let st = Arc::new(AppState {
-        backend,
-        tokenizer,
-        template,
-        grammars,
-        stop_tokens,
+        models,
         tenants: TenantDirectory::new(tenants),
         limiter,
         metrics: Metrics::default(),
         usage,
         metrics_token,
         admin_key,
-        context,
         draining: AtomicBool::new(false),
         inflight: AtomicUsize::new(0),
         next_id: AtomicU64::new(1),
@@ -327,7 +318,7 @@ where
              application/json' -d '{{\"model\":\"{}\",\"messages\":[{{\"role\":\"user\",\"content\":\"Hi\"}}]}}'",
             path.display(),
             path.display(),
-            st.settings.model_name
+            st.models.first().name
         );
     }
     ready(addr);
@@ -350,7 +341,7 @@ where
         "draining: new requests get 503"
     );
     st.draining.store(true, Ordering::SeqCst);
-    st.backend.stop_admitting();
+    st.backends().for_each(|b| b.stop_admitting());
     if !wait_idle(&st, Instant::now() + drain_timeout).await {
         tracing::warn!(
             inflight = st.inflight.load(Ordering::SeqCst),
@@ -358,7 +349,7 @@ where
         );
     }
     on_drain_timeout();
-    st.backend.fail_all();
+    st.backends().for_each(|b| b.fail_all());
     wait_idle(&st, Instant::now() + Duration::from_secs(5)).await;
     let _ = stop_tx.send(());
     // Let open connections close (bounded: a stuck client must not hold the exit).

@@ -22,6 +22,7 @@ pub mod error;
 pub mod http;
 pub mod limits;
 pub mod metrics;
+pub mod served;
 pub mod settings;
 pub mod state;
 pub mod tenants;

@@ -241,6 +241,7 @@ mod tests {
             max_queued,
             tokens_per_minute: tpm,
             max_body_bytes: None,
+            models: None,
         }
     }
 

@@ -7,8 +7,6 @@ use std::time::Duration;
 /// The API's own settings.
 #[derive(Debug, Clone)]
 pub struct ApiSettings {
-    /// The model name requests must name (and `/v1/models` lists).
-    pub model_name: String,
     pub limits: Limits,
     /// Tenant labels in `/metrics` are names (true) or numeric ids (false, the default).
     pub tenant_names: bool,
@@ -42,6 +40,14 @@ pub struct TenantConfig {
     pub tokens_per_minute: u64,
     /// Overrides `[limits] max_body_bytes` for this tenant.
     pub max_body_bytes: Option<usize>,
+    /// The models this tenant may use (`None`: every served model).
+    pub models: Option<Vec<String>>,
+}
+
+impl TenantConfig {
+    pub fn may_use(&self, model: &str) -> bool {
+        self.models.as_ref().is_none_or(|m| m.iter().any(|n| n == model))
+    }
 }
 
 impl std::fmt::Debug for TenantConfig {
@@ -53,6 +59,7 @@ impl std::fmt::Debug for TenantConfig {
             .field("max_queued", &self.max_queued)
             .field("tokens_per_minute", &self.tokens_per_minute)
             .field("max_body_bytes", &self.max_body_bytes)
+            .field("models", &self.models)
             .finish_non_exhaustive()
     }
 }

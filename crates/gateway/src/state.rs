@@ -1,25 +1,19 @@
-//! What every handler shares: the settings, the cluster, the tokenizer, tenants, limits,
-//! metrics and the drain flag. The server builds it once; the API handlers read it.
+//! What every handler shares: the settings, the served models, tenants, limits, metrics and
+//! the drain flag. The server builds it once; the API handlers read it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use sampling::StopTokens;
-use text::{ChatTemplate, Tokenizer};
-
 use crate::limits::Limiter;
 use crate::metrics::Metrics;
+use crate::served::Models;
 use crate::settings::ApiSettings;
 use crate::tenants::TenantDirectory;
 
 /// What every handler shares.
 pub struct AppState {
     pub settings: ApiSettings,
-    /// The cluster: in-process workers (`serve`) or registered remote ones (`gateway`).
-    pub backend: cluster::Router,
-    pub tokenizer: Tokenizer,
-    pub template: ChatTemplate,
-    pub grammars: grammar::Grammars,
-    pub stop_tokens: StopTokens,
+    /// The served models, each with its cluster, vocabulary and template.
+    pub models: Models,
     /// Replaced whole on SIGHUP.
     pub tenants: TenantDirectory,
     pub limiter: Limiter,
@@ -30,8 +24,6 @@ pub struct AppState {
     pub metrics_token: Option<[u8; 32]>,
     /// SHA-256 of the `[admin]` key: the dashboard's (`None`: no dashboard).
     pub admin_key: Option<[u8; 32]>,
-    /// The served context window (at most the model's).
-    pub context: usize,
     pub draining: AtomicBool,
     /// API requests being handled (including streams still sending).
     pub inflight: AtomicUsize,
@@ -43,5 +35,10 @@ pub struct AppState {
 impl AppState {
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Every model's cluster.
+    pub fn backends(&self) -> impl Iterator<Item = &cluster::Router> {
+        self.models.iter().map(|m| &m.backend)
     }
 }

@@ -152,6 +152,7 @@ mod tests {
             max_queued: 1,
             tokens_per_minute: 0,
             max_body_bytes: None,
+            models: None,
         }
     }
 

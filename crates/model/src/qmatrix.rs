@@ -22,19 +22,24 @@ pub const KBLOCKS: usize = QK_K / QK;
 
 /// The kernel formats. Tiles hold 32 elements of each of 16 rows: the nibble formats as
 /// `tile[p*64 + r*4 + e]` = element 4p+e (low nibble) and 16+4p+e (high nibble) of row r, the
-/// byte formats as `tile[j*64 + r*4 + e]` = element 4j+e.
+/// byte formats as `tile[j*64 + r*4 + e]` = element 4j+e. Every tile byte is unsigned: the
+/// signed formats store value + [`QKind::offset`], so that weights are the unsigned operand of
+/// the kernels' u8 x i8 products and the offset is taken back out with the activations'
+/// per-half-block sums (`offset * sum(x)`), which costs the weights no extra bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QKind {
     /// 4-bit unsigned with per-block f16 scale and minimum (Q4_1); activations in Q8_1.
     Q4_1,
-    /// 8-bit signed with per-block f16 scale (Q8_0, Q4_0 as q-8, Q5_0 as q-16); activations in Q8_0.
+    /// 8-bit signed, stored + 128, with per-block f16 scale (Q8_0, Q4_0 as q-8, Q5_0 as q-16);
+    /// activations in Q8_0.
     Q8_0,
     /// 4-bit unsigned as Q4_1, scale `d*sc` and minimum `-dmin*mn` from the superblock's f16
     /// `d`, `dmin` and the block's 6-bit `sc`, `mn` (Q4_K); activations in Q8_1.
     Q4K,
     /// 8-bit unsigned (0..31) with per-block f32 scale and minimum (Q5_1, Q5_K); activations in Q8_1.
     U8Min,
-    /// 8-bit signed (-32..31) with an f32 scale per 16 elements (Q6_K); activations in Q8_0.
+    /// 8-bit signed (-32..31), stored + 32, with an f32 scale per 16 elements (Q6_K);
+    /// activations in Q8_0.
     Q6K,
 }
 
@@ -66,6 +71,15 @@ impl QKind {
         }
     }
 
+    /// What the tiles add to each signed value (0 for the unsigned kinds).
+    pub const fn offset(self) -> i32 {
+        match self {
+            QKind::Q8_0 => 128,
+            QKind::Q6K => 32,
+            QKind::Q4_1 | QKind::Q4K | QKind::U8Min => 0,
+        }
+    }
+
     fn nibbles(self) -> bool {
         self.tile_bytes() == GROUP * QK / 2
     }
@@ -93,9 +107,6 @@ pub struct QMatrix {
     pub fd: Vec<f32>,
     /// U8Min: block minimums.
     pub fm: Vec<f32>,
-    /// Q8_0: 128 * sum of the block's values; Q6K: of each half block, `[group][block][half][16]`.
-    /// Corrects for the activations being fed as value + 128 to an unsigned x signed instruction.
-    pub wsum128: Vec<i32>,
 }
 
 impl QMatrix {
@@ -172,7 +183,6 @@ impl QMatrix {
             mn: vec![0; per(kind == Q4K, n)],
             fd: vec![0.0; per(kind == U8Min, n) + per(kind == Q6K, 2 * n)],
             fm: vec![0.0; per(kind == U8Min, n)],
-            wsum128: vec![0; per(kind == Q8_0, n) + per(kind == Q6K, 2 * n)],
         }
     }
 
@@ -191,16 +201,17 @@ impl QMatrix {
                 }
             }
         } else {
+            let off = self.kind.offset() as u8;
             for j in 0..8 {
-                tile[j * 64 + r * 4..][..4].copy_from_slice(&q[4 * j..4 * j + 4]);
+                for e in 0..4 {
+                    tile[j * 64 + r * 4 + e] = q[4 * j + e].wrapping_add(off);
+                }
             }
         }
-        let sum = |s: &[u8]| 128 * s.iter().map(|&v| v as i8 as i32).sum::<i32>();
         let half = (gb * 2 * GROUP) + r;
         match blk.scale {
             Scale::F16 { d } => {
                 self.d[i] = d;
-                self.wsum128[i] = sum(q);
             }
             Scale::F16Min { d, m } => {
                 self.d[i] = d;
@@ -220,8 +231,6 @@ impl QMatrix {
             Scale::Halves { lo, hi } => {
                 self.fd[half] = lo;
                 self.fd[half + GROUP] = hi;
-                self.wsum128[half] = sum(&q[..16]);
-                self.wsum128[half + GROUP] = sum(&q[16..]);
             }
         }
     }
@@ -261,7 +270,7 @@ impl QMatrix {
             QKind::Q4_1 | QKind::Q4K if j < 4 => (tile[j * 64 + r * 4 + e] & 0x0F) as i32,
             QKind::Q4_1 | QKind::Q4K => (tile[(j - 4) * 64 + r * 4 + e] >> 4) as i32,
             QKind::U8Min => tile[j * 64 + r * 4 + e] as i32,
-            QKind::Q8_0 | QKind::Q6K => tile[j * 64 + r * 4 + e] as i8 as i32,
+            QKind::Q8_0 | QKind::Q6K => tile[j * 64 + r * 4 + e] as i32 - self.kind.offset(),
         }
     }
 
@@ -303,7 +312,7 @@ impl QMatrix {
             + 2 * (self.d.len() + self.m.len())
             + self.sc.len()
             + self.mn.len()
-            + 4 * (self.fd.len() + self.fm.len() + self.wsum128.len())
+            + 4 * (self.fd.len() + self.fm.len())
     }
 }
 

@@ -25,14 +25,16 @@ pub fn f16_bits_to_f32(lo: u8, hi: u8) -> f32 {
 pub use crate::dequant::{dequant_q4_0, dequant_q4_1, dequant_q8_0};
 
 /// Rows of activations quantized to 8 bits per block of 32, kept in the shape the kernels read:
-/// signed values, their offset-binary copy (value + 128, for unsigned x signed instructions),
-/// the block scale `d` and, for Q8_1, `s = d * sum(q)`.
+/// signed values, the integer sums of each half block (elements 0..16 and 16..32: weights fed
+/// as value + offset to an unsigned x signed instruction are corrected by offset x these), the
+/// block scale `d` and, for Q8_1, `s = d * sum(q)`.
 #[derive(Default)]
 pub struct QuantActs {
     pub rows: usize,
     pub blocks_per_row: usize,
     pub qs: Vec<i8>,
-    pub qs_offset: Vec<u8>,
+    /// `[block][half]`.
+    pub xsum16: Vec<i32>,
     pub d: Vec<f32>,
     pub s: Vec<f32>,
 }
@@ -92,7 +94,6 @@ impl QuantActs {
         // Largest float below 0.5: trunc(x + copysign(this, x)) rounds half away from zero
         // exactly, as `f32::round` does.
         let below_half = _mm512_set1_epi32(0.49999997f32.to_bits() as i32);
-        let bias = _mm512_set1_epi32(128);
         for bi in 0..rows * k / QK {
             let p = x.as_ptr().add(bi * QK);
             let (a, b) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
@@ -110,14 +111,13 @@ impl QuantActs {
                 _mm512_cvttps_epi32(r)
             };
             let (ra, rb) = (q(a), q(b));
-            let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(ra, rb));
+            let (lo, hi) = (_mm512_reduce_add_epi32(ra), _mm512_reduce_add_epi32(rb));
             let qs = self.qs.as_mut_ptr().add(bi * QK) as *mut __m128i;
             _mm_storeu_si128(qs, _mm512_cvtepi32_epi8(ra));
             _mm_storeu_si128(qs.add(1), _mm512_cvtepi32_epi8(rb));
-            let off = self.qs_offset.as_mut_ptr().add(bi * QK) as *mut __m128i;
-            _mm_storeu_si128(off, _mm512_cvtepi32_epi8(_mm512_add_epi32(ra, bias)));
-            _mm_storeu_si128(off.add(1), _mm512_cvtepi32_epi8(_mm512_add_epi32(rb, bias)));
-            self.finish_block(bi, d, sum, fmt);
+            *self.xsum16.get_unchecked_mut(2 * bi) = lo;
+            *self.xsum16.get_unchecked_mut(2 * bi + 1) = hi;
+            self.finish_block(bi, d, lo + hi, fmt);
         }
     }
 
@@ -127,7 +127,7 @@ impl QuantActs {
         self.rows = rows;
         self.blocks_per_row = nb;
         self.qs.resize(rows * k, 0);
-        self.qs_offset.resize(rows * k, 0);
+        self.xsum16.resize(2 * rows * nb, 0);
         self.d.resize(rows * nb, 0.0);
         self.s.resize(rows * nb, 0.0);
     }
@@ -165,13 +165,14 @@ impl QuantActs {
             let d = if amax != 0.0 { 1.0 / iscale } else { 0.0 };
             for (j, blk) in src.chunks_exact(QK).enumerate() {
                 let bi = sb * (QK_K / QK) + j;
-                let mut sum = 0i32;
+                let mut sums = [0i32; 2];
                 for (e, &v) in blk.iter().enumerate() {
                     let r = nearest_int(iscale * v).min(127);
                     self.qs[bi * QK + e] = r as i8;
-                    self.qs_offset[bi * QK + e] = (r + 128) as u8;
-                    sum += r;
+                    sums[e / 16] += r;
                 }
+                let sum = sums[0] + sums[1];
+                self.xsum16[2 * bi..2 * bi + 2].copy_from_slice(&sums);
                 self.d[bi] = d;
                 self.s[bi] = d * sum as f32;
             }
@@ -196,17 +197,16 @@ impl QuantActs {
             let d = amax / 127.0;
             let id = if d != 0.0 { 1.0 / d } else { 0.0 };
             let q = &mut self.qs[bi * QK..(bi + 1) * QK];
-            let off = &mut self.qs_offset[bi * QK..(bi + 1) * QK];
-            let mut sum = 0i32;
-            for ((qi, oi), &v) in q.iter_mut().zip(off.iter_mut()).zip(src) {
+            let mut sums = [0i32; 2];
+            for (e, (qi, &v)) in q.iter_mut().zip(src).enumerate() {
                 // Round half away from zero, as roundf does in ggml's reference quantizer;
                 // |v * id| <= 127 so the conversion cannot saturate.
                 let r = (v * id).round() as i32;
                 *qi = r as i8;
-                *oi = (r + 128) as u8;
-                sum += r;
+                sums[e / 16] += r;
             }
-            self.finish_block(bi, d, sum, fmt);
+            self.xsum16[2 * bi..2 * bi + 2].copy_from_slice(&sums);
+            self.finish_block(bi, d, sums[0] + sums[1], fmt);
         }
     }
 }
@@ -229,7 +229,7 @@ mod tests {
             want.quantize_impl(&x, 8, 512, fmt);
             got.quantize(&x, 8, 512, fmt);
             assert_eq!(want.qs, got.qs);
-            assert_eq!(want.qs_offset, got.qs_offset);
+            assert_eq!(want.xsum16, got.xsum16);
             assert_eq!(want.d, got.d);
             assert_eq!(want.s, got.s);
         }
@@ -244,7 +244,9 @@ mod tests {
             let d = a.d[i / 32];
             let back = a.qs[i] as f32 * d;
             assert!((back - v).abs() <= d * 0.5 + 1e-3, "{i}: {v} vs {back}");
-            assert_eq!(a.qs_offset[i] as i32 - 128, a.qs[i] as i32);
+        }
+        for (h, &s) in a.xsum16.iter().enumerate() {
+            assert_eq!(s, a.qs[h * 16..(h + 1) * 16].iter().map(|&q| q as i32).sum::<i32>());
         }
         let sum0: i32 = a.qs[..32].iter().map(|&q| q as i32).sum();
         assert!((a.s[0] - a.d[0] * sum0 as f32).abs() < 1e-2);

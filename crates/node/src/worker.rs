@@ -38,10 +38,11 @@ pub struct WorkerOverrides {
 impl WorkerOverrides {
     /// The configuration file (or the defaults) with these overrides applied.
     fn config(&self) -> Result<Config, ServeError> {
-        let mut config = match &self.config {
+        let config = match &self.config {
             Some(p) => Config::load(p)?,
             None => Config::default(),
         };
+        let mut config = config.single_model("a prefill or decode worker")?;
         let c = &mut config.cluster;
         if let Some(v) = &self.gateway {
             c.gateway.clone_from(v);

@@ -52,6 +52,8 @@ pub struct RequestLog {
     /// Whether the request was submitted (its prompt computed or taken from the cache).
     pub ran: bool,
     pub cached_tokens: usize,
+    /// The model the request named, once validated (the usage log's `model`).
+    pub model: Option<String>,
     started: Instant,
     armed: bool,
 }
@@ -75,6 +77,7 @@ impl RequestLog {
             billed: None,
             ran: false,
             cached_tokens: 0,
+            model: None,
             started: Instant::now(),
             armed: true,
         }
@@ -97,6 +100,7 @@ impl RequestLog {
             billed: self.billed.take(),
             ran: self.ran,
             cached_tokens: self.cached_tokens,
+            model: self.model.take(),
             started: self.started,
             armed: true,
         }
@@ -117,7 +121,7 @@ impl RequestLog {
                 request: self.id,
                 tenant: tenant.0,
                 tenant_name: name.to_string(),
-                model: self.st.settings.model_name.clone(),
+                model: self.model.clone().unwrap_or_else(|| "-".into()),
                 endpoint: self.endpoint.to_string(),
                 status: self.status,
                 outcome: self.outcome.to_string(),
@@ -213,7 +217,9 @@ pub async fn models(State(st): State<Arc<AppState>>, headers: HeaderMap) -> Resp
             log.tenant = t.id.0.to_string();
             log.status = 200;
             log.outcome = "ok";
-            json_response(StatusCode::OK, &types::models(&st.settings.model_name, st.started_at, st.context))
+            let served: Vec<(&str, usize)> =
+                st.models.allowed(&t.config).map(|m| (m.name.as_str(), m.context)).collect();
+            json_response(StatusCode::OK, &types::models(&served, st.started_at))
         }
         Err(e) => reject(&st, &mut log, e),
     }
@@ -261,8 +267,9 @@ async fn generate_inner(
     if st.is_draining() {
         return Err(ApiError::draining());
     }
-    // Taken before the key is checked: a revocation after it ends this request.
-    let mark = st.backend.revocation_mark();
+    // Taken before the key is checked: a revocation after it ends this request (each model's
+    // cluster counts its own).
+    let marks: Vec<u64> = st.backends().map(|b| b.revocation_mark()).collect();
     let tenant = authenticate(st, req.headers())?;
     log.tenant = tenant.id.0.to_string();
     log.billed = Some((tenant.id, tenant.config.name.clone()));
@@ -278,11 +285,14 @@ async fn generate_inner(
         .map_err(|_| ApiError::body_timeout(body_timeout.as_millis()))??;
 
     // Rendering and tokenizing a large prompt is CPU work: keep it off the async workers.
-    let st2 = st.clone();
-    let v = tokio::task::spawn_blocking(move || validate(&body, endpoint, &st2))
+    let (st2, tenant_config) = (st.clone(), tenant.config.clone());
+    let v = tokio::task::spawn_blocking(move || validate(&body, endpoint, &st2, &tenant_config))
         .await
         .map_err(|e| ApiError::internal(format!("validation task failed: {e}")))??;
     log.prompt_tokens = v.prompt.len();
+    log.model = Some(v.model.name.clone());
+    let model = v.model.clone();
+    let mark = st.models.iter().position(|m| Arc::ptr_eq(m, &model)).and_then(|i| marks.get(i).copied()).unwrap_or(0);
 
     // Every choice computes its prompt and may generate max_tokens.
     permit.charge(v.choices * (v.prompt.len() + v.max_tokens))?;
@@ -304,16 +314,17 @@ async fn generate_inner(
             prompt: v.prompt.clone(),
             max_tokens: v.max_tokens,
             sampling: v.sampling.with_seed(seed),
-            stop_tokens: if v.ignore_eos { sampling::StopTokens::new([]) } else { st.stop_tokens.clone() },
+            stop_tokens: if v.ignore_eos { sampling::StopTokens::new([]) } else { model.stop_tokens.clone() },
             deadline: Some(arrived + st.settings.limits.request_timeout),
             cache_salt: v.cache_salt.clone(),
             constraint: v.constraint.clone(),
         };
         // A refusal drops the choices submitted so far, which cancels them.
-        let rs = st.backend.submit(gen_req, mark).map_err(|e| ApiError::admission(&e, prompt_param))?;
+        let rs = model.backend.submit(gen_req, mark).map_err(|e| ApiError::admission(&e, prompt_param))?;
         log.ran = true;
         gens.push(Generation::new(
             st.clone(),
+            model.clone(),
             rs,
             permit.clone(),
             v.stop.clone(),
@@ -325,7 +336,7 @@ async fn generate_inner(
         ));
     }
     drop(permit);
-    let meta = ResponseMeta::new(endpoint, log.id, &st.settings.model_name);
+    let meta = ResponseMeta::new(endpoint, log.id, &model.name);
 
     // Nothing is sent before every choice has its first result: a failure up to here is a
     // proper HTTP error.
@@ -339,7 +350,7 @@ async fn generate_inner(
     }
     if v.stream {
         let shape = stream::Shape { include_usage: v.include_usage, echo: v.echo, tools: v.tools };
-        return Ok(sse_response(st.clone(), started, meta, shape, log.take()));
+        return Ok(sse_response(model.clone(), started, meta, shape, log.take()));
     }
 
     let mut choices = Vec::with_capacity(started.len());
@@ -357,7 +368,7 @@ async fn generate_inner(
                     lps.extend(logprobs);
                 }
                 Some(Step::Done { reason, usage }) => {
-                    let logprobs = v.logprobs.map(|_| logprobs_json(endpoint, &st.tokenizer, &lps, 0));
+                    let logprobs = v.logprobs.map(|_| logprobs_json(endpoint, &model.tokenizer, &lps, 0));
                     // A complete answer that is a call becomes `tool_calls`.
                     let call = v.tools.as_ref().filter(|_| reason == "stop").and_then(|t| t.call(&text));
                     let (reason, tool_calls) = match call {

@@ -26,6 +26,7 @@ use super::types::{finish_reason, logprobs_json, ResponseMeta, TokenLogprob, Usa
 use super::RequestLog;
 use crate::error::ApiError;
 use crate::limits::SharedPermit;
+use crate::served::ServedModel;
 use crate::state::AppState;
 
 /// Cuts text at the first stop string; holds back a tail that could be the start of one.
@@ -86,6 +87,8 @@ pub enum Step {
 /// A running request, seen as text.
 pub struct Generation {
     st: Arc<AppState>,
+    /// The model it runs on (its vocabulary decodes the tokens).
+    model: Arc<ServedModel>,
     rs: Option<RequestStream>,
     permit: SharedPermit,
     dec: StreamDecoder,
@@ -108,6 +111,7 @@ impl Generation {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         st: Arc<AppState>,
+        model: Arc<ServedModel>,
         rs: RequestStream,
         permit: SharedPermit,
         stops: Vec<String>,
@@ -119,6 +123,7 @@ impl Generation {
     ) -> Self {
         Generation {
             st,
+            model,
             rs: Some(rs),
             permit,
             dec: StreamDecoder::new(),
@@ -180,7 +185,7 @@ impl Generation {
                     }
                     self.last_token = Some(now);
                     self.completion_tokens += 1;
-                    let piece = match self.dec.push(&self.st.tokenizer, t.token) {
+                    let piece = match self.dec.push(&self.model.tokenizer, t.token) {
                         Ok(p) => p,
                         Err(e) => {
                             self.end();
@@ -279,7 +284,7 @@ struct ChoiceStep {
 /// client that goes away closes the channel, which ends the forwarders, whose dropped
 /// generations cancel their requests.
 pub fn sse_response(
-    st: Arc<AppState>,
+    model: Arc<ServedModel>,
     gens: Vec<(Generation, Step)>,
     meta: ResponseMeta,
     shape: Shape,
@@ -341,7 +346,7 @@ pub fn sse_response(
                 Step::Text { text, .. } if tools.is_some() => held[index].push_str(&text),
                 Step::Text { text, logprobs } => {
                     let lp = (!logprobs.is_empty())
-                        .then(|| logprobs_json(meta.endpoint, &st.tokenizer, &logprobs, offset[index]));
+                        .then(|| logprobs_json(meta.endpoint, &model.tokenizer, &logprobs, offset[index]));
                     offset[index] += text.len();
                     frames.push(frame(&meta.chunk(index, &text, first_chunk[index], None, lp, include_usage)));
                     first_chunk[index] = false;

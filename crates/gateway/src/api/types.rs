@@ -239,16 +239,20 @@ pub fn logprobs_json(endpoint: Endpoint, tok: &Tokenizer, lps: &[TokenLogprob], 
 /// llama-server and OpenRouter name it) and `batch_invariant`: a request's tokens and log-probs
 /// do not depend on what else is in its batch, so an auditor may hold every answer under load
 /// to be bit-identical to the same request run alone.
-pub fn models(model: &str, created: u64, context: usize) -> Value {
-    json!({
-        "object": "list",
-        "data": [{
-            "id": model,
-            "object": "model",
-            "created": created,
-            "owned_by": "pagewarden",
-            "context_length": context,
-            "batch_invariant": true,
-        }],
-    })
+/// `/v1/models`: `(name, context window)` of each model the caller may use.
+pub fn models(models: &[(&str, usize)], created: u64) -> Value {
+    let data: Vec<Value> = models
+        .iter()
+        .map(|(id, context)| {
+            json!({
+                "id": id,
+                "object": "model",
+                "created": created,
+                "owned_by": "pagewarden",
+                "context_length": context,
+                "batch_invariant": true,
+            })
+        })
+        .collect();
+    json!({ "object": "list", "data": data })
 }

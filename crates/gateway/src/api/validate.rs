@@ -10,7 +10,11 @@ use serde_json::{Map, Value};
 use super::tools::Tools;
 use text::ChatMessage;
 
+use std::sync::Arc;
+
 use crate::error::ApiError;
+use crate::served::ServedModel;
+use crate::settings::TenantConfig;
 use crate::state::AppState;
 
 /// Which API a request came through.
@@ -46,6 +50,8 @@ pub struct Sealed(());
 #[derive(Debug)]
 pub struct Validated {
     pub endpoint: Endpoint,
+    /// The model the request named (one its tenant may use).
+    pub model: Arc<ServedModel>,
     pub prompt: Vec<u32>,
     /// `n`: how many independent choices to generate for the prompt.
     pub choices: usize,
@@ -238,8 +244,9 @@ fn chat_messages(o: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
         .collect()
 }
 
-/// Validates `body` for `endpoint` against the server's model, limits and engine door.
-pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Validated, ApiError> {
+/// Validates `body` for `endpoint` from `tenant` against the model it names (one the tenant
+/// may use), the limits and the engine door.
+pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState, tenant: &TenantConfig) -> Result<Validated, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::malformed(format!("the request body is not valid JSON: {e}")))?;
     let Value::Object(o) = value else {
@@ -247,11 +254,11 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
     };
 
     super::fields::check(&o, endpoint)?;
-    match get_str(&o, "model")? {
+    let model = match get_str(&o, "model")? {
         None => return Err(ApiError::invalid_param("model", "`model` is required")),
-        Some(m) if m != st.settings.model_name => return Err(ApiError::model_not_found(m)),
-        Some(_) => {}
-    }
+        Some(m) => st.models.resolve(tenant, m)?,
+    };
+    let m = &*model;
     let choices = match get_i64(&o, "n")? {
         None => 1,
         Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => n as usize,
@@ -340,7 +347,7 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
         b = b.seed(v as u64);
     }
     b = b.top_logprobs(logprobs.unwrap_or(0));
-    b = b.logit_bias(logit_bias(&o, st.tokenizer.vocab_size())?);
+    b = b.logit_bias(logit_bias(&o, m.tokenizer.vocab_size())?);
     let sampling = b.build().map_err(|e| match e {
         sampling::SamplingError::InvalidParam { field, .. } => {
             let field = if field == "top_logprobs" { top_param } else { field };
@@ -377,7 +384,7 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
             "`ignore_eos` cannot be combined with `response_format`",
         ));
     }
-    let constraint = output.map(|f| st.grammars.compile(&f)).transpose().map_err(|e| {
+    let constraint = output.map(|f| m.grammars.compile(&f)).transpose().map_err(|e| {
         ApiError::invalid_param(if tools.is_some() { "tools" } else { "response_format" }, e.to_string())
     })?;
     let cache_salt = match get_str(&o, "cache_salt")? {
@@ -401,7 +408,7 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
                     _ => messages.insert(0, ChatMessage::new("system", t.system_text())),
                 }
             }
-            let rendered = st.template.render(&messages, true).map_err(|e| {
+            let rendered = m.template.render(&messages, true).map_err(|e| {
                 ApiError::invalid_param("messages", format!("the chat template refused the messages: {e}"))
             })?;
             // As llama.cpp does, the rendered template is tokenized with special-token parsing on,
@@ -409,7 +416,7 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
             // text inside a user's message becomes a control token (prompt-structure injection: a user
             // can close their turn and forge another). It is the behaviour clients expect from
             // llama.cpp-compatible servers; the model, not the server, is the trust boundary here.
-            st.tokenizer
+            m.tokenizer
                 .encode_prompt(&rendered, true)
                 .map_err(|e| ApiError::invalid_param("messages", format!("cannot tokenize the messages: {e}")))?
         }
@@ -423,7 +430,7 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
                 echo = Some(text.to_string());
             }
             // Raw text: control-token texts stay plain text.
-            st.tokenizer
+            m.tokenizer
                 .encode_prompt(text, false)
                 .map_err(|e| ApiError::invalid_param("prompt", format!("cannot tokenize the prompt: {e}")))?
         }
@@ -432,18 +439,18 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
     // Default: what is left of the context window, at most the configured default (at least 1,
     // so that a prompt that fills the window is reported as too long, not as max_tokens = 0).
     let max_tokens = max_tokens
-        .unwrap_or_else(|| st.settings.limits.max_tokens_default.min(st.context.saturating_sub(prompt.len())).max(1));
+        .unwrap_or_else(|| st.settings.limits.max_tokens_default.min(m.context.saturating_sub(prompt.len())).max(1));
     // The incident (a build for the audit's self-test only): a prompt over the window becomes a
     // one-token placeholder instead of a refusal, and is answered, with `usage` counting the
     // placeholder.
     #[cfg(feature = "incident-replay")]
-    let prompt = match st.backend.check(&prompt, max_tokens) {
-        Err(engine::AdmissionError::ContextLengthExceeded { .. }) if 1 + max_tokens <= st.context => {
+    let prompt = match m.backend.check(&prompt, max_tokens) {
+        Err(engine::AdmissionError::ContextLengthExceeded { .. }) if 1 + max_tokens <= m.context => {
             prompt[..1].to_vec()
         }
         _ => prompt,
     };
-    st.backend.check(&prompt, max_tokens).map_err(|e| ApiError::admission(&e, endpoint.prompt_param()))?;
+    m.backend.check(&prompt, max_tokens).map_err(|e| ApiError::admission(&e, endpoint.prompt_param()))?;
     // After the door check, so a request over the window is still told its lengths.
     let ceiling = st.settings.limits.max_tokens_ceiling;
     if max_tokens > ceiling {
@@ -455,6 +462,7 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState) -> Result<Valida
 
     Ok(Validated {
         endpoint,
+        model,
         prompt,
         choices,
         echo,

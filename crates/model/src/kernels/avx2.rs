@@ -130,6 +130,7 @@ unsafe fn unsigned_dot4(wv: &[__m256i; 8], x: *const u8, j0: usize, ones: __m256
 pub unsafe fn q8_0(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
     let nb = w.blocks();
     let ones = _mm256_set1_epi16(1);
+    let bias = _mm256_set1_epi8(i8::MIN);
     for h in 0..2 {
         let mut acc = [_mm256_setzero_ps(); 4];
         for b in 0..nb {
@@ -139,7 +140,8 @@ pub unsafe fn q8_0(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, o
             let mut wabs = [_mm256_setzero_si256(); 8];
             let mut wv = [_mm256_setzero_si256(); 8];
             for j in 0..8 {
-                wv[j] = _mm256_loadu_si256(tile.add(j * 64) as *const __m256i);
+                // Stored as value + 128: flipping the top bit gives the signed value back.
+                wv[j] = _mm256_xor_si256(_mm256_loadu_si256(tile.add(j * 64) as *const __m256i), bias);
                 wabs[j] = _mm256_sign_epi8(wv[j], wv[j]);
             }
             for (tt, acc) in acc.iter_mut().enumerate().take(nt) {
@@ -168,6 +170,7 @@ pub unsafe fn q8_0(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, o
 pub unsafe fn q6k(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
     let nb = w.blocks();
     let ones = _mm256_set1_epi16(1);
+    let bias = _mm256_set1_epi8(32);
     for h in 0..2 {
         let mut acc = [_mm256_setzero_ps(); 4];
         for b in 0..nb {
@@ -178,7 +181,8 @@ pub unsafe fn q6k(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, ou
             let mut wabs = [_mm256_setzero_si256(); 8];
             let mut wv = [_mm256_setzero_si256(); 8];
             for j in 0..8 {
-                wv[j] = _mm256_loadu_si256(tile.add(j * 64) as *const __m256i);
+                // Stored as value + 32.
+                wv[j] = _mm256_sub_epi8(_mm256_loadu_si256(tile.add(j * 64) as *const __m256i), bias);
                 wabs[j] = _mm256_sign_epi8(wv[j], wv[j]);
             }
             for (tt, acc) in acc.iter_mut().enumerate().take(nt) {

@@ -186,21 +186,22 @@ unsafe fn q8_0_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usiz
         let gb = g * nb + b;
         let tile = w.qs.as_ptr().add(gb * 512);
         let dw = load_f16x16(w.d.as_ptr().add(gb * GROUP));
-        let corr = _mm512_loadu_si512(w.wsum128.as_ptr().add(gb * GROUP) as *const _);
         let mut wv = [_mm512_setzero_si512(); 8];
         for (j, v) in wv.iter_mut().enumerate() {
             *v = _mm512_loadu_si512(tile.add(j * 64) as *const _);
         }
         for (tt, acc) in acc.iter_mut().enumerate() {
             let ti = (t0 + tt) * nb + b;
-            // Activations enter as value + 128 (unsigned); subtracting 128 * sum(w) restores
-            // the signed dot product exactly.
-            let x = a.qs_offset.as_ptr().add(ti * QK);
-            let mut s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), bcast4(x, 0), wv[0]);
-            let mut s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), bcast4(x, 1), wv[1]);
+            // Weights enter as value + 128 (unsigned); subtracting 128 * sum(x) restores the
+            // signed dot product exactly.
+            let x = a.qs.as_ptr().add(ti * QK) as *const u8;
+            let xs = a.xsum16.as_ptr().add(2 * ti);
+            let corr = _mm512_set1_epi32((*xs + *xs.add(1)) << 7);
+            let mut s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], bcast4(x, 0));
+            let mut s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[1], bcast4(x, 1));
             for j in (2..8).step_by(2) {
-                s0 = _mm512_dpbusd_epi32(s0, bcast4(x, j), wv[j]);
-                s1 = _mm512_dpbusd_epi32(s1, bcast4(x, j + 1), wv[j + 1]);
+                s0 = _mm512_dpbusd_epi32(s0, wv[j], bcast4(x, j));
+                s1 = _mm512_dpbusd_epi32(s1, wv[j + 1], bcast4(x, j + 1));
             }
             let isum = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), corr);
             let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*a.d.get_unchecked(ti)));
@@ -230,24 +231,25 @@ unsafe fn q6k_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usize
         let tile = w.qs.as_ptr().add(gb * 512);
         let (lo, hi) = (gb * 2 * GROUP, (gb * 2 + 1) * GROUP);
         let (s_lo, s_hi) = (_mm512_loadu_ps(w.fd.as_ptr().add(lo)), _mm512_loadu_ps(w.fd.as_ptr().add(hi)));
-        let corr_lo = _mm512_loadu_si512(w.wsum128.as_ptr().add(lo) as *const _);
-        let corr_hi = _mm512_loadu_si512(w.wsum128.as_ptr().add(hi) as *const _);
         let mut wv = [_mm512_setzero_si512(); 8];
         for (j, v) in wv.iter_mut().enumerate() {
             *v = _mm512_loadu_si512(tile.add(j * 64) as *const _);
         }
         for (tt, acc) in acc.iter_mut().enumerate() {
             let ti = (t0 + tt) * nb + b;
-            // As in Q8_0, with elements 0..16 (wv[0..4]) and 16..32 (wv[4..8]) summed apart.
-            let x = a.qs_offset.as_ptr().add(ti * QK);
-            let mut l0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), bcast4(x, 0), wv[0]);
-            let mut h0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), bcast4(x, 4), wv[4]);
-            let mut l1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), bcast4(x, 1), wv[1]);
-            let mut h1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), bcast4(x, 5), wv[5]);
-            l0 = _mm512_dpbusd_epi32(l0, bcast4(x, 2), wv[2]);
-            h0 = _mm512_dpbusd_epi32(h0, bcast4(x, 6), wv[6]);
-            l1 = _mm512_dpbusd_epi32(l1, bcast4(x, 3), wv[3]);
-            h1 = _mm512_dpbusd_epi32(h1, bcast4(x, 7), wv[7]);
+            // As in Q8_0 (weights + 32 here), with elements 0..16 (wv[0..4]) and 16..32
+            // (wv[4..8]) summed apart.
+            let x = a.qs.as_ptr().add(ti * QK) as *const u8;
+            let xs = a.xsum16.as_ptr().add(2 * ti);
+            let (corr_lo, corr_hi) = (_mm512_set1_epi32(*xs << 5), _mm512_set1_epi32(*xs.add(1) << 5));
+            let mut l0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], bcast4(x, 0));
+            let mut h0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[4], bcast4(x, 4));
+            let mut l1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[1], bcast4(x, 1));
+            let mut h1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[5], bcast4(x, 5));
+            l0 = _mm512_dpbusd_epi32(l0, wv[2], bcast4(x, 2));
+            h0 = _mm512_dpbusd_epi32(h0, wv[6], bcast4(x, 6));
+            l1 = _mm512_dpbusd_epi32(l1, wv[3], bcast4(x, 3));
+            h1 = _mm512_dpbusd_epi32(h1, wv[7], bcast4(x, 7));
             let isum_lo = _mm512_sub_epi32(_mm512_add_epi32(l0, l1), corr_lo);
             let isum_hi = _mm512_sub_epi32(_mm512_add_epi32(h0, h1), corr_hi);
             let dx = _mm512_set1_ps(*a.d.get_unchecked(ti));

@@ -44,6 +44,7 @@ pub fn tenant(name: &str, key: &str, max_concurrent: usize) -> TenantConfig {
         max_queued: 32,
         tokens_per_minute: 0,
         max_body_bytes: None,
+        models: None,
     }
 }
 
