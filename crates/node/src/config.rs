@@ -254,6 +254,7 @@ impl Config {
     /// (`model`, `model_name`, `context_window`, the pool's size) replaced by the model's.
     pub fn for_model(&self, m: &ModelSettings) -> Config {
         let mut c = self.clone();
+        c.models = Vec::new();
         (c.model, c.model_package) = match &m.source {
             ModelSource::File(f) => (Some(f.clone()), None),
             ModelSource::Package(p) => (None, Some(*p)),
@@ -261,14 +262,29 @@ impl Config {
         c.model_name = m.name.clone();
         c.context_window = m.context_window;
         c.pool.size = m.pool_size;
-        c.models = vec![m.clone()];
         c
+    }
+
+    /// The served models: `[[models]]`, or the one the top-level fields describe.
+    pub fn served_models(&self) -> Vec<ModelSettings> {
+        if !self.models.is_empty() {
+            return self.models.clone();
+        }
+        vec![ModelSettings {
+            name: self.model_name.clone(),
+            source: match (&self.model, self.model_package) {
+                (Some(f), _) => ModelSource::File(f.clone()),
+                (None, p) => ModelSource::Package(p.unwrap_or(&fetch::SMOLLM2)),
+            },
+            context_window: self.context_window,
+            pool_size: self.pool.size,
+        }]
     }
 
     /// The only served model, for the roles that serve one (a worker loads one model; a
     /// `gateway` routes one for now).
     pub fn single_model(&self, role: &str) -> Result<Config, ConfigError> {
-        match self.models.as_slice() {
+        match self.served_models().as_slice() {
             [m] => Ok(self.for_model(m)),
             _ => Err(invalid(
                 "models",
@@ -319,8 +335,8 @@ pub struct Config {
     pub tls: Option<TlsSettings>,
     /// `[admin] key_file`: the dashboard's key (no dashboard without it).
     pub admin_key_file: Option<PathBuf>,
-    /// The served models (at least one; without `[[models]]`, the one the top-level fields
-    /// describe).
+    /// `[[models]]` (empty: the top-level `model`, `model_name`, `context_window` and pool
+    /// size describe the one served model; see [`Config::served_models`]).
     pub models: Vec<ModelSettings>,
     /// Empty: one development tenant (see [`crate::tenant_file::dev_tenant`]).
     pub tenants: Vec<TenantConfig>,
@@ -379,12 +395,7 @@ fn builtin_defaults() -> Config {
         usage: None,
         tls: None,
         admin_key_file: None,
-        models: vec![ModelSettings {
-            name: DEFAULT_MODEL_NAME.into(),
-            source: ModelSource::Package(&fetch::SMOLLM2),
-            context_window: None,
-            pool_size: None,
-        }],
+        models: Vec::new(),
         tenants: Vec::new(),
         last_tenant_id: 0,
         source: None,
@@ -585,15 +596,7 @@ impl Config {
         };
 
         let models = if raw.models.is_empty() {
-            vec![ModelSettings {
-                name: model_name.clone(),
-                source: match &raw.model {
-                    Some(f) => ModelSource::File(f.clone()),
-                    None => ModelSource::Package(&fetch::SMOLLM2),
-                },
-                context_window: raw.context_window,
-                pool_size: pool.size,
-            }]
+            Vec::new()
         } else {
             for (set, f) in [
                 (raw.model.is_some(), "model"),
@@ -657,8 +660,11 @@ impl Config {
                 },
                 models: match t.models {
                     Some(list) => {
-                        if let Some(m) = list.iter().find(|m| !models.iter().any(|s| &s.name == *m)) {
-                            let names: Vec<&str> = models.iter().map(|s| s.name.as_str()).collect();
+                        let names: Vec<&str> = match models.is_empty() {
+                            true => vec![model_name.as_str()],
+                            false => models.iter().map(|s| s.name.as_str()).collect(),
+                        };
+                        if let Some(m) = list.iter().find(|m| !names.contains(&m.as_str())) {
                             return Err(invalid(
                                 field("models"),
                                 format!("`{m}` is not a served model; models: {}", names.join(", ")),

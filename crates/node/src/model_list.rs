@@ -109,8 +109,9 @@ mod tests {
     #[test]
     fn without_models_the_top_level_fields_describe_the_one_model() {
         let c = Config::from_toml_str("model = \"/x.gguf\"\nmodel_name = \"x\"\ncontext_window = 512\n").unwrap();
-        assert_eq!(c.models.len(), 1);
-        assert_eq!((c.models[0].name.as_str(), c.models[0].context_window), ("x", Some(512)));
+        let m = c.served_models();
+        assert_eq!(m.len(), 1);
+        assert_eq!((m[0].name.as_str(), m[0].context_window), ("x", Some(512)));
         assert!(c.single_model("a worker").is_ok());
     }
 

@@ -35,7 +35,7 @@ where
     let net = Net::default();
     let mut running = Vec::new();
     let mut served = Vec::new();
-    for (index, m) in config.models.iter().enumerate() {
+    for (index, m) in config.served_models().iter().enumerate() {
         let cfg = config.for_model(m);
         let (model, started) = start_model(cfg, index, &net, &tenants.0).await?;
         served.push(model);
