@@ -159,12 +159,31 @@ impl Link {
         roles: &[Role],
         timeout: Duration,
     ) -> Result<Link, ClusterError> {
-        tokio::time::timeout(timeout, Self::accept_inner(io, me, roles))
+        Ok(Self::accept_among(io, me, &[me.pairing], roles, timeout).await?.0)
+    }
+
+    /// [`Link::accept_from`] for a listener that serves several models: the peer's pairing
+    /// must match one of `pairings` (in practice, its model file's digest picks one; then page
+    /// size, dtype and layout must agree with it). Returns the link and which one matched; we
+    /// answer with that pairing.
+    pub async fn accept_among(
+        io: BoxIo,
+        me: &Identity,
+        pairings: &[PairingInfo],
+        roles: &[Role],
+        timeout: Duration,
+    ) -> Result<(Link, usize), ClusterError> {
+        tokio::time::timeout(timeout, Self::accept_inner(io, me, pairings, roles))
             .await
             .map_err(|_| ClusterError::Timeout("handshaking with a peer"))?
     }
 
-    async fn accept_inner(mut io: BoxIo, me: &Identity, roles: &[Role]) -> Result<Link, ClusterError> {
+    async fn accept_inner(
+        mut io: BoxIo,
+        me: &Identity,
+        pairings: &[PairingInfo],
+        roles: &[Role],
+    ) -> Result<(Link, usize), ClusterError> {
         let answered = match read_clear(&mut io).await {
             Ok(hello) => Responder::on_hello(&me.secrets.accepted(), me.role, &hello),
             Err(ClusterError::Wire(e)) => Err(e),
@@ -188,23 +207,35 @@ impl Link {
             .await?
             .ok_or(ClusterError::Message("the peer closed the link during the handshake".into()))?;
         let checked = match HandshakeMsg::decode(&theirs)? {
-            HandshakeMsg::Pairing { role, info } if role == peer => me.pairing.check(&info).map_err(WireError::Pairing),
+            HandshakeMsg::Pairing { role, info } if role == peer => {
+                // The pairing of the same model file decides; with none, the first one's
+                // mismatch is the reason given.
+                let index = pairings.iter().position(|p| p.model_digest == info.model_digest).unwrap_or(0);
+                match pairings.get(index) {
+                    Some(p) => p.check(&info).map(|()| index).map_err(WireError::Pairing),
+                    None => Err(WireError::Malformed("no pairing to check against")),
+                }
+            }
             _ => Err(WireError::Malformed("expected the peer's pairing")),
         };
-        if let Err(e) = checked {
-            if let Some(code) = refusal(&e) {
-                let _ = write_record(&mut io, &mut sealer, HandshakeMsg::Refused(code).encode()).await;
+        let index = match checked {
+            Ok(i) => i,
+            Err(e) => {
+                if let Some(code) = refusal(&e) {
+                    let _ = write_record(&mut io, &mut sealer, HandshakeMsg::Refused(code).encode()).await;
+                }
+                return Err(e.into());
             }
-            return Err(e.into());
-        }
+        };
         // The role is checked only now, once the peer proved it holds the secret and is live:
         // an unauthenticated peer learns nothing about which roles we take.
         if !roles.contains(&peer) {
             let _ = write_record(&mut io, &mut sealer, HandshakeMsg::Refused(RefusalCode::Role).encode()).await;
             return Err(ClusterError::WrongRole { got: peer, want: roles.to_vec() });
         }
-        write_record(&mut io, &mut sealer, HandshakeMsg::Pairing { role: me.role, info: me.pairing }.encode()).await?;
-        Ok(Link { io, sealer, opener, exporter, peer })
+        write_record(&mut io, &mut sealer, HandshakeMsg::Pairing { role: me.role, info: pairings[index] }.encode())
+            .await?;
+        Ok((Link { io, sealer, opener, exporter, peer }, index))
     }
 
     /// Control-message halves.

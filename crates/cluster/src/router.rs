@@ -125,6 +125,22 @@ impl Router {
         self.inner.cfg.context
     }
 
+    pub(crate) fn identity(&self) -> Identity {
+        self.inner.cfg.identity.clone()
+    }
+
+    pub(crate) fn gate(&self) -> &HandshakeGate {
+        &self.inner.gate
+    }
+
+    pub(crate) fn handshake_timeout(&self) -> Duration {
+        self.inner.cfg.handshake_timeout
+    }
+
+    pub(crate) fn link_failure(&self, reason: &'static str) {
+        self.inner.links.failure(reason);
+    }
+
     /// Accepts worker registrations until the listener fails.
     pub async fn serve(self, mut listener: Listener) {
         loop {
@@ -156,6 +172,12 @@ impl Router {
         // Only workers register; any other role is refused inside the handshake.
         let link = Link::accept_from(io, &cfg.identity, &[Role::Prefill, Role::Decode], cfg.handshake_timeout).await?;
         drop(permit);
+        self.register(link).await
+    }
+
+    /// A worker's registration on an authenticated link, then its messages until it leaves.
+    pub(crate) async fn register(&self, link: Link) -> Result<(), ClusterError> {
+        let cfg = &self.inner.cfg;
         let role = link.peer;
         let (mut rd, mut wr) = link.split();
         let reg = match tokio::time::timeout(cfg.handshake_timeout, rd.recv::<Register>()).await {

@@ -281,15 +281,26 @@ impl Config {
         }]
     }
 
-    /// The only served model, for the roles that serve one (a worker loads one model; a
-    /// `gateway` routes one for now).
+    /// The configuration as it applies to the served model `name`.
+    pub fn model_named(&self, name: &str) -> Result<Config, ConfigError> {
+        let models = self.served_models();
+        match models.iter().find(|m| m.name == name) {
+            Some(m) => Ok(self.for_model(m)),
+            None => {
+                let names: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
+                Err(invalid("models", format!("no served model is named `{name}`; models: {}", names.join(", "))))
+            }
+        }
+    }
+
+    /// The only served model, for a worker started without `--model NAME`.
     pub fn single_model(&self, role: &str) -> Result<Config, ConfigError> {
         match self.served_models().as_slice() {
             [m] => Ok(self.for_model(m)),
             _ => Err(invalid(
                 "models",
                 format!(
-                    "{role} serves one model, and [[models]] lists {}; run `serve` for several models in one process",
+                    "{role} loads one model, and [[models]] lists {}; name it with --model NAME",
                     self.models.len()
                 ),
             )),

@@ -137,11 +137,14 @@ mod tests {
     }
 
     #[test]
-    fn roles_that_serve_one_model_refuse_several() {
+    fn a_worker_names_its_model_when_there_are_several() {
         let c =
             Config::from_toml_str("[[models]]\nname = \"a\"\nfile = \"/a\"\n[[models]]\nname = \"b\"\nfile = \"/b\"\n")
                 .unwrap();
-        let e = c.single_model("a gateway").unwrap_err().to_string();
-        assert!(e.contains("a gateway serves one model") && e.contains("serve"), "{e}");
+        let e = c.single_model("a worker").unwrap_err().to_string();
+        assert!(e.contains("a worker loads one model") && e.contains("--model NAME"), "{e}");
+        assert_eq!(c.model_named("b").unwrap().model_name, "b");
+        let e = c.model_named("z").unwrap_err().to_string();
+        assert!(e.contains("`z`") && e.contains("a, b"), "{e}");
     }
 }

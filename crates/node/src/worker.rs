@@ -33,6 +33,8 @@ pub struct WorkerOverrides {
     pub metrics_listen: Option<String>,
     /// `pool.tokens` (replacing `pool.bytes`).
     pub pool_tokens: Option<usize>,
+    /// The `[[models]]` entry to load (required when there are several).
+    pub model: Option<String>,
 }
 
 impl WorkerOverrides {
@@ -42,7 +44,10 @@ impl WorkerOverrides {
             Some(p) => Config::load(p)?,
             None => Config::default(),
         };
-        let mut config = config.single_model("a prefill or decode worker")?;
+        let mut config = match &self.model {
+            None => config.single_model("a prefill or decode worker (without --model NAME)")?,
+            Some(name) => config.model_named(name)?,
+        };
         let c = &mut config.cluster;
         if let Some(v) = &self.gateway {
             c.gateway.clone_from(v);

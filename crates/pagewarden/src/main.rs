@@ -137,6 +137,9 @@ struct WorkerArgs {
     /// KV pool size in tokens, overriding `pool.tokens` / `pool.bytes`.
     #[arg(long)]
     pool_tokens: Option<usize>,
+    /// Which `[[models]]` entry to load (by name); needed when the config lists several.
+    #[arg(long = "model")]
+    model: Option<String>,
 }
 
 impl From<WorkerArgs> for node::worker::WorkerOverrides {
@@ -149,6 +152,7 @@ impl From<WorkerArgs> for node::worker::WorkerOverrides {
             kv_advertise: a.kv_advertise,
             metrics_listen: a.metrics_listen,
             pool_tokens: a.pool_tokens,
+            model: a.model,
         }
     }
 }

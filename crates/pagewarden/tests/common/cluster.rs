@@ -114,6 +114,12 @@ impl Cluster {
         self.add_worker_at(role, name, kv_advertise, &gateway, &config)
     }
 
+    /// [`Cluster::add_worker`] with more arguments (`--model NAME`, say).
+    pub fn add_worker_with(&mut self, role: &str, name: &str, extra: &[&str]) -> usize {
+        let (gateway, config) = (self.cluster_addr.clone(), self.config.clone());
+        self.spawn_worker(role, name, None, &gateway, &config, extra)
+    }
+
     /// [`Cluster::add_worker`] dialling `gateway` (a relay, say) with its own `config` file.
     pub fn add_worker_at(
         &mut self,
@@ -123,9 +129,22 @@ impl Cluster {
         gateway: &str,
         config: &std::path::Path,
     ) -> usize {
+        self.spawn_worker(role, name, kv_advertise, gateway, config, &[])
+    }
+
+    fn spawn_worker(
+        &mut self,
+        role: &str,
+        name: &str,
+        kv_advertise: Option<&str>,
+        gateway: &str,
+        config: &std::path::Path,
+        extra: &[&str],
+    ) -> usize {
         let cfg = config.to_str().unwrap().to_string();
         let mut args =
             vec![role, "--config", &cfg, "--gateway", gateway, "--name", name, "--metrics-listen", "127.0.0.1:0"];
+        args.extend_from_slice(extra);
         if role == "decode" {
             args.extend(["--kv-listen", "127.0.0.1:0"]);
         }
