@@ -185,6 +185,20 @@ fn scores_tile<const G: usize>(
     }
 }
 
+/// `o[t] += p_j * v[j][t]` for every key `j` in order, with `o` held in an array of `N`.
+#[inline(always)]
+fn weighted_sum_fixed<const N: usize>(scores: &[f32], v: &[f32], o: &mut [f32]) {
+    let Ok(o) = <&mut [f32; N]>::try_from(o) else { unreachable!("o holds one head") };
+    let mut acc = *o;
+    for (j, &p) in scores.iter().enumerate() {
+        let Ok(vr) = <&[f32; N]>::try_from(&v[j * N..(j + 1) * N]) else { break };
+        for t in 0..N {
+            acc[t] += p * vr[t];
+        }
+    }
+    *o = acc;
+}
+
 #[inline(always)]
 fn softmax_weighted_sum(scores: &mut [f32], v: &[f32], hd: usize, o: &mut [f32]) {
     let max = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
@@ -193,22 +207,17 @@ fn softmax_weighted_sum(scores: &mut [f32], v: &[f32], hd: usize, o: &mut [f32])
         *s = (*s - max).exp();
         sum += *s;
     }
-    if hd == 64 && o.len() == 64 {
-        // The common head size: the accumulator stays in registers instead of being loaded
+    match hd {
+        // The common head sizes: the accumulator stays in registers instead of being loaded
         // and stored once per key. Same operations in the same order as the general loop.
-        let mut acc = [0f32; 64];
-        acc.copy_from_slice(o);
-        for (j, &p) in scores.iter().enumerate() {
-            let Ok(vr) = <&[f32; 64]>::try_from(&v[j * 64..(j + 1) * 64]) else { break };
-            for t in 0..64 {
-                acc[t] += p * vr[t];
-            }
-        }
-        o.copy_from_slice(&acc);
-    } else {
-        for (j, &p) in scores.iter().enumerate() {
-            for (oo, &vv) in o.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
-                *oo += p * vv;
+        64 => weighted_sum_fixed::<64>(scores, v, o),
+        128 => weighted_sum_fixed::<128>(scores, v, o),
+        256 => weighted_sum_fixed::<256>(scores, v, o),
+        _ => {
+            for (j, &p) in scores.iter().enumerate() {
+                for (oo, &vv) in o.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
+                    *oo += p * vv;
+                }
             }
         }
     }
@@ -270,6 +279,32 @@ mod tests {
 
     /// Every widening path (portable, F16C) gives the same attention output, bit for bit, on
     /// an f16 pool with a partial last page.
+    #[test]
+    fn fixed_size_weighted_sums_equal_the_general_loop_bit_for_bit() {
+        for hd in [16, 64, 128, 256] {
+            let keys = 37;
+            let v: Vec<f32> = (0..keys * hd).map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 97.0).collect();
+            let scores: Vec<f32> = (0..keys).map(|j| ((j * 31 % 17) as f32 - 8.0) / 3.0).collect();
+            let o0: Vec<f32> = (0..hd).map(|t| t as f32 / 7.0).collect();
+            let (mut s1, mut got) = (scores.clone(), o0.clone());
+            softmax_weighted_sum(&mut s1, &v, hd, &mut got);
+            // The general loop, written out.
+            let max = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let (mut sum, mut want) = (0f32, o0.clone());
+            for (j, &s) in scores.iter().enumerate() {
+                let p = (s - max).exp();
+                sum += p;
+                for (oo, &vv) in want.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
+                    *oo += p * vv;
+                }
+            }
+            let inv = 1.0 / sum;
+            want.iter_mut().for_each(|x| *x *= inv);
+            let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "head_dim {hd}");
+        }
+    }
+
     #[test]
     fn every_widening_path_gives_identical_attention() {
         let (n_heads, n_kv, hd, ps) = (6, 2, 16, 5);

@@ -104,6 +104,23 @@ impl Llama {
         self.weights.tok_embd.row_f32(token as usize, out);
     }
 
+    /// `f(first_row, rows)` over `out` (rows of `width`) split into runs of whole rows across
+    /// the pool; row-wise work gives the same values however it is split.
+    fn par_rows(&self, out: &mut [f32], width: usize, f: &(dyn Fn(usize, &mut [f32]) + Sync)) {
+        let rows = out.len() / width;
+        if rows < 2 || self.pool.threads() == 1 {
+            return f(0, out);
+        }
+        let per_task = rows.div_ceil(self.pool.threads() * 2);
+        self.pool.for_each_chunk_mut(out, per_task * width, &|i, part| f(i * per_task, part));
+    }
+
+    /// `ops::rms_norm` of the rows of `x` into `out`, rows in parallel.
+    fn rms_norm(&self, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+        let d = w.len();
+        self.par_rows(out, d, &|r0, part| ops::rms_norm(&x[r0 * d..r0 * d + part.len()], w, eps, part));
+    }
+
     fn check(&self, batch: &[SeqStep<'_>]) -> Result<(), ModelError> {
         let c = &self.config;
         if batch.is_empty() {
@@ -194,27 +211,32 @@ impl Llama {
             let Some((_, ropes)) = ropes.iter().find(|(b, _)| *b == la.rope_base) else {
                 return Err(ModelError::Config(format!("no rotary table for base {}", la.rope_base)));
             };
-            ops::rms_norm(&x, &layer.attn_norm, c.rms_eps, &mut xn);
+            self.rms_norm(&x, &layer.attn_norm, c.rms_eps, &mut xn);
             quantize_for(&layer.wqkv, &xn, t, &mut acts);
             matmul(&self.pool, self.isa, &layer.wqkv, &acts, &mut qkv);
+            // Queries (most of the rows' work) in parallel, then keys and values.
+            let qkv = &qkv;
+            self.par_rows(&mut q, q_dim, &|r0, part| {
+                for (i, qr) in part.chunks_exact_mut(q_dim).enumerate() {
+                    let r = r0 + i;
+                    let row = &qkv[r * qkv_w..(r + 1) * qkv_w];
+                    match &layer.extra_norms {
+                        // Gemma normalizes each head of Q and K before rotating it.
+                        Some(n) => ops::rms_norm(&row[..q_dim], &n.q, c.rms_eps, qr),
+                        None => qr.copy_from_slice(&row[..q_dim]),
+                    }
+                    ops::rope_apply(qr, hd, &ropes[r * hd / 2..(r + 1) * hd / 2], rope_style);
+                }
+            });
             for r in 0..t {
                 let row = &qkv[r * qkv_w..(r + 1) * qkv_w];
-                let (qr, kr) = (&mut q[r * q_dim..(r + 1) * q_dim], &mut k[r * kv_dim..(r + 1) * kv_dim]);
+                let kr = &mut k[r * kv_dim..(r + 1) * kv_dim];
                 v[r * kv_dim..(r + 1) * kv_dim].copy_from_slice(&row[q_dim + kv_dim..]);
                 match &layer.extra_norms {
-                    // Gemma normalizes each head of Q and K before rotating it.
-                    Some(n) => {
-                        ops::rms_norm(&row[..q_dim], &n.q, c.rms_eps, qr);
-                        ops::rms_norm(&row[q_dim..q_dim + kv_dim], &n.k, c.rms_eps, kr);
-                    }
-                    None => {
-                        qr.copy_from_slice(&row[..q_dim]);
-                        kr.copy_from_slice(&row[q_dim..q_dim + kv_dim]);
-                    }
+                    Some(n) => ops::rms_norm(&row[q_dim..q_dim + kv_dim], &n.k, c.rms_eps, kr),
+                    None => kr.copy_from_slice(&row[q_dim..q_dim + kv_dim]),
                 }
-                let tab = &ropes[r * hd / 2..(r + 1) * hd / 2];
-                ops::rope_apply(qr, hd, tab, rope_style);
-                ops::rope_apply(kr, hd, tab, rope_style);
+                ops::rope_apply(kr, hd, &ropes[r * hd / 2..(r + 1) * hd / 2], rope_style);
             }
             for (s, &off) in batch.iter_mut().zip(&offsets) {
                 let n = s.tokens.len();
@@ -260,27 +282,30 @@ impl Llama {
             quantize_for(&layer.wo, &attn, t, &mut acts);
             matmul(&self.pool, self.isa, &layer.wo, &acts, &mut proj);
             if let Some(n) = &layer.extra_norms {
-                ops::rms_norm(&proj, &n.post_attn, c.rms_eps, &mut normed);
+                self.rms_norm(&proj, &n.post_attn, c.rms_eps, &mut normed);
                 std::mem::swap(&mut proj, &mut normed);
             }
             ops::add_in_place(&mut x, &proj);
 
-            ops::rms_norm(&x, &layer.ffn_norm, c.rms_eps, &mut xn);
+            self.rms_norm(&x, &layer.ffn_norm, c.rms_eps, &mut xn);
             quantize_for(&layer.w_gate_up, &xn, t, &mut acts);
             matmul(&self.pool, self.isa, &layer.w_gate_up, &acts, &mut gate_up);
-            for r in 0..t {
-                let row = &gate_up[r * 2 * c.n_ff..(r + 1) * 2 * c.n_ff];
-                let h = &mut hidden[r * c.n_ff..(r + 1) * c.n_ff];
-                h.copy_from_slice(&row[..c.n_ff]);
-                match c.arch {
-                    Arch::Llama => ops::swiglu(h, &row[c.n_ff..]),
-                    Arch::Gemma3 => ops::geglu(h, &row[c.n_ff..]),
+            let gate_up = &gate_up;
+            self.par_rows(&mut hidden, c.n_ff, &|r0, part| {
+                for (i, h) in part.chunks_exact_mut(c.n_ff).enumerate() {
+                    let r = r0 + i;
+                    let row = &gate_up[r * 2 * c.n_ff..(r + 1) * 2 * c.n_ff];
+                    h.copy_from_slice(&row[..c.n_ff]);
+                    match c.arch {
+                        Arch::Llama => ops::swiglu(h, &row[c.n_ff..]),
+                        Arch::Gemma3 => ops::geglu(h, &row[c.n_ff..]),
+                    }
                 }
-            }
+            });
             quantize_for(&layer.w_down, &hidden, t, &mut acts);
             matmul(&self.pool, self.isa, &layer.w_down, &acts, &mut proj);
             if let Some(n) = &layer.extra_norms {
-                ops::rms_norm(&proj, &n.post_ffn, c.rms_eps, &mut normed);
+                self.rms_norm(&proj, &n.post_ffn, c.rms_eps, &mut normed);
                 std::mem::swap(&mut proj, &mut normed);
             }
             ops::add_in_place(&mut x, &proj);

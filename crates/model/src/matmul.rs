@@ -118,7 +118,7 @@ mod tests {
     }
 
     #[test]
-    fn every_available_kernel_matches_scalar_bit_for_bit_q5_0_as_q8_0() {
+    fn every_available_kernel_matches_scalar_bit_for_bit_q5_0() {
         check_every_isa(GgmlType::Q5_0);
     }
 
@@ -165,7 +165,7 @@ mod tests {
         let want = [
             (GgmlType::Q4_0, QKind::Q8_0),
             (GgmlType::Q4_1, QKind::Q4_1),
-            (GgmlType::Q5_0, QKind::Q8_0),
+            (GgmlType::Q5_0, QKind::Q5_0),
             (GgmlType::Q5_1, QKind::U8Min),
             (GgmlType::Q8_0, QKind::Q8_0),
             (GgmlType::Q4_K, QKind::Q4K),

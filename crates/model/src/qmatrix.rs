@@ -30,9 +30,13 @@ pub const KBLOCKS: usize = QK_K / QK;
 pub enum QKind {
     /// 4-bit unsigned with per-block f16 scale and minimum (Q4_1); activations in Q8_1.
     Q4_1,
-    /// 8-bit signed, stored + 128, with per-block f16 scale (Q8_0, Q4_0 as q-8, Q5_0 as q-16);
-    /// activations in Q8_0.
+    /// 8-bit signed, stored + 128, with per-block f16 scale (Q8_0, Q4_0 as q-8; Q5_0 as q-16
+    /// when stacked with Q8_0); activations in Q8_0.
     Q8_0,
+    /// 5-bit (Q5_0: q - 16), stored as q: the low four bits as a nibble tile, the fifth as one
+    /// 64-bit mask per four-element column of the tile ([`QMatrix::qh`]); f16 block scale;
+    /// activations in Q8_0.
+    Q5_0,
     /// 4-bit unsigned as Q4_1, scale `d*sc` and minimum `-dmin*mn` from the superblock's f16
     /// `d`, `dmin` and the block's 6-bit `sc`, `mn` (Q4_K); activations in Q8_1.
     Q4K,
@@ -47,7 +51,8 @@ impl QKind {
     /// The kernel format a file type maps onto exactly, if any.
     pub fn of(ty: GgmlType) -> Option<QKind> {
         match ty {
-            GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 => Some(QKind::Q8_0),
+            GgmlType::Q8_0 | GgmlType::Q4_0 => Some(QKind::Q8_0),
+            GgmlType::Q5_0 => Some(QKind::Q5_0),
             GgmlType::Q4_1 => Some(QKind::Q4_1),
             GgmlType::Q4_K => Some(QKind::Q4K),
             GgmlType::Q5_1 | GgmlType::Q5_K => Some(QKind::U8Min),
@@ -56,17 +61,28 @@ impl QKind {
         }
     }
 
+    /// The one kernel format parts of these types can be stacked in with their exact values:
+    /// their common format, or Q8_0 for a mix of Q8_0, Q4_0 and Q5_0 (which all map onto it).
+    pub fn of_stack(types: &[GgmlType]) -> Option<QKind> {
+        let first = QKind::of(*types.first()?)?;
+        if types.iter().all(|&t| QKind::of(t) == Some(first)) {
+            return Some(first);
+        }
+        let bytes = |t: &GgmlType| matches!(t, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0);
+        types.iter().all(bytes).then_some(QKind::Q8_0)
+    }
+
     pub fn act_format(self) -> ActFormat {
         match self {
             QKind::Q4_1 | QKind::Q4K | QKind::U8Min => ActFormat::Q8_1,
-            QKind::Q8_0 | QKind::Q6K => ActFormat::Q8_0,
+            QKind::Q8_0 | QKind::Q5_0 | QKind::Q6K => ActFormat::Q8_0,
         }
     }
 
     /// Bytes of quantized values per (group, block).
     pub const fn tile_bytes(self) -> usize {
         match self {
-            QKind::Q4_1 | QKind::Q4K => GROUP * QK / 2,
+            QKind::Q4_1 | QKind::Q4K | QKind::Q5_0 => GROUP * QK / 2,
             QKind::Q8_0 | QKind::U8Min | QKind::Q6K => GROUP * QK,
         }
     }
@@ -76,6 +92,7 @@ impl QKind {
         match self {
             QKind::Q8_0 => 128,
             QKind::Q6K => 32,
+            QKind::Q5_0 => 16,
             QKind::Q4_1 | QKind::Q4K | QKind::U8Min => 0,
         }
     }
@@ -96,7 +113,11 @@ pub struct QMatrix {
     pub cols: usize,
     /// Quantized values, `[group][block][tile_bytes]`.
     pub qs: Vec<u8>,
-    /// f16 bits: Q8_0, Q4_1 block scales; Q4K superblock scales `[group][superblock][16]`.
+    /// Q5_0: the fifth bits, `[group][block][j]` for the tile's eight four-element columns
+    /// `j` (low nibbles 0..4, high 4..8): bit `r*4 + e` is that of element `4j + e` of row `r`,
+    /// i.e. a byte mask over the kernels' `j`-th vector of unpacked values.
+    pub qh: Vec<u64>,
+    /// f16 bits: Q8_0, Q5_0, Q4_1 block scales; Q4K superblock scales `[group][superblock][16]`.
     pub d: Vec<u16>,
     /// f16 bits: Q4_1 block minimums; Q4K superblock minimum scales `[group][superblock][16]`.
     pub m: Vec<u16>,
@@ -132,13 +153,15 @@ impl QMatrix {
         if !cols.is_multiple_of(QK) || rows == 0 {
             return Err(shape("columns must be a positive multiple of 32".into()));
         }
-        let Some(kind) = parts.first().and_then(|p| QKind::of(p.0)) else {
+        if QKind::of(parts[0].0).is_none() {
             return Err(shape(format!("no integer kernel format for {}", parts[0].0.name())));
+        }
+        let types: Vec<GgmlType> = parts.iter().map(|p| p.0).collect();
+        let Some(kind) = QKind::of_stack(&types) else {
+            let other = types.iter().find(|&&t| QKind::of(t) != QKind::of(types[0])).unwrap_or(&types[0]);
+            return Err(shape(format!("cannot stack {} with {}", other.name(), parts[0].0.name())));
         };
         for &(ty, n, data) in parts {
-            if QKind::of(ty) != Some(kind) {
-                return Err(shape(format!("cannot stack {} with {}", ty.name(), parts[0].0.name())));
-            }
             let (be, bb) = ty.block();
             if !cols.is_multiple_of(be) {
                 return Err(shape(format!("{} rows must be whole superblocks of {be} columns", ty.name())));
@@ -177,7 +200,8 @@ impl QMatrix {
             rows,
             cols,
             qs: vec![0; n / GROUP * kind.tile_bytes()],
-            d: vec![0; per(matches!(kind, Q8_0 | Q4_1), n) + per(kind == Q4K, n / KBLOCKS)],
+            qh: vec![0; per(kind == Q5_0, n / GROUP * 8)],
+            d: vec![0; per(matches!(kind, Q8_0 | Q5_0 | Q4_1), n) + per(kind == Q4K, n / KBLOCKS)],
             m: vec![0; per(kind == Q4_1, n) + per(kind == Q4K, n / KBLOCKS)],
             sc: vec![0; per(kind == Q4K, n)],
             mn: vec![0; per(kind == Q4K, n)],
@@ -195,9 +219,16 @@ impl QMatrix {
         let tile = &mut self.qs[gb * tb..(gb + 1) * tb];
         let q = &blk.q;
         if self.kind.nibbles() {
+            let v = |k: usize| q[k].wrapping_add(self.kind.offset() as u8);
             for p in 0..4 {
                 for e in 0..4 {
-                    tile[p * 64 + r * 4 + e] = q[4 * p + e] | (q[16 + 4 * p + e] << 4);
+                    let (lo, hi) = (v(4 * p + e), v(16 + 4 * p + e));
+                    tile[p * 64 + r * 4 + e] = (lo & 0x0F) | (hi << 4);
+                    if self.kind == QKind::Q5_0 {
+                        let bit = 1u64 << (r * 4 + e);
+                        self.qh[gb * 8 + p] |= if lo & 0x10 != 0 { bit } else { 0 };
+                        self.qh[gb * 8 + 4 + p] |= if hi & 0x10 != 0 { bit } else { 0 };
+                    }
                 }
             }
         } else {
@@ -244,7 +275,7 @@ impl QMatrix {
         let i = (g * nb + b) * GROUP + r;
         let h = |bits: u16| half::f16::from_bits(bits).to_f32();
         match self.kind {
-            QKind::Q8_0 => (h(self.d[i]), 0.0),
+            QKind::Q8_0 | QKind::Q5_0 => (h(self.d[i]), 0.0),
             QKind::Q4_1 => (h(self.d[i]), h(self.m[i])),
             QKind::Q4K => {
                 let si = (g * (nb / KBLOCKS) + b / KBLOCKS) * GROUP + r;
@@ -262,11 +293,18 @@ impl QMatrix {
         (self.fd[i], self.fd[i + GROUP])
     }
 
-    /// Element `k` (0..32) of row `r` in a block's tile, as the kernels read it.
+    /// Element `k` (0..32) of row `r` of group-block `gb` (`g * blocks + b`), as the kernels read it.
     #[inline(always)]
-    pub fn tile_value(&self, tile: &[u8], r: usize, k: usize) -> i32 {
+    pub fn value(&self, gb: usize, r: usize, k: usize) -> i32 {
+        let tb = self.kind.tile_bytes();
+        let tile = &self.qs[gb * tb..(gb + 1) * tb];
         let (j, e) = (k / 4, k % 4);
         match self.kind {
+            QKind::Q5_0 => {
+                let nib = if j < 4 { tile[j * 64 + r * 4 + e] & 0x0F } else { tile[(j - 4) * 64 + r * 4 + e] >> 4 };
+                let fifth = (self.qh[gb * 8 + j] >> (r * 4 + e)) & 1;
+                nib as i32 + 16 * fifth as i32 - self.kind.offset()
+            }
             QKind::Q4_1 | QKind::Q4K if j < 4 => (tile[j * 64 + r * 4 + e] & 0x0F) as i32,
             QKind::Q4_1 | QKind::Q4K => (tile[(j - 4) * 64 + r * 4 + e] >> 4) as i32,
             QKind::U8Min => tile[j * 64 + r * 4 + e] as i32,
@@ -278,28 +316,26 @@ impl QMatrix {
     pub fn row_f32(&self, row: usize, out: &mut [f32]) {
         let nb = self.blocks();
         let (g, r) = (row / GROUP, row % GROUP);
-        let tb = self.kind.tile_bytes();
         for b in 0..nb {
             let gb = g * nb + b;
-            let tile = &self.qs[gb * tb..(gb + 1) * tb];
             let o = &mut out[b * QK..(b + 1) * QK];
             match self.kind {
-                QKind::Q8_0 => {
+                QKind::Q8_0 | QKind::Q5_0 => {
                     let (d, _) = self.scale_min(g, b, r);
                     for (k, v) in o.iter_mut().enumerate() {
-                        *v = self.tile_value(tile, r, k) as f32 * d;
+                        *v = self.value(gb, r, k) as f32 * d;
                     }
                 }
                 QKind::Q4_1 | QKind::Q4K | QKind::U8Min => {
                     let (d, m) = self.scale_min(g, b, r);
                     for (k, v) in o.iter_mut().enumerate() {
-                        *v = self.tile_value(tile, r, k) as f32 * d + m;
+                        *v = self.value(gb, r, k) as f32 * d + m;
                     }
                 }
                 QKind::Q6K => {
                     let (lo, hi) = self.half_scales(g, b, r);
                     for (k, v) in o.iter_mut().enumerate() {
-                        *v = self.tile_value(tile, r, k) as f32 * if k < 16 { lo } else { hi };
+                        *v = self.value(gb, r, k) as f32 * if k < 16 { lo } else { hi };
                     }
                 }
             }
@@ -309,6 +345,7 @@ impl QMatrix {
     /// Bytes the matrix occupies (for reports).
     pub fn bytes(&self) -> usize {
         self.qs.len()
+            + 8 * self.qh.len()
             + 2 * (self.d.len() + self.m.len())
             + self.sc.len()
             + self.mn.len()

@@ -75,8 +75,8 @@ fn matrix(f: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<QMatrix,
 }
 
 /// Matrices sharing an input, stacked by rows into one. Parts keep their exact values when all
-/// their types map onto one kernel format (Q5_0 and Q8_0 both do: Q8_0); otherwise all are
-/// requantized to Q8_0 so the stack has one.
+/// their types map onto one kernel format (Q5_0 and Q8_0 both do: Q8_0; see
+/// [`QKind::of_stack`]); otherwise all are requantized to Q8_0 so the stack has one.
 fn stacked(f: &GgufFile, parts: &[(&str, usize)], cols: usize) -> Result<QMatrix, ModelError> {
     let mut tensors = Vec::with_capacity(parts.len());
     for &(name, rows) in parts {
@@ -84,8 +84,8 @@ fn stacked(f: &GgufFile, parts: &[(&str, usize)], cols: usize) -> Result<QMatrix
         check_shape(t, &[cols as u64, rows as u64])?;
         tensors.push((t.ty, rows, bytes));
     }
-    let kind = QKind::of(tensors[0].0);
-    if kind.is_some() && tensors.iter().all(|t| QKind::of(t.0) == kind) {
+    let types: Vec<GgmlType> = tensors.iter().map(|t| t.0).collect();
+    if QKind::of_stack(&types).is_some() {
         return QMatrix::from_parts(&tensors, cols);
     }
     let rows: usize = parts.iter().map(|p| p.1).sum();

@@ -164,6 +164,57 @@ pub unsafe fn q8_0(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, o
     }
 }
 
+/// 0xFF in byte `i` where bit `i` of `bits` is set, else 0 (ggml's `bytes_from_bits_32`).
+#[inline(always)]
+unsafe fn bytes_from_bits(bits: u32) -> __m256i {
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits as i32),
+        _mm256_set_epi64x(0x0303_0303_0303_0303, 0x0202_0202_0202_0202, 0x0101_0101_0101_0101, 0),
+    );
+    let probe = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe);
+    _mm256_cmpeq_epi8(_mm256_or_si256(spread, probe), _mm256_set1_epi64x(-1))
+}
+
+/// # Safety
+/// As for [`q4_1`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q5_0(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
+    let nb = w.blocks();
+    let mask = _mm256_set1_epi8(0x0F);
+    let fifth = _mm256_set1_epi8(0x10);
+    let ones = _mm256_set1_epi16(1);
+    for h in 0..2 {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for b in 0..nb {
+            let gb = g * nb + b;
+            let tile = w.qs.as_ptr().add(gb * 256 + h * 32);
+            let qh = w.qh.as_ptr().add(gb * 8);
+            let dw = load_f16x8(w.d.as_ptr().add(gb * GROUP + h * 8));
+            let high = |j: usize| _mm256_and_si256(bytes_from_bits((*qh.add(j) >> (32 * h)) as u32), fifth);
+            let mut wv = [_mm256_setzero_si256(); 8];
+            for p in 0..4 {
+                let l = _mm256_loadu_si256(tile.add(p * 64) as *const __m256i);
+                wv[p] = _mm256_or_si256(_mm256_and_si256(l, mask), high(p));
+                wv[p + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l), mask), high(p + 4));
+            }
+            for (tt, acc) in acc.iter_mut().enumerate().take(nt) {
+                let ti = (t0 + tt) * nb + b;
+                let x = a.qs.as_ptr().add(ti * QK) as *const u8;
+                // Weights 0..31 (value + 16): as the unsigned kinds, less 16 * sum(x).
+                let xs = a.xsum16.as_ptr().add(2 * ti);
+                let corr = _mm256_set1_epi32((*xs + *xs.add(1)) << 4);
+                let isum = _mm256_add_epi32(unsigned_dot4(&wv, x, 0, ones), unsigned_dot4(&wv, x, 4, ones));
+                let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*a.d.get_unchecked(ti)));
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum, corr)), scale, *acc);
+            }
+        }
+        let zero = _mm256_setzero_ps();
+        for (tt, acc) in acc.iter().enumerate().take(nt) {
+            _mm256_storeu_ps(out.add(tt * stride + h * 8), _mm256_add_ps(*acc, zero));
+        }
+    }
+}
+
 /// # Safety
 /// As for [`q4_1`].
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -218,6 +218,55 @@ unsafe fn q8_0_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usiz
 /// # Safety
 /// As for [`q4_1`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
+pub unsafe fn q5_0(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
+    dispatch_nt!(q5_0_n, w, g, a, t0, nt, out, stride)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
+unsafe fn q5_0_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, out: *mut f32, stride: usize) {
+    let nb = w.blocks();
+    let mask = _mm512_set1_epi8(0x0F);
+    let fifth = _mm512_set1_epi8(0x10);
+    let mut acc = [_mm512_setzero_ps(); NT];
+    for b in 0..nb {
+        let gb = g * nb + b;
+        let tile = w.qs.as_ptr().add(gb * 256);
+        let qh = w.qh.as_ptr().add(gb * 8);
+        let dw = load_f16x16(w.d.as_ptr().add(gb * GROUP));
+        let mut wv = [_mm512_setzero_si512(); 8];
+        for p in 0..4 {
+            let l = _mm512_loadu_si512(tile.add(p * 64) as *const _);
+            let (lo, hi) = (_mm512_and_si512(l, mask), _mm512_and_si512(_mm512_srli_epi16::<4>(l), mask));
+            // The fifth bit, where its mask says so: q = nibble | 16.
+            wv[p] = _mm512_mask_add_epi8(lo, *qh.add(p), lo, fifth);
+            wv[p + 4] = _mm512_mask_add_epi8(hi, *qh.add(p + 4), hi, fifth);
+        }
+        for (tt, acc) in acc.iter_mut().enumerate() {
+            let ti = (t0 + tt) * nb + b;
+            // Weights enter as value + 16; subtracting 16 * sum(x) restores the signed product.
+            let x = a.qs.as_ptr().add(ti * QK) as *const u8;
+            let xs = a.xsum16.as_ptr().add(2 * ti);
+            let corr = _mm512_set1_epi32((*xs + *xs.add(1)) << 4);
+            let mut s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], bcast4(x, 0));
+            let mut s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[1], bcast4(x, 1));
+            for j in (2..8).step_by(2) {
+                s0 = _mm512_dpbusd_epi32(s0, wv[j], bcast4(x, j));
+                s1 = _mm512_dpbusd_epi32(s1, wv[j + 1], bcast4(x, j + 1));
+            }
+            let isum = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), corr);
+            let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*a.d.get_unchecked(ti)));
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, *acc);
+        }
+    }
+    let zero = _mm512_setzero_ps();
+    for (tt, acc) in acc.iter().enumerate() {
+        _mm512_storeu_ps(out.add(tt * stride), _mm512_add_ps(*acc, zero));
+    }
+}
+
+/// # Safety
+/// As for [`q4_1`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
 pub unsafe fn q6k(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
     dispatch_nt!(q6k_n, w, g, a, t0, nt, out, stride)
 }

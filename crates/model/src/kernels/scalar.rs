@@ -17,18 +17,16 @@ fn dot(w: &[i32], x: &[i8]) -> i32 {
 /// As for [`super::group_dot`].
 pub unsafe fn group_dot(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
     let nb = w.blocks();
-    let tb = w.kind.tile_bytes();
     let with_min = matches!(w.kind, QKind::Q4_1 | QKind::Q4K | QKind::U8Min);
     let mut acc = [[0f32; GROUP]; super::TOKENS_PER_TILE];
     let mut macc = [[0f32; GROUP]; super::TOKENS_PER_TILE];
     let mut row = [0i32; QK];
     for b in 0..nb {
         let gb = g * nb + b;
-        let tile = &w.qs[gb * tb..(gb + 1) * tb];
         for r in 0..GROUP {
             // Unpack the row's block once, then reuse it for every token of the tile.
             for (k, v) in row.iter_mut().enumerate() {
-                *v = w.tile_value(tile, r, k);
+                *v = w.value(gb, r, k);
             }
             for tt in 0..nt {
                 let ti = (t0 + tt) * nb + b;
