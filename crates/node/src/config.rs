@@ -17,7 +17,7 @@ use serde::Deserialize;
 use crate::config_error::invalid;
 pub use crate::config_error::ConfigError;
 use crate::model_list::RawModel;
-pub use crate::model_list::{ModelSettings, ModelSource};
+pub use crate::model_list::{ModelSettings, ModelSource, PoolSize};
 use crate::private_file::{read_private_text, read_secret_file};
 pub use crate::tls_files::TlsSettings;
 
@@ -156,14 +156,6 @@ struct RawTenant {
     tokens_per_minute: Option<u64>,
     max_body_bytes: Option<usize>,
     models: Option<Vec<String>>,
-}
-
-/// Pool size as configured; `None` in [`PoolSettings::size`] means the default, 2x the context
-/// window.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PoolSize {
-    Tokens(usize),
-    Bytes(usize),
 }
 
 #[derive(Debug, Clone)]
