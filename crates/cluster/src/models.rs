@@ -1,7 +1,8 @@
-//! One cluster listener for the routers of several models: a registering worker's pairing
-//! record (its model file's digest, checked with its KV layout inside the authenticated
-//! handshake) decides which model's router it joins, so a worker can only ever be sent requests
-//! of the model it loaded, and a prefill and a decode worker of different models never pair.
+//! The gateway's cluster listener, for the routers of one or several models: a registering
+//! worker's pairing record (its model file's digest, checked with its KV layout inside the
+//! authenticated handshake) decides which model's router it joins, so a worker can only ever be
+//! sent requests of the model it loaded, and a prefill and a decode worker of different models
+//! never pair.
 
 use crate::link::{refusal_reason, refuse_busy};
 use crate::net::Listener;
@@ -9,7 +10,8 @@ use crate::{Link, Router};
 use wire::Role;
 
 /// Accepts worker registrations for `routers` (one per model, sharing the cluster secret)
-/// until the listener fails. Handshake limits and link failures count on the first router.
+/// until the listener fails; only workers may register (any other role is refused inside the
+/// handshake). Handshake limits and link failures count on the first router.
 pub async fn serve_models(routers: Vec<Router>, mut listener: Listener) {
     let Some(first) = routers.first().cloned() else { return };
     let pairings: Vec<wire::PairingInfo> = routers.iter().map(|r| r.identity().pairing).collect();

@@ -14,9 +14,8 @@ use kv::TenantId;
 use tokio::sync::mpsc;
 use wire::{Role, Ticket};
 
-use crate::link::{refusal_reason, refuse_busy, HandshakeGate, Identity};
+use crate::link::{HandshakeGate, Identity};
 use crate::metrics::LinkMetrics;
-use crate::net::{BoxIo, Listener};
 use crate::proto::{Failure, Register, Registered, Spec, Stats, TenantTable, ToGateway, ToWorker};
 use crate::{ClusterError, Link};
 
@@ -139,40 +138,6 @@ impl Router {
 
     pub(crate) fn link_failure(&self, reason: &'static str) {
         self.inner.links.failure(reason);
-    }
-
-    /// Accepts worker registrations until the listener fails.
-    pub async fn serve(self, mut listener: Listener) {
-        loop {
-            match listener.accept().await {
-                Ok(io) => {
-                    let Some(permit) = self.inner.gate.try_enter() else {
-                        self.inner.links.failure("busy");
-                        tokio::spawn(refuse_busy(io));
-                        continue;
-                    };
-                    let r = self.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = r.connection(io, permit).await {
-                            r.inner.links.failure(refusal_reason(&e));
-                            tracing::warn!(error = %e, "worker link ended");
-                        }
-                    });
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "cluster listener: accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
-    }
-
-    async fn connection(&self, io: BoxIo, permit: tokio::sync::OwnedSemaphorePermit) -> Result<(), ClusterError> {
-        let cfg = &self.inner.cfg;
-        // Only workers register; any other role is refused inside the handshake.
-        let link = Link::accept_from(io, &cfg.identity, &[Role::Prefill, Role::Decode], cfg.handshake_timeout).await?;
-        drop(permit);
-        self.register(link).await
     }
 
     /// A worker's registration on an authenticated link, then its messages until it leaves.

@@ -69,7 +69,7 @@ async fn a_verification_that_overtakes_the_prefill_workers_sent_neither_times_ou
         transfer_timeout: TRANSFER_TIMEOUT,
         max_pending_handshakes: 8,
     });
-    tokio::spawn(router.clone().serve(listener));
+    tokio::spawn(cluster::serve_models(vec![router.clone()], listener));
     let (mut d_rd, mut d_wr) = worker(&net, &addr, Role::Decode).await;
     let (mut p_rd, mut p_wr) = worker(&net, &addr, Role::Prefill).await;
     assert!(router.wait_for_workers(1, 1, T).await);

@@ -31,22 +31,25 @@ pub fn dequant_q4_1(block: &[u8], out: &mut [f32]) {
     }
 }
 
-/// The fifth bits of a Q5_0 / Q5_1 block: bit j of the little-endian u32 belongs to element j.
-fn q5_high(qh: &[u8]) -> u32 {
-    u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]])
+/// The 32 five-bit levels of a Q5 block: `nibbles` laid out as in Q4_0 (byte j holds elements
+/// j and j+16), the fifth bits from the 4 little-endian bytes `qh`.
+fn q5_levels(qh: &[u8], nibbles: &[u8]) -> [u32; 32] {
+    let qh = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    let mut out = [0u32; 32];
+    for j in 0..16 {
+        let b = nibbles[j];
+        out[j] = (b & 0x0F) as u32 | (((qh >> j) << 4) & 0x10);
+        out[j + 16] = (b >> 4) as u32 | ((qh >> (j + 12)) & 0x10);
+    }
+    out
 }
 
 /// Dequantizes one Q5_0 block (22 bytes: d f16, 4 bytes of high bits, 16 bytes of nibbles
 /// laid out as in Q4_0; values offset by 16).
 pub fn dequant_q5_0(block: &[u8], out: &mut [f32]) {
     let d = f16_bits_to_f32(block[0], block[1]);
-    let qh = q5_high(&block[2..6]);
-    for j in 0..16 {
-        let b = block[6 + j];
-        let xh0 = ((qh >> j) << 4) & 0x10;
-        let xh1 = (qh >> (j + 12)) & 0x10;
-        out[j] = (((b & 0x0F) as u32 | xh0) as i32 - 16) as f32 * d;
-        out[j + 16] = (((b >> 4) as u32 | xh1) as i32 - 16) as f32 * d;
+    for (o, q) in out.iter_mut().zip(q5_levels(&block[2..6], &block[6..22])) {
+        *o = (q as i32 - 16) as f32 * d;
     }
 }
 
@@ -54,13 +57,8 @@ pub fn dequant_q5_0(block: &[u8], out: &mut [f32]) {
 pub fn dequant_q5_1(block: &[u8], out: &mut [f32]) {
     let d = f16_bits_to_f32(block[0], block[1]);
     let m = f16_bits_to_f32(block[2], block[3]);
-    let qh = q5_high(&block[4..8]);
-    for j in 0..16 {
-        let b = block[8 + j];
-        let xh0 = ((qh >> j) << 4) & 0x10;
-        let xh1 = (qh >> (j + 12)) & 0x10;
-        out[j] = ((b & 0x0F) as u32 | xh0) as f32 * d + m;
-        out[j + 16] = ((b >> 4) as u32 | xh1) as f32 * d + m;
+    for (o, q) in out.iter_mut().zip(q5_levels(&block[4..8], &block[8..24])) {
+        *o = q as f32 * d + m;
     }
 }
 

@@ -86,7 +86,7 @@ async fn start_model(
     router.set_tenants(tenants.table(cfg.limits.tenant_pool_share), &[]);
     let gateway_addr = format!("mem:gateway-{index}");
     let (listener, _) = net.listen(&gateway_addr).await.map_err(|e| ServeError::Io(e.to_string()))?;
-    tokio::spawn(router.clone().serve(listener));
+    tokio::spawn(cluster::serve_models(vec![router.clone()], listener));
     let pairing = info.pairing()?;
     let mut workers = Vec::new();
     for (role, name) in [(Role::Prefill, format!("prefill-{index}")), (Role::Decode, format!("decode-{index}"))] {

@@ -71,7 +71,6 @@ pub fn perplexity(
     let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let file = runtime::open(m)?;
     let tok = runtime::tokenizer(&file)?;
-    let add_bos = file.get("tokenizer.ggml.add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false);
     let model = runtime::load_model(&file, m.threads)?;
     let tokens = tok.encode(&text, false)?;
     if ctx < 4 || ctx > model.config.context {
@@ -91,10 +90,10 @@ pub fn perplexity(
     let (mut nll, mut nll2, mut count) = (0f64, 0f64, 0usize);
     for c in 0..n_chunks {
         let mut chunk = tokens[c * ctx..(c + 1) * ctx].to_vec();
-        if add_bos {
-            if let Some(b) = tok.bos() {
-                chunk[0] = b;
-            }
+        // As llama.cpp's perplexity: the first token of each chunk becomes BOS when the
+        // vocabulary asks for one.
+        if let (true, Some(b)) = (tok.add_bos(), tok.bos()) {
+            chunk[0] = b;
         }
         let mut kv = pool.reserve(Owner { tenant: TenantId(0), request: RequestId(c as u64) }, ctx)?;
         let logits =

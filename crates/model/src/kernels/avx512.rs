@@ -27,6 +27,42 @@ unsafe fn bcast4(p: *const u8, j: usize) -> __m512i {
     _mm512_set1_epi32((p.add(4 * j) as *const i32).read_unaligned())
 }
 
+/// `acc += isum * (d_w * d_x)` for one block of token `ti`, where the weights `wv` were stored
+/// as value + 2^SHIFT (unsigned, for `vpdpbusd`): subtracting 2^SHIFT * sum(x) restores the
+/// signed dot product exactly.
+#[inline(always)]
+unsafe fn accumulate_offset_block<const SHIFT: u32>(
+    acc: &mut __m512,
+    wv: &[__m512i; 8],
+    dw: __m512,
+    a: &QuantActs,
+    ti: usize,
+) {
+    let x = a.qs.as_ptr().add(ti * QK) as *const u8;
+    let xs = a.xsum16.as_ptr().add(2 * ti);
+    let corr = _mm512_set1_epi32((*xs + *xs.add(1)) << SHIFT);
+    // Two partial sums halve the dependency chain through vpdpbusd's latency.
+    let mut s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], bcast4(x, 0));
+    let mut s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[1], bcast4(x, 1));
+    for j in (2..8).step_by(2) {
+        s0 = _mm512_dpbusd_epi32(s0, wv[j], bcast4(x, j));
+        s1 = _mm512_dpbusd_epi32(s1, wv[j + 1], bcast4(x, j + 1));
+    }
+    let isum = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), corr);
+    let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*a.d.get_unchecked(ti)));
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, *acc);
+}
+
+/// Stores the tokens' sums. Formats without a minimum term add zero, so the final rounding is
+/// the scalar kernel's (which adds its minimum accumulator, zero for them).
+#[inline(always)]
+unsafe fn store_without_minimum<const NT: usize>(acc: &[__m512; NT], out: *mut f32, stride: usize) {
+    let zero = _mm512_setzero_ps();
+    for (tt, acc) in acc.iter().enumerate() {
+        _mm512_storeu_ps(out.add(tt * stride), _mm512_add_ps(*acc, zero));
+    }
+}
+
 macro_rules! dispatch_nt {
     ($f:ident, $w:expr, $g:expr, $a:expr, $t0:expr, $nt:expr, $out:expr, $stride:expr) => {
         match $nt {
@@ -191,28 +227,10 @@ unsafe fn q8_0_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usiz
             *v = _mm512_loadu_si512(tile.add(j * 64) as *const _);
         }
         for (tt, acc) in acc.iter_mut().enumerate() {
-            let ti = (t0 + tt) * nb + b;
-            // Weights enter as value + 128 (unsigned); subtracting 128 * sum(x) restores the
-            // signed dot product exactly.
-            let x = a.qs.as_ptr().add(ti * QK) as *const u8;
-            let xs = a.xsum16.as_ptr().add(2 * ti);
-            let corr = _mm512_set1_epi32((*xs + *xs.add(1)) << 7);
-            let mut s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], bcast4(x, 0));
-            let mut s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[1], bcast4(x, 1));
-            for j in (2..8).step_by(2) {
-                s0 = _mm512_dpbusd_epi32(s0, wv[j], bcast4(x, j));
-                s1 = _mm512_dpbusd_epi32(s1, wv[j + 1], bcast4(x, j + 1));
-            }
-            let isum = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), corr);
-            let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*a.d.get_unchecked(ti)));
-            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, *acc);
+            accumulate_offset_block::<7>(acc, &wv, dw, a, (t0 + tt) * nb + b);
         }
     }
-    let zero = _mm512_setzero_ps();
-    for (tt, acc) in acc.iter().enumerate() {
-        // Q8_0 has no minimum term; adding zero keeps the final rounding identical to scalar.
-        _mm512_storeu_ps(out.add(tt * stride), _mm512_add_ps(*acc, zero));
-    }
+    store_without_minimum(&acc, out, stride);
 }
 
 /// # Safety
@@ -242,26 +260,10 @@ unsafe fn q5_0_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usiz
             wv[p + 4] = _mm512_mask_add_epi8(hi, *qh.add(p + 4), hi, fifth);
         }
         for (tt, acc) in acc.iter_mut().enumerate() {
-            let ti = (t0 + tt) * nb + b;
-            // Weights enter as value + 16; subtracting 16 * sum(x) restores the signed product.
-            let x = a.qs.as_ptr().add(ti * QK) as *const u8;
-            let xs = a.xsum16.as_ptr().add(2 * ti);
-            let corr = _mm512_set1_epi32((*xs + *xs.add(1)) << 4);
-            let mut s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], bcast4(x, 0));
-            let mut s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[1], bcast4(x, 1));
-            for j in (2..8).step_by(2) {
-                s0 = _mm512_dpbusd_epi32(s0, wv[j], bcast4(x, j));
-                s1 = _mm512_dpbusd_epi32(s1, wv[j + 1], bcast4(x, j + 1));
-            }
-            let isum = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), corr);
-            let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*a.d.get_unchecked(ti)));
-            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, *acc);
+            accumulate_offset_block::<4>(acc, &wv, dw, a, (t0 + tt) * nb + b);
         }
     }
-    let zero = _mm512_setzero_ps();
-    for (tt, acc) in acc.iter().enumerate() {
-        _mm512_storeu_ps(out.add(tt * stride), _mm512_add_ps(*acc, zero));
-    }
+    store_without_minimum(&acc, out, stride);
 }
 
 /// # Safety
@@ -306,8 +308,5 @@ unsafe fn q6k_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usize
             *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum_hi), _mm512_mul_ps(s_hi, dx), *acc);
         }
     }
-    let zero = _mm512_setzero_ps();
-    for (tt, acc) in acc.iter().enumerate() {
-        _mm512_storeu_ps(out.add(tt * stride), _mm512_add_ps(*acc, zero));
-    }
+    store_without_minimum(&acc, out, stride);
 }
