@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 
-use crate::options::{AuditOptions, NoHooks};
+use crate::options::{AuditOptions, NoHooks, TokenizerFile};
 use crate::run::{run_audit, AuditOutcome};
 use crate::spawn;
 use crate::tenants::{self, TenantKey};
@@ -56,11 +56,12 @@ pub struct AuditArgs {
     #[arg(long, default_value_t = timing::DEFAULT_SAMPLES)]
     pub timing_probe: usize,
     /// A GGUF model file whose tokenizer and chat template the audit counts prompts with (it
-    /// never takes a prompt's length from the answer it judges). Default: the target's
-    /// tokenizer endpoint (vLLM's or llama-server's `/tokenize`), else the default model's file
-    /// when the target serves it; with neither, lengths are estimates.
-    #[arg(long)]
-    pub tokenizer: Option<PathBuf>,
+    /// never takes a prompt's length from the answer it judges); `MODEL=FILE` for one model of
+    /// several (repeatable). Default: the target's tokenizer endpoint (vLLM's or llama-server's
+    /// `/tokenize`), else the packaged model's file when the target serves one by its name;
+    /// with neither, lengths are estimates.
+    #[arg(long = "tokenizer", value_name = "[MODEL=]FILE")]
+    pub tokenizers: Vec<TokenizerFile>,
     /// Whether the target's outputs are bit-identical alone and batched: then any token or
     /// log-prob difference from the isolated re-run is a divergence (else log-probs may differ
     /// by 1e-3). Default: what the target declares (`batch_invariant` in `/v1/models`).
@@ -98,7 +99,7 @@ impl AuditArgs {
         o.long_prompts = self.long_prompts;
         o.rerun_concurrency = self.rerun_concurrency;
         o.timing_probe = self.timing_probe;
-        o.tokenizer = self.tokenizer.clone();
+        o.tokenizers = self.tokenizers.clone();
         o.batch_invariant = self.batch_invariant;
         o
     }

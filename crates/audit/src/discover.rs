@@ -1,9 +1,9 @@
-//! The first phase: what the target serves (model, context window, batch invariance) and how
-//! many tokens a word of filler costs, asked of the server itself.
+//! The first phase, for one model: its context window, batch invariance and how many tokens a
+//! word of filler costs, asked of the server itself.
 
 use serde_json::{json, Value};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 use crate::client::Client;
 use crate::meter::Meter;
@@ -55,16 +55,6 @@ pub(crate) fn probe(client: &Client, key: &str, endpoint: &str, body: &Value) ->
         }
         _ => (None, None),
     }
-}
-
-pub(crate) fn model_name(client: &Client, key: &str) -> Result<(String, Value)> {
-    let (status, body) = client.get("/v1/models", Some(key)).context("the deployment does not answer")?;
-    if status != 200 {
-        bail!("GET /v1/models answered {status} (is the first tenant's key right?)");
-    }
-    let v: Value = serde_json::from_str(&body).context("GET /v1/models: not JSON")?;
-    let id = v["data"][0]["id"].as_str().context("GET /v1/models lists no model")?.to_string();
-    Ok((id, v))
 }
 
 /// The context window: from `/v1/models` when the server lists it, else from a probe.

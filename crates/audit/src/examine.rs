@@ -14,7 +14,6 @@ const QUOTE: usize = 60;
 pub(crate) struct Examiner<'a> {
     pub(crate) opts: &'a AuditOptions,
     pub(crate) canaries: &'a CanaryIndex,
-    pub(crate) window: usize,
 }
 
 impl Examiner<'_> {
@@ -98,7 +97,7 @@ impl Examiner<'_> {
             // Over the window by the audit's own count; planned over it when the audit cannot
             // count (the plan then leaves a wide margin). Never by the server's `usage`: the
             // incident's server said its placeholder prompt was one token long.
-            let fits = spec.sent_tokens.is_some_and(|n| n + spec.max_tokens <= self.window);
+            let fits = spec.sent_tokens.is_some_and(|n| n + spec.max_tokens <= spec.window);
             let sent = |n: Option<usize>| n.map_or("unknown".into(), |n| n.to_string());
             if accepted && !fits {
                 out.push(base(
@@ -107,7 +106,7 @@ impl Examiner<'_> {
                     format!(
                         "a request over the {}-token window (prompt {} tokens by the audit's count, max_tokens {}) \
                          was accepted with HTTP 200; the server reported {} prompt tokens",
-                        self.window,
+                        spec.window,
                         sent(spec.sent_tokens),
                         spec.max_tokens,
                         ex.prompt_tokens.map_or("no".into(), |p| p.to_string())
@@ -122,7 +121,7 @@ impl Examiner<'_> {
                          the {}-token window",
                         sent(spec.sent_tokens),
                         spec.max_tokens,
-                        self.window
+                        spec.window
                     ),
                 ));
             } else if !refused_right {
@@ -209,6 +208,7 @@ mod tests {
             rerun: false,
             prompt_tokens: None,
             sent_tokens: None,
+            window: 100,
             body: Value::Null,
         }
     }
@@ -223,7 +223,7 @@ mod tests {
         let own = idx.issue(&mut rng, 0, 0);
         let same_tenant = idx.issue(&mut rng, 0, 1);
         let other_tenant = idx.issue(&mut rng, 1, 2);
-        let ctx = Examiner { opts: &opts, canaries: &idx, window: 100 };
+        let ctx = Examiner { opts: &opts, canaries: &idx };
         let text = |i: usize| idx.get(i).text.clone();
 
         // Request 0 of alice: its own canary is fine; alice's other request's and bob's are not.
@@ -246,7 +246,7 @@ mod tests {
         let mut echo_idx = CanaryIndex::new();
         let alices = echo_idx.insert("likritri-trulazesa-6298", 0, 10);
         echo_idx.insert("nuzhotro-likritra-3368", 1, 11);
-        let echo_ctx = Examiner { opts: &opts, canaries: &echo_idx, window: 100 };
+        let echo_ctx = Examiner { opts: &opts, canaries: &echo_idx };
         let mut e = Exchange::new(Duration::ZERO);
         e.status = Some(200);
         e.outcome = Outcome::Ok;

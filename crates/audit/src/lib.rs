@@ -2,9 +2,10 @@
 //! and reports every place a secret crossed a tenant boundary.
 //!
 //! A run ([`run_audit`]) is a [`run::Run`] that goes through seven phases, in order:
-//! 1. **discover**: the model (`/v1/models`), the context window (given, listed, or read from
-//!    the server's refusal of an impossible `max_tokens`), the audit's own prompt counter
-//!    ([`meter`]), how many tokens a word of filler costs, and every `/metrics` endpoint.
+//! 1. **discover**: each tenant's model (among those `/v1/models` lists for its key, spread
+//!    over every model: [`target`]), and per model the context window (given, listed, or read
+//!    from the server's refusal of an impossible `max_tokens`), the audit's own prompt counter
+//!    ([`meter`]) and how many tokens a word of filler costs; every `/metrics` endpoint.
 //! 2. **plan**: the requests ([`workload`]), each carrying canaries only its tenant knows
 //!    ([`canary`]), with near-window and over-long prompts, disconnects, pool-exhausting
 //!    bursts and shared prefixes mixed in; every prompt counted by the audit before it is sent.
@@ -47,13 +48,14 @@ mod spawn;
 pub mod stats;
 mod svg;
 mod sync;
+mod target;
 mod tenants;
 mod timing;
 mod workload;
 
 pub use self::cli::{run, AuditArgs};
 pub use self::finding::Finding;
-pub use self::options::{AuditHooks, AuditOptions, NoHooks};
+pub use self::options::{AuditHooks, AuditOptions, NoHooks, TokenizerFile};
 pub use self::prose::filler;
 pub use self::report::Counts;
 /// Seeded filler prose, for other tools' prompts (`bench prefix-cache`).

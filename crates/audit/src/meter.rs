@@ -8,8 +8,8 @@
 //!    llama-server's `/tokenize` and `/apply-template`): the target's own tokenizer and template,
 //!    asked about the prompt alone, apart from the request it judges;
 //! 2. the model's tokenizer and chat template read from a GGUF file (`--tokenizer`, or the
-//!    default model when the target serves it), rendered and tokenized as pagewarden and
-//!    llama.cpp do;
+//!    packaged model of that name when the target serves one), rendered and tokenized as
+//!    pagewarden and llama.cpp do;
 //! 3. nothing: sizes are then estimates, and only gross under-counts are judged.
 
 use std::path::{Path, PathBuf};
@@ -68,18 +68,19 @@ fn local_from(path: &Path) -> Result<Local> {
     Ok(Local { tokenizer, template })
 }
 
-/// The default model's file when the target serves it (its id is the file's stem).
-fn default_model_for(model: &str) -> Option<PathBuf> {
-    let stem = fetch::FILE_NAME.split('.').next().unwrap_or_default();
-    if model != stem && model != fetch::FILE_NAME {
-        return None;
-    }
-    fetch::ensure_default_model().ok()
+/// The packaged model's file when the target serves one by its name, its file name or the
+/// file's stem (pagewarden's id for a single model).
+fn packaged_model_for(model: &str) -> Option<PathBuf> {
+    let known = fetch::KNOWN.iter().copied().find(|k| {
+        let stem = k.file_name.split('.').next().unwrap_or_default();
+        model == k.name || model == k.file_name || model == stem
+    })?;
+    fetch::ensure_model(known).ok()
 }
 
 impl<'a> Meter<'a> {
     /// Picks the best source the target and the options allow: a given `--tokenizer` file wins
-    /// (the operator said so), then the target's endpoint, then the default model's file.
+    /// (the operator said so), then the target's endpoint, then the packaged model's file.
     pub fn discover(client: &'a Client, key: &str, model: &str, tokenizer: Option<&Path>) -> Result<Meter<'a>> {
         let mut m = Meter {
             source: MeterSource::Estimate,
@@ -108,7 +109,7 @@ impl<'a> Meter<'a> {
                 return Ok(m);
             }
         }
-        if let Some(path) = default_model_for(model) {
+        if let Some(path) = packaged_model_for(model) {
             if let Ok(local) = local_from(&path) {
                 m.local = Some(local);
                 m.source = MeterSource::ModelFile { path };

@@ -7,6 +7,29 @@ use crate::rng;
 use crate::tenants::TenantKey;
 use crate::timing;
 
+/// `--tokenizer [MODEL=]FILE`: the tokenizer of `MODEL`, or of every model without its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenizerFile {
+    pub model: Option<String>,
+    pub path: PathBuf,
+}
+
+impl std::str::FromStr for TokenizerFile {
+    type Err = String;
+
+    /// `MODEL=FILE` names the model only when `MODEL` is not itself a path (a file name may
+    /// hold `=`, a model id has no `/`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.split_once('=') {
+            Some((m, f)) if !m.is_empty() && !m.contains('/') && !f.is_empty() => {
+                Ok(TokenizerFile { model: Some(m.to_string()), path: PathBuf::from(f) })
+            }
+            _ if s.is_empty() => Err("an empty --tokenizer".into()),
+            _ => Ok(TokenizerFile { model: None, path: PathBuf::from(s) }),
+        }
+    }
+}
+
 /// Everything a run needs.
 #[derive(Debug, Clone)]
 pub struct AuditOptions {
@@ -32,9 +55,10 @@ pub struct AuditOptions {
     pub rerun_concurrency: usize,
     /// Samples per class of the timing probe (0: no probe; it needs two tenants).
     pub timing_probe: usize,
-    /// A GGUF file whose tokenizer and chat template count the prompts; None: the target's
-    /// tokenizer endpoint, else the default model when the target serves it.
-    pub tokenizer: Option<PathBuf>,
+    /// GGUF files whose tokenizer and chat template count the prompts, each for one model or
+    /// (without a name) for any; none for a model: the target's tokenizer endpoint, else the
+    /// packaged model of that name when the target serves one.
+    pub tokenizers: Vec<TokenizerFile>,
     /// Whether the target's outputs are bit-identical alone and in a batch; None: as the
     /// target declares (`batch_invariant` in `/v1/models`).
     pub batch_invariant: Option<bool>,
@@ -57,7 +81,7 @@ impl AuditOptions {
             long_prompts: None,
             rerun_concurrency: 1,
             timing_probe: timing::DEFAULT_SAMPLES,
-            tokenizer: None,
+            tokenizers: Vec::new(),
             batch_invariant: None,
         }
     }
@@ -84,3 +108,17 @@ pub trait AuditHooks: Sync {
 pub struct NoHooks;
 
 impl AuditHooks for NoHooks {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tokenizer_names_its_model_only_before_an_equals_sign_that_is_not_in_a_path() {
+        let t = |s: &str| s.parse::<TokenizerFile>().unwrap();
+        assert_eq!(t("m.gguf"), TokenizerFile { model: None, path: "m.gguf".into() });
+        assert_eq!(t("gemma=/m/g.gguf"), TokenizerFile { model: Some("gemma".into()), path: "/m/g.gguf".into() });
+        assert_eq!(t("/models/a=b.gguf"), TokenizerFile { model: None, path: "/models/a=b.gguf".into() });
+        assert!("".parse::<TokenizerFile>().is_err());
+    }
+}

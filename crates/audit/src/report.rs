@@ -132,12 +132,15 @@ pub struct Report {
     pub version: u32,
     pub passed: bool,
     pub url: String,
+    /// The first tenant's model, its window, calibration and counter (every model's: `models`).
     pub model: String,
     pub seed: u64,
     pub context_window: usize,
     pub calibration: Calibration,
     /// Where the audit's own prompt lengths came from.
     pub prompt_lengths: super::meter::MeterSource,
+    /// Every model the requests named, and which tenants named it.
+    pub models: Vec<super::target::ModelRow>,
     pub concurrency: usize,
     pub requests_planned: usize,
     pub requests_sent: usize,
@@ -286,17 +289,26 @@ impl Report {
         }
         s.push('\n');
         let tenants: Vec<String> = self.tenants.iter().map(|t| format!("{} {}", t.name, t.requests)).collect();
+        let _ = writeln!(s, "- target: {}", self.url);
+        // One line per model the requests named (one model: the line says just that).
+        for m in &self.models {
+            let _ = writeln!(
+                s,
+                "- model `{}`, context window {} tokens{}; prompt calibration {:.3} tokens per filler word{}; prompt \
+                 lengths counted by the audit with {}",
+                m.model,
+                m.context_window,
+                if self.models.len() > 1 { format!(", used by {}", m.tenants.join(", ")) } else { String::new() },
+                m.calibration.tokens_per_word,
+                if m.calibration.measured { " (measured)" } else { " (guessed: the server does not report lengths)" },
+                m.prompt_lengths.describe(),
+            );
+        }
         let _ = writeln!(
             s,
-            "- target: {} (model `{}`, context window {} tokens)\n\
-             - {} requests ({} planned) from {} tenants ({}), concurrency {}, {:.1} s; {} length probes\n\
+            "- {} requests ({} planned) from {} tenants ({}), concurrency {}, {:.1} s; {} length probes\n\
              - near-context prompts: {} ({} confirmed within 90-99% of the window)\n\
-             - prompt calibration: {:.3} tokens per filler word{}\n\
-             - prompt lengths counted by the audit with {}\n\
              - seed {} (repeat with `--seed {}`)\n",
-            self.url,
-            self.model,
-            self.context_window,
             self.requests_sent,
             self.requests_planned,
             self.tenants.len(),
@@ -306,9 +318,6 @@ impl Report {
             self.probes,
             self.near_context.planned,
             self.near_context.verified,
-            self.calibration.tokens_per_word,
-            if self.calibration.measured { " (measured)" } else { " (guessed: the server does not report lengths)" },
-            self.prompt_lengths.describe(),
             self.seed,
             self.seed,
         );
@@ -603,6 +612,7 @@ mod tests {
             context_window: 8192,
             calibration: Calibration::guess(),
             prompt_lengths: super::super::meter::MeterSource::Estimate,
+            models: Vec::new(),
             concurrency: 2,
             requests_planned: 3,
             requests_sent: 0,

@@ -17,7 +17,6 @@ use crate::client::{Client, Exchange};
 use crate::discover;
 use crate::examine::Examiner;
 use crate::finding::{kind, Finding, RequestRow};
-use crate::meter::Meter;
 use crate::options::{AuditHooks, AuditOptions};
 use crate::progress::Progress;
 use crate::report::{self, Counts, Report};
@@ -25,8 +24,9 @@ use crate::rerun;
 use crate::rng::{self, Rng};
 use crate::settle::{self, Scrapes};
 use crate::sync::lock;
+use crate::target::Targets;
 use crate::timing::{self, TimingProbe};
-use crate::workload::{self, Calibration, Endpoint, Plan, PlanParams, ReqSpec, Unit};
+use crate::workload::{self, Endpoint, Plan, PlanParams, ReqSpec, Unit};
 
 /// Time limit of one request: past the server's own request deadline (300 s by default), so
 /// that the server, not the audit, ends a stalled request.
@@ -68,12 +68,8 @@ pub(crate) struct Discovered<'a> {
     hooks: &'a dyn AuditHooks,
     client: &'a Client,
     started_unix: u64,
-    model: String,
-    /// The `/v1/models` answer.
-    models: Value,
-    window: usize,
-    meter: Meter<'a>,
-    calibration: Calibration,
+    /// The model each tenant's requests name, and each model's window and counter.
+    targets: Targets<'a>,
     /// Every `/metrics` endpoint before anything was sent.
     before: Scrapes,
     /// What the report should say about how the run was judged.
@@ -127,40 +123,14 @@ impl<'a> Run<'a> {
         }
         let started_unix =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-        let first_key = &opts.tenants[0].key;
-        let (model, models) = discover::model_name(client, first_key)?;
         let before = settle::scrape_all(client, metrics_urls(opts, hooks), opts.metrics_token.as_deref());
-        let window = match opts.context_window {
-            Some(w) => w,
-            None => discover::discover_window(client, first_key, &model, &models)?,
-        };
-        let meter = Meter::discover(client, first_key, &model, opts.tokenizer.as_deref())?;
-        let (calibration, stated) = discover::calibrate(client, first_key, &model, &meter);
         let mut notes = Vec::new();
-        if let Some(w) = stated.filter(|w| *w != window) {
-            // Near-context prompts sized for the wrong window are refused (or are not near it).
-            notes.push(format!(
-                "the server states a context window of {w} tokens, not the {window} the audit was given"
-            ));
-        }
-        if !meter.exact() {
-            notes.push(
-                "the audit has no tokenizer for this model (pass --tokenizer MODEL.gguf): over-long requests are \
-                 judged by their planned size and reported prompt_tokens are not checked"
-                    .into(),
-            );
-        }
-        if !calibration.measured {
-            notes.push(
-                "the server does not state prompt lengths in its refusals: near-context prompt sizes are estimates"
-                    .into(),
-            );
-        }
-        Ok(Discovered { opts, hooks, client, started_unix, model, models, window, meter, calibration, before, notes })
+        let targets = Targets::discover(opts, client, &mut notes)?;
+        Ok(Discovered { opts, hooks, client, started_unix, targets, before, notes })
     }
 
     fn examiner(&self) -> Examiner<'_> {
-        Examiner { opts: self.d.opts, canaries: &self.canaries, window: self.d.window }
+        Examiner { opts: self.d.opts, canaries: &self.canaries }
     }
 
     /// Sends one request, judges its answer and records it; keeps the answer of a request
@@ -254,8 +224,17 @@ impl<'a> Run<'a> {
         let kept = Mutex::new(load.kept);
         let mut selected: Vec<&ReqSpec> = self.plan.units.iter().flat_map(Unit::specs).filter(|s| s.rerun).collect();
         selected.sort_by_key(|s| (s.tenant, s.id));
-        let invariant = discover::batch_invariant(opts, &self.d.models, &self.d.model);
-        let tolerance = if invariant { 0.0 } else { rerun::LOGPROB_TOLERANCE };
+        // Per model: each declares its own invariance.
+        let invariant: Vec<bool> =
+            self.d.targets.models.iter().map(|m| discover::batch_invariant(opts, &m.listing, &m.name)).collect();
+        let tolerance_of = |tenant: usize| {
+            let m = self.d.targets.models.iter().position(|m| m.tenants.contains(&tenant)).unwrap_or(0);
+            if invariant[m] {
+                0.0
+            } else {
+                rerun::LOGPROB_TOLERANCE
+            }
+        };
         let by_scenario: Mutex<BTreeMap<&'static str, rerun::CategoryChecks>> = Mutex::new(BTreeMap::new());
         for s in &selected {
             let mut by = lock(&by_scenario);
@@ -303,7 +282,8 @@ impl<'a> Run<'a> {
                 rerun::RerunPlan::Refusal if first.status != Some(200) => return,
                 _ => None,
             };
-            if let Some((position, what, delta)) = rerun::divergence(&first, &again, prefix, tolerance) {
+            if let Some((position, what, delta)) = rerun::divergence(&first, &again, prefix, tolerance_of(spec.tenant))
+            {
                 count(&|c| c.diverged += 1);
                 let partial = if prefix.is_some() { " (on the tokens received before the stream ended)" } else { "" };
                 lock(&self.findings).push(Finding {
@@ -350,8 +330,8 @@ impl<'a> Run<'a> {
             skipped: by_scenario.values().map(|c| c.nothing_received + c.rerun_failed).sum(),
             diverged: 0,
             rerun_concurrency: opts.rerun_concurrency.max(1),
-            batch_invariant: invariant,
-            logprob_tolerance: tolerance,
+            batch_invariant: invariant.iter().all(|i| *i),
+            logprob_tolerance: if invariant.iter().all(|i| *i) { 0.0 } else { rerun::LOGPROB_TOLERANCE },
             by_scenario,
         }
     }
@@ -361,15 +341,17 @@ impl<'a> Run<'a> {
         if self.probe_samples == 0 {
             return None;
         }
+        let (a, b) = self.d.targets.probe_pair()?;
+        let target = self.d.targets.of(a);
         let first_id = self.plan.units.iter().flat_map(Unit::specs).map(|s| s.id + 1).max().unwrap_or(0);
         let opts = self.d.opts;
         let setup = timing::Setup {
             client: self.d.client,
-            model: &self.d.model,
-            a: &opts.tenants[0],
-            b: &opts.tenants[1],
+            model: &target.name,
+            a: &opts.tenants[a],
+            b: &opts.tenants[b],
             samples: self.probe_samples,
-            tokens_per_word: self.d.calibration.tokens_per_word,
+            tokens_per_word: target.calibration.tokens_per_word,
             t0: self.t0,
             first_id,
         };
@@ -412,15 +394,17 @@ impl<'a> Run<'a> {
         findings.sort_by_key(|f| (!f.fails, f.request));
         let mut rows = rows.into_inner().unwrap_or_else(|e| e.into_inner());
         rows.sort_by(|a, b| a.start_ms.total_cmp(&b.start_ms));
+        let first = d.targets.of(0);
         let mut rep = Report {
             version: 1,
             passed: false,
             url: opts.url.clone(),
-            model: d.model,
+            model: first.name.clone(),
             seed: opts.seed,
-            context_window: d.window,
-            calibration: d.calibration,
-            prompt_lengths: d.meter.source().clone(),
+            context_window: first.window,
+            calibration: first.calibration,
+            prompt_lengths: first.meter.source().clone(),
+            models: d.targets.rows(opts),
             concurrency: opts.concurrency,
             requests_planned: plan.total,
             requests_sent: 0,
@@ -474,32 +458,36 @@ impl<'a> Discovered<'a> {
         let params = PlanParams {
             requests: opts.requests,
             concurrency: opts.concurrency,
-            tenants: opts.tenants.len(),
             long_prompts: opts.long_prompts,
-            context_window: self.window,
-            model: &self.model,
+            targets: self.targets.plan_targets(),
             request_seed: opts.seed & 0x7fff_ffff,
-            calibration: self.calibration,
         };
         let mut measure_calls = 0usize;
-        let (meter, client, first_key) = (&self.meter, self.client, &opts.tenants[0].key);
-        let mut measure = |b: &Value| {
+        let (targets, client) = (&self.targets, self.client);
+        let mut measure = |tenant: usize, b: &Value| {
+            let meter = &targets.of(tenant).meter;
             if meter.exact() {
                 return meter.count(b);
             }
             measure_calls += 1;
             let endpoint = if b.get("messages").is_some() { Endpoint::Chat } else { Endpoint::Completions };
-            discover::probe(client, first_key, endpoint.path(), b).1
+            discover::probe(client, &opts.tenants[tenant].key, endpoint.path(), b).1
         };
         let mut plan = workload::build_plan(&params, &mut rng, &mut canaries, &mut measure);
         for spec in plan.units.iter_mut().flat_map(Unit::specs_mut) {
-            spec.sent_tokens = meter.count(&spec.body);
+            spec.sent_tokens = targets.of(spec.tenant).meter.count(&spec.body);
         }
-        let probes = measure_calls + 2 + usize::from(opts.context_window.is_none());
+        let per_model = 2 + usize::from(opts.context_window.is_none());
+        let probes = measure_calls + per_model * targets.models.len();
         let reruns_planned = plan.units.iter().flat_map(Unit::specs).filter(|s| s.rerun).count();
-        let probe_samples = if opts.tenants.len() >= 2 { opts.timing_probe } else { 0 };
+        let probe_samples = if targets.probe_pair().is_some() { opts.timing_probe } else { 0 };
         if opts.timing_probe > 0 && probe_samples == 0 {
-            self.notes.push("the timing probe needs two tenants: skipped".into());
+            let why = if opts.tenants.len() < 2 {
+                "the timing probe needs two tenants: skipped"
+            } else {
+                "the timing probe needs two tenants that may use the same model: skipped"
+            };
+            self.notes.push(why.into());
         }
         let progress = Progress {
             on: opts.progress || std::io::stderr().is_terminal(),

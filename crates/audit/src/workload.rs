@@ -93,6 +93,8 @@ pub struct ReqSpec {
     /// The prompt's size in tokens by the audit's own count ([`super::meter`]); None when
     /// the audit has no tokenizer.
     pub sent_tokens: Option<usize>,
+    /// The context window of the model the request names (its tenant's).
+    pub window: usize,
     pub body: Value,
 }
 
@@ -145,18 +147,24 @@ impl Calibration {
     }
 }
 
+/// The model a tenant's requests name, as the plan sizes them.
+#[derive(Debug, Clone, Copy)]
+pub struct PlanTarget<'a> {
+    pub model: &'a str,
+    pub window: usize,
+    pub calibration: Calibration,
+}
+
 /// What the plan is built from.
 pub struct PlanParams<'a> {
     pub requests: usize,
     pub concurrency: usize,
-    pub tenants: usize,
     pub long_prompts: Option<usize>,
-    pub context_window: usize,
-    pub model: &'a str,
+    /// One per tenant: the model its requests name (tenants may use different models).
+    pub targets: Vec<PlanTarget<'a>>,
     /// Sent as `seed` in every request (greedy anyway; seeded so that a server that samples
     /// regardless stays repeatable).
     pub request_seed: u64,
-    pub calibration: Calibration,
 }
 
 pub struct Plan {
@@ -275,21 +283,21 @@ pub fn mix(requests: usize, concurrency: usize, tenants: usize, long_prompts: Op
     Mix { near, over, bursts, burst_size, shared_groups, shared_size, disconnects, regular: left - disconnects }
 }
 
-/// Builds the plan. `measure` asks the server for a body's prompt length in tokens (without
-/// running it); `None` when the server does not say.
+/// Builds the plan. `measure` asks the server for a body's prompt length in tokens, as the
+/// given tenant (without running it); `None` when the server does not say.
 pub fn build_plan(
     p: &PlanParams,
     rng: &mut Rng,
     canaries: &mut CanaryIndex,
-    measure: &mut dyn FnMut(&Value) -> Option<usize>,
+    measure: &mut dyn FnMut(usize, &Value) -> Option<usize>,
 ) -> Plan {
-    let m = mix(p.requests, p.concurrency, p.tenants, p.long_prompts);
-    let cal = p.calibration;
-    let window = p.context_window;
+    let tenants = p.targets.len();
+    let m = mix(p.requests, p.concurrency, tenants, p.long_prompts);
+    let target_of = |tenant: usize| p.targets[tenant];
     let mut next_id = 0usize;
-    let mut tenant_turn = rng.below(p.tenants.max(1));
+    let mut tenant_turn = rng.below(tenants.max(1));
     let mut next_tenant = || {
-        tenant_turn = (tenant_turn + 1) % p.tenants.max(1);
+        tenant_turn = (tenant_turn + 1) % tenants.max(1);
         tenant_turn
     };
     let mut units: Vec<Unit> = Vec::new();
@@ -306,7 +314,7 @@ pub fn build_plan(
     };
 
     let endpoint_for = |rng: &mut Rng| if rng.chance(0.25) { Endpoint::Completions } else { Endpoint::Chat };
-    let spec = |id, tenant, scenario, endpoint, stream, max_tokens, cs: &[(usize, Place)], body| ReqSpec {
+    let spec = |id, tenant: usize, scenario, endpoint, stream, max_tokens, cs: &[(usize, Place)], body| ReqSpec {
         id,
         tenant,
         scenario,
@@ -318,6 +326,7 @@ pub fn build_plan(
         rerun: false,
         prompt_tokens: None,
         sent_tokens: None,
+        window: target_of(tenant).window,
         body,
     };
 
@@ -354,7 +363,7 @@ pub fn build_plan(
             stream,
             max_tokens,
             &cs,
-            body(p.model, endpoint, &prompt, max_tokens, stream, p.request_seed),
+            body(target_of(tenant).model, endpoint, &prompt, max_tokens, stream, p.request_seed),
         );
         if disconnect {
             s.disconnect_after = Some(rng.range(0, 6));
@@ -372,6 +381,7 @@ pub fn build_plan(
         let id = next_id;
         next_id += 1;
         let tenant = next_tenant();
+        let PlanTarget { window, calibration: cal, .. } = target_of(tenant);
         let endpoint = endpoint_for(rng);
         let stream = rng.chance(0.5);
         let max_tokens = rng.range(16, 32);
@@ -393,13 +403,13 @@ pub fn build_plan(
         let make = |words: usize| {
             let prompt =
                 compose(&mut Rng::new(sseed), None, &borrow(&t), fseed, words, endpoint == Endpoint::Completions);
-            body(p.model, endpoint, &prompt, max_tokens, stream, p.request_seed)
+            body(target_of(tenant).model, endpoint, &prompt, max_tokens, stream, p.request_seed)
         };
         let mut b = make(words);
         let mut measured = None;
         if cal.measured {
             for _ in 0..6 {
-                let Some(tokens) = measure(&b) else { break };
+                let Some(tokens) = measure(tenant, &b) else { break };
                 measured = Some(tokens);
                 if (lower..=budget).contains(&tokens) {
                     break;
@@ -427,6 +437,7 @@ pub fn build_plan(
         let id = next_id;
         next_id += 1;
         let tenant = next_tenant();
+        let PlanTarget { window, calibration: cal, .. } = target_of(tenant);
         let endpoint = endpoint_for(rng);
         let stream = rng.chance(0.3);
         let n = rng.range(1, 3);
@@ -447,10 +458,10 @@ pub fn build_plan(
             (Scenario::OverBudget, rng.range(20, 200), window.max(1))
         };
         let prompt = compose(rng, None, &borrow(&t), fseed, words, endpoint == Endpoint::Completions);
-        let mut b = body(p.model, endpoint, &prompt, max_tokens, stream, p.request_seed);
+        let mut b = body(target_of(tenant).model, endpoint, &prompt, max_tokens, stream, p.request_seed);
         let mut max_tokens = max_tokens;
         if scenario == Scenario::OverBudget && cal.measured {
-            if let Some(tokens) = measure(&b) {
+            if let Some(tokens) = measure(tenant, &b) {
                 // Exactly one token over: an off-by-one at the door shows here.
                 max_tokens = window + 1 - tokens.min(window);
                 b["max_tokens"] = json!(max_tokens);
@@ -470,6 +481,7 @@ pub fn build_plan(
             let id = next_id;
             next_id += 1;
             let tenant = next_tenant();
+            let PlanTarget { window, calibration: cal, .. } = target_of(tenant);
             let endpoint = endpoint_for(rng);
             let words = rng.range(10, 60);
             let cs = draw_canaries(rng, canaries, tenant, id, 1);
@@ -492,7 +504,7 @@ pub fn build_plan(
                 stream,
                 max_tokens,
                 &cs,
-                body(p.model, endpoint, &prompt, max_tokens, stream, p.request_seed),
+                body(target_of(tenant).model, endpoint, &prompt, max_tokens, stream, p.request_seed),
             );
             if hog {
                 s.disconnect_after = Some(rng.range(1, 6));
@@ -515,7 +527,7 @@ pub fn build_plan(
         for j in 0..m.shared_size {
             let id = next_id;
             next_id += 1;
-            let tenant = if p.tenants >= m.shared_size { j } else { next_tenant() };
+            let tenant = if tenants >= m.shared_size { j } else { next_tenant() };
             let cs = draw_canaries(rng, canaries, tenant, id, 1)
                 .into_iter()
                 .map(|(c, _)| (c, Place::End))
@@ -531,7 +543,7 @@ pub fn build_plan(
                 stream,
                 max_tokens,
                 &cs,
-                body(p.model, endpoint, &prompt, max_tokens, stream, p.request_seed),
+                body(target_of(tenant).model, endpoint, &prompt, max_tokens, stream, p.request_seed),
             );
             s.rerun = true;
             members.push(s);
@@ -573,19 +585,16 @@ mod tests {
 
     #[test]
     fn a_plan_has_every_kind_and_canaries_in_every_prompt() {
-        let params = PlanParams {
-            requests: 120,
-            concurrency: 4,
-            tenants: 3,
-            long_prompts: None,
-            context_window: 2048,
+        let target = PlanTarget {
             model: "m",
-            request_seed: 1,
+            window: 2048,
             calibration: Calibration { tokens_per_word: 1.25, base_tokens: 40, measured: true },
         };
+        let params =
+            PlanParams { requests: 120, concurrency: 4, long_prompts: None, targets: vec![target; 3], request_seed: 1 };
         let mut idx = CanaryIndex::new();
         // A stand-in tokenizer: 1.25 tokens per word plus the template.
-        let mut measure = |b: &Value| {
+        let mut measure = |_tenant: usize, b: &Value| {
             let text = b["messages"][0]["content"].as_str().or(b["prompt"].as_str()).unwrap_or_default();
             Some(40 + (text.split_whitespace().count() as f64 * 1.25) as usize)
         };
