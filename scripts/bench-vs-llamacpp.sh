@@ -3,8 +3,9 @@
 # model), in one run on one machine (the machines are noisy: compare the ratios, not the
 # absolute figures across runs).
 #
-#   LLAMA_BENCH=/path/to/llama-bench scripts/bench-vs-llamacpp.sh [ROUNDS] [MODEL]
-#   e.g. MODEL = gemma-3-270m (the names `pagewarden fetch-model` knows)
+#   LLAMA_BENCH=/path/to/llama-bench [DEPTH=0,2048] scripts/bench-vs-llamacpp.sh [ROUNDS] [MODEL]
+#   e.g. MODEL = gemma-3-270m (the names `pagewarden fetch-model` knows); DEPTH: context depths
+#   (tokens already in the cache before the timed prefill and decode; default 0)
 #
 # llama-bench is not part of this project; one way to get it with only package registries:
 # `pip download --no-deps --no-binary llama-cpp-python llama-cpp-python==0.3.36`, then build
@@ -27,5 +28,5 @@ pw=target/release/pagewarden
 # with the same lengths, threads and repetitions, and prints the ratios of that run only.
 for r in $(seq "$rounds"); do
   echo "== round $r"
-  "$pw" bench model --model "$model" --threads 1,2 --batch 1 --reps 3 --llama-bench "$LLAMA_BENCH"
+  "$pw" bench model --model "$model" --threads 1,2 --batch 1 --depth "${DEPTH:-0}" --reps 3 --llama-bench "$LLAMA_BENCH"
 done

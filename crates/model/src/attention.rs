@@ -148,8 +148,10 @@ fn gather<W: Widen>(
     f16
 }
 
-/// Scores of `G` queries against keys `[from, upto)` (`from` a multiple of sixteen), sixteen
-/// keys at a time.
+/// Scores of `G` queries against keys `[from, upto)` (`from` a multiple of sixteen), `T`
+/// tiles of sixteen keys at a time: `G * T` independent accumulators keep the FMA units busy
+/// (one tile alone waits on each FMA's latency). Each key's score is the same FMA chain in
+/// dimension order whatever the tiling, so the result does not depend on it.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn scores_tile<const G: usize>(
@@ -161,62 +163,163 @@ fn scores_tile<const G: usize>(
     scale: f32,
     out: &mut [Vec<f32>],
 ) {
+    const T: usize = 4;
+    let mut jb = from;
+    while jb + T * LANES <= upto {
+        scores_block::<G, T>(qs, kt, stride, jb, upto, scale, out);
+        jb += T * LANES;
+    }
+    while jb < upto {
+        scores_block::<G, 1>(qs, kt, stride, jb, upto, scale, out);
+        jb += LANES;
+    }
+}
+
+/// `T` tiles of sixteen keys from `jb` (only keys below `upto` are stored).
+#[inline(always)]
+// Indexed loops over fixed-size arrays are what the compiler turns into one vector per tile.
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+fn scores_block<const G: usize, const T: usize>(
+    qs: [&[f32]; G],
+    kt: &[f32],
+    stride: usize,
+    jb: usize,
+    upto: usize,
+    scale: f32,
+    out: &mut [Vec<f32>],
+) {
     let hd = qs[0].len();
-    for jb in (from..upto).step_by(LANES) {
-        let mut acc = [[0f32; LANES]; G];
-        for d in 0..hd {
-            let k: &[f32; LANES] = match kt[d * stride + jb..d * stride + jb + LANES].try_into() {
-                Ok(k) => k,
-                Err(_) => return,
+    let mut acc = [[[0f32; LANES]; T]; G];
+    for d in 0..hd {
+        let row = &kt[d * stride + jb..];
+        for t in 0..T {
+            let k: &[f32; LANES] = match row.get(t * LANES..(t + 1) * LANES).and_then(|r| r.try_into().ok()) {
+                Some(k) => k,
+                None => return,
             };
             for g in 0..G {
                 let qd = qs[g][d];
                 for l in 0..LANES {
-                    acc[g][l] = qd.mul_add(k[l], acc[g][l]);
+                    acc[g][t][l] = qd.mul_add(k[l], acc[g][t][l]);
                 }
             }
         }
-        for g in 0..G {
-            let n = LANES.min(upto - jb);
+    }
+    for g in 0..G {
+        for t in 0..T {
+            let base = jb + t * LANES;
+            let n = LANES.min(upto.saturating_sub(base));
             for l in 0..n {
-                out[g][jb + l] = acc[g][l] * scale;
+                out[g][base + l] = acc[g][t][l] * scale;
             }
         }
     }
 }
 
-/// `o[t] += p_j * v[j][t]` for every key `j` in order, with `o` held in an array of `N`.
+/// e^x for x <= 0 (a score minus the row's maximum), to about one ulp: x = n ln 2 + r with
+/// |r| <= ln 2 / 2, e^r by its Taylor polynomial to degree 7 (error under 1e-8 relative), times
+/// 2^n built in the exponent bits. Only FMAs, adds and bit moves, so a run of them vectorizes
+/// (libm's expf is a call per element, which dominated attention at long contexts); inputs
+/// under -87 (weights below 2^-126, nothing next to the maximum's 1) give 2^-126 e^r.
+#[inline(always)]
+pub(crate) fn exp_nonpositive(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    // 1.5 * 2^23: adding it rounds to an integer (to nearest even) in the low mantissa bits.
+    const SHIFT: f32 = 12_582_912.0;
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    let x = x.max(-87.0);
+    let z = x.mul_add(LOG2E, SHIFT);
+    let n = z - SHIFT;
+    let r = n.mul_add(-LN2_HI, x);
+    let r = n.mul_add(-LN2_LO, r);
+    let mut p: f32 = 1.0 / 5040.0;
+    for c in [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
+        p = p.mul_add(r, c);
+    }
+    let k = (z.to_bits() as i32).wrapping_sub(SHIFT.to_bits() as i32);
+    p * f32::from_bits(((k + 127) << 23) as u32)
+}
+
+/// `o[t] += p_j * v[j][t]` for every key `j`, with `o` held in registers: even and odd keys in
+/// two accumulators (two FMA chains, where one waits on each FMA's latency), added at the end.
 #[inline(always)]
 fn weighted_sum_fixed<const N: usize>(scores: &[f32], v: &[f32], o: &mut [f32]) {
     let Ok(o) = <&mut [f32; N]>::try_from(o) else { unreachable!("o holds one head") };
-    let mut acc = *o;
-    for (j, &p) in scores.iter().enumerate() {
-        let Ok(vr) = <&[f32; N]>::try_from(&v[j * N..(j + 1) * N]) else { break };
+    let (mut even, mut odd) = (*o, [0f32; N]);
+    let mut pairs = scores.chunks_exact(2);
+    let mut j = 0;
+    for pq in &mut pairs {
+        let (Ok(va), Ok(vb)) =
+            (<&[f32; N]>::try_from(&v[j * N..(j + 1) * N]), <&[f32; N]>::try_from(&v[(j + 1) * N..(j + 2) * N]))
+        else {
+            break;
+        };
         for t in 0..N {
-            acc[t] += p * vr[t];
+            even[t] = pq[0].mul_add(va[t], even[t]);
+            odd[t] = pq[1].mul_add(vb[t], odd[t]);
+        }
+        j += 2;
+    }
+    if let [p] = pairs.remainder() {
+        if let Ok(va) = <&[f32; N]>::try_from(&v[j * N..(j + 1) * N]) {
+            for t in 0..N {
+                even[t] = p.mul_add(va[t], even[t]);
+            }
         }
     }
-    *o = acc;
+    for t in 0..N {
+        o[t] = even[t] + odd[t];
+    }
 }
 
+/// Softmax of `scores` (in place) and `o += softmax · v`, then `o /= sum`. The maximum, the
+/// exponentials and their sum go sixteen lanes at a time (the sum per lane, lanes added in a
+/// fixed order): the same for a query whatever else is in its batch or its prefill chunk.
 #[inline(always)]
 fn softmax_weighted_sum(scores: &mut [f32], v: &[f32], hd: usize, o: &mut [f32]) {
-    let max = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    let mut sum = 0f32;
-    for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        sum += *s;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = scores.chunks_exact(LANES);
+    for c in &mut chunks {
+        for l in 0..LANES {
+            lanes[l] = lanes[l].max(c[l]);
+        }
     }
+    for (l, &x) in chunks.remainder().iter().enumerate() {
+        lanes[l] = lanes[l].max(x);
+    }
+    let max = lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let mut sums = [0f32; LANES];
+    let mut chunks = scores.chunks_exact_mut(LANES);
+    for c in &mut chunks {
+        for l in 0..LANES {
+            c[l] = exp_nonpositive(c[l] - max);
+            sums[l] += c[l];
+        }
+    }
+    for (l, x) in chunks.into_remainder().iter_mut().enumerate() {
+        *x = exp_nonpositive(*x - max);
+        sums[l] += *x;
+    }
+    // A fixed pairwise order.
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for l in 0..width {
+            sums[l] += sums[l + width];
+        }
+    }
+    let sum = sums[0];
     match hd {
-        // The common head sizes: the accumulator stays in registers instead of being loaded
-        // and stored once per key. Same operations in the same order as the general loop.
+        // The common head sizes: the accumulators stay in registers instead of being loaded
+        // and stored once per key.
         64 => weighted_sum_fixed::<64>(scores, v, o),
         128 => weighted_sum_fixed::<128>(scores, v, o),
         256 => weighted_sum_fixed::<256>(scores, v, o),
         _ => {
             for (j, &p) in scores.iter().enumerate() {
                 for (oo, &vv) in o.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
-                    *oo += p * vv;
+                    *oo = p.mul_add(vv, *oo);
                 }
             }
         }
@@ -230,13 +333,43 @@ fn softmax_weighted_sum(scores: &mut [f32], v: &[f32], hd: usize, o: &mut [f32])
 #[inline(always)]
 fn attend_impl<W: Widen>(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, rows: Range<usize>) -> Vec<f32> {
     let hd = shape.head_dim;
-    let group = shape.n_heads / shape.n_kv_heads;
     // Keys up to the last query of these rows are all that is needed.
     let len = (inp.start + rows.end).min(inp.view.len());
     let stride = len.div_ceil(LANES) * LANES;
     let row_len = shape.n_kv_heads * hd;
-    let (mut kt, mut v) = (vec![0f32; hd * stride], vec![0f32; len * hd]);
-    let f16_queries = gather::<W>(&inp.view, len, row_len, kvh, hd, stride, &mut kt, &mut v);
+    // Reused across calls: at long contexts a fresh zeroed buffer per (sequence, head, layer)
+    // cost as much as the gather itself. Taken out of the thread's slot (not used inside a
+    // closure, which would not inherit this function's target features) and put back.
+    let (mut kt, mut v) = SCRATCH.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+    // The gather writes every position below `len`; only the last tile's tail is zeroed here.
+    kt.resize(hd * stride, 0.0);
+    v.resize(len * hd, 0.0);
+    for d in 0..hd {
+        kt[d * stride + len..(d + 1) * stride].fill(0.0);
+    }
+    let out = attend_gathered::<W>(inp, shape, kvh, rows, (len, stride, row_len), &mut kt, &mut v);
+    SCRATCH.with(|cell| *cell.borrow_mut() = (kt, v));
+    out
+}
+
+thread_local! {
+    /// Per compute thread: the gathered K (transposed) and V of the current (sequence, head).
+    static SCRATCH: std::cell::RefCell<(Vec<f32>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+#[inline(always)]
+fn attend_gathered<W: Widen>(
+    inp: &AttnInput<'_>,
+    shape: &AttnShape,
+    kvh: usize,
+    rows: Range<usize>,
+    (len, stride, row_len): (usize, usize, usize),
+    kt: &mut [f32],
+    v: &mut [f32],
+) -> Vec<f32> {
+    let hd = shape.head_dim;
+    let group = shape.n_heads / shape.n_kv_heads;
+    let f16_queries = gather::<W>(&inp.view, len, row_len, kvh, hd, stride, kt, v);
     let scale = 1.0 / (hd as f32).sqrt();
     let mut out = vec![0f32; rows.len() * group * hd];
     let mut scores: Vec<Vec<f32>> = (0..group).map(|_| vec![0f32; stride]).collect();
@@ -257,10 +390,10 @@ fn attend_impl<W: Widen>(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, row
             let rest = &mut scores[g0..];
             let qh = |g: usize| &q[(g0 + g) * hd..(g0 + g + 1) * hd];
             match group - g0 {
-                1 => scores_tile::<1>([qh(0)], &kt, stride, tile_from, upto, scale, rest),
-                2 => scores_tile::<2>([qh(0), qh(1)], &kt, stride, tile_from, upto, scale, rest),
-                3 => scores_tile::<3>([qh(0), qh(1), qh(2)], &kt, stride, tile_from, upto, scale, rest),
-                _ => scores_tile::<4>([qh(0), qh(1), qh(2), qh(3)], &kt, stride, tile_from, upto, scale, rest),
+                1 => scores_tile::<1>([qh(0)], kt, stride, tile_from, upto, scale, rest),
+                2 => scores_tile::<2>([qh(0), qh(1)], kt, stride, tile_from, upto, scale, rest),
+                3 => scores_tile::<3>([qh(0), qh(1), qh(2)], kt, stride, tile_from, upto, scale, rest),
+                _ => scores_tile::<4>([qh(0), qh(1), qh(2), qh(3)], kt, stride, tile_from, upto, scale, rest),
             }
             g0 += (group - g0).min(4);
         }
@@ -277,31 +410,43 @@ mod tests {
     use super::*;
     use kv::{Capacity, KvDtype, KvLayout, KvPool, Owner, PoolConfig, RequestId, ScrubPolicy, TenantId};
 
-    /// Every widening path (portable, F16C) gives the same attention output, bit for bit, on
-    /// an f16 pool with a partial last page.
+    /// The vector exp is within 2 ulp of libm's over the range softmax feeds it, and exact at 0.
     #[test]
-    fn fixed_size_weighted_sums_equal_the_general_loop_bit_for_bit() {
-        for hd in [16, 64, 128, 256] {
-            let keys = 37;
-            let v: Vec<f32> = (0..keys * hd).map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 97.0).collect();
-            let scores: Vec<f32> = (0..keys).map(|j| ((j * 31 % 17) as f32 - 8.0) / 3.0).collect();
-            let o0: Vec<f32> = (0..hd).map(|t| t as f32 / 7.0).collect();
-            let (mut s1, mut got) = (scores.clone(), o0.clone());
-            softmax_weighted_sum(&mut s1, &v, hd, &mut got);
-            // The general loop, written out.
-            let max = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-            let (mut sum, mut want) = (0f32, o0.clone());
-            for (j, &s) in scores.iter().enumerate() {
-                let p = (s - max).exp();
-                sum += p;
-                for (oo, &vv) in want.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
-                    *oo += p * vv;
+    fn the_softmax_exp_is_within_two_ulp_of_libm() {
+        assert_eq!(exp_nonpositive(0.0), 1.0);
+        let mut worst = 0i64;
+        for i in 0..=870_000 {
+            let x = -(i as f32) * 1e-4;
+            let (got, want) = (exp_nonpositive(x), x.exp());
+            let ulps = (got.to_bits() as i64 - want.to_bits() as i64).abs();
+            worst = worst.max(ulps);
+        }
+        assert!(worst <= 2, "worst {worst} ulp");
+        // Far below: tiny and positive, never NaN or garbage from the exponent bits.
+        for x in [-87.5f32, -100.0, -1e4, f32::MIN] {
+            let e = exp_nonpositive(x);
+            assert!(e > 0.0 && e < 1e-37, "{x}: {e}");
+        }
+    }
+
+    /// The fixed-size weighted sums (two accumulators) agree with the plain loop up to rounding,
+    /// for even and odd key counts.
+    #[test]
+    fn fixed_size_weighted_sums_agree_with_the_general_loop() {
+        for hd in [64, 128, 256] {
+            for keys in [1, 36, 37] {
+                let v: Vec<f32> = (0..keys * hd).map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 97.0).collect();
+                let scores: Vec<f32> = (0..keys).map(|j| ((j * 31 % 17) as f32 - 8.0) / 3.0).collect();
+                let mut got = vec![0f32; hd];
+                softmax_weighted_sum(&mut scores.clone(), &v, hd, &mut got);
+                let max = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let e: Vec<f64> = scores.iter().map(|s| f64::from(s - max).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for t in 0..hd {
+                    let want: f64 = e.iter().enumerate().map(|(j, p)| p * f64::from(v[j * hd + t])).sum::<f64>() / z;
+                    assert!((want - f64::from(got[t])).abs() < 1e-5, "hd {hd} keys {keys} t {t}");
                 }
             }
-            let inv = 1.0 / sum;
-            want.iter_mut().for_each(|x| *x *= inv);
-            let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(&want), "head_dim {hd}");
         }
     }
 

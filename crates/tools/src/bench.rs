@@ -47,6 +47,11 @@ pub struct ModelBench {
     prompt: usize,
     #[arg(long, default_value_t = 128)]
     decode: usize,
+    /// Context depths, comma separated: tokens already in the sequence's KV cache before the
+    /// timed prefill and decode (llama-bench's `-d`), where attention over a long context
+    /// costs what the weights do at depth 0.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![0])]
+    depth: Vec<usize>,
     /// Kernel sets to compare side by side (scalar, avx2, avx512); default: the best available.
     #[arg(long, value_delimiter = ',')]
     isa: Vec<String>,
@@ -67,6 +72,7 @@ struct Row {
     kernels: &'static str,
     threads: usize,
     batch: usize,
+    depth: usize,
     prefill_tokens_per_s: f64,
     decode_tokens_per_s: f64,
 }
@@ -100,6 +106,7 @@ struct LlamaCpp {
 struct Versus {
     kernels: &'static str,
     threads: usize,
+    depth: usize,
     llama_pp_tokens_per_s: f64,
     llama_tg_tokens_per_s: f64,
     /// Our prefill tokens/s over llama.cpp's ppN (above 1: faster).
@@ -109,15 +116,16 @@ struct Versus {
 }
 
 /// Our batch-1 rows (llama-bench runs one sequence) against llama.cpp's figures at the same
-/// thread count and lengths; rows it has no figure for get no ratio.
+/// thread count, depth and lengths; rows it has no figure for get no ratio.
 fn versus(rows: &[Row], tests: &[LlamaBenchTest], prompt: usize, decode: usize) -> Vec<Versus> {
     rows.iter()
         .filter(|r| r.batch == 1)
         .filter_map(|r| {
-            let (pp, tg) = llama_bench::figures(tests, r.threads, prompt, decode)?;
+            let (pp, tg) = llama_bench::figures(tests, r.threads, r.depth, prompt, decode)?;
             Some(Versus {
                 kernels: r.kernels,
                 threads: r.threads,
+                depth: r.depth,
                 llama_pp_tokens_per_s: pp,
                 llama_tg_tokens_per_s: tg,
                 prefill_ratio: r.prefill_tokens_per_s / pp,
@@ -145,28 +153,48 @@ fn reserve_all(pool: &KvPool, batch: usize, len: usize) -> Result<Vec<BlockTable
     (0..batch).map(|i| Ok(pool.reserve(Owner { tenant: TenantId(1), request: RequestId(i as u64) }, len)?)).collect()
 }
 
-fn prefill(model: &Llama, pool: &KvPool, batch: usize, n: usize) -> Result<f64> {
+/// Fills `depth` positions of every table, untimed, in chunks as the engine prefills.
+fn fill(model: &Llama, tables: &mut [BlockTable], depth: usize) -> Result<()> {
+    const CHUNK: usize = 512;
+    let ctx: Vec<Vec<u32>> = (0..tables.len()).map(|i| tokens(depth, model.config.vocab, i + 1000)).collect();
+    for start in (0..depth).step_by(CHUNK) {
+        let end = (start + CHUNK).min(depth);
+        let mut steps: Vec<SeqStep<'_>> = ctx
+            .iter()
+            .zip(tables.iter_mut())
+            .map(|(c, kv)| SeqStep { tokens: &c[start..end], start, kv, logits: Logits::None })
+            .collect();
+        model.forward(&mut steps)?;
+    }
+    Ok(())
+}
+
+/// Prefill of `n` tokens per sequence after `depth` tokens of context.
+fn prefill(model: &Llama, pool: &KvPool, batch: usize, n: usize, depth: usize) -> Result<f64> {
     let prompts: Vec<Vec<u32>> = (0..batch).map(|i| tokens(n, model.config.vocab, i)).collect();
-    let mut tables = reserve_all(pool, batch, n)?;
+    let mut tables = reserve_all(pool, batch, depth + n)?;
+    fill(model, &mut tables, depth)?;
     let t0 = Instant::now();
     let mut steps: Vec<SeqStep<'_>> = prompts
         .iter()
         .zip(tables.iter_mut())
-        .map(|(p, kv)| SeqStep { tokens: p, start: 0, kv, logits: Logits::Last })
+        .map(|(p, kv)| SeqStep { tokens: p, start: depth, kv, logits: Logits::Last })
         .collect();
     model.forward(&mut steps)?;
     Ok((batch * n) as f64 / t0.elapsed().as_secs_f64())
 }
 
-fn decode(model: &Llama, pool: &KvPool, batch: usize, n: usize) -> Result<f64> {
-    let mut tables = reserve_all(pool, batch, n)?;
+/// Decode of `n` tokens per sequence, one step at a time, after `depth` tokens of context.
+fn decode(model: &Llama, pool: &KvPool, batch: usize, n: usize, depth: usize) -> Result<f64> {
+    let mut tables = reserve_all(pool, batch, depth + n)?;
+    fill(model, &mut tables, depth)?;
     let toks: Vec<Vec<u32>> = (0..batch).map(|i| tokens(n, model.config.vocab, i)).collect();
     let t0 = Instant::now();
     for pos in 0..n {
         let mut steps: Vec<SeqStep<'_>> = toks
             .iter()
             .zip(tables.iter_mut())
-            .map(|(t, kv)| SeqStep { tokens: &t[pos..pos + 1], start: pos, kv, logits: Logits::Last })
+            .map(|(t, kv)| SeqStep { tokens: &t[pos..pos + 1], start: depth + pos, kv, logits: Logits::Last })
             .collect();
         model.forward(&mut steps)?;
     }
@@ -188,7 +216,9 @@ fn model_bench(b: &ModelBench) -> Result<()> {
     let file = runtime::open(&margs)?;
     let mut model = runtime::load_model(&file, 1)?;
     let max_batch = b.batch.iter().copied().max().unwrap_or(1);
-    let pool = runtime::pool_for(&model, max_batch * (b.prompt.max(b.decode) + 16))?;
+    let max_depth = b.depth.iter().copied().max().unwrap_or(0);
+    let pool = runtime::pool_for(&model, max_batch * (max_depth + b.prompt.max(b.decode) + 16))?;
+    let deep = max_depth > 0;
     let isas = parse_isas(&b.isa)?;
     let mut rows = Vec::new();
     for &isa in &isas {
@@ -197,32 +227,41 @@ fn model_bench(b: &ModelBench) -> Result<()> {
             model.set_threads(threads)?;
             for &batch in &b.batch {
                 // One untimed warm-up so page faults and thread start-up are not measured.
-                decode(&model, &pool, batch, 4)?;
-                let pf = median_or_nan(
-                    &(0..b.reps).map(|_| prefill(&model, &pool, batch, b.prompt)).collect::<Result<Vec<_>>>()?,
-                );
-                let dc = median_or_nan(
-                    &(0..b.reps).map(|_| decode(&model, &pool, batch, b.decode)).collect::<Result<Vec<_>>>()?,
-                );
-                let threads = model.threads();
-                if !b.json {
-                    println!(
-                        "{:<12} threads {threads:>2}  batch {batch:>3}  prefill {pf:>8.1} tok/s  decode {dc:>8.1} tok/s",
-                        isa.name(),
+                decode(&model, &pool, batch, 4, 0)?;
+                for &depth in &b.depth {
+                    let pf = median_or_nan(
+                        &(0..b.reps)
+                            .map(|_| prefill(&model, &pool, batch, b.prompt, depth))
+                            .collect::<Result<Vec<_>>>()?,
                     );
+                    let dc = median_or_nan(
+                        &(0..b.reps)
+                            .map(|_| decode(&model, &pool, batch, b.decode, depth))
+                            .collect::<Result<Vec<_>>>()?,
+                    );
+                    let threads = model.threads();
+                    if !b.json {
+                        let at = if deep { format!("  depth {depth:>5}") } else { String::new() };
+                        println!(
+                            "{:<12} threads {threads:>2}  batch {batch:>3}{at}  prefill {pf:>8.1} tok/s  decode {dc:>8.1} tok/s",
+                            isa.name(),
+                        );
+                    }
+                    rows.push(Row {
+                        kernels: isa.name(),
+                        threads,
+                        batch,
+                        depth,
+                        prefill_tokens_per_s: pf,
+                        decode_tokens_per_s: dc,
+                    });
                 }
-                rows.push(Row {
-                    kernels: isa.name(),
-                    threads,
-                    batch,
-                    prefill_tokens_per_s: pf,
-                    decode_tokens_per_s: dc,
-                });
             }
         }
     }
     let (ns, page_bytes) = scrub_cost(&pool);
-    let decode_token_ns = rows.first().map(|r| 1e9 / r.decode_tokens_per_s).unwrap_or(f64::NAN);
+    let decode_token_ns =
+        rows.iter().find(|r| r.depth == 0).or(rows.first()).map(|r| 1e9 / r.decode_tokens_per_s).unwrap_or(f64::NAN);
     // llama.cpp runs after our measurements (never beside them), at the thread counts our
     // batch-1 rows actually used.
     let llama_cpp = match &b.llama_bench {
@@ -234,7 +273,7 @@ fn model_bench(b: &ModelBench) -> Result<()> {
             if !b.json {
                 eprintln!("running {} on the same model ...", bin.display());
             }
-            let tests = llama_bench::run(bin, &path, &threads, b.prompt, b.decode, b.reps)?;
+            let tests = llama_bench::run(bin, &path, &threads, &b.depth, b.prompt, b.decode, b.reps)?;
             let versus = versus(&rows, &tests, b.prompt, b.decode);
             let build_commit = tests.first().map(|t| t.build_commit.clone()).unwrap_or_default();
             Some(LlamaCpp { llama_bench: bin.display().to_string(), build_commit, tests, versus })
@@ -281,9 +320,11 @@ fn print_llama_cpp(l: Option<&LlamaCpp>, prompt: usize, decode: usize) {
     if l.versus.is_empty() {
         println!("  no pp{prompt}/tg{decode} figure at our thread counts: no ratio");
     }
+    let deep = l.versus.iter().any(|v| v.depth > 0);
     for v in &l.versus {
+        let at = if deep { format!("  depth {:>5}", v.depth) } else { String::new() };
         println!(
-            "  threads {:>2}  pp{prompt} {:>8.1} tok/s  tg{decode} {:>8.1} tok/s   {:<12} prefill x{:.2}  decode x{:.2}",
+            "  threads {:>2}{at}  pp{prompt} {:>8.1} tok/s  tg{decode} {:>8.1} tok/s   {:<12} prefill x{:.2}  decode x{:.2}",
             v.threads, v.llama_pp_tokens_per_s, v.llama_tg_tokens_per_s, v.kernels, v.prefill_ratio, v.decode_ratio
         );
     }
@@ -325,7 +366,7 @@ mod tests {
     use super::*;
 
     fn row(kernels: &'static str, threads: usize, batch: usize, pf: f64, dc: f64) -> Row {
-        Row { kernels, threads, batch, prefill_tokens_per_s: pf, decode_tokens_per_s: dc }
+        Row { kernels, threads, batch, depth: 0, prefill_tokens_per_s: pf, decode_tokens_per_s: dc }
     }
 
     #[test]
@@ -344,5 +385,8 @@ mod tests {
         assert_eq!((v[0].llama_pp_tokens_per_s, v[0].llama_tg_tokens_per_s), (145.168199, 53.509262));
         // Other lengths than llama-bench ran: no ratio at all.
         assert!(versus(&rows, &tests, 256, 128).is_empty());
+        // A depth it did not run: no ratio either (the sample has depth 0 only).
+        let deep = [Row { depth: 2048, ..row("avx512-vnni", 1, 1, 1.0, 1.0) }];
+        assert!(versus(&deep, &tests, 512, 128).is_empty());
     }
 }

@@ -31,22 +31,25 @@ pub fn parse(json: &str) -> Result<Vec<LlamaBenchTest>> {
     serde_json::from_str(json).context("reading llama-bench's `-o json` output")
 }
 
-/// Runs `bin` on `model`: a `pp{prompt}` and a `tg{decode}` test at each of `threads`, `reps`
-/// repetitions each, as `bench model` measures itself (one sequence, F16 KV: llama-bench's
-/// default cache type).
+/// Runs `bin` on `model`: a `pp{prompt}` and a `tg{decode}` test at each of `threads` and
+/// `depths`, `reps` repetitions each, as `bench model` measures itself (one sequence, F16 KV:
+/// llama-bench's default cache type).
 pub fn run(
     bin: &Path,
     model: &Path,
     threads: &[usize],
+    depths: &[usize],
     prompt: usize,
     decode: usize,
     reps: usize,
 ) -> Result<Vec<LlamaBenchTest>> {
-    let list = threads.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
-    let out = Command::new(bin)
-        .arg("-m")
-        .arg(model)
-        .args(["-p", &prompt.to_string(), "-n", &decode.to_string(), "-t", &list])
+    let list = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+    let mut cmd = Command::new(bin);
+    cmd.arg("-m").arg(model).args(["-p", &prompt.to_string(), "-n", &decode.to_string(), "-t", &list(threads)]);
+    if depths.iter().any(|d| *d > 0) {
+        cmd.args(["-d", &list(depths)]);
+    }
+    let out = cmd
         .args(["-r", &reps.max(1).to_string(), "-o", "json"])
         .stdin(Stdio::null())
         .output()
@@ -60,12 +63,19 @@ pub fn run(
     parse(&String::from_utf8_lossy(&out.stdout)).with_context(|| format!("from {}", bin.display()))
 }
 
-/// llama.cpp's `pp{prompt}` and `tg{decode}` tokens/s at `threads`, when it measured both.
-pub fn figures(tests: &[LlamaBenchTest], threads: usize, prompt: usize, decode: usize) -> Option<(f64, f64)> {
+/// llama.cpp's `pp{prompt}` and `tg{decode}` tokens/s at `threads` and `depth`, when it
+/// measured both.
+pub fn figures(
+    tests: &[LlamaBenchTest],
+    threads: usize,
+    depth: usize,
+    prompt: usize,
+    decode: usize,
+) -> Option<(f64, f64)> {
     let find = |p: usize, g: usize| {
         tests
             .iter()
-            .find(|t| t.n_threads == threads && t.n_prompt == p && t.n_gen == g && t.n_depth == 0)
+            .find(|t| t.n_threads == threads && t.n_prompt == p && t.n_gen == g && t.n_depth == depth)
             .map(|t| t.avg_ts)
     };
     Some((find(prompt, 0)?, find(0, decode)?))
@@ -85,13 +95,14 @@ mod tests {
         let tests = parse(SAMPLE).unwrap();
         assert_eq!(tests.len(), 6);
         assert!(tests.iter().all(|t| t.build_commit == "0c1e570" && t.n_depth == 0));
-        assert_eq!(figures(&tests, 1, 512, 128), Some((145.168199, 53.509262)));
-        assert_eq!(figures(&tests, 2, 512, 128), Some((283.641028, 124.268256)));
-        assert_eq!(figures(&tests, 2, 128, 128), Some((281.353805, 124.268256)));
+        assert_eq!(figures(&tests, 1, 0, 512, 128), Some((145.168199, 53.509262)));
+        assert_eq!(figures(&tests, 2, 0, 512, 128), Some((283.641028, 124.268256)));
+        assert_eq!(figures(&tests, 2, 0, 128, 128), Some((281.353805, 124.268256)));
         // Shapes it did not measure have no figure, so no ratio is printed for them.
-        assert_eq!(figures(&tests, 4, 512, 128), None);
-        assert_eq!(figures(&tests, 1, 256, 128), None);
-        assert_eq!(figures(&tests, 1, 512, 64), None);
+        assert_eq!(figures(&tests, 4, 0, 512, 128), None);
+        assert_eq!(figures(&tests, 1, 0, 256, 128), None);
+        assert_eq!(figures(&tests, 1, 0, 512, 64), None);
+        assert_eq!(figures(&tests, 1, 2048, 512, 128), None);
     }
 
     #[test]
@@ -118,22 +129,25 @@ mod tests {
     #[test]
     fn llama_bench_is_asked_for_our_lengths_threads_and_reps_as_json() {
         let bin = stand_in("ok", r#"echo "$@" > args; echo 'load_backend: loaded CPU' >&2; cat sample.json"#);
-        let got = run(&bin, Path::new("/models/m.gguf"), &[1, 2], 512, 128, 3).unwrap();
+        let got = run(&bin, Path::new("/models/m.gguf"), &[1, 2], &[0], 512, 128, 3).unwrap();
         let args = std::fs::read_to_string(bin.with_file_name("args")).unwrap();
         assert_eq!(args.trim(), "-m /models/m.gguf -p 512 -n 128 -t 1,2 -r 3 -o json");
         assert_eq!(got, parse(SAMPLE).unwrap());
+        run(&bin, Path::new("/models/m.gguf"), &[1], &[0, 2048], 512, 128, 1).unwrap();
+        let args = std::fs::read_to_string(bin.with_file_name("args")).unwrap();
+        assert_eq!(args.trim(), "-m /models/m.gguf -p 512 -n 128 -t 1 -d 0,2048 -r 1 -o json");
     }
 
     #[test]
     fn a_failing_llama_bench_is_an_error_with_its_last_words() {
         let bin = stand_in("fails", "echo 'error: failed to load model' >&2; exit 1");
-        let e = format!("{:#}", run(&bin, Path::new("m.gguf"), &[1], 512, 128, 1).unwrap_err());
+        let e = format!("{:#}", run(&bin, Path::new("m.gguf"), &[1], &[0], 512, 128, 1).unwrap_err());
         assert!(e.contains("failed to load model") && e.contains("exit status: 1"), "{e}");
     }
 
     #[test]
     fn a_missing_llama_bench_binary_is_an_error_naming_its_path() {
-        let e = run(Path::new("/nonexistent/llama-bench"), Path::new("m.gguf"), &[1], 512, 128, 1).unwrap_err();
+        let e = run(Path::new("/nonexistent/llama-bench"), Path::new("m.gguf"), &[1], &[0], 512, 128, 1).unwrap_err();
         assert!(format!("{e:#}").contains("/nonexistent/llama-bench"), "{e:#}");
     }
 }
