@@ -147,13 +147,14 @@ fn kt_index(pos: usize, d: usize, hd: usize) -> usize {
     (pos / LANES) * hd * LANES + d * LANES + pos % LANES
 }
 
-/// Gathers head `kvh` of positions `[0, len)`: K transposed into tiles ([`kt_index`]; the
-/// pool already stores K transposed per page, so each element is a contiguous run), V as rows.
-/// Returns whether the pool is f16.
+/// Gathers head `kvh` of positions `[base, len)`, each at `pos - base`: K transposed into tiles
+/// ([`kt_index`]; the pool already stores K transposed per page, so each element is a
+/// contiguous run), V as rows. Returns whether the pool is f16.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn gather<W: Widen>(
     view: &LayerView<'_>,
+    base: usize,
     len: usize,
     row_len: usize,
     kvh: usize,
@@ -168,20 +169,25 @@ fn gather<W: Widen>(
         }
         let n = ch.len.min(len - ch.start);
         f16 = matches!(ch.v, KvSlice::F16(_));
+        // Positions before `base` (outside every query's window) are not read at all.
+        let skip = base.saturating_sub(ch.start);
+        if skip >= n {
+            continue;
+        }
         for d in 0..hd {
             let run = ch.k_run(kvh * hd + d).sub(0, n);
             // Split at tile boundaries (a page need not be one tile).
-            let mut p = 0;
+            let mut p = skip;
             while p < n {
-                let pos = ch.start + p;
+                let pos = ch.start + p - base;
                 let piece = (LANES - pos % LANES).min(n - p);
                 let at = kt_index(pos, d, hd);
                 widen::<W>(run.sub(p, piece), &mut kt[at..at + piece]);
                 p += piece;
             }
         }
-        for s in 0..n {
-            let pos = ch.start + s;
+        for s in skip..n {
+            let pos = ch.start + s - base;
             widen::<W>(ch.v.sub(s * row_len + kvh * hd, hd), &mut v[pos * hd..(pos + 1) * hd]);
         }
     }
@@ -371,9 +377,14 @@ fn softmax_weighted_sum(scores: &mut [f32], v: &[f32], hd: usize, o: &mut [f32])
 #[inline(always)]
 fn attend_impl<W: Widen>(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, rows: Range<usize>) -> Vec<f32> {
     let hd = shape.head_dim;
-    // Keys up to the last query of these rows are all that is needed.
+    // Keys up to the last query of these rows are all that is needed, and from the first key
+    // the first row's window lets it see (the tile holding it): a sliding-window layer at a
+    // long context gathers its window, not the context.
     let len = (inp.start + rows.end).min(inp.view.len());
-    let stride = len.div_ceil(LANES) * LANES;
+    let base = shape.window.map_or(0, |w| (inp.start + rows.start + 1).saturating_sub(w)) / LANES * LANES;
+    let base = base.min(len / LANES * LANES);
+    let span = len - base;
+    let stride = span.div_ceil(LANES) * LANES;
     let row_len = shape.n_kv_heads * hd;
     // Reused across calls: at long contexts a fresh zeroed buffer per (sequence, head, layer)
     // cost as much as the gather itself. Taken out of the thread's slot (not used inside a
@@ -381,14 +392,14 @@ fn attend_impl<W: Widen>(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, row
     let (mut kt, mut v) = SCRATCH.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
     // The gather writes every position below `len`; only the last tile's tail is zeroed here.
     kt.resize(hd * stride, 0.0);
-    v.resize(len * hd, 0.0);
-    if len < stride {
+    v.resize(span * hd, 0.0);
+    if span < stride {
         for d in 0..hd {
-            let at = kt_index(len, d, hd);
-            kt[at..at + stride - len].fill(0.0);
+            let at = kt_index(span, d, hd);
+            kt[at..at + stride - span].fill(0.0);
         }
     }
-    let out = attend_gathered::<W>(inp, shape, kvh, rows, (len, stride, row_len), &mut kt, &mut v);
+    let out = attend_gathered::<W>(inp, shape, kvh, rows, (base, len, stride, row_len), &mut kt, &mut v);
     SCRATCH.with(|cell| *cell.borrow_mut() = (kt, v));
     out
 }
@@ -404,21 +415,24 @@ fn attend_gathered<W: Widen>(
     shape: &AttnShape,
     kvh: usize,
     rows: Range<usize>,
-    (len, stride, row_len): (usize, usize, usize),
+    (base, len, stride, row_len): (usize, usize, usize, usize),
     kt: &mut [f32],
     v: &mut [f32],
 ) -> Vec<f32> {
     let hd = shape.head_dim;
     let group = shape.n_heads / shape.n_kv_heads;
-    let f16_queries = gather::<W>(&inp.view, len, row_len, kvh, hd, kt, v);
+    let f16_queries = gather::<W>(&inp.view, base, len, row_len, kvh, hd, kt, v);
     let scale = 1.0 / (hd as f32).sqrt();
     let mut out = vec![0f32; rows.len() * group * hd];
     let mut scores: Vec<Vec<f32>> = (0..group).map(|_| vec![0f32; stride]).collect();
     let mut q = vec![0f32; group * hd];
     for (oi, i) in rows.enumerate() {
-        let upto = inp.start + i + 1;
+        // Positions from here on are relative to `base` (a multiple of sixteen, so tiles are
+        // the same as in absolute positions).
+        let upto_abs = inp.start + i + 1;
+        let upto = upto_abs - base;
         // First key this query sees; scores are computed from the tile holding it.
-        let from = shape.window.map_or(0, |w| upto.saturating_sub(w));
+        let from = shape.window.map_or(0, |w| upto_abs.saturating_sub(w)) - base;
         let tile_from = from / LANES * LANES;
         q.copy_from_slice(&inp.q[i * shape.n_heads * hd + kvh * group * hd..][..group * hd]);
         if f16_queries {
@@ -574,6 +588,11 @@ mod tests {
         for window in [1, 5, 16, 17, 40, 100] {
             let shape = AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd, window: Some(window) };
             let got = attend_group(&inp, &shape, 0, 0..len);
+            // Alone, a late row gathers only its window (from a tile past position 0).
+            for p in [len - 1, len / 2, 20] {
+                let one = attend_group(&inp, &shape, 0, p..p + 1);
+                assert_eq!(one, got[p * n_heads * hd..(p + 1) * n_heads * hd], "window {window} row {p} alone");
+            }
             for p in 0..len {
                 for h in 0..n_heads {
                     let qh = &q[(p * n_heads + h) * hd..][..hd];
