@@ -225,16 +225,9 @@ impl<'a> Run<'a> {
         let mut selected: Vec<&ReqSpec> = self.plan.units.iter().flat_map(Unit::specs).filter(|s| s.rerun).collect();
         selected.sort_by_key(|s| (s.tenant, s.id));
         // Per model: each declares its own invariance.
-        let invariant: Vec<bool> =
-            self.d.targets.models.iter().map(|m| discover::batch_invariant(opts, &m.listing, &m.name)).collect();
-        let tolerance_of = |tenant: usize| {
-            let m = self.d.targets.models.iter().position(|m| m.tenants.contains(&tenant)).unwrap_or(0);
-            if invariant[m] {
-                0.0
-            } else {
-                rerun::LOGPROB_TOLERANCE
-            }
-        };
+        let tolerance_of =
+            |tenant: usize| if self.d.targets.of(tenant).batch_invariant { 0.0 } else { rerun::LOGPROB_TOLERANCE };
+        let invariant = self.d.targets.models.iter().all(|m| m.batch_invariant);
         let by_scenario: Mutex<BTreeMap<&'static str, rerun::CategoryChecks>> = Mutex::new(BTreeMap::new());
         for s in &selected {
             let mut by = lock(&by_scenario);
@@ -330,8 +323,8 @@ impl<'a> Run<'a> {
             skipped: by_scenario.values().map(|c| c.nothing_received + c.rerun_failed).sum(),
             diverged: 0,
             rerun_concurrency: opts.rerun_concurrency.max(1),
-            batch_invariant: invariant.iter().all(|i| *i),
-            logprob_tolerance: if invariant.iter().all(|i| *i) { 0.0 } else { rerun::LOGPROB_TOLERANCE },
+            batch_invariant: invariant,
+            logprob_tolerance: if invariant { 0.0 } else { rerun::LOGPROB_TOLERANCE },
             by_scenario,
         }
     }

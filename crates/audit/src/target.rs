@@ -22,9 +22,9 @@ use crate::workload::{Calibration, PlanTarget};
 /// One model the audit sends requests to.
 pub(crate) struct ModelTarget<'a> {
     pub(crate) name: String,
-    /// The `/v1/models` answer of the first tenant that uses it.
-    pub(crate) listing: Value,
     pub(crate) window: usize,
+    /// Whether its outputs are bit-identical alone and batched (as told, else as it declares).
+    pub(crate) batch_invariant: bool,
     pub(crate) meter: Meter<'a>,
     pub(crate) calibration: Calibration,
     /// Tenants (indices into the options' list) whose requests name it.
@@ -100,11 +100,12 @@ impl<'a> Targets<'a> {
             let tenants: Vec<usize> = (0..of_tenant.len()).filter(|t| of_tenant[*t] == i).collect();
             let first = tenants[0];
             let key = &opts.tenants[first].key;
-            let listing = listings[first].clone();
+            let listing = &listings[first];
             let window = match opts.context_window {
                 Some(w) => w,
-                None => discover::discover_window(client, key, name, &listing)?,
+                None => discover::discover_window(client, key, name, listing)?,
             };
+            let batch_invariant = discover::batch_invariant(opts, listing, name);
             let meter = Meter::discover(client, key, name, tokenizer_for(opts, name))?;
             let (calibration, stated) = discover::calibrate(client, key, name, &meter);
             let of = if several { format!(" (model {name})") } else { String::new() };
@@ -126,7 +127,7 @@ impl<'a> Targets<'a> {
                      estimates"
                 ));
             }
-            models.push(ModelTarget { name: name.to_string(), listing, window, meter, calibration, tenants });
+            models.push(ModelTarget { name: name.to_string(), window, batch_invariant, meter, calibration, tenants });
         }
         Ok(Targets { models, of_tenant, allowed })
     }
