@@ -320,8 +320,10 @@ fn weighted_sum_fixed<const N: usize>(scores: &[f32], v: &[f32], o: &mut [f32]) 
 /// Softmax of `scores` (in place) and `o += softmax · v`, then `o /= sum`. The maximum, the
 /// exponentials and their sum go sixteen lanes at a time (the sum per lane, lanes added in a
 /// fixed order): the same for a query whatever else is in its batch or its prefill chunk.
+/// Public as the definition a plain reference implementation shares (`v` holds one head's
+/// values, key after key), so that only the KV path differs between the two.
 #[inline(always)]
-fn softmax_weighted_sum(scores: &mut [f32], v: &[f32], hd: usize, o: &mut [f32]) {
+pub fn softmax_weighted_sum(scores: &mut [f32], v: &[f32], hd: usize, o: &mut [f32]) {
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let mut chunks = scores.chunks_exact(LANES);
     for c in &mut chunks {

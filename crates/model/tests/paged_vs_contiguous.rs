@@ -4,7 +4,7 @@
 
 use gguf::GgufFile;
 use kv::{BlockTable, Capacity, KvDtype, KvPool, Owner, PoolConfig, RequestId, ScrubPolicy, TenantId};
-use model::attention::dot;
+use model::attention::{dot, softmax_weighted_sum};
 use model::qmatrix::quantize_for;
 use model::quant::QuantActs;
 use model::threads::ComputePool;
@@ -53,20 +53,14 @@ fn contiguous_logits(m: &Llama, tokens: &[u32]) -> Vec<f32> {
             for h in 0..c.n_heads {
                 let kh = h / group;
                 let qh = &q[i * d + h * hd..][..hd];
-                // Same arithmetic order as the model (the next matmul quantizes its input, so a
-                // one-ulp difference here could flip a rounding and show up as a whole step).
+                // Same arithmetic as the model: scores by `dot`, the softmax and weighted sum by
+                // the model's own definition (the next matmul quantizes its input, so a one-ulp
+                // difference here could flip a rounding and show up as a whole step).
                 let scale = 1.0 / (hd as f32).sqrt();
-                let scores: Vec<f32> = (0..=i).map(|j| dot(qh, &k[j * kvd + kh * hd..][..hd]) * scale).collect();
-                let max = scores.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                let e: Vec<f32> = scores.iter().map(|s| (s - max).exp()).collect();
-                let sum: f32 = e.iter().sum();
-                let o = &mut attn[i * d + h * hd..][..hd];
-                for j in 0..=i {
-                    for dd in 0..hd {
-                        o[dd] += e[j] * v[j * kvd + kh * hd + dd];
-                    }
-                }
-                o.iter_mut().for_each(|x| *x *= 1.0 / sum);
+                let mut scores: Vec<f32> =
+                    (0..=i).map(|j| dot(qh, &k[j * kvd + kh * hd..][..hd]) * scale).collect();
+                let vh: Vec<f32> = (0..=i).flat_map(|j| v[j * kvd + kh * hd..][..hd].iter().copied()).collect();
+                softmax_weighted_sum(&mut scores, &vh, hd, &mut attn[i * d + h * hd..][..hd]);
             }
         }
         let mut proj = vec![0f32; t * d];
