@@ -57,8 +57,7 @@ fn contiguous_logits(m: &Llama, tokens: &[u32]) -> Vec<f32> {
                 // the model's own definition (the next matmul quantizes its input, so a one-ulp
                 // difference here could flip a rounding and show up as a whole step).
                 let scale = 1.0 / (hd as f32).sqrt();
-                let mut scores: Vec<f32> =
-                    (0..=i).map(|j| dot(qh, &k[j * kvd + kh * hd..][..hd]) * scale).collect();
+                let mut scores: Vec<f32> = (0..=i).map(|j| dot(qh, &k[j * kvd + kh * hd..][..hd]) * scale).collect();
                 let vh: Vec<f32> = (0..=i).flat_map(|j| v[j * kvd + kh * hd..][..hd].iter().copied()).collect();
                 softmax_weighted_sum(&mut scores, &vh, hd, &mut attn[i * d + h * hd..][..hd]);
             }
