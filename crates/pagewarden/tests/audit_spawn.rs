@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! `pagewarden audit --spawn` with faults: it passes against the normal build, and against a
-//! build with the 2026 incident put back (`--features incident-replay`, built here into its own
-//! target directory) it fails and names the leak. This proves the audit can fail.
+//! build with the 2026 incident put back (`--features incident-replay`, built here beside the
+//! normal one) it fails and names the leak. This proves the audit can fail.
 
 mod common;
 
@@ -44,18 +44,34 @@ fn incident_build() -> PathBuf {
     BIN.get_or_init(build_incident).clone()
 }
 
+/// Built in the test run's own target directory, so only the crates the feature changes are
+/// compiled (a separate target directory rebuilt every dependency: minutes of CI on 2 cores).
+/// Cargo puts the result where the normal binary is, so the incident binary is moved aside and
+/// the normal one put back (a new file each, never writing through the hard link cargo keeps
+/// to its own copy).
 fn build_incident() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("incident-build");
+    let normal = Path::new(common::bin());
+    let target = normal.parent().and_then(Path::parent).expect("the binary lies in <target>/<profile>/");
+    let aside = Path::new(env!("CARGO_TARGET_TMPDIR")).join("incident-build");
+    std::fs::create_dir_all(&aside).unwrap();
+    let (kept, incident) = (aside.join("pagewarden-normal"), aside.join("pagewarden-incident"));
+    let _ = std::fs::remove_file(&kept);
+    std::fs::copy(normal, &kept).unwrap();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let st = Command::new(cargo)
         .current_dir(&root)
         .args(["build", "-q", "-p", "pagewarden", "--features", "incident-replay", "--target-dir"])
-        .arg(&target)
+        .arg(target)
         .status()
         .unwrap();
+    let _ = std::fs::remove_file(&incident);
+    let moved = std::fs::copy(normal, &incident);
+    std::fs::remove_file(normal).unwrap();
+    std::fs::copy(&kept, normal).unwrap();
     assert!(st.success(), "building the incident build");
-    target.join("debug/pagewarden")
+    moved.unwrap();
+    incident
 }
 
 /// Runs the incident build's `args` with the self-test variable set or not; it must exit by
