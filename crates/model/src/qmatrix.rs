@@ -30,9 +30,12 @@ pub const KBLOCKS: usize = QK_K / QK;
 pub enum QKind {
     /// 4-bit unsigned with per-block f16 scale and minimum (Q4_1); activations in Q8_1.
     Q4_1,
-    /// 8-bit signed, stored + 128, with per-block f16 scale (Q8_0, Q4_0 as q-8; Q5_0 as q-16
-    /// when stacked with Q8_0); activations in Q8_0.
+    /// 8-bit signed, stored + 128, with per-block f16 scale (Q8_0; Q4_0 as q-8 and Q5_0 as
+    /// q-16 when stacked with Q8_0); activations in Q8_0.
     Q8_0,
+    /// 4-bit (Q4_0: q - 8), stored as q in a nibble tile; f16 block scale; activations in
+    /// Q8_0. Half the bytes of Q8_0, which batch-1 decode (bound by memory bandwidth) reads.
+    Q4_0,
     /// 5-bit (Q5_0: q - 16), stored as q: the low four bits as a nibble tile, the fifth as one
     /// 64-bit mask per four-element column of the tile ([`QMatrix::qh`]); f16 block scale;
     /// activations in Q8_0.
@@ -51,7 +54,8 @@ impl QKind {
     /// The kernel format a file type maps onto exactly, if any.
     pub fn of(ty: GgmlType) -> Option<QKind> {
         match ty {
-            GgmlType::Q8_0 | GgmlType::Q4_0 => Some(QKind::Q8_0),
+            GgmlType::Q8_0 => Some(QKind::Q8_0),
+            GgmlType::Q4_0 => Some(QKind::Q4_0),
             GgmlType::Q5_0 => Some(QKind::Q5_0),
             GgmlType::Q4_1 => Some(QKind::Q4_1),
             GgmlType::Q4_K => Some(QKind::Q4K),
@@ -75,14 +79,14 @@ impl QKind {
     pub fn act_format(self) -> ActFormat {
         match self {
             QKind::Q4_1 | QKind::Q4K | QKind::U8Min => ActFormat::Q8_1,
-            QKind::Q8_0 | QKind::Q5_0 | QKind::Q6K => ActFormat::Q8_0,
+            QKind::Q8_0 | QKind::Q4_0 | QKind::Q5_0 | QKind::Q6K => ActFormat::Q8_0,
         }
     }
 
     /// Bytes of quantized values per (group, block).
     pub const fn tile_bytes(self) -> usize {
         match self {
-            QKind::Q4_1 | QKind::Q4K | QKind::Q5_0 => GROUP * QK / 2,
+            QKind::Q4_1 | QKind::Q4K | QKind::Q4_0 | QKind::Q5_0 => GROUP * QK / 2,
             QKind::Q8_0 | QKind::U8Min | QKind::Q6K => GROUP * QK,
         }
     }
@@ -93,6 +97,7 @@ impl QKind {
             QKind::Q8_0 => 128,
             QKind::Q6K => 32,
             QKind::Q5_0 => 16,
+            QKind::Q4_0 => 8,
             QKind::Q4_1 | QKind::Q4K | QKind::U8Min => 0,
         }
     }
@@ -117,7 +122,7 @@ pub struct QMatrix {
     /// `j` (low nibbles 0..4, high 4..8): bit `r*4 + e` is that of element `4j + e` of row `r`,
     /// i.e. a byte mask over the kernels' `j`-th vector of unpacked values.
     pub qh: Vec<u64>,
-    /// f16 bits: Q8_0, Q5_0, Q4_1 block scales; Q4K superblock scales `[group][superblock][16]`.
+    /// f16 bits: Q8_0, Q4_0, Q5_0, Q4_1 block scales; Q4K superblock scales `[group][superblock][16]`.
     pub d: Vec<u16>,
     /// f16 bits: Q4_1 block minimums; Q4K superblock minimum scales `[group][superblock][16]`.
     pub m: Vec<u16>,
@@ -201,7 +206,7 @@ impl QMatrix {
             cols,
             qs: vec![0; n / GROUP * kind.tile_bytes()],
             qh: vec![0; per(kind == Q5_0, n / GROUP * 8)],
-            d: vec![0; per(matches!(kind, Q8_0 | Q5_0 | Q4_1), n) + per(kind == Q4K, n / KBLOCKS)],
+            d: vec![0; per(matches!(kind, Q8_0 | Q4_0 | Q5_0 | Q4_1), n) + per(kind == Q4K, n / KBLOCKS)],
             m: vec![0; per(kind == Q4_1, n) + per(kind == Q4K, n / KBLOCKS)],
             sc: vec![0; per(kind == Q4K, n)],
             mn: vec![0; per(kind == Q4K, n)],
@@ -275,7 +280,7 @@ impl QMatrix {
         let i = (g * nb + b) * GROUP + r;
         let h = |bits: u16| half::f16::from_bits(bits).to_f32();
         match self.kind {
-            QKind::Q8_0 | QKind::Q5_0 => (h(self.d[i]), 0.0),
+            QKind::Q8_0 | QKind::Q4_0 | QKind::Q5_0 => (h(self.d[i]), 0.0),
             QKind::Q4_1 => (h(self.d[i]), h(self.m[i])),
             QKind::Q4K => {
                 let si = (g * (nb / KBLOCKS) + b / KBLOCKS) * GROUP + r;
@@ -305,8 +310,10 @@ impl QMatrix {
                 let fifth = (self.qh[gb * 8 + j] >> (r * 4 + e)) & 1;
                 nib as i32 + 16 * fifth as i32 - self.kind.offset()
             }
-            QKind::Q4_1 | QKind::Q4K if j < 4 => (tile[j * 64 + r * 4 + e] & 0x0F) as i32,
-            QKind::Q4_1 | QKind::Q4K => (tile[(j - 4) * 64 + r * 4 + e] >> 4) as i32,
+            QKind::Q4_1 | QKind::Q4K | QKind::Q4_0 if j < 4 => {
+                (tile[j * 64 + r * 4 + e] & 0x0F) as i32 - self.kind.offset()
+            }
+            QKind::Q4_1 | QKind::Q4K | QKind::Q4_0 => (tile[(j - 4) * 64 + r * 4 + e] >> 4) as i32 - self.kind.offset(),
             QKind::U8Min => tile[j * 64 + r * 4 + e] as i32,
             QKind::Q8_0 | QKind::Q6K => tile[j * 64 + r * 4 + e] as i32 - self.kind.offset(),
         }
@@ -320,7 +327,7 @@ impl QMatrix {
             let gb = g * nb + b;
             let o = &mut out[b * QK..(b + 1) * QK];
             match self.kind {
-                QKind::Q8_0 | QKind::Q5_0 => {
+                QKind::Q8_0 | QKind::Q4_0 | QKind::Q5_0 => {
                     let (d, _) = self.scale_min(g, b, r);
                     for (k, v) in o.iter_mut().enumerate() {
                         *v = self.value(gb, r, k) as f32 * d;

@@ -2,7 +2,8 @@
 //!
 //! C clients each send streaming chat requests back to back, with a fixed number of output
 //! tokens (`ignore_eos`, understood by llama-server and pagewarden). Reported per concurrency:
-//! output tokens/s over the wall time, time to first token and inter-token latency (p50/p99).
+//! output tokens/s over the wall time, time to first token (p50/p90/p99) and inter-token latency
+//! (p50/p99).
 
 use std::io::{BufRead, BufReader};
 use std::sync::Mutex;
@@ -54,6 +55,7 @@ struct Level {
     wall_s: f64,
     output_tokens_per_s: f64,
     ttft_p50_ms: f64,
+    ttft_p90_ms: f64,
     ttft_p99_ms: f64,
     ttft_mean_ms: f64,
     itl_p50_ms: f64,
@@ -194,6 +196,7 @@ fn level(b: &ServeBench, model: &str, c: usize) -> Level {
         output_tokens_per_s: tokens as f64 / wall,
         ttft_mean_ms: ttft.iter().sum::<f64>() / ttft.len().max(1) as f64,
         ttft_p50_ms: pct(&mut ttft, 0.5),
+        ttft_p90_ms: pct(&mut ttft, 0.9),
         ttft_p99_ms: pct(&mut ttft, 0.99),
         itl_p50_ms: pct(&mut itl, 0.5),
         itl_p99_ms: pct(&mut itl, 0.99),
@@ -207,8 +210,8 @@ pub fn run(b: &ServeBench) -> Result<()> {
         let l = level(b, &model, c);
         if !b.json {
             println!(
-                "concurrency {:>3}: {:>7.1} output tok/s  ttft p50 {:>7.1} ms p99 {:>7.1} ms (mean {:>7.1})  itl p50 {:>6.1} ms p99 {:>6.1} ms  {} ok, {} errors",
-                l.concurrency, l.output_tokens_per_s, l.ttft_p50_ms, l.ttft_p99_ms, l.ttft_mean_ms, l.itl_p50_ms, l.itl_p99_ms, l.requests, l.errors
+                "concurrency {:>3}: {:>7.1} output tok/s  ttft p50 {:>7.1} ms p90 {:>7.1} ms p99 {:>7.1} ms (mean {:>7.1})  itl p50 {:>6.1} ms p99 {:>6.1} ms  {} ok, {} errors",
+                l.concurrency, l.output_tokens_per_s, l.ttft_p50_ms, l.ttft_p90_ms, l.ttft_p99_ms, l.ttft_mean_ms, l.itl_p50_ms, l.itl_p99_ms, l.requests, l.errors
             );
         }
         levels.push(l);

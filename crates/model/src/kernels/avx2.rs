@@ -178,7 +178,29 @@ unsafe fn bytes_from_bits(bits: u32) -> __m256i {
 /// # Safety
 /// As for [`q4_1`].
 #[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q4_0(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
+    nibble_tile::<false, 3>(w, g, a, t0, nt, out, stride)
+}
+
+/// # Safety
+/// As for [`q4_1`].
+#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q5_0(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
+    nibble_tile::<true, 4>(w, g, a, t0, nt, out, stride)
+}
+
+/// The signed kinds stored in a nibble tile, as value + 2^SHIFT: Q4_0 (+8), and Q5_0 (+16)
+/// whose fifth bits (`FIFTH`) come from the tile's masks.
+#[inline(always)]
+unsafe fn nibble_tile<const FIFTH: bool, const SHIFT: u32>(
+    w: &QMatrix,
+    g: usize,
+    a: &QuantActs,
+    t0: usize,
+    nt: usize,
+    out: *mut f32,
+    stride: usize,
+) {
     let nb = w.blocks();
     let mask = _mm256_set1_epi8(0x0F);
     let fifth = _mm256_set1_epi8(0x10);
@@ -188,9 +210,15 @@ pub unsafe fn q5_0(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, o
         for b in 0..nb {
             let gb = g * nb + b;
             let tile = w.qs.as_ptr().add(gb * 256 + h * 32);
-            let qh = w.qh.as_ptr().add(gb * 8);
             let dw = load_f16x8(w.d.as_ptr().add(gb * GROUP + h * 8));
-            let high = |j: usize| _mm256_and_si256(bytes_from_bits((*qh.add(j) >> (32 * h)) as u32), fifth);
+            let high = |j: usize| {
+                if FIFTH {
+                    let qh = w.qh.as_ptr().add(gb * 8);
+                    _mm256_and_si256(bytes_from_bits((*qh.add(j) >> (32 * h)) as u32), fifth)
+                } else {
+                    _mm256_setzero_si256()
+                }
+            };
             let mut wv = [_mm256_setzero_si256(); 8];
             for p in 0..4 {
                 let l = _mm256_loadu_si256(tile.add(p * 64) as *const __m256i);
@@ -200,9 +228,9 @@ pub unsafe fn q5_0(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, o
             for (tt, acc) in acc.iter_mut().enumerate().take(nt) {
                 let ti = (t0 + tt) * nb + b;
                 let x = a.qs.as_ptr().add(ti * QK) as *const u8;
-                // Weights 0..31 (value + 16): as the unsigned kinds, less 16 * sum(x).
+                // Weights stored as value + 2^SHIFT: as the unsigned kinds, less 2^SHIFT * sum(x).
                 let xs = a.xsum16.as_ptr().add(2 * ti);
-                let corr = _mm256_set1_epi32((*xs + *xs.add(1)) << 4);
+                let corr = _mm256_set1_epi32((*xs + *xs.add(1)) << SHIFT);
                 let isum = _mm256_add_epi32(unsigned_dot4(&wv, x, 0, ones), unsigned_dot4(&wv, x, 4, ones));
                 let scale = _mm256_mul_ps(dw, _mm256_set1_ps(*a.d.get_unchecked(ti)));
                 *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum, corr)), scale, *acc);

@@ -236,12 +236,38 @@ unsafe fn q8_0_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usiz
 /// # Safety
 /// As for [`q4_1`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
+pub unsafe fn q4_0(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
+    dispatch_nt!(q4_0_n, w, g, a, t0, nt, out, stride)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
+unsafe fn q4_0_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, out: *mut f32, stride: usize) {
+    nibble_tile_n::<NT, false, 3>(w, g, a, t0, out, stride)
+}
+
+/// # Safety
+/// As for [`q4_1`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
 pub unsafe fn q5_0(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
     dispatch_nt!(q5_0_n, w, g, a, t0, nt, out, stride)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
 unsafe fn q5_0_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, out: *mut f32, stride: usize) {
+    nibble_tile_n::<NT, true, 4>(w, g, a, t0, out, stride)
+}
+
+/// The signed kinds stored in a nibble tile, as value + 2^SHIFT: Q4_0 (+8), and Q5_0 (+16)
+/// whose fifth bits (`FIFTH`) come from the tile's masks.
+#[inline(always)]
+unsafe fn nibble_tile_n<const NT: usize, const FIFTH: bool, const SHIFT: u32>(
+    w: &QMatrix,
+    g: usize,
+    a: &QuantActs,
+    t0: usize,
+    out: *mut f32,
+    stride: usize,
+) {
     let nb = w.blocks();
     let mask = _mm512_set1_epi8(0x0F);
     let fifth = _mm512_set1_epi8(0x10);
@@ -249,18 +275,23 @@ unsafe fn q5_0_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usiz
     for b in 0..nb {
         let gb = g * nb + b;
         let tile = w.qs.as_ptr().add(gb * 256);
-        let qh = w.qh.as_ptr().add(gb * 8);
         let dw = load_f16x16(w.d.as_ptr().add(gb * GROUP));
         let mut wv = [_mm512_setzero_si512(); 8];
         for p in 0..4 {
             let l = _mm512_loadu_si512(tile.add(p * 64) as *const _);
             let (lo, hi) = (_mm512_and_si512(l, mask), _mm512_and_si512(_mm512_srli_epi16::<4>(l), mask));
-            // The fifth bit, where its mask says so: q = nibble | 16.
-            wv[p] = _mm512_mask_add_epi8(lo, *qh.add(p), lo, fifth);
-            wv[p + 4] = _mm512_mask_add_epi8(hi, *qh.add(p + 4), hi, fifth);
+            if FIFTH {
+                // The fifth bit, where its mask says so: q = nibble | 16.
+                let qh = w.qh.as_ptr().add(gb * 8);
+                wv[p] = _mm512_mask_add_epi8(lo, *qh.add(p), lo, fifth);
+                wv[p + 4] = _mm512_mask_add_epi8(hi, *qh.add(p + 4), hi, fifth);
+            } else {
+                wv[p] = lo;
+                wv[p + 4] = hi;
+            }
         }
         for (tt, acc) in acc.iter_mut().enumerate() {
-            accumulate_offset_block::<4>(acc, &wv, dw, a, (t0 + tt) * nb + b);
+            accumulate_offset_block::<SHIFT>(acc, &wv, dw, a, (t0 + tt) * nb + b);
         }
     }
     store_without_minimum(&acc, out, stride);

@@ -101,6 +101,7 @@ pub unsafe fn group_dot(
             match w.kind {
                 QKind::Q4_1 => avx2::q4_1(w, g, a, t0, nt, out, stride),
                 QKind::Q8_0 => avx2::q8_0(w, g, a, t0, nt, out, stride),
+                QKind::Q4_0 => avx2::q4_0(w, g, a, t0, nt, out, stride),
                 QKind::Q5_0 => avx2::q5_0(w, g, a, t0, nt, out, stride),
                 QKind::Q4K => avx2::q4k(w, g, a, t0, nt, out, stride),
                 QKind::U8Min => avx2::u8min(w, g, a, t0, nt, out, stride),
@@ -113,6 +114,7 @@ pub unsafe fn group_dot(
             match w.kind {
                 QKind::Q4_1 => avx512::q4_1(w, g, a, t0, nt, out, stride),
                 QKind::Q8_0 => avx512::q8_0(w, g, a, t0, nt, out, stride),
+                QKind::Q4_0 => avx512::q4_0(w, g, a, t0, nt, out, stride),
                 QKind::Q5_0 => avx512::q5_0(w, g, a, t0, nt, out, stride),
                 QKind::Q4K => avx512::q4k(w, g, a, t0, nt, out, stride),
                 QKind::U8Min => avx512::u8min(w, g, a, t0, nt, out, stride),
