@@ -205,6 +205,13 @@ impl LlamaConfig {
     }
 
     /// The KV layout this model needs from a pool.
+    /// K and V bytes a query at position `ctx - 1` reads (each layer over its window), in
+    /// `dtype`: what attention adds to a decode step's memory traffic at that context.
+    pub fn kv_read_bytes(&self, ctx: usize, dtype: KvDtype) -> usize {
+        let row = 2 * self.n_kv_heads * self.head_dim * dtype.bytes();
+        (0..self.n_layers).map(|l| self.layer_attention(l).window.map_or(ctx, |w| ctx.min(w)) * row).sum()
+    }
+
     pub fn kv_layout(&self, page_size: usize, dtype: KvDtype) -> KvLayout {
         KvLayout { n_layers: self.n_layers, n_kv_heads: self.n_kv_heads, head_dim: self.head_dim, page_size, dtype }
     }

@@ -135,4 +135,29 @@ impl LlamaWeights {
     pub fn output(&self) -> &QMatrix {
         self.output.as_ref().unwrap_or(&self.tok_embd)
     }
+
+    /// Weight bytes one decode step reads whatever its batch: every layer's matrices and norms
+    /// and the output projection (the embedding lookup reads one row per token, left out). At
+    /// batch 1 a decode step is bound by reading these from memory.
+    pub fn step_bytes(&self) -> usize {
+        let norms = |v: &[f32]| 4 * v.len();
+        let layers: usize = self
+            .layers
+            .iter()
+            .map(|l| {
+                let extra = l
+                    .extra_norms
+                    .as_ref()
+                    .map_or(0, |n| norms(&n.q) + norms(&n.k) + norms(&n.post_attn) + norms(&n.post_ffn));
+                l.wqkv.bytes()
+                    + l.wo.bytes()
+                    + l.w_gate_up.bytes()
+                    + l.w_down.bytes()
+                    + norms(&l.attn_norm)
+                    + norms(&l.ffn_norm)
+                    + extra
+            })
+            .sum();
+        layers + self.output().bytes() + norms(&self.out_norm)
+    }
 }

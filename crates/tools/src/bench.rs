@@ -75,6 +75,18 @@ struct Row {
     depth: usize,
     prefill_tokens_per_s: f64,
     decode_tokens_per_s: f64,
+    /// Bytes a decode step reads per sequence: the weights over the batch, plus the sequence's
+    /// K and V at the mean context of the timed decode.
+    decode_bytes_per_token: usize,
+    /// `decode_bytes_per_token` times the decode rate: the memory traffic achieved.
+    decode_gb_per_s: f64,
+}
+
+/// The machine's read bandwidth at a thread count, measured in this run.
+#[derive(Serialize)]
+struct Bandwidth {
+    threads: usize,
+    read_gb_per_s: f64,
 }
 
 #[derive(Serialize)]
@@ -88,6 +100,9 @@ struct Report {
     scrub_gib_per_s: f64,
     page_bytes: usize,
     scrub_share_of_decode_token: f64,
+    /// Weight bytes every decode step reads (the batch-1 floor is this over the bandwidth).
+    weight_bytes_per_step: usize,
+    read_bandwidth: Vec<Bandwidth>,
     /// llama.cpp measured in this run (`--llama-bench`); absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
     llama_cpp: Option<LlamaCpp>,
@@ -142,6 +157,39 @@ pub fn run(cmd: &BenchCmd) -> Result<()> {
         BenchCmd::Transfer(b) => crate::bench_transfer::run(b),
         BenchCmd::PrefixCache(b) => crate::bench_prefix::run(b),
     }
+}
+
+/// Read bandwidth in GB/s with `threads` threads each summing its share of a buffer far larger
+/// than the caches (best of three passes): the ceiling of a decode step bound by memory.
+fn read_bandwidth(threads: usize) -> f64 {
+    const WORDS: usize = 64 << 20; // 512 MiB of u64
+    let buf: Vec<u64> = (0..WORDS as u64).collect();
+    let per = WORDS.div_ceil(threads.max(1));
+    let mut best = 0f64;
+    for _ in 0..3 {
+        let t0 = Instant::now();
+        let total: u64 = std::thread::scope(|s| {
+            let parts: Vec<_> = buf
+                .chunks(per)
+                .map(|part| {
+                    s.spawn(move || {
+                        // Eight independent sums so the loop is bound by loads, not by adds.
+                        let mut acc = [0u64; 8];
+                        for c in part.chunks_exact(8) {
+                            for (a, &x) in acc.iter_mut().zip(c) {
+                                *a = a.wrapping_add(x);
+                            }
+                        }
+                        acc.iter().fold(0u64, |a, &b| a.wrapping_add(b))
+                    })
+                })
+                .collect();
+            parts.into_iter().map(|h| h.join().unwrap_or(0)).fold(0u64, u64::wrapping_add)
+        });
+        std::hint::black_box(total);
+        best = best.max((WORDS * 8) as f64 / t0.elapsed().as_secs_f64() / 1e9);
+    }
+    best
 }
 
 /// Deterministic token ids spread over the vocabulary (content does not change the cost).
@@ -220,11 +268,18 @@ fn model_bench(b: &ModelBench) -> Result<()> {
     let pool = runtime::pool_for(&model, max_batch * (max_depth + b.prompt.max(b.decode) + 16))?;
     let deep = max_depth > 0;
     let isas = parse_isas(&b.isa)?;
+    let weight_bytes = model.weights.step_bytes();
+    let mut bandwidth: Vec<Bandwidth> = Vec::new();
     let mut rows = Vec::new();
     for &isa in &isas {
         model.set_isa(isa)?;
         for &threads in &b.threads {
             model.set_threads(threads)?;
+            let threads = model.threads();
+            if !bandwidth.iter().any(|bw| bw.threads == threads) {
+                bandwidth.push(Bandwidth { threads, read_gb_per_s: read_bandwidth(threads) });
+            }
+            let peak = bandwidth.iter().find(|bw| bw.threads == threads).map_or(f64::NAN, |bw| bw.read_gb_per_s);
             for &batch in &b.batch {
                 // One untimed warm-up so page faults and thread start-up are not measured.
                 decode(&model, &pool, batch, 4, 0)?;
@@ -239,11 +294,23 @@ fn model_bench(b: &ModelBench) -> Result<()> {
                             .map(|_| decode(&model, &pool, batch, b.decode, depth))
                             .collect::<Result<Vec<_>>>()?,
                     );
-                    let threads = model.threads();
+                    let kv = model.config.kv_read_bytes(depth + b.decode / 2 + 1, pool.layout().dtype);
+                    let bytes = weight_bytes / batch + kv;
+                    let gbps = bytes as f64 * dc / 1e9;
                     if !b.json {
                         let at = if deep { format!("  depth {depth:>5}") } else { String::new() };
+                        // At batch 1 decode is bound by memory: how close it comes.
+                        let traffic = if batch == 1 {
+                            format!(
+                                "  ({:.1} MiB/token: {gbps:.1} GB/s of {peak:.1} measured, {:.0}%)",
+                                bytes as f64 / (1 << 20) as f64,
+                                100.0 * gbps / peak
+                            )
+                        } else {
+                            String::new()
+                        };
                         println!(
-                            "{:<12} threads {threads:>2}  batch {batch:>3}{at}  prefill {pf:>8.1} tok/s  decode {dc:>8.1} tok/s",
+                            "{:<12} threads {threads:>2}  batch {batch:>3}{at}  prefill {pf:>8.1} tok/s  decode {dc:>8.1} tok/s{traffic}",
                             isa.name(),
                         );
                     }
@@ -254,6 +321,8 @@ fn model_bench(b: &ModelBench) -> Result<()> {
                         depth,
                         prefill_tokens_per_s: pf,
                         decode_tokens_per_s: dc,
+                        decode_bytes_per_token: bytes,
+                        decode_gb_per_s: gbps,
                     });
                 }
             }
@@ -290,6 +359,8 @@ fn model_bench(b: &ModelBench) -> Result<()> {
         page_bytes,
         // A request frees one page per page_size tokens it produced.
         scrub_share_of_decode_token: ns / pool.layout().page_size as f64 / decode_token_ns,
+        weight_bytes_per_step: weight_bytes,
+        read_bandwidth: bandwidth,
         llama_cpp,
     };
     if b.json {
@@ -303,6 +374,16 @@ fn model_bench(b: &ModelBench) -> Result<()> {
             100.0 * report.scrub_share_of_decode_token
         );
         println!("kernels: {}", report.kernels);
+        let bw: Vec<String> = report
+            .read_bandwidth
+            .iter()
+            .map(|bw| format!("{:.1} GB/s at {} threads", bw.read_gb_per_s, bw.threads))
+            .collect();
+        println!(
+            "memory: {:.1} MiB of weights read per decode step; machine read bandwidth measured here: {}",
+            weight_bytes as f64 / (1 << 20) as f64,
+            bw.join(", ")
+        );
         print_llama_cpp(report.llama_cpp.as_ref(), b.prompt, b.decode);
     }
     Ok(())
