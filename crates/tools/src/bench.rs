@@ -447,7 +447,16 @@ mod tests {
     use super::*;
 
     fn row(kernels: &'static str, threads: usize, batch: usize, pf: f64, dc: f64) -> Row {
-        Row { kernels, threads, batch, depth: 0, prefill_tokens_per_s: pf, decode_tokens_per_s: dc }
+        Row {
+            kernels,
+            threads,
+            batch,
+            depth: 0,
+            prefill_tokens_per_s: pf,
+            decode_tokens_per_s: dc,
+            decode_bytes_per_token: 0,
+            decode_gb_per_s: 0.0,
+        }
     }
 
     #[test]
