@@ -39,30 +39,56 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// Attention output of KV head `kvh`'s query heads for the queries `rows` of `inp`:
 /// `rows.len()` rows of `group * head_dim`.
 pub fn attend_group(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, rows: Range<usize>) -> Vec<f32> {
+    attend_heads(inp, shape, kvh, 0..shape.n_heads / shape.n_kv_heads, rows)
+}
+
+/// As [`attend_group`] for the query heads `heads` (indices within KV head `kvh`'s group) only:
+/// `rows.len()` rows of `heads.len() * head_dim`. Each query head's arithmetic is the same
+/// whichever heads share the call, so a group may be split across threads (one KV head and
+/// few rows, as a decode step of Gemma 3, would otherwise keep one thread busy).
+pub fn attend_heads(
+    inp: &AttnInput<'_>,
+    shape: &AttnShape,
+    kvh: usize,
+    heads: Range<usize>,
+    rows: Range<usize>,
+) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
     {
         if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c") {
             // SAFETY: the features were just detected on this CPU.
-            return unsafe { attend_avx512(inp, shape, kvh, rows) };
+            return unsafe { attend_avx512(inp, shape, kvh, heads, rows) };
         }
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c") {
             // SAFETY: as above.
-            return unsafe { attend_avx2(inp, shape, kvh, rows) };
+            return unsafe { attend_avx2(inp, shape, kvh, heads, rows) };
         }
     }
-    attend_impl::<Portable>(inp, shape, kvh, rows)
+    attend_impl::<Portable>(inp, shape, kvh, heads, rows)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn attend_avx512(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, rows: Range<usize>) -> Vec<f32> {
-    attend_impl::<F16c512>(inp, shape, kvh, rows)
+unsafe fn attend_avx512(
+    inp: &AttnInput<'_>,
+    shape: &AttnShape,
+    kvh: usize,
+    heads: Range<usize>,
+    rows: Range<usize>,
+) -> Vec<f32> {
+    attend_impl::<F16c512>(inp, shape, kvh, heads, rows)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn attend_avx2(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, rows: Range<usize>) -> Vec<f32> {
-    attend_impl::<F16c>(inp, shape, kvh, rows)
+unsafe fn attend_avx2(
+    inp: &AttnInput<'_>,
+    shape: &AttnShape,
+    kvh: usize,
+    heads: Range<usize>,
+    rows: Range<usize>,
+) -> Vec<f32> {
+    attend_impl::<F16c>(inp, shape, kvh, heads, rows)
 }
 
 /// f16 to f32 for runs of elements, as wide as the CPU allows. Inlined into the
@@ -377,7 +403,13 @@ pub fn softmax_weighted_sum(scores: &mut [f32], v: &[f32], hd: usize, o: &mut [f
 }
 
 #[inline(always)]
-fn attend_impl<W: Widen>(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, rows: Range<usize>) -> Vec<f32> {
+fn attend_impl<W: Widen>(
+    inp: &AttnInput<'_>,
+    shape: &AttnShape,
+    kvh: usize,
+    heads: Range<usize>,
+    rows: Range<usize>,
+) -> Vec<f32> {
     let hd = shape.head_dim;
     // Keys up to the last query of these rows are all that is needed, and from the first key
     // the first row's window lets it see (the tile holding it): a sliding-window layer at a
@@ -401,7 +433,7 @@ fn attend_impl<W: Widen>(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, row
             kt[at..at + stride - span].fill(0.0);
         }
     }
-    let out = attend_gathered::<W>(inp, shape, kvh, rows, (base, len, stride, row_len), &mut kt, &mut v);
+    let out = attend_gathered::<W>(inp, shape, kvh, heads, rows, (base, len, stride, row_len), &mut kt, &mut v);
     SCRATCH.with(|cell| *cell.borrow_mut() = (kt, v));
     out
 }
@@ -412,17 +444,20 @@ thread_local! {
 }
 
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn attend_gathered<W: Widen>(
     inp: &AttnInput<'_>,
     shape: &AttnShape,
     kvh: usize,
+    heads: Range<usize>,
     rows: Range<usize>,
     (base, len, stride, row_len): (usize, usize, usize, usize),
     kt: &mut [f32],
     v: &mut [f32],
 ) -> Vec<f32> {
     let hd = shape.head_dim;
-    let group = shape.n_heads / shape.n_kv_heads;
+    let first_head = kvh * (shape.n_heads / shape.n_kv_heads) + heads.start;
+    let group = heads.len();
     let f16_queries = gather::<W>(&inp.view, base, len, row_len, kvh, hd, kt, v);
     let scale = 1.0 / (hd as f32).sqrt();
     let mut out = vec![0f32; rows.len() * group * hd];
@@ -436,7 +471,7 @@ fn attend_gathered<W: Widen>(
         // First key this query sees; scores are computed from the tile holding it.
         let from = shape.window.map_or(0, |w| upto_abs.saturating_sub(w)) - base;
         let tile_from = from / LANES * LANES;
-        q.copy_from_slice(&inp.q[i * shape.n_heads * hd + kvh * group * hd..][..group * hd]);
+        q.copy_from_slice(&inp.q[i * shape.n_heads * hd + first_head * hd..][..group * hd]);
         if f16_queries {
             for x in q.iter_mut() {
                 *x = half::f16::from_f32(*x).to_f32();
@@ -523,13 +558,14 @@ mod tests {
         let inp = AttnInput { q: &q, start: 20, n: 3, view: t.layer(0, 23).unwrap() };
         let shape = AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd, window: None };
         for kvh in 0..n_kv {
-            let want = attend_impl::<Portable>(&inp, &shape, kvh, 0..3);
+            let group = 0..shape.n_heads / shape.n_kv_heads;
+            let want = attend_impl::<Portable>(&inp, &shape, kvh, group.clone(), 0..3);
             let got = attend_group(&inp, &shape, kvh, 0..3);
             assert_eq!(want, got);
             #[cfg(target_arch = "x86_64")]
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c") {
                 // SAFETY: the features were just detected.
-                assert_eq!(want, unsafe { attend_avx2(&inp, &shape, kvh, 0..3) });
+                assert_eq!(want, unsafe { attend_avx2(&inp, &shape, kvh, group.clone(), 0..3) });
             }
             assert!(want.iter().all(|x| x.is_finite()));
         }
@@ -540,7 +576,7 @@ mod tests {
     /// chunked prefill rely on. Page sizes that are and are not a tile, with and without a
     /// window, contexts past several tiles.
     #[test]
-    fn a_query_attends_identically_alone_and_among_other_rows() {
+    fn a_query_attends_identically_alone_among_other_rows_and_with_its_group_split() {
         let (n_heads, n_kv, hd, len) = (6, 2, 64, 150);
         for (ps, window) in [(16, None), (5, None), (16, Some(40)), (7, Some(33))] {
             let layout = KvLayout { n_layers: 1, n_kv_heads: n_kv, head_dim: hd, page_size: ps, dtype: KvDtype::F16 };
@@ -559,14 +595,23 @@ mod tests {
             let width = (n_heads / n_kv) * hd;
             for kvh in 0..n_kv {
                 let all = attend_group(&inp, &shape, kvh, 0..n);
+                let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 for i in [0, 1, 17, 49] {
                     let one = attend_group(&inp, &shape, kvh, i..i + 1);
-                    let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                     assert_eq!(
                         bits(&one),
                         bits(&all[i * width..(i + 1) * width]),
                         "page {ps} window {window:?} row {i}"
                     );
+                }
+                // Query heads split across calls (as threads take them) compute the same.
+                for heads in [0..1, 1..3, 2..3, 0..2] {
+                    let part = attend_heads(&inp, &shape, kvh, heads.clone(), 0..n);
+                    let w = heads.len() * hd;
+                    for i in 0..n {
+                        let whole = &all[i * width + heads.start * hd..][..w];
+                        assert_eq!(bits(&part[i * w..(i + 1) * w]), bits(whole), "heads {heads:?} row {i}");
+                    }
                 }
             }
         }

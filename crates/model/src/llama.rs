@@ -9,7 +9,7 @@ use std::path::Path;
 use gguf::GgufFile;
 use kv::BlockTable;
 
-use crate::attention::{attend_group, AttnInput, AttnShape};
+use crate::attention::{attend_heads, AttnInput, AttnShape};
 use crate::config::{Arch, LlamaConfig};
 use crate::error::ModelError;
 use crate::kernels::Isa;
@@ -266,16 +266,31 @@ impl Llama {
                     }
                 }
             }
+            // Fewer tasks than threads (a decode step with one KV head): split each group's
+            // query heads, at the cost of gathering its K and V once per part.
+            let parts = if tasks.len() < self.pool.threads() {
+                self.pool.threads().div_ceil(tasks.len()).min(group)
+            } else {
+                1
+            };
+            let per_part = group.div_ceil(parts);
+            let tasks: Vec<_> = tasks
+                .into_iter()
+                .flat_map(|(si, h, rows)| {
+                    (0..group).step_by(per_part).map(move |g0| (si, h, rows.clone(), g0..(g0 + per_part).min(group)))
+                })
+                .collect();
             let mut results: Vec<Vec<f32>> = vec![Vec::new(); tasks.len()];
             self.pool.for_each_chunk_mut(&mut results, 1, &|i, slot| {
-                let (si, h, ref rows) = tasks[i];
-                slot[0] = attend_group(&inputs[si], &shape, h, rows.clone());
+                let (si, h, ref rows, ref heads) = tasks[i];
+                slot[0] = attend_heads(&inputs[si], &shape, h, heads.clone(), rows.clone());
             });
-            for ((si, h, rows), res) in tasks.iter().zip(&results) {
+            for ((si, h, rows, heads), res) in tasks.iter().zip(&results) {
                 let off = offsets[*si];
+                let width = heads.len() * hd;
                 for (k, i) in rows.clone().enumerate() {
-                    let src = &res[k * group * hd..(k + 1) * group * hd];
-                    attn[(off + i) * q_dim + h * group * hd..][..group * hd].copy_from_slice(src);
+                    let src = &res[k * width..(k + 1) * width];
+                    attn[(off + i) * q_dim + (h * group + heads.start) * hd..][..width].copy_from_slice(src);
                 }
             }
             drop(inputs);
