@@ -175,7 +175,7 @@ fn kt_index(pos: usize, d: usize, hd: usize) -> usize {
 
 /// Gathers head `kvh` of positions `[base, len)`, each at `pos - base`: K transposed into tiles
 /// ([`kt_index`]; the pool already stores K transposed per page, so each element is a
-/// contiguous run), V as rows. Returns whether the pool is f16.
+/// contiguous run), V as rows; either may be left out. Returns whether the pool is f16.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn gather<W: Widen>(
@@ -185,8 +185,8 @@ fn gather<W: Widen>(
     row_len: usize,
     kvh: usize,
     hd: usize,
-    kt: &mut [f32],
-    v: &mut [f32],
+    mut kt: Option<&mut [f32]>,
+    mut v: Option<&mut [f32]>,
 ) -> bool {
     let mut f16 = false;
     for ch in view.chunks() {
@@ -200,21 +200,25 @@ fn gather<W: Widen>(
         if skip >= n {
             continue;
         }
-        for d in 0..hd {
-            let run = ch.k_run(kvh * hd + d).sub(0, n);
-            // Split at tile boundaries (a page need not be one tile).
-            let mut p = skip;
-            while p < n {
-                let pos = ch.start + p - base;
-                let piece = (LANES - pos % LANES).min(n - p);
-                let at = kt_index(pos, d, hd);
-                widen::<W>(run.sub(p, piece), &mut kt[at..at + piece]);
-                p += piece;
+        if let Some(kt) = kt.as_deref_mut() {
+            for d in 0..hd {
+                let run = ch.k_run(kvh * hd + d).sub(0, n);
+                // Split at tile boundaries (a page need not be one tile).
+                let mut p = skip;
+                while p < n {
+                    let pos = ch.start + p - base;
+                    let piece = (LANES - pos % LANES).min(n - p);
+                    let at = kt_index(pos, d, hd);
+                    widen::<W>(run.sub(p, piece), &mut kt[at..at + piece]);
+                    p += piece;
+                }
             }
         }
-        for s in skip..n {
-            let pos = ch.start + s - base;
-            widen::<W>(ch.v.sub(s * row_len + kvh * hd, hd), &mut v[pos * hd..(pos + 1) * hd]);
+        if let Some(v) = v.as_deref_mut() {
+            for s in skip..n {
+                let pos = ch.start + s - base;
+                widen::<W>(ch.v.sub(s * row_len + kvh * hd, hd), &mut v[pos * hd..(pos + 1) * hd]);
+            }
         }
     }
     f16
@@ -317,6 +321,16 @@ pub(crate) fn exp_nonpositive(x: f32) -> f32 {
 fn weighted_sum_fixed<const N: usize>(scores: &[f32], v: &[f32], o: &mut [f32]) {
     let Ok(o) = <&mut [f32; N]>::try_from(o) else { unreachable!("o holds one head") };
     let (mut even, mut odd) = (*o, [0f32; N]);
+    weighted_sum_pairs::<N>(scores, v, &mut even, &mut odd);
+    for t in 0..N {
+        o[t] = even[t] + odd[t];
+    }
+}
+
+/// The accumulation of [`weighted_sum_fixed`], resumable: keys taken in runs of even length
+/// (all but the last) pair up exactly as in one call over all of them.
+#[inline(always)]
+fn weighted_sum_pairs<const N: usize>(scores: &[f32], v: &[f32], even: &mut [f32; N], odd: &mut [f32; N]) {
     let mut pairs = scores.chunks_exact(2);
     let mut j = 0;
     for pq in &mut pairs {
@@ -338,18 +352,40 @@ fn weighted_sum_fixed<const N: usize>(scores: &[f32], v: &[f32], o: &mut [f32]) 
             }
         }
     }
-    for t in 0..N {
-        o[t] = even[t] + odd[t];
+}
+
+/// [`weighted_sum_pairs`] for any head size, on slices: the fixed sizes in registers, others
+/// one chain per element (into `even` only, as [`softmax_weighted_sum`] does).
+#[inline(always)]
+fn weighted_sum_run(scores: &[f32], v: &[f32], hd: usize, even: &mut [f32], odd: &mut [f32]) {
+    fn fixed<const N: usize>(scores: &[f32], v: &[f32], even: &mut [f32], odd: &mut [f32]) -> bool {
+        match (<&mut [f32; N]>::try_from(even), <&mut [f32; N]>::try_from(odd)) {
+            (Ok(e), Ok(o)) => {
+                weighted_sum_pairs::<N>(scores, v, e, o);
+                true
+            }
+            _ => false,
+        }
+    }
+    let done = match hd {
+        64 => fixed::<64>(scores, v, even, odd),
+        128 => fixed::<128>(scores, v, even, odd),
+        256 => fixed::<256>(scores, v, even, odd),
+        _ => false,
+    };
+    if !done {
+        for (j, &p) in scores.iter().enumerate() {
+            for (oo, &vv) in even.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
+                *oo = p.mul_add(vv, *oo);
+            }
+        }
     }
 }
 
-/// Softmax of `scores` (in place) and `o += softmax · v`, then `o /= sum`. The maximum, the
-/// exponentials and their sum go sixteen lanes at a time (the sum per lane, lanes added in a
-/// fixed order): the same for a query whatever else is in its batch or its prefill chunk.
-/// Public as the definition a plain reference implementation shares (`v` holds one head's
-/// values, key after key), so that only the KV path differs between the two.
+/// In place: each score becomes e^(score - max); returns their sum, added per lane and the
+/// lanes in a fixed pairwise order.
 #[inline(always)]
-pub fn softmax_weighted_sum(scores: &mut [f32], v: &[f32], hd: usize, o: &mut [f32]) {
+fn softmax_exps(scores: &mut [f32]) -> f32 {
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let mut chunks = scores.chunks_exact(LANES);
     for c in &mut chunks {
@@ -381,7 +417,17 @@ pub fn softmax_weighted_sum(scores: &mut [f32], v: &[f32], hd: usize, o: &mut [f
             sums[l] += sums[l + width];
         }
     }
-    let sum = sums[0];
+    sums[0]
+}
+
+/// Softmax of `scores` (in place) and `o += softmax · v`, then `o /= sum`. The maximum, the
+/// exponentials and their sum go sixteen lanes at a time (the sum per lane, lanes added in a
+/// fixed order): the same for a query whatever else is in its batch or its prefill chunk.
+/// Public as the definition a plain reference implementation shares (`v` holds one head's
+/// values, key after key), so that only the KV path differs between the two.
+#[inline(always)]
+pub fn softmax_weighted_sum(scores: &mut [f32], v: &[f32], hd: usize, o: &mut [f32]) {
+    let sum = softmax_exps(scores);
     match hd {
         // The common head sizes: the accumulators stay in registers instead of being loaded
         // and stored once per key.
@@ -411,6 +457,9 @@ fn attend_impl<W: Widen>(
     rows: Range<usize>,
 ) -> Vec<f32> {
     let hd = shape.head_dim;
+    if rows.len() == 1 {
+        return attend_row_streamed::<W>(inp, shape, kvh, heads, rows.start);
+    }
     // Keys up to the last query of these rows are all that is needed, and from the first key
     // the first row's window lets it see (the tile holding it): a sliding-window layer at a
     // long context gathers its window, not the context.
@@ -458,7 +507,7 @@ fn attend_gathered<W: Widen>(
     let hd = shape.head_dim;
     let first_head = kvh * (shape.n_heads / shape.n_kv_heads) + heads.start;
     let group = heads.len();
-    let f16_queries = gather::<W>(&inp.view, base, len, row_len, kvh, hd, kt, v);
+    let f16_queries = gather::<W>(&inp.view, base, len, row_len, kvh, hd, Some(kt), Some(v));
     let scale = 1.0 / (hd as f32).sqrt();
     let mut out = vec![0f32; rows.len() * group * hd];
     let mut scores: Vec<Vec<f32>> = (0..group).map(|_| vec![0f32; stride]).collect();
@@ -495,6 +544,96 @@ fn attend_gathered<W: Widen>(
         }
     }
     out
+}
+
+/// Keys per block of the single-row path: four tiles, whose widened K (or V) stays in cache.
+const STREAM_BLOCK: usize = 4 * LANES;
+
+/// One query row (a decode step) without gathering its whole context: K block by block into
+/// a small buffer for the scores, then V block by block for the weighted sums. The widened K
+/// and V of a long context (megabytes per head, written and read back) never exist, so the
+/// step reads little more than the pool's pages. Every score, exponential and accumulation is
+/// the one [`attend_gathered`] computes, in the same order, so a row gives the same bits alone
+/// as among other rows (tested).
+#[inline(always)]
+fn attend_row_streamed<W: Widen>(
+    inp: &AttnInput<'_>,
+    shape: &AttnShape,
+    kvh: usize,
+    heads: Range<usize>,
+    i: usize,
+) -> Vec<f32> {
+    let hd = shape.head_dim;
+    let group = heads.len();
+    let first_head = kvh * (shape.n_heads / shape.n_kv_heads) + heads.start;
+    let row_len = shape.n_kv_heads * hd;
+    let upto = inp.start + i + 1;
+    let len = upto.min(inp.view.len());
+    let from = shape.window.map_or(0, |w| upto.saturating_sub(w));
+    let tile_from = from / LANES * LANES;
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut q = inp.q[i * shape.n_heads * hd + first_head * hd..][..group * hd].to_vec();
+    if inp.view.chunks().next().is_some_and(|c| matches!(c.v, KvSlice::F16(_))) {
+        for x in q.iter_mut() {
+            *x = half::f16::from_f32(*x).to_f32();
+        }
+    }
+    let (mut kt, mut v) = SCRATCH.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
+    kt.resize(hd * STREAM_BLOCK, 0.0);
+    v.resize(hd * STREAM_BLOCK, 0.0);
+    let mut scores: Vec<Vec<f32>> = (0..group).map(|_| vec![0f32; upto - tile_from]).collect();
+    let mut block: Vec<Vec<f32>> = (0..group).map(|_| vec![0f32; STREAM_BLOCK]).collect();
+    let mut jb = tile_from;
+    while jb < upto {
+        let n = (upto - jb).min(STREAM_BLOCK);
+        if jb + n > len {
+            // Keys past the view score against zeros, as in the gathered K.
+            kt.fill(0.0);
+        }
+        gather::<W>(&inp.view, jb, (jb + n).min(len), row_len, kvh, hd, Some(&mut kt), None);
+        let mut g0 = 0;
+        while g0 < group {
+            let rest = &mut block[g0..];
+            let qh = |g: usize| &q[(g0 + g) * hd..(g0 + g + 1) * hd];
+            match group - g0 {
+                1 => scores_tile::<1>([qh(0)], &kt, 0, n, scale, rest),
+                2 => scores_tile::<2>([qh(0), qh(1)], &kt, 0, n, scale, rest),
+                3 => scores_tile::<3>([qh(0), qh(1), qh(2)], &kt, 0, n, scale, rest),
+                _ => scores_tile::<4>([qh(0), qh(1), qh(2), qh(3)], &kt, 0, n, scale, rest),
+            }
+            g0 += (group - g0).min(4);
+        }
+        for (all, b) in scores.iter_mut().zip(&block) {
+            all[jb - tile_from..][..n].copy_from_slice(&b[..n]);
+        }
+        jb += n;
+    }
+    let sums: Vec<f32> = scores.iter_mut().map(|s| softmax_exps(&mut s[from - tile_from..])).collect();
+    let (mut even, mut odd) = (vec![0f32; group * hd], vec![0f32; group * hd]);
+    // Runs of an even number of keys from `from`, so keys pair up as in one pass.
+    let mut a = from;
+    while a < upto {
+        let n = (upto - a).min(STREAM_BLOCK);
+        gather::<W>(&inp.view, a, (a + n).min(len), row_len, kvh, hd, None, Some(&mut v));
+        for (g, s) in scores.iter().enumerate() {
+            let (e, o) = (&mut even[g * hd..(g + 1) * hd], &mut odd[g * hd..(g + 1) * hd]);
+            weighted_sum_run(&s[a - tile_from..][..n], &v[..n * hd], hd, e, o);
+        }
+        a += n;
+    }
+    SCRATCH.with(|cell| *cell.borrow_mut() = (kt, v));
+    let fixed = matches!(hd, 64 | 128 | 256);
+    for (g, sum) in sums.iter().enumerate() {
+        let inv = 1.0 / sum;
+        for (e, o) in even[g * hd..(g + 1) * hd].iter_mut().zip(&odd[g * hd..(g + 1) * hd]) {
+            // As `weighted_sum_fixed` ends (the other sizes accumulate in one chain).
+            if fixed {
+                *e += *o;
+            }
+            *e *= inv;
+        }
+    }
+    even
 }
 
 #[cfg(test)]
@@ -577,8 +716,11 @@ mod tests {
     /// window, contexts past several tiles.
     #[test]
     fn a_query_attends_identically_alone_among_other_rows_and_with_its_group_split() {
-        let (n_heads, n_kv, hd, len) = (6, 2, 64, 150);
-        for (ps, window) in [(16, None), (5, None), (16, Some(40)), (7, Some(33))] {
+        let (n_heads, n_kv, len) = (6, 2, 150);
+        // Head sizes of the register-held sums (64, 256) and of the plain loop (40).
+        for (hd, ps, window) in
+            [(64, 16, None), (64, 5, None), (64, 16, Some(40)), (64, 7, Some(33)), (256, 16, Some(97)), (40, 3, None)]
+        {
             let layout = KvLayout { n_layers: 1, n_kv_heads: n_kv, head_dim: hd, page_size: ps, dtype: KvDtype::F16 };
             let pool = KvPool::new(PoolConfig { layout, capacity: Capacity::Tokens(256), scrub: ScrubPolicy::OnFree })
                 .unwrap();
@@ -601,7 +743,7 @@ mod tests {
                     assert_eq!(
                         bits(&one),
                         bits(&all[i * width..(i + 1) * width]),
-                        "page {ps} window {window:?} row {i}"
+                        "head dim {hd} page {ps} window {window:?} row {i}"
                     );
                 }
                 // Query heads split across calls (as threads take them) compute the same.
