@@ -25,6 +25,13 @@ impl<'a> KvChunk<'a> {
         self.k.sub(i * self.page_size, self.len)
     }
 
+    /// Elements `first..first + count` of the K rows as one contiguous run (`count` runs of
+    /// `page_size`, one after another), for a full chunk only: a partial one would expose its
+    /// page's unwritten tail. Readers that widen a head's K page by page take it whole.
+    pub fn k_block(&self, first: usize, count: usize) -> Option<KvSlice<'a>> {
+        (self.len == self.page_size).then(|| self.k.sub(first * self.page_size, count * self.page_size))
+    }
+
     /// Element `i` of slot `slot`'s K row (`slot < len`).
     pub fn k_at(&self, slot: usize, i: usize) -> f32 {
         assert!(slot < self.len, "slot {slot} outside the chunk's {} written slots", self.len);
@@ -67,11 +74,18 @@ impl<'a> LayerView<'a> {
 
     /// One chunk per page touched, in position order; the last may be partial.
     pub fn chunks(&self) -> impl Iterator<Item = KvChunk<'a>> + '_ {
+        self.chunks_from(0)
+    }
+
+    /// As [`LayerView::chunks`], from the page holding position `pos` on: a reader of a window
+    /// or of one block of a long context does not step through the pages before it.
+    pub fn chunks_from(&self, pos: usize) -> impl Iterator<Item = KvChunk<'a>> + '_ {
         let (pool, slots) = (self.pool, self.slots);
         let (layer, len) = (self.layer, self.len);
         let ps = pool.layout.page_size;
         let row = pool.layout.row_len();
-        slots.iter().take(len.div_ceil(ps)).enumerate().map(move |(i, lease)| {
+        let first = pos / ps.max(1);
+        slots.iter().take(len.div_ceil(ps)).enumerate().skip(first).map(move |(i, lease)| {
             let start = i * ps;
             let n = (len - start).min(ps);
             let (k_off, v_off) = (pool.k_offset(lease.page(), layer), pool.v_offset(lease.page(), layer, 0));

@@ -8,7 +8,7 @@
 
 use std::ops::Range;
 
-use kv::{KvSlice, LayerView};
+use kv::{KvChunk, KvSlice, LayerView};
 
 /// Keys scored together.
 const LANES: usize = 16;
@@ -189,7 +189,7 @@ fn gather<W: Widen>(
     mut v: Option<&mut [f32]>,
 ) -> bool {
     let mut f16 = false;
-    for ch in view.chunks() {
+    for ch in view.chunks_from(base) {
         if ch.start >= len {
             break;
         }
@@ -201,27 +201,58 @@ fn gather<W: Widen>(
             continue;
         }
         if let Some(kt) = kt.as_deref_mut() {
-            for d in 0..hd {
-                let run = ch.k_run(kvh * hd + d).sub(0, n);
-                // Split at tile boundaries (a page need not be one tile).
-                let mut p = skip;
-                while p < n {
-                    let pos = ch.start + p - base;
-                    let piece = (LANES - pos % LANES).min(n - p);
-                    let at = kt_index(pos, d, hd);
-                    widen::<W>(run.sub(p, piece), &mut kt[at..at + piece]);
-                    p += piece;
-                }
+            // A whole page that is one tile (page size 16, the pool's usual) holds the head's K
+            // exactly as the tile does: one run, not `hd` runs of sixteen (whose per-call cost
+            // dominated decode at long contexts).
+            let pos = ch.start.saturating_sub(base);
+            let one_tile = skip == 0 && ch.len == LANES && n == LANES && pos % LANES == 0;
+            if let Some(block) = ch.k_block(kvh * hd, hd).filter(|_| one_tile) {
+                let at = kt_index(pos, 0, hd);
+                widen::<W>(block, &mut kt[at..at + hd * LANES]);
+            } else {
+                gather_k_runs::<W>(&ch, base, skip, n, kvh, hd, kt);
             }
         }
         if let Some(v) = v.as_deref_mut() {
-            for s in skip..n {
-                let pos = ch.start + s - base;
-                widen::<W>(ch.v.sub(s * row_len + kvh * hd, hd), &mut v[pos * hd..(pos + 1) * hd]);
+            if row_len == hd {
+                // One KV head: the chunk's V rows are one run.
+                let pos = ch.start + skip - base;
+                widen::<W>(ch.v.sub(skip * hd, (n - skip) * hd), &mut v[pos * hd..(pos + n - skip) * hd]);
+            } else {
+                for s in skip..n {
+                    let pos = ch.start + s - base;
+                    widen::<W>(ch.v.sub(s * row_len + kvh * hd, hd), &mut v[pos * hd..(pos + 1) * hd]);
+                }
             }
         }
     }
     f16
+}
+
+/// K of head `kvh` for slots `skip..n` of a chunk, run by run (element by element), split at
+/// tile boundaries (a page need not be one tile).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn gather_k_runs<W: Widen>(
+    ch: &KvChunk<'_>,
+    base: usize,
+    skip: usize,
+    n: usize,
+    kvh: usize,
+    hd: usize,
+    kt: &mut [f32],
+) {
+    for d in 0..hd {
+        let run = ch.k_run(kvh * hd + d).sub(0, n);
+        let mut p = skip;
+        while p < n {
+            let pos = ch.start + p - base;
+            let piece = (LANES - pos % LANES).min(n - p);
+            let at = kt_index(pos, d, hd);
+            widen::<W>(run.sub(p, piece), &mut kt[at..at + piece]);
+            p += piece;
+        }
+    }
 }
 
 /// Scores of `G` queries against keys `[from, upto)` (`from` a multiple of sixteen), `T`
@@ -330,7 +361,10 @@ fn weighted_sum_fixed<const N: usize>(scores: &[f32], v: &[f32], o: &mut [f32]) 
 /// The accumulation of [`weighted_sum_fixed`], resumable: keys taken in runs of even length
 /// (all but the last) pair up exactly as in one call over all of them.
 #[inline(always)]
-fn weighted_sum_pairs<const N: usize>(scores: &[f32], v: &[f32], even: &mut [f32; N], odd: &mut [f32; N]) {
+fn weighted_sum_pairs<const N: usize>(scores: &[f32], v: &[f32], even_out: &mut [f32; N], odd_out: &mut [f32; N]) {
+    // Local copies: the compiler keeps these in registers, not a caller's memory (which it
+    // would load and store around every FMA).
+    let (mut even, mut odd) = (*even_out, *odd_out);
     let mut pairs = scores.chunks_exact(2);
     let mut j = 0;
     for pq in &mut pairs {
@@ -352,25 +386,31 @@ fn weighted_sum_pairs<const N: usize>(scores: &[f32], v: &[f32], even: &mut [f32
             }
         }
     }
+    *even_out = even;
+    *odd_out = odd;
+}
+
+/// [`weighted_sum_pairs`] on slices of `N`; false if they are not. (At top level and inlined:
+/// a nested function would not inherit the caller's target features.)
+#[inline(always)]
+fn weighted_sum_slices<const N: usize>(scores: &[f32], v: &[f32], even: &mut [f32], odd: &mut [f32]) -> bool {
+    match (<&mut [f32; N]>::try_from(even), <&mut [f32; N]>::try_from(odd)) {
+        (Ok(e), Ok(o)) => {
+            weighted_sum_pairs::<N>(scores, v, e, o);
+            true
+        }
+        _ => false,
+    }
 }
 
 /// [`weighted_sum_pairs`] for any head size, on slices: the fixed sizes in registers, others
 /// one chain per element (into `even` only, as [`softmax_weighted_sum`] does).
 #[inline(always)]
 fn weighted_sum_run(scores: &[f32], v: &[f32], hd: usize, even: &mut [f32], odd: &mut [f32]) {
-    fn fixed<const N: usize>(scores: &[f32], v: &[f32], even: &mut [f32], odd: &mut [f32]) -> bool {
-        match (<&mut [f32; N]>::try_from(even), <&mut [f32; N]>::try_from(odd)) {
-            (Ok(e), Ok(o)) => {
-                weighted_sum_pairs::<N>(scores, v, e, o);
-                true
-            }
-            _ => false,
-        }
-    }
     let done = match hd {
-        64 => fixed::<64>(scores, v, even, odd),
-        128 => fixed::<128>(scores, v, even, odd),
-        256 => fixed::<256>(scores, v, even, odd),
+        64 => weighted_sum_slices::<64>(scores, v, even, odd),
+        128 => weighted_sum_slices::<128>(scores, v, even, odd),
+        256 => weighted_sum_slices::<256>(scores, v, even, odd),
         _ => false,
     };
     if !done {
@@ -608,7 +648,12 @@ fn attend_row_streamed<W: Widen>(
         }
         jb += n;
     }
-    let sums: Vec<f32> = scores.iter_mut().map(|s| softmax_exps(&mut s[from - tile_from..])).collect();
+    // A loop, not a closure: a closure would not inherit this function's target features
+    // (the exponentials' FMAs became library calls).
+    let mut sums = Vec::with_capacity(group);
+    for s in scores.iter_mut() {
+        sums.push(softmax_exps(&mut s[from - tile_from..]));
+    }
     let (mut even, mut odd) = (vec![0f32; group * hd], vec![0f32; group * hd]);
     // Runs of an even number of keys from `from`, so keys pair up as in one pass.
     let mut a = from;
