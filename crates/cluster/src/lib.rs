@@ -34,6 +34,7 @@ pub mod proto;
 mod router;
 pub mod secrets;
 mod state;
+mod tenancy;
 mod tickets;
 mod worker;
 
@@ -44,7 +45,7 @@ pub use models::serve_models;
 pub use net::{BoxIo, Listener, Net};
 pub use router::{Router, RouterConfig, WorkerInfo};
 pub use secrets::SecretRing;
-pub use state::WorkerConfig;
+pub use state::{Gateways, WorkerConfig};
 pub use worker::run_worker;
 
 /// BLAKE3 of a model file: what nodes compare at pairing.

@@ -285,6 +285,8 @@ pub enum ToGateway {
     },
     /// Boxed: far larger than the per-route messages that share this enum.
     Stats(Box<Stats>),
+    /// The worker is shutting down: it finishes the routes it has and takes no new one.
+    Draining,
 }
 
 impl ToGateway {
@@ -298,7 +300,7 @@ impl ToGateway {
             | Token { route, .. }
             | Finished { route, .. }
             | Failed { route, .. } => Some(*route),
-            Stats(_) => None,
+            Stats(_) | Draining => None,
         }
     }
 

@@ -58,6 +58,10 @@ struct WorkerConn {
     inflight: AtomicUsize,
     routes: Mutex<HashMap<u64, mpsc::UnboundedSender<(Role, RouteMsg)>>>,
     stats: Mutex<Stats>,
+    /// The worker said it is draining: it finishes its routes but gets no new one.
+    draining: AtomicBool,
+    /// Wakes the link's reader to close it: the worker left the membership.
+    evict: tokio::sync::Notify,
 }
 
 impl WorkerConn {
@@ -189,6 +193,8 @@ impl Router {
             inflight: AtomicUsize::new(0),
             routes: Mutex::new(HashMap::new()),
             stats: Mutex::new(Stats::default()),
+            draining: AtomicBool::new(false),
+            evict: tokio::sync::Notify::new(),
         });
         tracing::info!(role = role.name(), worker = %w.name, "worker registered");
         self.workers().push(w.clone());
@@ -200,8 +206,16 @@ impl Router {
             }
         });
         let result = loop {
-            match rd.recv::<ToGateway>().await {
+            let msg = tokio::select! {
+                m = rd.recv::<ToGateway>() => m,
+                () = w.evict.notified() => break Err(ClusterError::Message("the worker left the membership".into())),
+            };
+            match msg {
                 Ok(Some(ToGateway::Stats(s))) => *w.stats.lock().unwrap_or_else(|e| e.into_inner()) = *s,
+                Ok(Some(ToGateway::Draining)) => {
+                    w.draining.store(true, Ordering::SeqCst);
+                    tracing::info!(role = role.name(), worker = %w.name, "worker draining: no new routes");
+                }
                 Ok(Some(m)) => {
                     let Some(route) = m.route() else { continue };
                     if let Some(t) = w.routes().get(&route) {
@@ -247,10 +261,22 @@ impl Router {
         self.inner.links.snapshot()
     }
 
-    /// Whether a request could be routed now (a prefill and a decode worker are registered).
+    /// Whether a request could be routed now (a prefill and a decode worker are registered
+    /// and not draining).
     pub fn can_route(&self) -> bool {
         let ws = self.workers();
-        ws.iter().any(|w| w.role == Role::Prefill) && ws.iter().any(|w| w.role == Role::Decode)
+        let open = |role| ws.iter().any(|w| w.role == role && !w.draining.load(Ordering::SeqCst));
+        open(Role::Prefill) && open(Role::Decode)
+    }
+
+    /// Closes the links of the workers called `name` (their lease in the membership store
+    /// expired or was revoked): their routes fail over as a lost worker's do. A worker that
+    /// drains says so over its link first, so its routes have finished by then.
+    pub fn evict(&self, name: &str) {
+        for w in self.workers().iter().filter(|w| w.name == name) {
+            tracing::warn!(role = w.role.name(), worker = %w.name, "worker left the membership; closing its link");
+            w.evict.notify_one();
+        }
     }
 
     pub fn worker_info(&self) -> Vec<WorkerInfo> {
@@ -495,9 +521,10 @@ impl Router {
 }
 
 /// The least loaded worker of `role` (routes in flight), passing over those in `avoid` (the
-/// workers a first attempt failed on) while another of the role is registered.
+/// workers a first attempt failed on) while another of the role is registered; a draining
+/// worker is never picked.
 fn pick<'a>(ws: &'a [Arc<WorkerConn>], role: Role, avoid: &[u64]) -> Option<&'a Arc<WorkerConn>> {
-    let of_role = || ws.iter().filter(|w| w.role == role);
+    let of_role = || ws.iter().filter(|w| w.role == role && !w.draining.load(Ordering::SeqCst));
     let fresh = of_role().filter(|w| !avoid.contains(&w.id)).min_by_key(|w| w.inflight.load(Ordering::Relaxed));
     fresh.or_else(|| of_role().min_by_key(|w| w.inflight.load(Ordering::Relaxed)))
 }
@@ -597,7 +624,19 @@ mod tests {
             inflight: AtomicUsize::new(inflight),
             routes: Mutex::new(HashMap::new()),
             stats: Mutex::new(Stats::default()),
+            draining: AtomicBool::new(false),
+            evict: tokio::sync::Notify::new(),
         })
+    }
+
+    #[test]
+    fn a_draining_worker_is_never_picked_even_when_it_is_the_least_loaded() {
+        let ws = vec![worker(1, Role::Decode, 0), worker(2, Role::Decode, 5)];
+        ws[0].draining.store(true, Ordering::SeqCst);
+        assert_eq!(pick(&ws, Role::Decode, &[]).map(|w| w.id), Some(2));
+        assert_eq!(pick(&ws, Role::Decode, &[2]).map(|w| w.id), Some(2));
+        ws[1].draining.store(true, Ordering::SeqCst);
+        assert!(pick(&ws, Role::Decode, &[]).is_none());
     }
 
     #[test]

@@ -1,22 +1,39 @@
 //! A worker's configuration and what every route task of it shares.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use engine::EngineHandle;
+use tokio::sync::mpsc;
 use wire::Role;
 
 use crate::link::Identity;
 use crate::metrics::WorkerMetrics;
 use crate::net::Net;
+use crate::proto::ToGateway;
+use crate::tenancy::Tenancy;
 use crate::tickets::TicketTable;
+
+/// The gateways a worker registers with.
+#[derive(Clone, Debug)]
+pub enum Gateways {
+    /// One gateway at a fixed address (`cluster.gateway`): a refusal no retry can fix (another
+    /// secret, model or role) ends the worker.
+    Fixed(String),
+    /// The gateways the membership store lists now, kept current by its watch: the worker
+    /// registers with each. One that refuses it is logged and not dialled again until it
+    /// leaves the list and comes back; one that leaves the list is not redialled, but a live
+    /// link to it stays until it ends (the store being away must not cut working links).
+    Listed(tokio::sync::watch::Receiver<BTreeSet<String>>),
+}
 
 #[derive(Clone)]
 pub struct WorkerConfig {
     pub name: String,
-    /// Where the gateway listens for workers.
-    pub gateway: String,
+    /// Where the gateways listen for workers.
+    pub gateways: Gateways,
     /// Our role (prefill or decode), secret and pairing info.
     pub identity: Identity,
     /// Decode: where to accept KV connections (`HOST:PORT` or `mem:NAME`).
@@ -28,6 +45,8 @@ pub struct WorkerConfig {
     pub transfer_timeout: Duration,
     /// Decode: handshakes the KV listener runs at once; more connections are turned away.
     pub max_pending_handshakes: usize,
+    /// On drain: how long the routes in flight may take to finish before the worker stops anyway.
+    pub drain_timeout: Duration,
 }
 
 /// What every route task of a worker shares.
@@ -38,8 +57,14 @@ pub(crate) struct Ctx {
     pub metrics: Arc<WorkerMetrics>,
     pub tickets: TicketTable,
     pub kv_addr: Option<String>,
-    /// The last tenant table applied (id -> key epoch); `None` before the first.
-    pub tenants: Mutex<Option<HashMap<u64, [u8; 16]>>>,
+    /// Each gateway link's tenant table and what was applied to the engine.
+    pub tenancy: Mutex<Tenancy>,
+    /// Each registered link's outgoing messages, by link id (to say `Draining` on all).
+    pub links: Mutex<HashMap<u64, mpsc::UnboundedSender<ToGateway>>>,
+    /// Set once the worker drains: no new link, and each link says so.
+    pub draining: AtomicBool,
+    /// Routes running on any link (a drain waits for zero).
+    pub active_routes: Arc<AtomicUsize>,
 }
 
 impl Ctx {

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cluster::proto::{Register, Registered, Spec, TenantTable, TicketWire, ToWorker};
-use cluster::{run_worker, ClusterError, Identity, Link, Net, SecretRing, WorkerConfig, WorkerMetrics};
+use cluster::{run_worker, ClusterError, Gateways, Identity, Link, Net, SecretRing, WorkerConfig, WorkerMetrics};
 use engine::{Engine, EngineConfig};
 use gguf::GgufFile;
 use kv::{Capacity, KvDtype, KvPool, PoolConfig, ScrubPolicy};
@@ -38,13 +38,14 @@ fn worker_config(name: &str, gateway: &str, me: Identity) -> WorkerConfig {
     let decode = me.role == Role::Decode;
     WorkerConfig {
         name: name.into(),
-        gateway: gateway.into(),
+        gateways: Gateways::Fixed(gateway.into()),
         identity: me,
         kv_listen: decode.then(|| "127.0.0.1:0".into()),
         kv_advertise: None,
         handshake_timeout: T,
         transfer_timeout: T,
         max_pending_handshakes: 8,
+        drain_timeout: Duration::from_secs(5),
     }
 }
 
@@ -81,6 +82,7 @@ async fn a_kv_link_from_a_gateway_or_decode_node_is_refused_typed_counted_and_re
         engine.handle(),
         net.clone(),
         metrics.clone(),
+        std::future::pending(),
     ));
     let io = gateway.accept().await.unwrap();
     let link = Link::accept_from(io, &identity(Role::Gateway, pairing), &[Role::Decode], T).await.unwrap();
@@ -135,6 +137,7 @@ async fn a_worker_whose_gateway_address_reaches_another_role_takes_no_work_and_e
             engine.handle(),
             net.clone(),
             metrics.clone(),
+            std::future::pending(),
         ));
         let io = rogue.accept().await.unwrap();
         // The handshake itself succeeds: the two roles differ, and a worker may pair with a

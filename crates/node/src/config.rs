@@ -16,6 +16,8 @@ use serde::Deserialize;
 
 use crate::config_error::invalid;
 pub use crate::config_error::ConfigError;
+pub use crate::membership_settings::MembershipSettings;
+use crate::membership_settings::RawMembership;
 use crate::model_list::RawModel;
 pub use crate::model_list::{ModelSettings, ModelSource, PoolSize};
 use crate::private_file::{read_private_text, read_secret_file};
@@ -61,6 +63,7 @@ struct RawConfig {
     models: Vec<RawModel>,
     #[serde(default)]
     tenants: Vec<RawTenant>,
+    membership: Option<RawMembership>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -347,6 +350,8 @@ pub struct Config {
     pub last_tenant_id: u64,
     /// The file this config was loaded from, if any: what a reload (SIGHUP) reads again.
     pub source: Option<PathBuf>,
+    /// `[membership]`: etcd (none: workers dial `cluster.gateway`).
+    pub membership: Option<MembershipSettings>,
 }
 
 impl Default for Config {
@@ -398,6 +403,7 @@ fn builtin_defaults() -> Config {
         usage: None,
         tls: None,
         admin_key_file: None,
+        membership: None,
         models: Vec::new(),
         tenants: Vec::new(),
         last_tenant_id: 0,
@@ -699,6 +705,7 @@ impl Config {
             models,
             tenants,
             source: None,
+            membership: RawMembership::settings(raw.membership)?,
         })
     }
 }

@@ -19,6 +19,7 @@ mod config_error;
 mod error;
 mod front;
 pub mod gateway_role;
+mod membership_settings;
 pub mod model;
 mod model_list;
 mod private_file;

@@ -92,18 +92,20 @@ async fn start_model(
     for (role, name) in [(Role::Prefill, format!("prefill-{index}")), (Role::Decode, format!("decode-{index}"))] {
         let wcfg = WorkerConfig {
             name: name.clone(),
-            gateway: gateway_addr.clone(),
+            gateways: cluster::Gateways::Fixed(gateway_addr.clone()),
             identity: Identity { secrets: secrets.clone(), role, pairing },
             kv_listen: Some(format!("mem:{name}")),
             kv_advertise: None,
             handshake_timeout: cfg.cluster.handshake_timeout,
             transfer_timeout: cfg.cluster.transfer_timeout,
             max_pending_handshakes: cfg.cluster.max_pending_handshakes,
+            // In one process the gateway's own drain (`[limits] drain_timeout_s`) comes first.
+            drain_timeout: cfg.limits.drain_timeout,
         };
         let (h, net) = (engine.handle(), net.clone());
         let metrics = Arc::new(WorkerMetrics::default());
         workers.push(tokio::spawn(async move {
-            if let Err(e) = run_worker(wcfg, h, net, metrics).await {
+            if let Err(e) = run_worker(wcfg, h, net, metrics, std::future::pending()).await {
                 tracing::error!(error = %e, "in-process worker stopped");
             }
         }));

@@ -88,13 +88,14 @@ pub fn run(role: Role, overrides: &WorkerOverrides) -> Result<(), ServeError> {
         reload_secrets_on_sighup(&config, &secrets);
         let wcfg = WorkerConfig {
             name: name.clone(),
-            gateway: config.cluster.gateway.clone(),
+            gateways: cluster::Gateways::Fixed(config.cluster.gateway.clone()),
             identity: Identity { secrets: secrets.clone(), role, pairing },
             kv_listen: (role == Role::Decode).then(|| config.cluster.kv_listen.clone()),
             kv_advertise: config.cluster.kv_advertise.clone(),
             handshake_timeout: config.cluster.handshake_timeout,
             transfer_timeout: config.cluster.transfer_timeout,
             max_pending_handshakes: config.cluster.max_pending_handshakes,
+            drain_timeout: config.limits.drain_timeout,
         };
         if let Some(addr) = &config.cluster.metrics_listen {
             let l = tokio::net::TcpListener::bind(addr)
@@ -108,12 +109,10 @@ pub fn run(role: Role, overrides: &WorkerOverrides) -> Result<(), ServeError> {
             }));
         }
         println!("{name}: {role_name} worker, registering with the gateway at {}", config.cluster.gateway);
-        tokio::select! {
-            r = run_worker(wcfg, handle, Net::default(), metrics) => {
-                r.map_err(|e| ServeError::Io(format!("{name}: {e}")))
-            }
-            _ = shutdown_signal() => Ok(()),
-        }
+        // SIGINT/SIGTERM drains: the gateways stop routing here, the routes in flight finish.
+        run_worker(wcfg, handle, Net::default(), metrics, shutdown_signal())
+            .await
+            .map_err(|e| ServeError::Io(format!("{name}: {e}")))
     });
     // Fails whatever is still running (pages freed) and stops the engine thread.
     drop(engine);
