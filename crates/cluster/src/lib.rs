@@ -46,7 +46,7 @@ pub use net::{BoxIo, Listener, Net};
 pub use router::{Router, RouterConfig, WorkerInfo};
 pub use secrets::SecretRing;
 pub use state::{Gateways, WorkerConfig};
-pub use worker::run_worker;
+pub use worker::{run_worker, Worker};
 
 /// BLAKE3 of a model file: what nodes compare at pairing.
 pub fn model_digest(path: &std::path::Path) -> std::io::Result<[u8; 32]> {

@@ -497,7 +497,9 @@ impl Router {
                 }
                 (Role::Decode, m @ (ToGateway::Token { .. } | ToGateway::Finished { .. })) => gate.pending.push_back(m),
                 (_, ToGateway::Failed { failure, .. }) => {
-                    if matches!(failure, Failure::Unreachable(_)) && !gate.released {
+                    // A worker that could not reach its peer, or is draining, before the
+                    // first token: another pair may serve it.
+                    if matches!(failure, Failure::Unreachable(_) | Failure::ShuttingDown) && !gate.released {
                         avoid.push(worker.id);
                         return Outcome::Retry(failure.to_engine());
                     }

@@ -32,8 +32,6 @@ pub enum Gateways {
 #[derive(Clone)]
 pub struct WorkerConfig {
     pub name: String,
-    /// Where the gateways listen for workers.
-    pub gateways: Gateways,
     /// Our role (prefill or decode), secret and pairing info.
     pub identity: Identity,
     /// Decode: where to accept KV connections (`HOST:PORT` or `mem:NAME`).

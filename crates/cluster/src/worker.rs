@@ -21,88 +21,118 @@ use crate::tickets::TicketTable;
 use crate::{decode, prefill, ClusterError, Link};
 
 /// Runs a worker until `drain` completes (then drains: see [`Gateways`] and the module doc)
-/// or its engine stops: registers with the gateways, serves routes, and re-registers (after a
-/// pause) whenever a link drops, having cancelled every route of the lost link. Returns an
-/// error only for what retrying cannot fix (a refused registration with a fixed gateway).
+/// or its engine stops: [`Worker::bind`], then [`Worker::run`].
 pub async fn run_worker(
     cfg: WorkerConfig,
+    gateways: Gateways,
     engine: EngineHandle,
     net: Net,
     metrics: Arc<WorkerMetrics>,
     drain: impl Future<Output = ()>,
 ) -> Result<(), ClusterError> {
-    let mut kv = None;
-    let mut kv_addr = None;
-    if cfg.identity.role == Role::Decode {
-        let listen = cfg.kv_listen.clone().unwrap_or_else(|| "127.0.0.1:0".into());
-        let (listener, bound) = net.listen(&listen).await?;
-        if !bound.starts_with("mem:") {
-            // Operators (and tests) put proxies or load balancers in front of it.
-            println!("{}: KV listening on {bound}", cfg.name);
-        }
-        kv_addr = Some(cfg.kv_advertise.clone().unwrap_or(bound));
-        kv = Some(listener);
-    }
-    let ctx = Arc::new(Ctx {
-        cfg,
-        engine,
-        net,
-        metrics,
-        tickets: TicketTable::default(),
-        kv_addr,
-        tenancy: Mutex::default(),
-        links: Mutex::default(),
-        draining: AtomicBool::new(false),
-        active_routes: Arc::new(AtomicUsize::new(0)),
-    });
-    if let Some(listener) = kv {
-        tokio::spawn(decode::accept_kv(ctx.clone(), listener));
-    }
-    tokio::pin!(drain);
-    let mut dialers: HashMap<String, JoinHandle<()>> = HashMap::new();
-    match ctx.cfg.gateways.clone() {
-        Gateways::Fixed(addr) => {
-            // Its own task: the drain must not drop a session and its routes mid-flight.
-            let mut h = tokio::spawn(dial(ctx.clone(), addr.clone(), None));
-            tokio::select! {
-                r = &mut h => return r.unwrap_or_else(|e| Err(ClusterError::Message(format!("worker task failed: {e}")))),
-                () = &mut drain => {
-                    dialers.insert(addr, tokio::spawn(async move { let _ = h.await; }));
-                }
+    Worker::bind(cfg, engine, net, metrics).await?.run(gateways, drain).await
+}
+
+/// A worker whose KV listener (decode) is bound, not yet registered anywhere.
+pub struct Worker {
+    ctx: Arc<Ctx>,
+}
+
+impl Worker {
+    /// Binds a decode worker's KV listener and starts accepting on it.
+    pub async fn bind(
+        cfg: WorkerConfig,
+        engine: EngineHandle,
+        net: Net,
+        metrics: Arc<WorkerMetrics>,
+    ) -> Result<Worker, ClusterError> {
+        let mut kv = None;
+        let mut kv_addr = None;
+        if cfg.identity.role == Role::Decode {
+            let listen = cfg.kv_listen.clone().unwrap_or_else(|| "127.0.0.1:0".into());
+            let (listener, bound) = net.listen(&listen).await?;
+            if !bound.starts_with("mem:") {
+                // Operators (and tests) put proxies or load balancers in front of it.
+                println!("{}: KV listening on {bound}", cfg.name);
             }
+            kv_addr = Some(cfg.kv_advertise.clone().unwrap_or(bound));
+            kv = Some(listener);
         }
-        Gateways::Listed(mut listed) => loop {
-            let now: BTreeSet<String> = listed.borrow_and_update().clone();
-            // A finished dialer of a listed gateway refused us: not again until it is relisted.
-            dialers.retain(|addr, h| now.contains(addr) || !h.is_finished());
-            for addr in now {
-                if dialers.contains_key(&addr) {
-                    continue;
-                }
-                let (ctx, list, a) = (ctx.clone(), listed.clone(), addr.clone());
-                let h = tokio::spawn(async move {
-                    if let Err(e) = dial(ctx.clone(), a.clone(), Some(list)).await {
-                        tracing::error!(worker = %ctx.cfg.name, gateway = %a, error = %e,
-                            "this gateway refused the worker; not dialling it again until it is listed anew");
+        let ctx = Arc::new(Ctx {
+            cfg,
+            engine,
+            net,
+            metrics,
+            tickets: TicketTable::default(),
+            kv_addr,
+            tenancy: Mutex::default(),
+            links: Mutex::default(),
+            draining: AtomicBool::new(false),
+            active_routes: Arc::new(AtomicUsize::new(0)),
+        });
+        if let Some(listener) = kv {
+            tokio::spawn(decode::accept_kv(ctx.clone(), listener));
+        }
+        Ok(Worker { ctx })
+    }
+
+    /// Where prefill workers reach this decode worker's KV listener (as advertised).
+    pub fn kv_addr(&self) -> Option<&str> {
+        self.ctx.kv_addr.as_deref()
+    }
+
+    /// Registers with the gateways, serves routes, and re-registers (after a pause) whenever a
+    /// link drops, having cancelled every route of the lost link; when `drain` completes,
+    /// drains. Returns an error only for what retrying cannot fix (a refused registration with
+    /// a fixed gateway).
+    pub async fn run(self, gateways: Gateways, drain: impl Future<Output = ()>) -> Result<(), ClusterError> {
+        let ctx = self.ctx;
+        tokio::pin!(drain);
+        let mut dialers: HashMap<String, JoinHandle<()>> = HashMap::new();
+        match gateways {
+            Gateways::Fixed(addr) => {
+                // Its own task: the drain must not drop a session and its routes mid-flight.
+                let mut h = tokio::spawn(dial(ctx.clone(), addr.clone(), None));
+                tokio::select! {
+                    r = &mut h => return r.unwrap_or_else(|e| Err(ClusterError::Message(format!("worker task failed: {e}")))),
+                    () = &mut drain => {
+                        dialers.insert(addr, tokio::spawn(async move { let _ = h.await; }));
                     }
-                });
-                dialers.insert(addr, h);
+                }
             }
-            tokio::select! {
-                changed = listed.changed() => if changed.is_err() {
-                    // The membership watch is gone: keep the links we have until the drain.
-                    (&mut drain).await;
-                    break;
-                },
-                () = &mut drain => break,
-            }
-        },
+            Gateways::Listed(mut listed) => loop {
+                let now: BTreeSet<String> = listed.borrow_and_update().clone();
+                // A finished dialer of a listed gateway refused us: not again until it is relisted.
+                dialers.retain(|addr, h| now.contains(addr) || !h.is_finished());
+                for addr in now {
+                    if dialers.contains_key(&addr) {
+                        continue;
+                    }
+                    let (ctx, list, a) = (ctx.clone(), listed.clone(), addr.clone());
+                    let h = tokio::spawn(async move {
+                        if let Err(e) = dial(ctx.clone(), a.clone(), Some(list)).await {
+                            tracing::error!(worker = %ctx.cfg.name, gateway = %a, error = %e,
+                                "this gateway refused the worker; not dialling it again until it is listed anew");
+                        }
+                    });
+                    dialers.insert(addr, h);
+                }
+                tokio::select! {
+                    changed = listed.changed() => if changed.is_err() {
+                        // The membership watch is gone: keep the links we have until the drain.
+                        (&mut drain).await;
+                        break;
+                    },
+                    () = &mut drain => break,
+                }
+            },
+        }
+        drain_routes(&ctx).await;
+        for h in dialers.values() {
+            h.abort();
+        }
+        Ok(())
     }
-    drain_routes(&ctx).await;
-    for h in dialers.values() {
-        h.abort();
-    }
-    Ok(())
 }
 
 /// Registers with the gateway at `addr` again and again (with a growing pause) while it is

@@ -34,11 +34,10 @@ fn identity(role: Role, pairing: PairingInfo) -> Identity {
     Identity { secrets: SecretRing::single(ClusterSecret::from_passphrase(SECRET)), role, pairing }
 }
 
-fn worker_config(name: &str, gateway: &str, me: Identity) -> WorkerConfig {
+fn worker_config(name: &str, me: Identity) -> WorkerConfig {
     let decode = me.role == Role::Decode;
     WorkerConfig {
         name: name.into(),
-        gateways: Gateways::Fixed(gateway.into()),
         identity: me,
         kv_listen: decode.then(|| "127.0.0.1:0".into()),
         kv_advertise: None,
@@ -78,7 +77,8 @@ async fn a_kv_link_from_a_gateway_or_decode_node_is_refused_typed_counted_and_re
     let (mut gateway, gateway_addr) = net.listen("127.0.0.1:0").await.unwrap();
     let metrics = Arc::new(WorkerMetrics::default());
     let worker = tokio::spawn(run_worker(
-        worker_config("decode-under-test", &gateway_addr, identity(Role::Decode, pairing)),
+        worker_config("decode-under-test", identity(Role::Decode, pairing)),
+        Gateways::Fixed(gateway_addr.clone()),
         engine.handle(),
         net.clone(),
         metrics.clone(),
@@ -133,7 +133,8 @@ async fn a_worker_whose_gateway_address_reaches_another_role_takes_no_work_and_e
         let (mut rogue, rogue_addr) = net.listen("127.0.0.1:0").await.unwrap();
         let metrics = Arc::new(WorkerMetrics::default());
         let worker = tokio::spawn(run_worker(
-            worker_config("worker-under-test", &rogue_addr, identity(worker_role, pairing)),
+            worker_config("worker-under-test", identity(worker_role, pairing)),
+            Gateways::Fixed(rogue_addr.clone()),
             engine.handle(),
             net.clone(),
             metrics.clone(),

@@ -6,7 +6,12 @@
 //! on …`, `kv listening on …`); [`Launched`] reads those lines on a thread of its own (so the
 //! child never blocks on a full pipe) and [`Launched::expect_lines`] waits for them with a
 //! deadline. [`wait_ready`] then polls `/ready`. Every wait here has a deadline.
+//!
+//! [`etcd::EtcdServer`] is a real etcd on loopback for the membership tests (killed and
+//! restarted on the same ports and data to play an outage).
 #![forbid(unsafe_code)]
+
+pub mod etcd;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -40,6 +45,10 @@ pub enum LaunchError {
         #[source]
         source: std::io::Error,
     },
+    #[error("etcd is not available: {reason}")]
+    EtcdMissing { reason: String },
+    #[error("etcd at {url} did not serve: {reason}; its log ends:\n{log_tail}")]
+    EtcdNotServing { url: String, exited: bool, reason: String, log_tail: String },
 }
 
 /// A child process whose stdout lines arrive on a channel.

@@ -474,13 +474,8 @@ pub fn softmax_weighted_sum(scores: &mut [f32], v: &[f32], hd: usize, o: &mut [f
         64 => weighted_sum_fixed::<64>(scores, v, o),
         128 => weighted_sum_fixed::<128>(scores, v, o),
         256 => weighted_sum_fixed::<256>(scores, v, o),
-        _ => {
-            for (j, &p) in scores.iter().enumerate() {
-                for (oo, &vv) in o.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
-                    *oo = p.mul_add(vv, *oo);
-                }
-            }
-        }
+        // Other sizes: one chain per element, into `o`.
+        _ => weighted_sum_run(scores, v, hd, o, &mut []),
     }
     let inv = 1.0 / sum;
     for oo in o.iter_mut() {
@@ -562,28 +557,43 @@ fn attend_gathered<W: Widen>(
         let tile_from = from / LANES * LANES;
         q.copy_from_slice(&inp.q[i * shape.n_heads * hd + first_head * hd..][..group * hd]);
         if f16_queries {
-            for x in q.iter_mut() {
-                *x = half::f16::from_f32(*x).to_f32();
-            }
+            round_to_f16(&mut q);
         }
-        let mut g0 = 0;
-        while g0 < group {
-            let rest = &mut scores[g0..];
-            let qh = |g: usize| &q[(g0 + g) * hd..(g0 + g + 1) * hd];
-            match group - g0 {
-                1 => scores_tile::<1>([qh(0)], kt, tile_from, upto, scale, rest),
-                2 => scores_tile::<2>([qh(0), qh(1)], kt, tile_from, upto, scale, rest),
-                3 => scores_tile::<3>([qh(0), qh(1), qh(2)], kt, tile_from, upto, scale, rest),
-                _ => scores_tile::<4>([qh(0), qh(1), qh(2), qh(3)], kt, tile_from, upto, scale, rest),
-            }
-            g0 += (group - g0).min(4);
-        }
+        scores_heads(&q, hd, kt, tile_from, upto, scale, &mut scores);
         for (g, s) in scores.iter_mut().enumerate() {
             let o = &mut out[(oi * group + g) * hd..][..hd];
             softmax_weighted_sum(&mut s[from..upto], &v[from * hd..], hd, o);
         }
     }
     out
+}
+
+/// Queries against f16 keys are rounded to f16 first, as ggml's CPU attention does.
+#[inline(always)]
+fn round_to_f16(q: &mut [f32]) {
+    for x in q.iter_mut() {
+        *x = half::f16::from_f32(*x).to_f32();
+    }
+}
+
+/// The scores of each head of a group (`q`: the heads' queries, `hd` apart) against the keys
+/// `from..upto` of `kt`, four heads per pass over the keys. A function, not a closure, so it
+/// inlines with its caller's target features.
+#[inline(always)]
+fn scores_heads(q: &[f32], hd: usize, kt: &[f32], from: usize, upto: usize, scale: f32, scores: &mut [Vec<f32>]) {
+    let group = scores.len();
+    let mut g0 = 0;
+    while g0 < group {
+        let rest = &mut scores[g0..];
+        let qh = |g: usize| &q[(g0 + g) * hd..(g0 + g + 1) * hd];
+        match group - g0 {
+            1 => scores_tile::<1>([qh(0)], kt, from, upto, scale, rest),
+            2 => scores_tile::<2>([qh(0), qh(1)], kt, from, upto, scale, rest),
+            3 => scores_tile::<3>([qh(0), qh(1), qh(2)], kt, from, upto, scale, rest),
+            _ => scores_tile::<4>([qh(0), qh(1), qh(2), qh(3)], kt, from, upto, scale, rest),
+        }
+        g0 += (group - g0).min(4);
+    }
 }
 
 /// Keys per block of the single-row path: four tiles, whose widened K (or V) stays in cache.
@@ -614,9 +624,7 @@ fn attend_row_streamed<W: Widen>(
     let scale = 1.0 / (hd as f32).sqrt();
     let mut q = inp.q[i * shape.n_heads * hd + first_head * hd..][..group * hd].to_vec();
     if inp.view.chunks().next().is_some_and(|c| matches!(c.v, KvSlice::F16(_))) {
-        for x in q.iter_mut() {
-            *x = half::f16::from_f32(*x).to_f32();
-        }
+        round_to_f16(&mut q);
     }
     let (mut kt, mut v) = SCRATCH.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
     kt.resize(hd * STREAM_BLOCK, 0.0);
@@ -631,18 +639,7 @@ fn attend_row_streamed<W: Widen>(
             kt.fill(0.0);
         }
         gather::<W>(&inp.view, jb, (jb + n).min(len), row_len, kvh, hd, Some(&mut kt), None);
-        let mut g0 = 0;
-        while g0 < group {
-            let rest = &mut block[g0..];
-            let qh = |g: usize| &q[(g0 + g) * hd..(g0 + g + 1) * hd];
-            match group - g0 {
-                1 => scores_tile::<1>([qh(0)], &kt, 0, n, scale, rest),
-                2 => scores_tile::<2>([qh(0), qh(1)], &kt, 0, n, scale, rest),
-                3 => scores_tile::<3>([qh(0), qh(1), qh(2)], &kt, 0, n, scale, rest),
-                _ => scores_tile::<4>([qh(0), qh(1), qh(2), qh(3)], &kt, 0, n, scale, rest),
-            }
-            g0 += (group - g0).min(4);
-        }
+        scores_heads(&q, hd, &kt, 0, n, scale, &mut block);
         for (all, b) in scores.iter_mut().zip(&block) {
             all[jb - tile_from..][..n].copy_from_slice(&b[..n]);
         }

@@ -12,6 +12,7 @@ use text::{ChatTemplate, Tokenizer};
 use crate::config::Config;
 use crate::error::ServeError;
 use crate::front::{http_setup, initial_tenants, router_config, tls_certificate};
+use crate::member;
 use crate::model::{model_err, ModelInfo};
 use crate::secrets::{cluster_secrets, reload_secrets_on_sighup};
 
@@ -63,6 +64,37 @@ where
     println!("cluster listening on {bound}");
     let routers: Vec<cluster::Router> = routers.into_iter().map(|(_, r)| r).collect();
     tokio::spawn(cluster::serve_models(routers.clone(), listener));
+    let publication = match &config.membership {
+        None => None,
+        Some(m) => {
+            let cluster_addr = advertised(m.advertise.as_deref(), &bound)?;
+            let id = match &config.cluster.name {
+                Some(n) => n.clone(),
+                None => member::default_name("gateway")?,
+            };
+            let record = membership::GatewayRecord { id: id.clone(), cluster_addr };
+            println!("membership: gateway {id} published at {}", m.prefix);
+            Some((member::join_as_gateway(m, &record, routers.clone())?, id))
+        }
+    };
     let setup = http_setup(&config, served, tenants, tls)?;
-    Ok(gateway::http::run(setup, shutdown, ready, move || routers.iter().for_each(|r| r.fail_all())).await?)
+    let result = gateway::http::run(setup, shutdown, ready, move || routers.iter().for_each(|r| r.fail_all())).await;
+    if let Some((p, id)) = publication {
+        member::withdraw(p, &id).await;
+    }
+    Ok(result?)
+}
+
+/// The cluster address workers are told to dial: `[membership] advertise`, else the bound
+/// listener unless it is a wildcard (which no worker could dial).
+fn advertised(advertise: Option<&str>, bound: &str) -> Result<String, ServeError> {
+    if let Some(a) = advertise {
+        return Ok(a.to_string());
+    }
+    match bound.parse::<SocketAddr>() {
+        Ok(a) if a.ip().is_unspecified() => Err(ServeError::Io(format!(
+            "cluster listening on the wildcard address {bound}: set [membership] advertise to the address workers dial"
+        ))),
+        _ => Ok(bound.to_string()),
+    }
 }

@@ -19,6 +19,7 @@ mod config_error;
 mod error;
 mod front;
 pub mod gateway_role;
+pub mod member;
 mod membership_settings;
 pub mod model;
 mod model_list;

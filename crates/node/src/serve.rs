@@ -92,7 +92,6 @@ async fn start_model(
     for (role, name) in [(Role::Prefill, format!("prefill-{index}")), (Role::Decode, format!("decode-{index}"))] {
         let wcfg = WorkerConfig {
             name: name.clone(),
-            gateways: cluster::Gateways::Fixed(gateway_addr.clone()),
             identity: Identity { secrets: secrets.clone(), role, pairing },
             kv_listen: Some(format!("mem:{name}")),
             kv_advertise: None,
@@ -104,8 +103,9 @@ async fn start_model(
         };
         let (h, net) = (engine.handle(), net.clone());
         let metrics = Arc::new(WorkerMetrics::default());
+        let gateways = cluster::Gateways::Fixed(gateway_addr.clone());
         workers.push(tokio::spawn(async move {
-            if let Err(e) = run_worker(wcfg, h, net, metrics, std::future::pending()).await {
+            if let Err(e) = run_worker(wcfg, gateways, h, net, metrics, std::future::pending()).await {
                 tracing::error!(error = %e, "in-process worker stopped");
             }
         }));

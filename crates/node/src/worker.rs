@@ -1,17 +1,20 @@
 //! `pagewarden prefill` and `pagewarden decode`: load the model and the pool (refusing to start
 //! when the pool cannot hold one request of the context window), start the engine, register
-//! with the gateway and serve routes until SIGINT/SIGTERM.
+//! with the gateway (or every gateway the membership lists) and serve routes until
+//! SIGINT/SIGTERM, which drains.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use cluster::{run_worker, Identity, Net, WorkerConfig, WorkerMetrics};
+use cluster::{Gateways, Identity, Net, Worker, WorkerConfig, WorkerMetrics};
 use engine::Engine;
+use membership::WorkerRecord;
 use wire::Role;
 
 use crate::cli::runtime;
 use crate::config::{Config, PoolSize};
 use crate::error::ServeError;
+use crate::member;
 use crate::model::{engine_config, load_model};
 use crate::secrets::{cluster_secrets, reload_secrets_on_sighup};
 use crate::signals::shutdown_signal;
@@ -77,8 +80,13 @@ pub fn run(role: Role, overrides: &WorkerOverrides) -> Result<(), ServeError> {
     // Read before the model loads, so a missing or loose secret file fails at once.
     let secrets = cluster_secrets(&config)?;
     let role_name = if role == Role::Prefill { "prefill" } else { "decode" };
-    let name = config.cluster.name.clone().unwrap_or_else(|| format!("{role_name}-{}", std::process::id()));
+    let name = match (&config.cluster.name, &config.membership) {
+        (Some(n), _) => n.clone(),
+        (None, Some(_)) => member::default_name(role_name)?,
+        (None, None) => format!("{role_name}-{}", std::process::id()),
+    };
     let loaded = load_model(&config)?;
+    let (digest, context) = (loaded.info.digest, loaded.info.context);
     let pairing = loaded.info.pairing()?;
     let engine = Engine::start(loaded.llama, loaded.pool, engine_config(&config, &loaded.grammars));
     let rt = runtime()?;
@@ -88,7 +96,6 @@ pub fn run(role: Role, overrides: &WorkerOverrides) -> Result<(), ServeError> {
         reload_secrets_on_sighup(&config, &secrets);
         let wcfg = WorkerConfig {
             name: name.clone(),
-            gateways: cluster::Gateways::Fixed(config.cluster.gateway.clone()),
             identity: Identity { secrets: secrets.clone(), role, pairing },
             kv_listen: (role == Role::Decode).then(|| config.cluster.kv_listen.clone()),
             kv_advertise: config.cluster.kv_advertise.clone(),
@@ -108,11 +115,35 @@ pub fn run(role: Role, overrides: &WorkerOverrides) -> Result<(), ServeError> {
                 cluster::metrics::render(role_name, &m.snapshot(&h))
             }));
         }
-        println!("{name}: {role_name} worker, registering with the gateway at {}", config.cluster.gateway);
-        // SIGINT/SIGTERM drains: the gateways stop routing here, the routes in flight finish.
-        run_worker(wcfg, handle, Net::default(), metrics, shutdown_signal())
+        let worker = Worker::bind(wcfg, handle.clone(), Net::default(), metrics)
             .await
-            .map_err(|e| ServeError::Io(format!("{name}: {e}")))
+            .map_err(|e| ServeError::Io(format!("{name}: {e}")))?;
+        let (gateways, publication) = match &config.membership {
+            None => {
+                println!("{name}: {role_name} worker, registering with the gateway at {}", config.cluster.gateway);
+                (Gateways::Fixed(config.cluster.gateway.clone()), None)
+            }
+            Some(m) => {
+                let record = WorkerRecord {
+                    name: name.clone(),
+                    role: role_name.into(),
+                    model: digest.iter().map(|b| format!("{b:02x}")).collect(),
+                    kv_addr: worker.kv_addr().map(str::to_string),
+                    capacity_tokens: handle.pool().capacity_tokens(),
+                    context,
+                };
+                let (publication, listed) = member::join_as_worker(m, &record)?;
+                println!("{name}: {role_name} worker, registering with the gateways listed under {}", m.prefix);
+                (Gateways::Listed(listed), Some(publication))
+            }
+        };
+        // SIGINT/SIGTERM drains: the gateways stop routing here, the routes in flight finish;
+        // then the worker leaves the membership.
+        let result = worker.run(gateways, shutdown_signal()).await.map_err(|e| ServeError::Io(format!("{name}: {e}")));
+        if let Some(p) = publication {
+            member::withdraw(p, &name).await;
+        }
+        result
     });
     // Fails whatever is still running (pages freed) and stops the engine thread.
     drop(engine);

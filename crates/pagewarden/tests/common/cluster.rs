@@ -27,6 +27,16 @@ pub struct Cluster {
     pub cluster_addr: String,
     gateway: Child,
     pub workers: Vec<Worker>,
+    /// Gateways after the first ([`Cluster::add_gateway`]; with membership only).
+    pub more_gateways: Vec<Gateway>,
+    /// Members find each other through etcd (`[membership]`): workers get no `--gateway`.
+    membership: bool,
+}
+
+/// A gateway besides the cluster's first.
+pub struct Gateway {
+    pub url: String,
+    child: Child,
 }
 
 /// Spawns `pagewarden ARGS` and waits for a stdout line containing each marker; returns the
@@ -55,6 +65,20 @@ pub fn get_text(url: &str) -> String {
 impl Cluster {
     /// Starts the gateway; `extra` is appended to the shared config file.
     pub fn start(extra: &str) -> Cluster {
+        Cluster::start_inner(extra, false)
+    }
+
+    /// [`Cluster::start`] with membership through the etcd at `endpoint` (a fresh prefix and a
+    /// 2 s lease): gateways publish themselves and workers find them there.
+    pub fn start_with_etcd(endpoint: &str, extra: &str) -> Cluster {
+        static CLUSTERS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = CLUSTERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let prefix = format!("/pagewarden-test/{}-{n}", std::process::id());
+        let section = format!("[membership]\netcd = [\"{endpoint}\"]\nprefix = \"{prefix}\"\nlease_ttl_s = 2\n");
+        Cluster::start_inner(&format!("{extra}\n{section}"), true)
+    }
+
+    fn start_inner(extra: &str, membership: bool) -> Cluster {
         fetch::ensure_default_model().expect("default model");
         let dir = launch::scratch_dir("pw-cluster").unwrap();
         super::write_secret(&dir.join("secret"), SECRET);
@@ -80,6 +104,45 @@ impl Cluster {
             cluster_addr: got[1].clone(),
             gateway,
             workers: Vec::new(),
+            more_gateways: Vec::new(),
+            membership,
+        }
+    }
+
+    /// Another gateway on the same config (membership only: workers find it in etcd);
+    /// returns its index in `more_gateways`.
+    pub fn add_gateway(&mut self) -> usize {
+        assert!(self.membership, "a second gateway needs the membership");
+        let cfg = self.config.to_str().unwrap().to_string();
+        let (child, got) = spawn(
+            &["gateway", "--config", &cfg, "--listen", "127.0.0.1:0", "--cluster-listen", "127.0.0.1:0"],
+            &["listening on http://"],
+        );
+        self.more_gateways.push(Gateway { url: format!("http://{}", got[0]), child });
+        self.more_gateways.len() - 1
+    }
+
+    /// `kill -9` of the first gateway.
+    pub fn kill_gateway(&mut self) {
+        let _ = self.gateway.kill();
+        let _ = self.gateway.wait();
+    }
+
+    /// Sends `signal` (e.g. "-STOP", "-CONT", "-TERM") to worker `i`.
+    pub fn signal(&self, i: usize, signal: &str) {
+        let st = Command::new("kill").args([signal, &self.workers[i].pid.to_string()]).status().unwrap();
+        assert!(st.success());
+    }
+
+    /// Waits (at most `within`) for worker `i` to exit; its exit status.
+    pub fn wait_exit(&mut self, i: usize, within: Duration) -> std::process::ExitStatus {
+        let t0 = Instant::now();
+        loop {
+            if let Some(st) = self.workers[i].child.try_wait().unwrap() {
+                return st;
+            }
+            assert!(t0.elapsed() < within, "worker {} did not exit within {within:?}", self.workers[i].name);
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 
@@ -142,8 +205,10 @@ impl Cluster {
         extra: &[&str],
     ) -> usize {
         let cfg = config.to_str().unwrap().to_string();
-        let mut args =
-            vec![role, "--config", &cfg, "--gateway", gateway, "--name", name, "--metrics-listen", "127.0.0.1:0"];
+        let mut args = vec![role, "--config", &cfg, "--name", name, "--metrics-listen", "127.0.0.1:0"];
+        if !self.membership {
+            args.extend(["--gateway", gateway]);
+        }
         args.extend_from_slice(extra);
         if role == "decode" {
             args.extend(["--kv-listen", "127.0.0.1:0"]);
@@ -165,14 +230,19 @@ impl Cluster {
 
     /// Waits until the gateway lists this many workers of each role and is ready.
     pub fn wait_workers(&self, prefill: usize, decode: usize) {
+        self.wait_workers_on(&self.url, prefill, decode);
+    }
+
+    /// [`Cluster::wait_workers`] on the gateway at `url`.
+    pub fn wait_workers_on(&self, url: &str, prefill: usize, decode: usize) {
         let t0 = Instant::now();
         loop {
-            let m = self.gateway_metrics();
+            let m = self.gateway_metrics_on(url);
             let p = metric(&m, "pagewarden_cluster_workers", "role=\"prefill\"");
             let d = metric(&m, "pagewarden_cluster_workers", "role=\"decode\"");
             if p as usize == prefill
                 && d as usize == decode
-                && agent().get(format!("{}/ready", self.url)).call().unwrap().status() == 200
+                && agent().get(format!("{url}/ready")).call().unwrap().status() == 200
             {
                 return;
             }
@@ -186,8 +256,13 @@ impl Cluster {
     }
 
     pub fn gateway_metrics(&self) -> String {
+        self.gateway_metrics_on(&self.url)
+    }
+
+    /// The `/metrics` of the gateway at `url`.
+    pub fn gateway_metrics_on(&self, url: &str) -> String {
         let mut r = agent()
-            .get(format!("{}/metrics", self.url))
+            .get(format!("{url}/metrics"))
             .header("Authorization", format!("Bearer {}", super::METRICS_TOKEN))
             .call()
             .unwrap();
@@ -223,8 +298,12 @@ impl Cluster {
     }
 
     pub fn post(&self, path: &str, body: &serde_json::Value) -> (u16, String) {
-        let url = format!("{}{path}", self.url);
-        launch::post_json(&url, &self.key, &body.to_string(), Duration::from_secs(180)).unwrap()
+        self.post_to(&self.url, path, body)
+    }
+
+    /// [`Cluster::post`] to the gateway at `url`.
+    pub fn post_to(&self, url: &str, path: &str, body: &serde_json::Value) -> (u16, String) {
+        launch::post_json(&format!("{url}{path}"), &self.key, &body.to_string(), Duration::from_secs(180)).unwrap()
     }
 }
 
@@ -292,6 +371,10 @@ impl Drop for Cluster {
         for w in &mut self.workers {
             let _ = w.child.kill();
             let _ = w.child.wait();
+        }
+        for g in &mut self.more_gateways {
+            let _ = g.child.kill();
+            let _ = g.child.wait();
         }
         let _ = self.gateway.kill();
         let _ = self.gateway.wait();

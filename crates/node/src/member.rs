@@ -1,0 +1,121 @@
+//! A node's part in the membership (`[membership]`, etcd): what it publishes about itself,
+//! and what it does with what the others publish. Entries are public facts (addresses, role,
+//! model digest, pool size), never a secret: trust comes only from the authenticated
+//! handshake every link runs, so a rogue or stale entry can at worst make a node dial an
+//! address that then fails that handshake (see SECURITY.md).
+
+use std::collections::BTreeSet;
+
+use membership::{
+    gateways_prefix, publish, watch_members, workers_prefix, EtcdClient, GatewayRecord, Members, Publication,
+    WorkerRecord,
+};
+use tokio::sync::watch;
+
+use crate::config::MembershipSettings;
+use crate::error::ServeError;
+
+fn client(m: &MembershipSettings) -> Result<EtcdClient, ServeError> {
+    EtcdClient::new(&m.etcd, m.timeout).map_err(|e| ServeError::Io(format!("membership: {e}")))
+}
+
+fn key(prefix: &str, name: &str) -> String {
+    format!("{prefix}{name}")
+}
+
+/// A worker joins: publishes its record under a lease (kept while the returned publication
+/// lives) and watches the gateways. The set stays empty until etcd answered once: a worker
+/// started while etcd is away waits.
+pub fn join_as_worker(
+    m: &MembershipSettings,
+    record: &WorkerRecord,
+) -> Result<(Publication, watch::Receiver<BTreeSet<String>>), ServeError> {
+    let c = client(m)?;
+    let value = serde_json::to_vec(record).map_err(|e| ServeError::Io(e.to_string()))?;
+    let publication = publish(c.clone(), key(&workers_prefix(&m.prefix), &record.name), value, m.lease_ttl);
+    let mut members = watch_members(c, gateways_prefix(&m.prefix));
+    let (tx, rx) = watch::channel(BTreeSet::new());
+    tokio::spawn(async move {
+        loop {
+            let addrs = gateway_addrs(&members.borrow_and_update());
+            tx.send_if_modified(|now| {
+                let changed = *now != addrs;
+                *now = addrs;
+                changed
+            });
+            // Ends when the worker drops the receiver or the watch task stops.
+            tokio::select! {
+                r = members.changed() => if r.is_err() { return },
+                () = tx.closed() => return,
+            }
+        }
+    });
+    Ok((publication, rx))
+}
+
+/// The cluster addresses of the listed gateways; an entry that is not a gateway record is
+/// skipped (and logged by its key, never dialled).
+fn gateway_addrs(members: &Members) -> BTreeSet<String> {
+    members
+        .entries
+        .iter()
+        .filter_map(|(k, v)| match serde_json::from_slice::<GatewayRecord>(v) {
+            Ok(g) => Some(g.cluster_addr),
+            Err(e) => {
+                tracing::warn!(key = %k, error = %e, "membership: not a gateway record; skipped");
+                None
+            }
+        })
+        .collect()
+}
+
+/// A gateway joins: publishes where workers reach it, and closes the links of the workers
+/// that leave the membership (their lease expired: the process or its host is gone, or cut
+/// off) so their routes fail over at once. A worker that drains says so over its link first.
+pub fn join_as_gateway(
+    m: &MembershipSettings,
+    record: &GatewayRecord,
+    routers: Vec<cluster::Router>,
+) -> Result<Publication, ServeError> {
+    let c = client(m)?;
+    let value = serde_json::to_vec(record).map_err(|e| ServeError::Io(e.to_string()))?;
+    let publication = publish(c.clone(), key(&gateways_prefix(&m.prefix), &record.id), value, m.lease_ttl);
+    let mut members = watch_members(c, workers_prefix(&m.prefix));
+    tokio::spawn(async move {
+        let mut live: Option<BTreeSet<String>> = None;
+        loop {
+            let now = {
+                let m = members.borrow_and_update();
+                m.synced.then(|| m.entries.keys().cloned().collect::<BTreeSet<String>>())
+            };
+            if let Some(now) = now {
+                for gone in live.iter().flat_map(|before| before.difference(&now)) {
+                    for r in &routers {
+                        r.evict(gone);
+                    }
+                }
+                live = Some(now);
+            }
+            if members.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    Ok(publication)
+}
+
+/// A default member name: the role, the process id and a random suffix (two hosts may run
+/// the same process id, and two members under one name would evict each other).
+pub fn default_name(role: &str) -> Result<String, ServeError> {
+    let b = cluster::random::<4>().map_err(|e| ServeError::Io(e.to_string()))?;
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    Ok(format!("{role}-{}-{hex}", std::process::id()))
+}
+
+/// Withdraws a publication (its key disappears at once) and logs a failure: the lease then
+/// expires on its own.
+pub async fn withdraw(p: Publication, what: &str) {
+    if let Err(e) = p.withdraw().await {
+        tracing::warn!(member = %what, error = %e, "membership: withdrawing failed; the entry expires with its lease");
+    }
+}

@@ -1,0 +1,157 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Membership through a real etcd (`[membership]`): gateways and workers as separate processes
+//! find each other there. Several gateways share the workers, losing one gateway ends only
+//! the streams it carried, a worker that joins takes load without a restart, one that drains
+//! (SIGTERM) finishes its streams and leaves, one whose lease expires (stopped, its link still
+//! open) is dropped and comes back when it resumes, and etcd going away stops nothing that runs.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::cluster::{metric, stream_chat, Cluster};
+use common::{chat, PROMPTS};
+use launch::etcd::EtcdServer;
+use serde_json::{json, Value};
+
+fn content(body: &str) -> String {
+    let v: Value = serde_json::from_str(body).unwrap();
+    v["choices"][0]["message"]["content"].as_str().unwrap().to_string()
+}
+
+fn long_stream(prompt: &str, max_tokens: usize) -> Value {
+    json!({
+        "model": common::MODEL_NAME,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": true,
+        "stream": true,
+    })
+}
+
+/// Waits until `cond` holds, at most `within`.
+fn until(within: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !cond() {
+        assert!(t0.elapsed() < within, "{what} within {within:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn two_gateways_found_through_etcd_share_the_workers_and_losing_one_ends_only_its_streams() {
+    let etcd = EtcdServer::start().unwrap();
+    let mut c = Cluster::start_with_etcd(&etcd.endpoint(), "");
+    let b = c.add_gateway();
+    let b_url = c.more_gateways[b].url.clone();
+    c.add_worker("prefill", "prefill-a", None);
+    c.add_worker("decode", "decode-a", None);
+    // Neither worker was told a gateway address: both registered with both gateways.
+    c.wait_workers(1, 1);
+    c.wait_workers_on(&b_url, 1, 1);
+
+    let (status, body) = c.post("/v1/chat/completions", &chat(PROMPTS[0], 16));
+    assert_eq!(status, 200, "{body}");
+    let (status, body_b) = c.post_to(&b_url, "/v1/chat/completions", &chat(PROMPTS[0], 16));
+    assert_eq!(status, 200, "{body_b}");
+    assert_eq!(content(&body), content(&body_b), "the same greedy answer through either gateway");
+
+    // A stream through each gateway; then the first gateway is killed mid-stream.
+    let (started_a, on_a) = stream_chat(&c.url, &c.key, long_stream(PROMPTS[1], 160));
+    let (started_b, on_b) = stream_chat(&b_url, &c.key, long_stream(PROMPTS[2], 160));
+    started_a.recv_timeout(Duration::from_secs(60)).expect("the stream through gateway A started");
+    started_b.recv_timeout(Duration::from_secs(60)).expect("the stream through gateway B started");
+    c.kill_gateway();
+    let a = on_a.join();
+    assert!(!matches!(a, Ok(Ok(_))), "a stream through the killed gateway cannot complete: {a:?}");
+    let text_b = on_b.join().unwrap().expect("the stream through gateway B completes with [DONE]");
+    assert!(!text_b.is_empty());
+
+    // B goes on serving, and the workers freed the killed gateway's route.
+    let (status, body) = c.post_to(&b_url, "/v1/chat/completions", &chat(PROMPTS[3], 8));
+    assert_eq!(status, 200, "{body}");
+    c.wait_pools_empty(&[0, 1]);
+    c.wait_workers_on(&b_url, 1, 1);
+}
+
+#[test]
+fn a_worker_that_joins_takes_load_and_one_that_drains_finishes_its_stream_and_leaves() {
+    let etcd = EtcdServer::start().unwrap();
+    let mut c = Cluster::start_with_etcd(&etcd.endpoint(), "");
+    c.add_worker("prefill", "prefill-a", None);
+    let d1 = c.add_worker("decode", "decode-a", None);
+    c.wait_workers(1, 1);
+    // The busy worker: a stream holds decode-a while decode-b joins.
+    let (started, busy) = stream_chat(&c.url, &c.key, long_stream(PROMPTS[1], 120));
+    started.recv_timeout(Duration::from_secs(60)).expect("the stream started");
+    let d2 = c.add_worker("decode", "decode-b", None);
+    c.wait_workers(1, 2);
+    // The least loaded decode worker is the new one: it takes the next request.
+    let (status, body) = c.post("/v1/chat/completions", &chat(PROMPTS[0], 8));
+    assert_eq!(status, 200, "{body}");
+    assert!(c.worker_metric(d2, "pagewarden_worker_reservations_total", "") >= 1.0, "decode-b took no load");
+
+    // A second stream (on decode-b, the less loaded), then SIGTERM drains decode-a while
+    // its stream runs.
+    let (started, other) = stream_chat(&c.url, &c.key, long_stream(PROMPTS[2], 120));
+    started.recv_timeout(Duration::from_secs(60)).expect("the second stream started");
+    c.signal(d1, "-TERM");
+    // New requests go to decode-b while decode-a finishes what it has.
+    for p in PROMPTS {
+        let (status, body) = c.post("/v1/chat/completions", &chat(p, 8));
+        assert_eq!(status, 200, "{body}");
+    }
+    let text = busy.join().unwrap().expect("decode-a's stream finishes with [DONE] while it drains");
+    assert!(!text.is_empty());
+    other.join().unwrap().expect("the other stream finishes too");
+    let st = c.wait_exit(d1, Duration::from_secs(60));
+    assert!(st.success(), "a drained worker exits cleanly: {st:?}");
+    c.wait_workers(1, 1);
+    c.wait_pools_empty(&[0, d2]);
+}
+
+#[test]
+fn a_worker_whose_lease_expires_is_dropped_and_rejoins_when_it_resumes_and_etcd_down_stops_nothing() {
+    let mut etcd = EtcdServer::start().unwrap();
+    let mut c = Cluster::start_with_etcd(&etcd.endpoint(), "");
+    c.add_worker("prefill", "prefill-a", None);
+    let d1 = c.add_worker("decode", "decode-a", None);
+    let d2 = c.add_worker("decode", "decode-b", None);
+    c.wait_workers(1, 2);
+
+    // Stopped (SIGSTOP), decode-a's link stays open but it renews nothing: when its lease
+    // expires the gateway drops it, and every request goes to decode-b.
+    c.signal(d1, "-STOP");
+    c.wait_workers(1, 1);
+    for p in PROMPTS {
+        let (status, body) = c.post("/v1/chat/completions", &chat(p, 8));
+        assert_eq!(status, 200, "{body}");
+    }
+    // Resumed, it publishes itself again and re-registers.
+    c.signal(d1, "-CONT");
+    c.wait_workers(1, 2);
+
+    // etcd killed: what runs goes on, on the last known membership.
+    let (started, stream) = stream_chat(&c.url, &c.key, long_stream(PROMPTS[1], 96));
+    started.recv_timeout(Duration::from_secs(60)).expect("the stream started");
+    etcd.kill9();
+    for p in PROMPTS {
+        let (status, body) = c.post("/v1/chat/completions", &chat(p, 8));
+        assert_eq!(status, 200, "with etcd down: {body}");
+    }
+    stream.join().unwrap().expect("a stream runs to [DONE] with etcd down");
+    // Longer than the lease: nobody could renew, and nobody is dropped for it.
+    std::thread::sleep(Duration::from_secs(3));
+    let m = c.gateway_metrics();
+    assert_eq!(metric(&m, "pagewarden_cluster_workers", "role=\"decode\""), 2.0, "{m}");
+    etcd.restart().unwrap();
+    let (status, body) = c.post("/v1/chat/completions", &chat(PROMPTS[0], 8));
+    assert_eq!(status, 200, "{body}");
+    // After etcd is back every member renews or republishes: none is dropped for good.
+    std::thread::sleep(Duration::from_secs(3));
+    c.wait_workers(1, 2);
+    until(Duration::from_secs(30), "pages freed", || {
+        [0, d1, d2].iter().all(|&i| c.worker_metric(i, "pagewarden_kv_pages_used", "") == 0.0)
+    });
+}
