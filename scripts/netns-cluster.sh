@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# A cluster whose nodes are separate network hosts: etcd, two gateways, prefill and decode
+# workers, each in its own network namespace with its own address, joined by veth pairs to a
+# bridge, so every control, KV and etcd link crosses a real network interface. `tc netem`
+# adds delay and loss on every node's interface. Then, from the host:
+#   1. `pagewarden bench serve` through the first gateway: tok/s, time to first token, ITL;
+#   2. `pagewarden audit` through the first gateway (its /metrics and every worker's checked),
+#      which must pass;
+#   3. the same bench through the second gateway.
+# Run as root (namespaces, veth, netem); everything is removed on exit.
+#
+#   scripts/netns-cluster.sh [DELAY_MS] [LOSS] [AUDIT_REQUESTS] [BENCH_REQUESTS_PER_CLIENT]
+#   e.g. scripts/netns-cluster.sh 0.5 1% 200 4     (0.5 ms each way: 1 ms RTT between nodes)
+#   env: PW=path/to/pagewarden (default: a release build), PREFILL=1 DECODE=1 CONCURRENCY=1,4,16
+set -euo pipefail
+cd "$(dirname "$0")/.."
+delay=${1:-0.5}
+loss=${2:-1%}
+audit_requests=${3:-200}
+bench_requests=${4:-4}
+prefill=${PREFILL:-1}
+decode=${DECODE:-1}
+conc=${CONCURRENCY:-1,4,16}
+[ "$(id -u)" = 0 ] || { echo "run as root (network namespaces)"; exit 2; }
+command -v etcd >/dev/null || apt-get install -y -qq etcd-server >/dev/null
+if [ -z "${PW:-}" ]; then
+  cargo build -q --release -p pagewarden
+  PW=target/release/pagewarden
+fi
+pw=$(realpath "$PW")
+"$pw" fetch-model >/dev/null
+
+work=$(mktemp -d)
+tag=pw$$
+bridge=${tag}br
+nodes=()
+cleanup() {
+  for ns in "${nodes[@]}"; do
+    ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+    ip netns del "$ns" 2>/dev/null || true
+  done
+  ip link del "$bridge" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+ip link add "$bridge" type bridge
+ip addr add 10.77.0.1/24 dev "$bridge"
+ip link set "$bridge" up
+# node NAME LAST_OCTET: a namespace with one interface (10.77.0.LAST), delay and loss on it.
+node() {
+  local ns=$tag-$1
+  ip netns add "$ns"
+  nodes+=("$ns")
+  ip link add "$tag-$2" type veth peer name eth0 netns "$ns"
+  ip link set "$tag-$2" master "$bridge" up
+  ip -n "$ns" addr add "10.77.0.$2/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$ns" link set lo up
+  ip netns exec "$ns" tc qdisc add dev eth0 root netem delay "${delay}ms" loss "$loss"
+}
+in_ns() { local ns=$tag-$1; shift; ip netns exec "$ns" "$@"; }
+
+node etcd 2
+in_ns etcd etcd --data-dir "$work/etcd" --listen-client-urls http://10.77.0.2:2379 \
+  --advertise-client-urls http://10.77.0.2:2379 --listen-peer-urls http://127.0.0.1:2380 \
+  >"$work/etcd.log" 2>&1 &
+
+key_a=$("$pw" tenant add alice --config "$work/pw.toml" | head -1)
+printf 'max_concurrent = 64\nmax_queued = 256\n' >>"$work/pw.toml"
+key_b=$("$pw" tenant add bob --config "$work/pw.toml" | head -1)
+printf 'max_concurrent = 64\nmax_queued = 256\n' >>"$work/pw.toml"
+(umask 077; head -c 48 /dev/urandom | base64 >"$work/secret"; head -c 48 /dev/urandom | base64 >"$work/metrics-token")
+{ printf 'threads = 1\n[pool]\ntokens = 32768\n[cluster]\nsecret_file = "%s"\n' "$work/secret"
+  printf '[metrics]\ntoken_file = "%s"\n' "$work/metrics-token"
+  printf '[membership]\netcd = ["10.77.0.2:2379"]\nprefix = "/pagewarden/netns"\nlease_ttl_s = 5\n'
+  cat "$work/pw.toml"; } >"$work/cluster.toml"
+printf '[[tenants]]\nname = "alice"\nkey = "%s"\n[[tenants]]\nname = "bob"\nkey = "%s"\n' "$key_a" "$key_b" >"$work/tenants.toml"
+
+gateways=()
+for i in 1 2; do
+  node "gw$i" $((10 + i))
+  in_ns "gw$i" "$pw" gateway --config "$work/cluster.toml" --listen "10.77.0.$((10 + i)):8080" \
+    --cluster-listen "10.77.0.$((10 + i)):7100" >"$work/gw$i.log" 2>&1 &
+  gateways+=("http://10.77.0.$((10 + i)):8080")
+done
+metrics=()
+for i in $(seq 1 "$prefill"); do
+  node "p$i" $((20 + i))
+  in_ns "p$i" "$pw" prefill --config "$work/cluster.toml" --name "prefill-$i" \
+    --metrics-listen "10.77.0.$((20 + i)):9100" >"$work/p$i.log" 2>&1 &
+  metrics+=(--metrics "http://10.77.0.$((20 + i)):9100/metrics")
+done
+for i in $(seq 1 "$decode"); do
+  node "d$i" $((30 + i))
+  in_ns "d$i" "$pw" decode --config "$work/cluster.toml" --name "decode-$i" \
+    --kv-listen "10.77.0.$((30 + i)):7200" --metrics-listen "10.77.0.$((30 + i)):9100" >"$work/d$i.log" 2>&1 &
+  metrics+=(--metrics "http://10.77.0.$((30 + i)):9100/metrics")
+done
+for g in "${gateways[@]}"; do
+  for _ in $(seq 600); do curl -sf "$g/ready" >/dev/null && break; sleep 0.2; done
+  curl -sf "$g/ready" >/dev/null || { echo "$g not ready"; tail -5 "$work"/*.log; exit 1; }
+done
+echo "== nodes in ${#nodes[@]} namespaces, netem delay ${delay} ms loss ${loss} on each interface"
+echo "   ping gw1 -> decode-1: $(in_ns gw1 ping -c 20 -i 0.05 -q 10.77.0.31 | tail -1)"
+
+echo "== bench serve through gateway 1 (${gateways[0]})"
+"$pw" bench serve --url "${gateways[0]}" --key "$key_a" --concurrency "$conc" --requests "$bench_requests"
+echo "== audit through gateway 1: $audit_requests requests, two tenants, every worker's /metrics"
+"$pw" audit --url "${gateways[0]}" --tenants "$work/tenants.toml" --requests "$audit_requests" \
+  --metrics-token-file "$work/metrics-token" --metrics "${gateways[0]}/metrics" "${metrics[@]}" \
+  --timing-probe 0 --report "$work/report"
+echo "== bench serve through gateway 2 (${gateways[1]})"
+"$pw" bench serve --url "${gateways[1]}" --key "$key_b" --concurrency "$conc" --requests "$bench_requests"
