@@ -44,6 +44,16 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Delay and loss need the kernel's netem qdisc (sch_netem); 0 and 0% run without it.
+impair=1
+if [ "$delay" = 0 ] && { [ "$loss" = 0 ] || [ "$loss" = 0% ]; }; then
+  impair=0
+elif ! tc qdisc add dev lo root netem delay 0ms 2>/dev/null; then
+  echo "this kernel has no netem qdisc (sch_netem): run with DELAY_MS 0 and LOSS 0%, or on a kernel with it"
+  exit 2
+else
+  tc qdisc del dev lo root
+fi
 ip link add "$bridge" type bridge
 ip addr add 10.77.0.1/24 dev "$bridge"
 ip link set "$bridge" up
@@ -57,7 +67,9 @@ node() {
   ip -n "$ns" addr add "10.77.0.$2/24" dev eth0
   ip -n "$ns" link set eth0 up
   ip -n "$ns" link set lo up
-  ip netns exec "$ns" tc qdisc add dev eth0 root netem delay "${delay}ms" loss "$loss"
+  if [ "$impair" = 1 ]; then
+    ip netns exec "$ns" tc qdisc add dev eth0 root netem delay "${delay}ms" loss "$loss"
+  fi
 }
 in_ns() { local ns=$tag-$1; shift; ip netns exec "$ns" "$@"; }
 
@@ -71,10 +83,12 @@ printf 'max_concurrent = 64\nmax_queued = 256\n' >>"$work/pw.toml"
 key_b=$("$pw" tenant add bob --config "$work/pw.toml" | head -1)
 printf 'max_concurrent = 64\nmax_queued = 256\n' >>"$work/pw.toml"
 (umask 077; head -c 48 /dev/urandom | base64 >"$work/secret"; head -c 48 /dev/urandom | base64 >"$work/metrics-token")
-{ printf 'threads = 1\n[pool]\ntokens = 32768\n[cluster]\nsecret_file = "%s"\n' "$work/secret"
+{ printf 'threads = 1\n'
+  cat "$work/pw.toml"  # top-level keys and [[tenants]]: before the other tables
+  printf '[pool]\ntokens = 32768\n[cluster]\nsecret_file = "%s"\n' "$work/secret"
   printf '[metrics]\ntoken_file = "%s"\n' "$work/metrics-token"
   printf '[membership]\netcd = ["10.77.0.2:2379"]\nprefix = "/pagewarden/netns"\nlease_ttl_s = 5\n'
-  cat "$work/pw.toml"; } >"$work/cluster.toml"
+} >"$work/cluster.toml"
 printf '[[tenants]]\nname = "alice"\nkey = "%s"\n[[tenants]]\nname = "bob"\nkey = "%s"\n' "$key_a" "$key_b" >"$work/tenants.toml"
 
 gateways=()
@@ -99,9 +113,9 @@ for i in $(seq 1 "$decode"); do
 done
 for g in "${gateways[@]}"; do
   for _ in $(seq 600); do curl -sf "$g/ready" >/dev/null && break; sleep 0.2; done
-  curl -sf "$g/ready" >/dev/null || { echo "$g not ready"; tail -5 "$work"/*.log; exit 1; }
+  curl -sf "$g/ready" >/dev/null || { echo "$g not ready"; tail -n 5 "$work"/*.log; exit 1; }
 done
-echo "== nodes in ${#nodes[@]} namespaces, netem delay ${delay} ms loss ${loss} on each interface"
+echo "== nodes in ${#nodes[@]} namespaces; netem on each interface: $([ "$impair" = 1 ] && echo "delay ${delay} ms, loss ${loss}" || echo none)"
 echo "   ping gw1 -> decode-1: $(in_ns gw1 ping -c 20 -i 0.05 -q 10.77.0.31 | tail -1)"
 
 echo "== bench serve through gateway 1 (${gateways[0]})"

@@ -46,6 +46,11 @@ pub const WORKER_INFLIGHT: &str = "pagewarden_worker_inflight";
 pub const WORKER_PAGES_USED: &str = "pagewarden_worker_kv_pages_used";
 /// counter; gateway, per worker (as reported).
 pub const WORKER_VIOLATIONS_TOTAL: &str = "pagewarden_worker_isolation_violations_total";
+/// counter{worker, role}; gateway: routes sent to a worker since it registered.
+pub const WORKER_ROUTES_TOTAL: &str = "pagewarden_worker_routes_total";
+/// counter{worker, role, direction}; gateway: control messages on a worker's link since it
+/// registered (`to_worker`, `from_worker`).
+pub const WORKER_CONTROL_MESSAGES_TOTAL: &str = "pagewarden_worker_control_messages_total";
 /// counter; gateway.
 pub const PREFIX_CACHE_LOOKUPS_TOTAL: &str = "pagewarden_prefix_cache_lookups_total";
 /// counter; gateway.
@@ -101,6 +106,8 @@ pub const ALL: &[&str] = &[
     WORKER_INFLIGHT,
     WORKER_PAGES_USED,
     WORKER_VIOLATIONS_TOTAL,
+    WORKER_ROUTES_TOTAL,
+    WORKER_CONTROL_MESSAGES_TOTAL,
     PREFIX_CACHE_LOOKUPS_TOTAL,
     PREFIX_CACHE_HITS_TOTAL,
     PREFIX_CACHE_HIT_TOKENS_TOTAL,

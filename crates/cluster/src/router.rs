@@ -38,6 +38,10 @@ pub struct WorkerInfo {
     pub name: String,
     pub role: &'static str,
     pub inflight: usize,
+    /// Routes sent to it since it registered.
+    pub routes: u64,
+    /// Control messages sent to it and received from it since it registered.
+    pub messages: (u64, u64),
     pub stats: Stats,
 }
 
@@ -62,6 +66,10 @@ struct WorkerConn {
     draining: AtomicBool,
     /// Wakes the link's reader to close it: the worker left the membership.
     evict: tokio::sync::Notify,
+    routed: AtomicU64,
+    /// Control messages to and from it.
+    sent: Arc<AtomicU64>,
+    received: AtomicU64,
 }
 
 impl WorkerConn {
@@ -195,14 +203,19 @@ impl Router {
             stats: Mutex::new(Stats::default()),
             draining: AtomicBool::new(false),
             evict: tokio::sync::Notify::new(),
+            routed: AtomicU64::new(0),
+            sent: Arc::new(AtomicU64::new(0)),
+            received: AtomicU64::new(0),
         });
         tracing::info!(role = role.name(), worker = %w.name, "worker registered");
         self.workers().push(w.clone());
+        let sent = w.sent.clone();
         let writer = tokio::spawn(async move {
             while let Some(m) = rx.recv().await {
                 if wr.send(&m).await.is_err() {
                     break;
                 }
+                sent.fetch_add(1, Ordering::Relaxed);
             }
         });
         let result = loop {
@@ -210,6 +223,9 @@ impl Router {
                 m = rd.recv::<ToGateway>() => m,
                 () = w.evict.notified() => break Err(ClusterError::Message("the worker left the membership".into())),
             };
+            if matches!(msg, Ok(Some(_))) {
+                w.received.fetch_add(1, Ordering::Relaxed);
+            }
             match msg {
                 Ok(Some(ToGateway::Stats(s))) => *w.stats.lock().unwrap_or_else(|e| e.into_inner()) = *s,
                 Ok(Some(ToGateway::Draining)) => {
@@ -286,6 +302,8 @@ impl Router {
                 name: w.name.clone(),
                 role: w.role.name(),
                 inflight: w.inflight.load(Ordering::Relaxed),
+                routes: w.routed.load(Ordering::Relaxed),
+                messages: (w.sent.load(Ordering::Relaxed), w.received.load(Ordering::Relaxed)),
                 stats: w.stats.lock().unwrap_or_else(|e| e.into_inner()).clone(),
             })
             .collect()
@@ -423,6 +441,7 @@ impl Router {
         let guard = RouteGuard { route, workers: [decode.clone(), prefill.clone()], done: false };
         for w in &guard.workers {
             w.inflight.fetch_add(1, Ordering::Relaxed);
+            w.routed.fetch_add(1, Ordering::Relaxed);
             w.routes().insert(route, tx.clone());
         }
         drop(tx);
@@ -628,6 +647,9 @@ mod tests {
             stats: Mutex::new(Stats::default()),
             draining: AtomicBool::new(false),
             evict: tokio::sync::Notify::new(),
+            routed: AtomicU64::new(0),
+            sent: Arc::new(AtomicU64::new(0)),
+            received: AtomicU64::new(0),
         })
     }
 

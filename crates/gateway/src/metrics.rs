@@ -23,6 +23,22 @@ pub fn expose_workers(e: &mut Exposition, workers: &[cluster::WorkerInfo]) {
     let id = |w: &cluster::WorkerInfo| vec![label("worker", &w.name), label("role", w.role)];
     e.gauges(CLUSTER_WORKERS, "Workers registered with this gateway.", by_role)
         .gauges(WORKER_INFLIGHT, "Requests in flight on a worker.", workers.iter().map(|w| (id(w), w.inflight as i64)))
+        .counters(
+            WORKER_ROUTES_TOTAL,
+            "Routes sent to a worker since it registered.",
+            workers.iter().map(|w| (id(w), w.routes)),
+        )
+        .counters(
+            WORKER_CONTROL_MESSAGES_TOTAL,
+            "Control messages on a worker's link since it registered.",
+            workers.iter().flat_map(|w| {
+                [("to_worker", w.messages.0), ("from_worker", w.messages.1)].map(|(d, n)| {
+                    let mut l = id(w);
+                    l.push(label("direction", d));
+                    (l, n)
+                })
+            }),
+        )
         .gauges(
             WORKER_PAGES_USED,
             "KV pages a worker reports in use.",
@@ -281,6 +297,8 @@ mod tests {
             name: "evil\"} 1\npagewarden_isolation_violations_total{kind=\"x\"} 99\n#".into(),
             role: "decode",
             inflight: 0,
+            routes: 0,
+            messages: (0, 0),
             stats: cluster::proto::Stats { violations: vec![(engine::ViolationKind::BadMac, 1)], ..Default::default() },
         };
         let mut e = Exposition::new();
