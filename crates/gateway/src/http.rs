@@ -220,6 +220,8 @@ pub struct HttpSetup {
     pub usage: Option<UsageSettings>,
     /// `[tls]`: serve the API over HTTPS with this (replaceable) certificate.
     pub tls: Option<Arc<ServerCertificate>>,
+    /// With membership: the number of live gateways, which share every tenant's limits.
+    pub gateways: Option<tokio::sync::watch::Receiver<usize>>,
 }
 
 /// The HTTP side shared by `serve` and `gateway`: binds, serves, and on `shutdown` drains
@@ -244,6 +246,7 @@ where
         tenant_updates,
         usage,
         tls,
+        gateways,
     } = setup;
     let usage = usage.map(UsageLog::open).transpose()?;
     let limiter = Limiter::new(tenants.iter().map(|t| (t.id, &t.config)));
@@ -270,6 +273,19 @@ where
         tokio::spawn(async move {
             while let Some(next) = rx.recv().await {
                 apply_tenants(&st, next);
+            }
+        })
+    });
+    let share_task = gateways.map(|mut rx| {
+        let limiter = st.limiter.clone();
+        tokio::spawn(async move {
+            loop {
+                let n = *rx.borrow_and_update();
+                limiter.set_gateways(n);
+                tracing::info!(gateways = n, "tenant limits shared among the live gateways");
+                if rx.changed().await.is_err() {
+                    return;
+                }
             }
         })
     });
@@ -357,7 +373,7 @@ where
     if let Some(t) = metrics_task {
         t.abort();
     }
-    if let Some(t) = updates_task {
+    for t in [updates_task, share_task].into_iter().flatten() {
         t.abort();
     }
     if st.usage.is_some() {

@@ -7,8 +7,14 @@
 //! prompt + max_tokens, and the unused completion tokens are refunded at the end. A request
 //! holds its [`Permit`] for its whole life (released on drop); its queue slot is released when
 //! the engine starts it ([`Permit::started`]).
+//!
+//! With several gateways (membership through etcd) each enforces its share of every limit:
+//! the configured value divided by the number of live gateways, rounded up
+//! ([`Limiter::set_gateways`]), so a tenant spread over them by a load balancer gets about
+//! its configured limits in all.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -19,6 +25,9 @@ use crate::settings::TenantConfig;
 
 #[derive(Debug)]
 struct TenantState {
+    /// As configured: (max_concurrent, max_queued, tokens_per_minute).
+    configured: (usize, usize, u64),
+    /// This gateway's share of them (all of them with one gateway).
     max_concurrent: usize,
     max_queued: usize,
     tokens_per_minute: u64,
@@ -29,17 +38,39 @@ struct TenantState {
     refilled: Instant,
 }
 
+/// One gateway's part of a limit `v` among `n`: rounded up, at least 1; 0 (no limit) stays 0.
+fn share(v: u64, n: usize) -> u64 {
+    if v == 0 {
+        return 0;
+    }
+    v.div_ceil(n.max(1) as u64).max(1)
+}
+
 impl TenantState {
-    fn new(t: &TenantConfig, now: Instant) -> TenantState {
-        TenantState {
-            max_concurrent: t.max_concurrent,
-            max_queued: t.max_queued,
-            tokens_per_minute: t.tokens_per_minute,
+    fn new(t: &TenantConfig, now: Instant, gateways: usize) -> TenantState {
+        let mut s = TenantState {
+            configured: (t.max_concurrent, t.max_queued, t.tokens_per_minute),
+            max_concurrent: 0,
+            max_queued: 0,
+            tokens_per_minute: 0,
             running: 0,
             queued: 0,
-            tokens: t.tokens_per_minute as f64,
+            tokens: 0.0,
             refilled: now,
-        }
+        };
+        s.apply_share(gateways);
+        s.tokens = s.tokens_per_minute as f64;
+        s
+    }
+
+    /// This gateway's share of the configured limits among `gateways`; the bucket keeps what
+    /// it holds, capped by the new share.
+    fn apply_share(&mut self, gateways: usize) {
+        let (c, q, t) = self.configured;
+        self.max_concurrent = share(c as u64, gateways) as usize;
+        self.max_queued = share(q as u64, gateways) as usize;
+        self.tokens_per_minute = share(t, gateways);
+        self.tokens = self.tokens.min(self.tokens_per_minute as f64);
     }
 
     fn refill(&mut self, now: Instant) {
@@ -51,16 +82,37 @@ impl TenantState {
 }
 
 /// All tenants' counters, shared by the handlers.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Limiter {
     inner: Arc<Mutex<HashMap<TenantId, TenantState>>>,
+    /// Live gateways sharing the limits (1 without membership).
+    gateways: Arc<AtomicUsize>,
+}
+
+impl Default for Limiter {
+    fn default() -> Self {
+        Limiter::new([])
+    }
 }
 
 impl Limiter {
     pub fn new<'a>(tenants: impl IntoIterator<Item = (TenantId, &'a TenantConfig)>) -> Limiter {
         let now = Instant::now();
-        let map = tenants.into_iter().map(|(id, t)| (id, TenantState::new(t, now))).collect();
-        Limiter { inner: Arc::new(Mutex::new(map)) }
+        let map = tenants.into_iter().map(|(id, t)| (id, TenantState::new(t, now, 1))).collect();
+        Limiter { inner: Arc::new(Mutex::new(map)), gateways: Arc::new(AtomicUsize::new(1)) }
+    }
+
+    /// `n` gateways (at least 1) share every tenant's limits from now on.
+    pub fn set_gateways(&self, n: usize) {
+        let n = n.max(1);
+        let mut map = self.lock();
+        if self.gateways.swap(n, Ordering::SeqCst) != n {
+            let now = Instant::now();
+            for s in map.values_mut() {
+                s.refill(now);
+                s.apply_share(n);
+            }
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, HashMap<TenantId, TenantState>> {
@@ -74,19 +126,18 @@ impl Limiter {
     pub fn reconfigure<'a>(&self, tenants: impl IntoIterator<Item = (TenantId, &'a TenantConfig)>) {
         let now = Instant::now();
         let mut map = self.lock();
+        let gateways = self.gateways.load(Ordering::SeqCst);
         let mut next = HashMap::new();
         for (id, t) in tenants {
             let s = match map.remove(&id) {
                 Some(mut s) => {
                     s.refill(now);
-                    s.max_concurrent = t.max_concurrent;
-                    s.max_queued = t.max_queued;
-                    s.tokens_per_minute = t.tokens_per_minute;
+                    s.configured = (t.max_concurrent, t.max_queued, t.tokens_per_minute);
                     // A lowered limit caps what is left in the bucket.
-                    s.tokens = s.tokens.min(t.tokens_per_minute as f64);
+                    s.apply_share(gateways);
                     s
                 }
-                None => TenantState::new(t, now),
+                None => TenantState::new(t, now, gateways),
             };
             next.insert(id, s);
         }
@@ -247,6 +298,29 @@ mod tests {
 
     fn running(l: &Limiter, t: u64) -> Option<(usize, usize)> {
         l.lock().get(&TenantId(t)).map(|s| (s.running, s.queued))
+    }
+
+    #[test]
+    fn with_several_gateways_each_enforces_its_rounded_up_share_and_one_gateway_all() {
+        let t = TenantId(1);
+        let l = Limiter::new([(t, &cfg(5, 6, 600))]);
+        l.set_gateways(3);
+        let permits: Vec<Permit> = (0..2).map(|_| l.acquire(t).expect("within 5 / 3 -> 2")).collect();
+        let e = l.acquire(t).expect_err("a third is over this gateway's share");
+        assert!(e.message.contains("limit 2"), "{}", e.message);
+        drop(permits);
+        let mut p = l.acquire(t).unwrap();
+        assert!(p.charge(201).is_err(), "600 tokens a minute over 3 gateways: 200 here");
+        p.charge(200).unwrap();
+        drop(p);
+        l.set_gateways(1);
+        let permits: Vec<Permit> = (0..3).map(|_| l.acquire(t).expect("all 5 with one gateway")).collect();
+        assert_eq!(permits.len(), 3);
+        // Zero gateways is taken as one; an unlimited bucket stays unlimited.
+        let u = Limiter::new([(t, &cfg(1, 1, 0))]);
+        u.set_gateways(0);
+        let mut p = u.acquire(t).unwrap();
+        p.charge(1_000_000).unwrap();
     }
 
     #[test]

@@ -65,6 +65,7 @@ pub(crate) fn http_setup(
         tenant_updates: reload_tenants_on_sighup(config.source.clone(), dev),
         usage: config.usage.clone(),
         tls,
+        gateways: None,
     })
 }
 

@@ -74,12 +74,14 @@ where
             };
             let record = membership::GatewayRecord { id: id.clone(), cluster_addr };
             println!("membership: gateway {id} published at {}", m.prefix);
-            Some((member::join_as_gateway(m, &record, routers.clone())?, id))
+            let (publication, count) = member::join_as_gateway(m, &record, routers.clone())?;
+            Some((publication, id, count))
         }
     };
-    let setup = http_setup(&config, served, tenants, tls)?;
+    let mut setup = http_setup(&config, served, tenants, tls)?;
+    setup.gateways = publication.as_ref().map(|(_, _, count)| count.clone());
     let result = gateway::http::run(setup, shutdown, ready, move || routers.iter().for_each(|r| r.fail_all())).await;
-    if let Some((p, id)) = publication {
+    if let Some((p, id, _)) = publication {
         member::withdraw(p, &id).await;
     }
     Ok(result?)

@@ -69,17 +69,36 @@ fn gateway_addrs(members: &Members) -> BTreeSet<String> {
         .collect()
 }
 
-/// A gateway joins: publishes where workers reach it, and closes the links of the workers
-/// that leave the membership (their lease expired: the process or its host is gone, or cut
-/// off) so their routes fail over at once. A worker that drains says so over its link first.
+/// A gateway joins: publishes where workers reach it, closes the links of the workers that
+/// leave the membership (their lease expired: the process or its host is gone, or cut off)
+/// so their routes fail over at once (a worker that drains says so over its link first), and
+/// counts the live gateways (the receiver), which share every tenant's limits.
 pub fn join_as_gateway(
     m: &MembershipSettings,
     record: &GatewayRecord,
     routers: Vec<cluster::Router>,
-) -> Result<Publication, ServeError> {
+) -> Result<(Publication, watch::Receiver<usize>), ServeError> {
     let c = client(m)?;
     let value = serde_json::to_vec(record).map_err(|e| ServeError::Io(e.to_string()))?;
     let publication = publish(c.clone(), key(&gateways_prefix(&m.prefix), &record.id), value, m.lease_ttl);
+    let mut gateways = watch_members(c.clone(), gateways_prefix(&m.prefix));
+    let (count_tx, count) = watch::channel(1usize);
+    tokio::spawn(async move {
+        loop {
+            let n = {
+                let g = gateways.borrow_and_update();
+                // Itself included even before its own entry shows (never a share of zero).
+                g.synced.then(|| g.entries.len().max(1))
+            };
+            if let Some(n) = n {
+                count_tx.send_if_modified(|c| std::mem::replace(c, n) != n);
+            }
+            tokio::select! {
+                r = gateways.changed() => if r.is_err() { return },
+                () = count_tx.closed() => return,
+            }
+        }
+    });
     let mut members = watch_members(c, workers_prefix(&m.prefix));
     tokio::spawn(async move {
         let mut live: Option<BTreeSet<String>> = None;
@@ -101,7 +120,7 @@ pub fn join_as_gateway(
             }
         }
     });
-    Ok(publication)
+    Ok((publication, count))
 }
 
 /// A default member name: the role, the process id and a random suffix (two hosts may run

@@ -7,6 +7,8 @@
 
 mod common;
 
+use std::io::Write;
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::cluster::{metric, stream_chat, Cluster};
@@ -154,4 +156,54 @@ fn a_worker_whose_lease_expires_is_dropped_and_rejoins_when_it_resumes_and_etcd_
     until(Duration::from_secs(30), "pages freed", || {
         [0, d1, d2].iter().all(|&i| c.worker_metric(i, "pagewarden_kv_pages_used", "") == 0.0)
     });
+}
+
+/// A request that holds one of its tenant's concurrency slots on the gateway at `url` until
+/// dropped: its headers are sent, its body never is (the slot is taken before the body).
+fn held_slot(url: &str, key: &str) -> TcpStream {
+    let mut s = TcpStream::connect(url.trim_start_matches("http://")).unwrap();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+         Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+    )
+    .unwrap();
+    s
+}
+
+#[test]
+fn live_gateways_share_each_tenants_limits_and_one_that_leaves_gives_its_share_back() {
+    let etcd = EtcdServer::start().unwrap();
+    let mut c = Cluster::start_with_etcd(&etcd.endpoint(), "");
+    // A tenant allowed 2 concurrent requests in all.
+    let key = c.add_tenant("small");
+    let text = std::fs::read_to_string(&c.config).unwrap();
+    let at = text.rfind("max_concurrent = 32").unwrap();
+    std::fs::write(&c.config, format!("{}max_concurrent = 2{}", &text[..at], &text[at + 19..])).unwrap();
+    c.reload();
+    let b = c.add_gateway();
+    let b_url = c.more_gateways[b].url.clone();
+    let over = |url: &str| {
+        let (status, body) = launch::post_json(
+            &format!("{url}/v1/chat/completions"),
+            &key,
+            &chat(PROMPTS[0], 4).to_string(),
+            Duration::from_secs(30),
+        )
+        .unwrap();
+        (status == 429).then_some(body)
+    };
+    // With two gateways each has half: one request held on A leaves A none.
+    let held = held_slot(&c.url, &key);
+    until(Duration::from_secs(20), "gateway A enforcing its share (1 of 2)", || {
+        over(&c.url).is_some_and(|b| b.contains("limit 1"))
+    });
+    // B has its own half.
+    let held_b = held_slot(&b_url, &key);
+    until(Duration::from_secs(20), "gateway B enforcing its share (1 of 2)", || over(&b_url).is_some());
+    drop(held_b);
+    // B gone (its lease expires): A takes the whole limit back.
+    c.kill_more_gateway(b);
+    until(Duration::from_secs(20), "gateway A back to the whole limit", || over(&c.url).is_none());
+    drop(held);
 }

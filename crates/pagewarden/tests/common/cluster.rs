@@ -122,6 +122,12 @@ impl Cluster {
         self.more_gateways.len() - 1
     }
 
+    /// `kill -9` of gateway `i` of `more_gateways`.
+    pub fn kill_more_gateway(&mut self, i: usize) {
+        let _ = self.more_gateways[i].child.kill();
+        let _ = self.more_gateways[i].child.wait();
+    }
+
     /// `kill -9` of the first gateway.
     pub fn kill_gateway(&mut self) {
         let _ = self.gateway.kill();
