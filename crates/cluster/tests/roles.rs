@@ -170,3 +170,45 @@ async fn a_worker_whose_gateway_address_reaches_another_role_takes_no_work_and_e
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listed_address_that_is_no_gateway_gets_nothing_and_the_worker_registers_with_the_real_one() {
+    let (engine, pairing) = engine();
+    let net = Net::default();
+    // The membership lists a rogue node (another role, secret and pairing right) and then the
+    // real gateway: a stale or forged entry.
+    let (mut rogue, rogue_addr) = net.listen("127.0.0.1:0").await.unwrap();
+    let (mut gateway, gateway_addr) = net.listen("127.0.0.1:0").await.unwrap();
+    let (list_tx, list) = tokio::sync::watch::channel(std::collections::BTreeSet::from([rogue_addr.clone()]));
+    let metrics = Arc::new(WorkerMetrics::default());
+    let worker = tokio::spawn(run_worker(
+        worker_config("listed-worker", identity(Role::Decode, pairing)),
+        Gateways::Listed(list),
+        engine.handle(),
+        net.clone(),
+        metrics.clone(),
+        std::future::pending(),
+    ));
+    let io = rogue.accept().await.unwrap();
+    let link = Link::accept(io, &identity(Role::Prefill, pairing), T).await.unwrap();
+    let (mut rd, mut wr) = link.split();
+    let _ = wr.send(&ToWorker::Reserve(spec())).await;
+    // The worker drops the rogue link without registering or answering, and keeps running.
+    let got: Result<Option<serde_json::Value>, _> = tokio::time::timeout(T, rd.recv()).await.unwrap();
+    assert!(!matches!(got, Ok(Some(_))), "the worker sent the rogue {got:?}");
+    assert!(!worker.is_finished(), "a bad listed address must not stop the worker");
+    // The real gateway is listed: the worker registers there.
+    list_tx.send_modify(|l| {
+        l.insert(gateway_addr.clone());
+    });
+    let io = tokio::time::timeout(T, gateway.accept()).await.expect("the worker dials the listed gateway").unwrap();
+    let link = Link::accept_from(io, &identity(Role::Gateway, pairing), &[Role::Decode], T).await.unwrap();
+    let (mut rd, _wr) = link.split();
+    let reg: Register = rd.recv().await.unwrap().unwrap();
+    assert_eq!(reg.name, "listed-worker");
+    // The rogue is not dialled again while its entry stays, and nothing ran.
+    assert!(tokio::time::timeout(Duration::from_millis(500), rogue.accept()).await.is_err(), "redialled the rogue");
+    let stats = metrics.snapshot(&engine.handle());
+    assert_eq!((stats.reservations, stats.pages_used), (0, 0));
+    worker.abort();
+}

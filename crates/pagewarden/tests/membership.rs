@@ -3,7 +3,8 @@
 //! find each other there. Several gateways share the workers, losing one gateway ends only
 //! the streams it carried, a worker that joins takes load without a restart, one that drains
 //! (SIGTERM) finishes its streams and leaves, one whose lease expires (stopped, its link still
-//! open) is dropped and comes back when it resumes, and etcd going away stops nothing that runs.
+//! open) is dropped and comes back when it resumes, etcd going away stops nothing that runs
+//! (a worker started meanwhile waits for it), and live gateways share each tenant's limits.
 
 mod common;
 
@@ -114,7 +115,7 @@ fn a_worker_that_joins_takes_load_and_one_that_drains_finishes_its_stream_and_le
 }
 
 #[test]
-fn a_worker_whose_lease_expires_is_dropped_and_rejoins_when_it_resumes_and_etcd_down_stops_nothing() {
+fn a_worker_whose_lease_expires_is_dropped_and_rejoins_and_etcd_down_stops_nothing_while_new_workers_wait() {
     let mut etcd = EtcdServer::start().unwrap();
     let mut c = Cluster::start_with_etcd(&etcd.endpoint(), "");
     c.add_worker("prefill", "prefill-a", None);
@@ -143,18 +144,22 @@ fn a_worker_whose_lease_expires_is_dropped_and_rejoins_when_it_resumes_and_etcd_
         assert_eq!(status, 200, "with etcd down: {body}");
     }
     stream.join().unwrap().expect("a stream runs to [DONE] with etcd down");
+    // A worker started now cannot learn where the gateways are: it waits.
+    let d3 = c.add_worker("decode", "decode-c", None);
     // Longer than the lease: nobody could renew, and nobody is dropped for it.
     std::thread::sleep(Duration::from_secs(3));
     let m = c.gateway_metrics();
     assert_eq!(metric(&m, "pagewarden_cluster_workers", "role=\"decode\""), 2.0, "{m}");
     etcd.restart().unwrap();
+    // etcd back: the waiting worker finds the gateway and registers.
+    c.wait_workers(1, 3);
     let (status, body) = c.post("/v1/chat/completions", &chat(PROMPTS[0], 8));
     assert_eq!(status, 200, "{body}");
     // After etcd is back every member renews or republishes: none is dropped for good.
     std::thread::sleep(Duration::from_secs(3));
-    c.wait_workers(1, 2);
+    c.wait_workers(1, 3);
     until(Duration::from_secs(30), "pages freed", || {
-        [0, d1, d2].iter().all(|&i| c.worker_metric(i, "pagewarden_kv_pages_used", "") == 0.0)
+        [0, d1, d2, d3].iter().all(|&i| c.worker_metric(i, "pagewarden_kv_pages_used", "") == 0.0)
     });
 }
 
