@@ -13,24 +13,13 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use common::cluster::{metric, stream_chat, Cluster};
-use common::{chat, PROMPTS};
+use common::{chat, chat_to_length, PROMPTS};
 use launch::etcd::EtcdServer;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 fn content(body: &str) -> String {
     let v: Value = serde_json::from_str(body).unwrap();
     v["choices"][0]["message"]["content"].as_str().unwrap().to_string()
-}
-
-fn long_stream(prompt: &str, max_tokens: usize) -> Value {
-    json!({
-        "model": common::MODEL_NAME,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": true,
-        "stream": true,
-    })
 }
 
 /// Waits until `cond` holds, at most `within`.
@@ -61,8 +50,8 @@ fn two_gateways_found_through_etcd_share_the_workers_and_losing_one_ends_only_it
     assert_eq!(content(&body), content(&body_b), "the same greedy answer through either gateway");
 
     // A stream through each gateway; then the first gateway is killed mid-stream.
-    let (started_a, on_a) = stream_chat(&c.url, &c.key, long_stream(PROMPTS[1], 160));
-    let (started_b, on_b) = stream_chat(&b_url, &c.key, long_stream(PROMPTS[2], 160));
+    let (started_a, on_a) = stream_chat(&c.url, &c.key, chat_to_length(PROMPTS[1], 160, true));
+    let (started_b, on_b) = stream_chat(&b_url, &c.key, chat_to_length(PROMPTS[2], 160, true));
     started_a.recv_timeout(Duration::from_secs(60)).expect("the stream through gateway A started");
     started_b.recv_timeout(Duration::from_secs(60)).expect("the stream through gateway B started");
     c.kill_gateway();
@@ -86,7 +75,7 @@ fn a_worker_that_joins_takes_load_and_one_that_drains_finishes_its_stream_and_le
     let d1 = c.add_worker("decode", "decode-a", None);
     c.wait_workers(1, 1);
     // The busy worker: a stream holds decode-a while decode-b joins.
-    let (started, busy) = stream_chat(&c.url, &c.key, long_stream(PROMPTS[1], 120));
+    let (started, busy) = stream_chat(&c.url, &c.key, chat_to_length(PROMPTS[1], 120, true));
     started.recv_timeout(Duration::from_secs(60)).expect("the stream started");
     let d2 = c.add_worker("decode", "decode-b", None);
     c.wait_workers(1, 2);
@@ -97,7 +86,7 @@ fn a_worker_that_joins_takes_load_and_one_that_drains_finishes_its_stream_and_le
 
     // A second stream (on decode-b, the less loaded), then SIGTERM drains decode-a while
     // its stream runs.
-    let (started, other) = stream_chat(&c.url, &c.key, long_stream(PROMPTS[2], 120));
+    let (started, other) = stream_chat(&c.url, &c.key, chat_to_length(PROMPTS[2], 120, true));
     started.recv_timeout(Duration::from_secs(60)).expect("the second stream started");
     c.signal(d1, "-TERM");
     // New requests go to decode-b while decode-a finishes what it has.
@@ -136,7 +125,7 @@ fn a_worker_whose_lease_expires_is_dropped_and_rejoins_and_etcd_down_stops_nothi
     c.wait_workers(1, 2);
 
     // etcd killed: what runs goes on, on the last known membership.
-    let (started, stream) = stream_chat(&c.url, &c.key, long_stream(PROMPTS[1], 96));
+    let (started, stream) = stream_chat(&c.url, &c.key, chat_to_length(PROMPTS[1], 96, true));
     started.recv_timeout(Duration::from_secs(60)).expect("the stream started");
     etcd.kill9();
     for p in PROMPTS {

@@ -10,8 +10,9 @@ mod common;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::chat_to_length;
 use common::cluster::{agent, stream_chat, Cluster};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 /// Ten sentences: well over three 16-token pages after the chat template.
 const LONG_PROMPT: &str = "The lighthouse stood on a rock at the edge of the bay. Every night its keeper climbed \
@@ -19,17 +20,6 @@ const LONG_PROMPT: &str = "The lighthouse stood on a rock at the edge of the bay
     and the waves broke over the rail. In summer children swam in the cove below. The keeper kept a log of every \
     ship he saw. One morning he found a bottle on the shore. Inside was a letter written in a language he did not \
     know. He kept it in a drawer for many years. Summarise this story in one sentence.";
-
-fn body(prompt: &str, max_tokens: usize, stream: bool) -> Value {
-    json!({
-        "model": common::MODEL_NAME,
-        "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": true,
-        "stream": stream,
-    })
-}
 
 fn post(c: &Cluster, key: &str, b: &Value) -> (u16, Value) {
     let mut r = agent()
@@ -77,16 +67,16 @@ fn cluster_with_alice_and_bob() -> (Cluster, String, String) {
     let (alice, bob) = (c.add_tenant("alice"), c.add_tenant("bob"));
     // Added to the running gateway by a reload, no restart.
     c.reload();
-    wait_until("the reload did not add alice", || post(&c, &alice, &body("Hi", 1, false)).0 == 200);
+    wait_until("the reload did not add alice", || post(&c, &alice, &chat_to_length("Hi", 1, false)).0 == 200);
     (c, alice, bob)
 }
 
 #[test]
 fn a_removed_tenants_cache_is_dropped_when_only_the_gateway_restarts_and_no_other_tenant_hits_it() {
     let (mut c, alice, bob) = cluster_with_alice_and_bob();
-    let (s, _) = post(&c, &alice, &body(LONG_PROMPT, 4, false));
+    let (s, _) = post(&c, &alice, &chat_to_length(LONG_PROMPT, 4, false));
     assert_eq!(s, 200);
-    let (s, second) = post(&c, &alice, &body(LONG_PROMPT, 4, false));
+    let (s, second) = post(&c, &alice, &chat_to_length(LONG_PROMPT, 4, false));
     assert_eq!(s, 200);
     assert!(cached_tokens(&second) >= 48, "alice's own prompt hits 3+ pages: {second}");
     assert!(cached_pages(&c, 0, ALICE) >= 3.0);
@@ -99,10 +89,10 @@ fn a_removed_tenants_cache_is_dropped_when_only_the_gateway_restarts_and_no_othe
         cached_pages(&c, 0, ALICE) == 0.0 && cached_pages(&c, 1, ALICE) == 0.0
     });
 
-    let (s, v) = post(&c, &bob, &body(LONG_PROMPT, 4, false));
+    let (s, v) = post(&c, &bob, &chat_to_length(LONG_PROMPT, 4, false));
     assert_eq!(s, 200, "{v}");
     assert_eq!(cached_tokens(&v), 0, "bob never hits alice's prefix: {v}");
-    let (s, v) = post(&c, &alice, &body("Hi", 1, false));
+    let (s, v) = post(&c, &alice, &chat_to_length("Hi", 1, false));
     assert_eq!(s, 401, "{v}");
     c.wait_pools_empty(&[0, 1]);
 }
@@ -112,17 +102,17 @@ fn removing_or_rekeying_a_tenant_on_a_running_gateway_ends_its_access_streams_an
     let (c, alice, bob) = cluster_with_alice_and_bob();
     let carol = c.add_tenant("carol");
     c.reload();
-    wait_until("the reload did not add carol", || post(&c, &carol, &body("Hi", 1, false)).0 == 200);
-    let bob_body = body("Write a long poem about the sea.", 48, true);
+    wait_until("the reload did not add carol", || post(&c, &carol, &chat_to_length("Hi", 1, false)).0 == 200);
+    let bob_body = chat_to_length("Write a long poem about the sea.", 48, true);
     let (_, alone) = stream_chat(&c.url, &bob, bob_body.clone());
     let bob_alone = alone.join().unwrap().unwrap();
 
     // Alice and carol cache a prefix; alice then streams a long answer while bob streams his.
     for key in [&alice, &carol] {
-        post(&c, key, &body(LONG_PROMPT, 2, false));
+        post(&c, key, &chat_to_length(LONG_PROMPT, 2, false));
     }
     assert!(cached_pages(&c, 0, ALICE) >= 3.0);
-    let (alice_deltas, alice_stream) = stream_chat(&c.url, &alice, body(LONG_PROMPT, 2000, true));
+    let (alice_deltas, alice_stream) = stream_chat(&c.url, &alice, chat_to_length(LONG_PROMPT, 2000, true));
     alice_deltas.recv_timeout(Duration::from_secs(60)).expect("alice's stream started");
     let (bob_deltas, bob_stream) = stream_chat(&c.url, &bob, bob_body);
     bob_deltas.recv_timeout(Duration::from_secs(60)).expect("bob's stream started");
@@ -131,7 +121,7 @@ fn removing_or_rekeying_a_tenant_on_a_running_gateway_ends_its_access_streams_an
     c.reload();
     let err = alice_stream.join().unwrap().expect_err("alice's stream must end with an error event");
     assert!(err["error"]["message"].as_str().unwrap_or_default().contains("revoked"), "{err}");
-    let (s, v) = post(&c, &alice, &body("Hi", 1, false));
+    let (s, v) = post(&c, &alice, &chat_to_length("Hi", 1, false));
     assert_eq!(s, 401, "{v}");
     wait_until("alice's pages are still cached", || {
         cached_pages(&c, 0, ALICE) == 0.0 && cached_pages(&c, 1, ALICE) == 0.0
@@ -143,8 +133,8 @@ fn removing_or_rekeying_a_tenant_on_a_running_gateway_ends_its_access_streams_an
     assert!(cached_pages(&c, 0, carol_id) >= 3.0);
     let new_key = tenant_cmd(&c, "rotate-key", "carol");
     c.reload();
-    wait_until("carol's old key still works", || post(&c, &carol, &body("Hi", 1, false)).0 == 401);
-    let (s, v) = post(&c, &new_key, &body(LONG_PROMPT, 2, false));
+    wait_until("carol's old key still works", || post(&c, &carol, &chat_to_length("Hi", 1, false)).0 == 401);
+    let (s, v) = post(&c, &new_key, &chat_to_length(LONG_PROMPT, 2, false));
     assert_eq!(s, 200, "{v}");
     assert_eq!(cached_tokens(&v), 0, "a rotated key starts with an empty cache: {v}");
     c.wait_pools_empty(&[0, 1]);

@@ -170,6 +170,18 @@ pub fn chat(prompt: &str, max_tokens: usize) -> serde_json::Value {
     })
 }
 
+/// A greedy chat request that runs to `max_tokens` (`ignore_eos`), streamed or not.
+pub fn chat_to_length(prompt: &str, max_tokens: usize, stream: bool) -> serde_json::Value {
+    serde_json::json!({
+        "model": MODEL_NAME,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": true,
+        "stream": stream,
+    })
+}
+
 /// `pagewarden generate --chat PROMPT --json` in its own process: the reference output.
 pub fn generate_cli(prompt: &str, max_tokens: usize) -> serde_json::Value {
     let out = Command::new(bin())
