@@ -40,6 +40,9 @@ pub const PREFILL_TOKENS_TOTAL: &str = "pagewarden_prefill_tokens_total";
 pub const DECODE_TOKENS_TOTAL: &str = "pagewarden_decode_tokens_total";
 /// gauge; gateway.
 pub const CLUSTER_WORKERS: &str = "pagewarden_cluster_workers";
+/// gauge; gateway: the live gateways it shares every tenant's limits with, itself included
+/// (1 without membership).
+pub const GATEWAYS_LIVE: &str = "pagewarden_gateways_live";
 /// gauge; gateway, per worker.
 pub const WORKER_INFLIGHT: &str = "pagewarden_worker_inflight";
 /// gauge; gateway, per worker.

@@ -104,6 +104,7 @@ fn metrics_text(st: &AppState) -> Response {
     });
     let workers: Vec<_> = st.backends().flat_map(|b| b.worker_info()).collect();
     crate::metrics::expose_workers(&mut e, &workers);
+    crate::metrics::expose_gateways(&mut e, st.limiter.gateways());
     let failures: Vec<_> = st.backends().flat_map(|b| b.link_failures()).collect();
     cluster::metrics::expose_link_failures(&mut e, &vec![], &failures);
     text_response(StatusCode::OK, exposition::CONTENT_TYPE, e.text())

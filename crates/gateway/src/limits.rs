@@ -115,6 +115,11 @@ impl Limiter {
         }
     }
 
+    /// The live gateways sharing the limits now.
+    pub fn gateways(&self) -> usize {
+        self.gateways.load(Ordering::SeqCst)
+    }
+
     fn lock(&self) -> MutexGuard<'_, HashMap<TenantId, TenantState>> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -57,6 +57,11 @@ pub fn expose_workers(e: &mut Exposition, workers: &[cluster::WorkerInfo]) {
         );
 }
 
+/// The live gateways this one shares every tenant's limits with (see `crate::limits`).
+pub fn expose_gateways(e: &mut Exposition, live: usize) {
+    e.gauges(GATEWAYS_LIVE, "Live gateways sharing every tenant's limits, this one included.", [(vec![], live as i64)]);
+}
+
 const TTFT_BUCKETS: [f64; 12] = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
 const ITL_BUCKETS: [f64; 12] = [0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 5.0];
 

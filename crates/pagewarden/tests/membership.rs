@@ -154,15 +154,39 @@ fn a_worker_whose_lease_expires_is_dropped_and_rejoins_and_etcd_down_stops_nothi
 
 /// A request that holds one of its tenant's concurrency slots on the gateway at `url` until
 /// dropped: its headers are sent, its body never is (the slot is taken before the body).
-fn held_slot(url: &str, key: &str) -> TcpStream {
-    let mut s = TcpStream::connect(url.trim_start_matches("http://")).unwrap();
-    write!(
-        s,
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
-         Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
-    )
-    .unwrap();
-    s
+struct HeldSlot {
+    url: String,
+    key: String,
+    stream: TcpStream,
+}
+
+impl HeldSlot {
+    fn new(url: &str, key: &str) -> HeldSlot {
+        HeldSlot { url: url.to_string(), key: key.to_string(), stream: Self::open(url, key) }
+    }
+
+    fn open(url: &str, key: &str) -> TcpStream {
+        let mut s = TcpStream::connect(url.trim_start_matches("http://")).unwrap();
+        write!(
+            s,
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+             Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+        )
+        .unwrap();
+        s
+    }
+
+    /// Opens the request again when the gateway already answered it: a probe that reached
+    /// the limiter first took the slot and this one was refused (a race on a slow machine).
+    fn renew_if_answered(&mut self) {
+        self.stream.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 1];
+        let answered = !matches!(self.stream.peek(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        self.stream.set_nonblocking(false).unwrap();
+        if answered {
+            self.stream = Self::open(&self.url, &self.key);
+        }
+    }
 }
 
 #[test]
@@ -187,17 +211,31 @@ fn live_gateways_share_each_tenants_limits_and_one_that_leaves_gives_its_share_b
         .unwrap();
         (status == 429).then_some(body)
     };
+    // Each gateway counts both (its gauge says what it shares its limits with).
+    for url in [&c.url, &b_url] {
+        until(Duration::from_secs(30), "each gateway counting two live gateways", || {
+            metric(&c.gateway_metrics_on(url), "pagewarden_gateways_live", "") == 2.0
+        });
+    }
     // With two gateways each has half: one request held on A leaves A none.
-    let held = held_slot(&c.url, &key);
-    until(Duration::from_secs(20), "gateway A enforcing its share (1 of 2)", || {
+    let mut held = HeldSlot::new(&c.url, &key);
+    until(Duration::from_secs(30), "gateway A enforcing its share (1 of 2)", || {
+        held.renew_if_answered();
         over(&c.url).is_some_and(|b| b.contains("limit 1"))
     });
     // B has its own half.
-    let held_b = held_slot(&b_url, &key);
-    until(Duration::from_secs(20), "gateway B enforcing its share (1 of 2)", || over(&b_url).is_some());
+    let mut held_b = HeldSlot::new(&b_url, &key);
+    until(Duration::from_secs(30), "gateway B enforcing its share (1 of 2)", || {
+        held_b.renew_if_answered();
+        over(&b_url).is_some_and(|b| b.contains("limit 1"))
+    });
     drop(held_b);
     // B gone (its lease expires): A takes the whole limit back.
     c.kill_more_gateway(b);
-    until(Duration::from_secs(20), "gateway A back to the whole limit", || over(&c.url).is_none());
+    until(Duration::from_secs(30), "gateway A counting itself alone", || {
+        metric(&c.gateway_metrics(), "pagewarden_gateways_live", "") == 1.0
+    });
+    held.renew_if_answered();
+    until(Duration::from_secs(30), "gateway A back to the whole limit", || over(&c.url).is_none());
     drop(held);
 }
