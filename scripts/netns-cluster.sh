@@ -2,16 +2,20 @@
 # A cluster whose nodes are separate network hosts: etcd, two gateways, prefill and decode
 # workers, each in its own network namespace with its own address, joined by veth pairs to a
 # bridge, so every control, KV and etcd link crosses a real network interface. `tc netem`
-# adds delay and loss on every node's interface. Then, from the host:
+# adds delay and loss on every node's interface; on a kernel without netem, scripts/wire.py
+# joins TUN interfaces instead and delays and drops packets itself (WIRE=tun forces it).
+# Then, from the host:
 #   1. `pagewarden bench serve` through the first gateway: tok/s, time to first token, ITL;
 #   2. `pagewarden audit` through the first gateway (its /metrics and every worker's checked),
 #      which must pass;
-#   3. the same bench through the second gateway.
-# Run as root (namespaces, veth, netem); everything is removed on exit.
+#   3. the same bench through the second gateway;
+# after each, the KV transfers the decode workers completed and their mean time.
+# Run as root (namespaces, veth or TUN, netem); everything is removed on exit.
 #
 #   scripts/netns-cluster.sh [DELAY_MS] [LOSS] [AUDIT_REQUESTS] [BENCH_REQUESTS_PER_CLIENT]
 #   e.g. scripts/netns-cluster.sh 0.5 1% 200 4     (0.5 ms each way: 1 ms RTT between nodes)
-#   env: PW=path/to/pagewarden (default: a release build), PREFILL=1 DECODE=1 CONCURRENCY=1,4,16
+#   env: PW=path/to/pagewarden (default: a release build), PREFILL=1 DECODE=1 CONCURRENCY=1,4,16,
+#        WIRE=tun (the userspace wire even where netem exists), REPORT=DIR (keep the audit report)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 delay=${1:-0.5}
@@ -34,46 +38,72 @@ work=$(mktemp -d)
 tag=pw$$
 bridge=${tag}br
 nodes=()
+wire_pid=
 cleanup() {
   for ns in "${nodes[@]}"; do
     ip netns pids "$ns" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
     ip netns del "$ns" 2>/dev/null || true
   done
   ip link del "$bridge" 2>/dev/null || true
+  if [ -n "$wire_pid" ]; then
+    kill "$wire_pid" 2>/dev/null && wait "$wire_pid" 2>/dev/null
+    tail -n 1 "$work/wire.log"
+    ip link del "${tag}t${#nodes[@]}" 2>/dev/null || true
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT
 
-# Delay and loss need the kernel's netem qdisc (sch_netem); 0 and 0% run without it.
-impair=1
-if [ "$delay" = 0 ] && { [ "$loss" = 0 ] || [ "$loss" = 0% ]; }; then
-  impair=0
-elif ! tc qdisc add dev lo root netem delay 0ms 2>/dev/null; then
-  echo "this kernel has no netem qdisc (sch_netem): run with DELAY_MS 0 and LOSS 0%, or on a kernel with it"
-  exit 2
-else
-  tc qdisc del dev lo root
+# Delay and loss: the kernel's netem qdisc on each node's veth when it has one (sch_netem);
+# otherwise scripts/wire.py, a userspace wire between TUN interfaces that delays and drops
+# packets the same way (per packet, per direction). WIRE=tun forces the latter.
+wire=${WIRE:-}
+if [ -z "$wire" ]; then
+  if [ "$delay" = 0 ] && { [ "$loss" = 0 ] || [ "$loss" = 0% ]; }; then
+    wire=veth
+  elif tc qdisc add dev lo root netem delay 0ms 2>/dev/null; then
+    tc qdisc del dev lo root
+    wire=netem
+  else
+    wire=tun
+  fi
 fi
-ip link add "$bridge" type bridge
-ip addr add 10.77.0.1/24 dev "$bridge"
-ip link set "$bridge" up
-# node NAME LAST_OCTET: a namespace with one interface (10.77.0.LAST), delay and loss on it.
-node() {
-  local ns=$tag-$1
+names=(etcd gw1 gw2)
+octets=(2 11 12)
+for i in $(seq 1 "$prefill"); do names+=("p$i"); octets+=($((20 + i))); done
+for i in $(seq 1 "$decode"); do names+=("d$i"); octets+=($((30 + i))); done
+wire_nodes=()
+for k in "${!names[@]}"; do
+  ns=$tag-${names[$k]}
   ip netns add "$ns"
   nodes+=("$ns")
-  ip link add "$tag-$2" type veth peer name eth0 netns "$ns"
-  ip link set "$tag-$2" master "$bridge" up
-  ip -n "$ns" addr add "10.77.0.$2/24" dev eth0
-  ip -n "$ns" link set eth0 up
   ip -n "$ns" link set lo up
-  if [ "$impair" = 1 ]; then
-    ip netns exec "$ns" tc qdisc add dev eth0 root netem delay "${delay}ms" loss "$loss"
-  fi
-}
+  wire_nodes+=("$ns=10.77.0.${octets[$k]}")
+done
+if [ "$wire" = tun ]; then
+  loss_fraction=$(python3 -c "import sys; v=sys.argv[1]; print(float(v[:-1])/100 if v.endswith('%') else float(v))" "$loss")
+  python3 scripts/wire.py --delay-ms "$delay" --loss "$loss_fraction" --tag "$tag" \
+    "${wire_nodes[@]}" host=10.77.0.1 >"$work/wire.log" 2>&1 &
+  wire_pid=$!
+  for _ in $(seq 100); do grep -q "wire ready" "$work/wire.log" && break; sleep 0.1; done
+  grep -q "wire ready" "$work/wire.log" || { cat "$work/wire.log"; exit 1; }
+else
+  ip link add "$bridge" type bridge
+  ip addr add 10.77.0.1/24 dev "$bridge"
+  ip link set "$bridge" up
+  for k in "${!names[@]}"; do
+    ns=$tag-${names[$k]}
+    ip link add "$tag-${octets[$k]}" type veth peer name eth0 netns "$ns"
+    ip link set "$tag-${octets[$k]}" master "$bridge" up
+    ip -n "$ns" addr add "10.77.0.${octets[$k]}/24" dev eth0
+    ip -n "$ns" link set eth0 up
+    if [ "$wire" = netem ]; then
+      ip netns exec "$ns" tc qdisc add dev eth0 root netem delay "${delay}ms" loss "$loss"
+    fi
+  done
+fi
 in_ns() { local ns=$tag-$1; shift; ip netns exec "$ns" "$@"; }
 
-node etcd 2
 in_ns etcd etcd --data-dir "$work/etcd" --listen-client-urls http://10.77.0.2:2379 \
   --advertise-client-urls http://10.77.0.2:2379 --listen-peer-urls http://127.0.0.1:2380 \
   >"$work/etcd.log" 2>&1 &
@@ -93,20 +123,17 @@ printf '[[tenants]]\nname = "alice"\nkey = "%s"\n[[tenants]]\nname = "bob"\nkey 
 
 gateways=()
 for i in 1 2; do
-  node "gw$i" $((10 + i))
   in_ns "gw$i" "$pw" gateway --config "$work/cluster.toml" --listen "10.77.0.$((10 + i)):8080" \
     --cluster-listen "10.77.0.$((10 + i)):7100" >"$work/gw$i.log" 2>&1 &
   gateways+=("http://10.77.0.$((10 + i)):8080")
 done
 metrics=()
 for i in $(seq 1 "$prefill"); do
-  node "p$i" $((20 + i))
   in_ns "p$i" "$pw" prefill --config "$work/cluster.toml" --name "prefill-$i" \
     --metrics-listen "10.77.0.$((20 + i)):9100" >"$work/p$i.log" 2>&1 &
   metrics+=(--metrics "http://10.77.0.$((20 + i)):9100/metrics")
 done
 for i in $(seq 1 "$decode"); do
-  node "d$i" $((30 + i))
   in_ns "d$i" "$pw" decode --config "$work/cluster.toml" --name "decode-$i" \
     --kv-listen "10.77.0.$((30 + i)):7200" --metrics-listen "10.77.0.$((30 + i)):9100" >"$work/d$i.log" 2>&1 &
   metrics+=(--metrics "http://10.77.0.$((30 + i)):9100/metrics")
@@ -115,14 +142,35 @@ for g in "${gateways[@]}"; do
   for _ in $(seq 600); do curl -sf "$g/ready" >/dev/null && break; sleep 0.2; done
   curl -sf "$g/ready" >/dev/null || { echo "$g not ready"; tail -n 5 "$work"/*.log; exit 1; }
 done
-echo "== nodes in ${#nodes[@]} namespaces; netem on each interface: $([ "$impair" = 1 ] && echo "delay ${delay} ms, loss ${loss}" || echo none)"
-echo "   ping gw1 -> decode-1: $(in_ns gw1 ping -c 20 -i 0.05 -q 10.77.0.31 | tail -1)"
+case $wire in
+  veth) how="veth pairs to a bridge, no delay or loss" ;;
+  netem) how="veth pairs to a bridge, netem on each: delay ${delay} ms, loss ${loss} per direction" ;;
+  tun) how="TUN interfaces joined by scripts/wire.py: delay ${delay} ms, loss ${loss} per direction" ;;
+esac
+echo "== nodes in ${#nodes[@]} namespaces; $how"
+command -v ping >/dev/null || apt-get install -y -qq iputils-ping >/dev/null
+echo "   ping gw1 -> decode-1: $(in_ns gw1 ping -c 20 -i 0.05 -q 10.77.0.31 | tail -2 | tr '\n' ' ')"
+echo "   ping prefill-1 -> decode-1: $(in_ns p1 ping -c 20 -i 0.05 -q 10.77.0.31 | tail -2 | tr '\n' ' ')"
+
+# KV transfers the decode workers completed and their mean time (first frame to verified end).
+transfers() {
+  local n=0 s=0 t
+  for i in $(seq 1 "$decode"); do
+    t=$(curl -sf "http://10.77.0.$((30 + i)):9100/metrics")
+    n=$(awk -v n="$n" '/^pagewarden_kv_transfers_completed_total/ {n += $2} END {print n}' <<<"$t")
+    s=$(awk -v s="$s" '/^pagewarden_kv_transfer_seconds_total/ {s += $2} END {print s}' <<<"$t")
+  done
+  awk -v n="$n" -v s="$s" 'BEGIN {printf "   KV transfers so far: %d, mean %.2f ms from first frame to verified end\n", n, n ? 1000 * s / n : 0}'
+}
 
 echo "== bench serve through gateway 1 (${gateways[0]})"
 "$pw" bench serve --url "${gateways[0]}" --key "$key_a" --concurrency "$conc" --requests "$bench_requests"
+transfers
 echo "== audit through gateway 1: $audit_requests requests, two tenants, every worker's /metrics"
 "$pw" audit --url "${gateways[0]}" --tenants "$work/tenants.toml" --requests "$audit_requests" \
   --metrics-token-file "$work/metrics-token" --metrics "${gateways[0]}/metrics" "${metrics[@]}" \
-  --timing-probe 0 --report "$work/report"
+  --timing-probe 0 --report "${REPORT:-$work/report}"
+transfers
 echo "== bench serve through gateway 2 (${gateways[1]})"
 "$pw" bench serve --url "${gateways[1]}" --key "$key_b" --concurrency "$conc" --requests "$bench_requests"
+transfers

@@ -73,6 +73,7 @@ async fn route_inner(ctx: &Ctx, spec: &Spec, out: &UnboundedSender<ToGateway>) -
     // early by a cancel when the prefill worker is lost). Once frames flow, a stall of more
     // than the transfer timeout fails the route.
     let mut stall_limit: Option<tokio::time::Instant> = None;
+    let mut first_frame: Option<Instant> = None;
     let complete = loop {
         let next = match stall_limit {
             None => Ok(rx.recv().await),
@@ -84,6 +85,7 @@ async fn route_inner(ctx: &Ctx, spec: &Spec, out: &UnboundedSender<ToGateway>) -
             Err(_) => return Err(Failure::Violation(ViolationKind::Truncated)),
         };
         stall_limit = Some(tokio::time::Instant::now() + ctx.cfg.transfer_timeout);
+        first_frame.get_or_insert_with(Instant::now);
         let frame = match inbound {
             Inbound::Frame(f) => f,
             Inbound::Broken(e) => return Err(violation(e)),
@@ -112,6 +114,8 @@ async fn route_inner(ctx: &Ctx, spec: &Spec, out: &UnboundedSender<ToGateway>) -
     // Later frames naming this ticket are unknown from here on.
     drop(guard);
     ctx.metrics.transfers_completed.fetch_add(1, Ordering::Relaxed);
+    let took = first_frame.map_or(0, |t| t.elapsed().as_nanos() as u64);
+    ctx.metrics.transfer_ns.fetch_add(took, Ordering::Relaxed);
     let first = complete.first_token();
     if first as usize >= ctx.engine.vocab() {
         // Never reported as verified: the gateway must not release it, and it must not join a

@@ -72,6 +72,8 @@ pub const KV_FRAMES_RECEIVED_TOTAL: &str = "pagewarden_kv_frames_received_total"
 pub const KV_TRANSFERS_COMPLETED_TOTAL: &str = "pagewarden_kv_transfers_completed_total";
 /// counter; gateway and each worker.
 pub const LINK_FAILURES_TOTAL: &str = "pagewarden_link_failures_total";
+/// counter; worker (decode): first frame to verified end, summed over completed transfers.
+pub const KV_TRANSFER_SECONDS_TOTAL: &str = "pagewarden_kv_transfer_seconds_total";
 /// counter; worker.
 pub const KV_CRYPTO_SECONDS_TOTAL: &str = "pagewarden_kv_crypto_seconds_total";
 /// gauge; worker, by tenant id.
@@ -106,6 +108,7 @@ pub const ALL: &[&str] = &[
     PREFILL_TOKENS_TOTAL,
     DECODE_TOKENS_TOTAL,
     CLUSTER_WORKERS,
+    GATEWAYS_LIVE,
     WORKER_INFLIGHT,
     WORKER_PAGES_USED,
     WORKER_VIOLATIONS_TOTAL,
@@ -120,6 +123,7 @@ pub const ALL: &[&str] = &[
     KV_FRAMES_RECEIVED_TOTAL,
     KV_TRANSFERS_COMPLETED_TOTAL,
     LINK_FAILURES_TOTAL,
+    KV_TRANSFER_SECONDS_TOTAL,
     KV_CRYPTO_SECONDS_TOTAL,
     WORKER_PREFIX_CACHE_PAGES,
 ];

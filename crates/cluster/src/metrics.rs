@@ -43,6 +43,8 @@ pub struct WorkerMetrics {
     pub frames_sent: AtomicU64,
     pub frames_received: AtomicU64,
     pub transfers_completed: AtomicU64,
+    /// Nanoseconds from each completed transfer's first frame to its verified end (decode).
+    pub transfer_ns: AtomicU64,
     /// Nanoseconds spent on KV links' handshakes and sealing frames (prefill), or opening and
     /// checking frames (decode).
     pub kv_crypto_ns: AtomicU64,
@@ -74,6 +76,7 @@ impl WorkerMetrics {
             frames_received: self.frames_received.load(Ordering::Relaxed),
             kv_crypto_ns: self.kv_crypto_ns.load(Ordering::Relaxed),
             transfers_completed: self.transfers_completed.load(Ordering::Relaxed),
+            transfer_ns: self.transfer_ns.load(Ordering::Relaxed),
             violations: self
                 .violations
                 .lock()
@@ -105,6 +108,13 @@ pub fn render(role: &str, s: &Stats) -> String {
             s.cached_pages_by_tenant
                 .iter()
                 .map(|(t, n)| (vec![label("role", role), label("tenant", t.to_string())], *n as i64)),
+        )
+        .seconds_counter(
+            KV_TRANSFER_SECONDS_TOTAL,
+            "Time from each completed KV transfer's first frame to its verified end (decode): over the \
+             transfers completed, the mean time the KV spends on the network and in checking.",
+            r(),
+            s.transfer_ns as f64 / 1e9,
         )
         .seconds_counter(
             KV_CRYPTO_SECONDS_TOTAL,

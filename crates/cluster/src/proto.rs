@@ -235,6 +235,9 @@ pub struct Stats {
     #[serde(default)]
     pub kv_crypto_ns: u64,
     pub transfers_completed: u64,
+    /// Nanoseconds from a transfer's first frame to its verified end, summed over transfers.
+    #[serde(default)]
+    pub transfer_ns: u64,
     pub violations: Vec<(ViolationKind, u64)>,
     /// Handshakes and links this worker refused, by reason.
     #[serde(default)]

@@ -110,6 +110,46 @@ impl Tenants {
         }
     }
 
+    /// A digest of the whole table (ids, names, key digests, limits, models; in id order):
+    /// equal on two gateways exactly when they serve the same tenants the same way. It is
+    /// what a tenant change announces (`[membership]`); keys stay unrecoverable from it.
+    pub fn digest(&self) -> [u8; 32] {
+        let mut list: Vec<&TenantConfig> = self.list.iter().map(|t| &t.config).collect();
+        list.sort_by_key(|c| c.id.0);
+        let mut h = Sha256::new();
+        h.update(b"pagewarden tenant table v1");
+        let field = |h: &mut Sha256, b: &[u8]| {
+            h.update((b.len() as u64).to_le_bytes());
+            h.update(b);
+        };
+        for c in list {
+            h.update(c.id.0.to_le_bytes());
+            field(&mut h, c.name.as_bytes());
+            h.update(c.key_sha256);
+            for v in [c.max_concurrent as u64, c.max_queued as u64, c.tokens_per_minute] {
+                h.update(v.to_le_bytes());
+            }
+            match c.max_body_bytes {
+                None => h.update([0]),
+                Some(n) => {
+                    h.update([1]);
+                    h.update((n as u64).to_le_bytes());
+                }
+            }
+            match &c.models {
+                None => h.update([0]),
+                Some(ms) => {
+                    h.update([1]);
+                    h.update((ms.len() as u64).to_le_bytes());
+                    for m in ms {
+                        field(&mut h, m.as_bytes());
+                    }
+                }
+            }
+        }
+        h.finalize().into()
+    }
+
     pub fn by_id(&self, id: TenantId) -> Option<&Tenant> {
         self.list.iter().find(|t| t.id == id)
     }
@@ -165,5 +205,26 @@ mod tests {
         assert!(ts.authenticate("key-d").is_none());
         assert!(ts.authenticate("").is_none());
         assert!(Tenants::new(vec![]).authenticate("key-a").is_none());
+    }
+
+    #[test]
+    fn the_table_digest_ignores_order_and_changes_with_any_key_name_or_limit() {
+        let a = || vec![tenant(4, "a", "key-a"), tenant(2, "b", "key-b")];
+        let d = Tenants::new(a()).digest();
+        assert_eq!(d, Tenants::new(a().into_iter().rev().collect()).digest());
+        let changed: [fn(&mut TenantConfig); 6] = [
+            |c| c.key_sha256 = sha256(b"key-z"),
+            |c| c.name = "z".into(),
+            |c| c.max_concurrent = 2,
+            |c| c.tokens_per_minute = 100,
+            |c| c.max_body_bytes = Some(10),
+            |c| c.models = Some(vec!["m".into()]),
+        ];
+        for f in changed {
+            let mut t = a();
+            f(&mut t[1]);
+            assert_ne!(Tenants::new(t).digest(), d);
+        }
+        assert_ne!(Tenants::new(vec![tenant(4, "a", "key-a")]).digest(), d, "a removed tenant");
     }
 }

@@ -36,5 +36,7 @@ pub use client::{EtcdClient, LeaseId};
 pub use error::{Cause, MembershipError};
 pub use members::{watch_members, Members};
 pub use publish::{publish, Publication};
-pub use records::{gateways_prefix, workers_prefix, GatewayRecord, WorkerRecord};
+pub use records::{
+    gateways_prefix, tenants_prefix, workers_prefix, GatewayRecord, TenantsRecord, WorkerRecord, TENANTS_CHANGED,
+};
 pub use watch::{Event, Watch};

@@ -36,6 +36,25 @@ pub fn workers_prefix(root: &str) -> String {
     format!("{}/workers/", root.trim_end_matches('/'))
 }
 
+/// Where a tenant change is announced: `{root}/tenants/`, one key ([`TENANTS_CHANGED`]).
+pub fn tenants_prefix(root: &str) -> String {
+    format!("{}/tenants/", root.trim_end_matches('/'))
+}
+
+/// The key under [`tenants_prefix`] that `pagewarden tenant add / remove / rotate-key`
+/// overwrite (no lease: the last change stays announced).
+pub const TENANTS_CHANGED: &str = "changed";
+
+/// A tenant change: the digest of the tenant table every gateway should now serve. Each
+/// gateway reads its own copy of the tenant file when it sees a new one (the table never
+/// travels through etcd, so an etcd writer can make gateways re-read their files, never
+/// add a tenant); the digest tells a gateway whether its copy is the announced one yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantsRecord {
+    /// hex SHA-256 over the table's ids, names, key digests and limits
+    pub digest: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

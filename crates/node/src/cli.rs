@@ -64,25 +64,54 @@ pub fn run_tenant_add_cli(config_path: Option<&Path>, name: &str) -> Result<(), 
     println!("{key}");
     eprintln!(
         "tenant `{name}` (id {}) added to {}; the key above is shown only this once (only its SHA-256 digest is \
-         stored). Start the server with `pagewarden serve --config {}`, or {RELOAD_HINT}",
+         stored). Start the server with `pagewarden serve --config {}`, or {}",
         id.0,
         path.display(),
-        path.display()
+        path.display(),
+        apply(path)
     );
     Ok(())
 }
 
 const RELOAD_HINT: &str = "send SIGHUP to a running server or gateway to apply it (`kill -HUP PID`)";
 
+/// How the change reaches running gateways, said to the operator: with `[membership]` in the
+/// file it is announced through etcd and every gateway re-reads its copy of the file (each
+/// host needs the new file); otherwise, or when etcd cannot be reached, SIGHUP applies it.
+/// The file is changed either way, so a failed announcement is a warning, not a failure
+/// (the key `tenant add` printed must not be lost to a script that stops on errors).
+fn apply(path: &Path) -> String {
+    let config = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => return format!("{RELOAD_HINT} (the file does not load as a config yet: {e})"),
+    };
+    let Some(m) = config.membership.clone() else { return RELOAD_HINT.to_string() };
+    let digest = gateway::tenants::Tenants::new(config.tenants).digest();
+    let announced = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ServeError::Io(e.to_string()))
+        .and_then(|rt| rt.block_on(crate::member::announce_tenants(&m, digest)));
+    match announced {
+        Ok(()) => format!(
+            "announced through etcd ({}): every gateway re-reads its tenant file now and applies it once it is \
+             this one (copy it to each gateway's host)",
+            m.prefix
+        ),
+        Err(e) => format!("NOT announced ({e}): {RELOAD_HINT} on every gateway"),
+    }
+}
+
 /// `pagewarden tenant remove NAME [--config FILE]`.
 pub fn run_tenant_remove_cli(config_path: Option<&Path>, name: &str) -> Result<(), TenantError> {
     let path = config_path.unwrap_or(Path::new(DEFAULT_CONFIG_FILE));
     let id = remove_tenant(path, name)?;
     eprintln!(
-        "tenant `{name}` (id {}) removed from {}; its id will not be given out again. {RELOAD_HINT}: its key is \
-         refused at once, its requests end and its cached prefixes are dropped on every worker.",
+        "tenant `{name}` (id {}) removed from {}; its id will not be given out again. Once applied its key is \
+         refused, its requests end and its cached prefixes are dropped on every worker: {}.",
         id.0,
-        path.display()
+        path.display(),
+        apply(path)
     );
     Ok(())
 }
@@ -93,9 +122,10 @@ pub fn run_tenant_rotate_key_cli(config_path: Option<&Path>, name: &str) -> Resu
     let key = rotate_key(path, name)?;
     println!("{key}");
     eprintln!(
-        "tenant `{name}` has a new key (shown only this once) in {}. {RELOAD_HINT}: the old key is refused at \
-         once, requests made with it end and the tenant's cached prefixes are dropped.",
-        path.display()
+        "tenant `{name}` has a new key (shown only this once) in {}. Once applied the old key is refused, \
+         requests made with it end and the tenant's cached prefixes are dropped: {}.",
+        path.display(),
+        apply(path)
     );
     Ok(())
 }

@@ -10,12 +10,13 @@ use gateway::served::{Models, ServedModel};
 use gateway::settings::ApiSettings;
 use gateway::tenants::{sha256, Tenants};
 use gateway::tls::ServerCertificate;
+use tokio::sync::watch;
 use wire::Role;
 
 use crate::config::Config;
 use crate::error::ServeError;
 use crate::model::ModelInfo;
-use crate::signals::reload_tenants_on_sighup;
+use crate::signals::reload_tenants;
 use crate::tenant_file::{dev_key_path, dev_tenant};
 
 pub(crate) fn router_config(
@@ -49,6 +50,7 @@ pub(crate) fn http_setup(
     models: Vec<ServedModel>,
     (tenants, dev): (Tenants, bool),
     tls: Option<Arc<ServerCertificate>>,
+    announced: Option<watch::Receiver<Option<String>>>,
 ) -> Result<HttpSetup, ServeError> {
     let models = Models::new(models).ok_or_else(|| ServeError::Io("no models, or two with one name".into()))?;
     let metrics_token = config.metrics.token()?.map(|t| sha256(t.as_bytes()));
@@ -60,9 +62,9 @@ pub(crate) fn http_setup(
         admin_key: config.admin_key()?,
         settings: ApiSettings { limits: config.limits.clone(), tenant_names: config.metrics.tenant_names },
         models,
+        tenant_updates: reload_tenants(config.source.clone(), dev, tenants.digest(), announced),
         tenants,
         dev_key,
-        tenant_updates: reload_tenants_on_sighup(config.source.clone(), dev),
         usage: config.usage.clone(),
         tls,
         gateways: None,

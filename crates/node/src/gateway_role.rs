@@ -75,13 +75,14 @@ where
             let record = membership::GatewayRecord { id: id.clone(), cluster_addr };
             println!("membership: gateway {id} published at {}", m.prefix);
             let (publication, count) = member::join_as_gateway(m, &record, routers.clone())?;
-            Some((publication, id, count))
+            Some((publication, id, count, member::tenant_announcements(m)?))
         }
     };
-    let mut setup = http_setup(&config, served, tenants, tls)?;
-    setup.gateways = publication.as_ref().map(|(_, _, count)| count.clone());
+    let announced = publication.as_ref().map(|(_, _, _, a)| a.clone());
+    let mut setup = http_setup(&config, served, tenants, tls, announced)?;
+    setup.gateways = publication.as_ref().map(|(_, _, count, _)| count.clone());
     let result = gateway::http::run(setup, shutdown, ready, move || routers.iter().for_each(|r| r.fail_all())).await;
-    if let Some((p, id, _)) = publication {
+    if let Some((p, id, ..)) = publication {
         member::withdraw(p, &id).await;
     }
     Ok(result?)

@@ -7,8 +7,8 @@
 use std::collections::BTreeSet;
 
 use membership::{
-    gateways_prefix, publish, watch_members, workers_prefix, EtcdClient, GatewayRecord, Members, Publication,
-    WorkerRecord,
+    gateways_prefix, publish, tenants_prefix, watch_members, workers_prefix, EtcdClient, GatewayRecord, Members,
+    Publication, TenantsRecord, WorkerRecord, TENANTS_CHANGED,
 };
 use tokio::sync::watch;
 
@@ -121,6 +121,44 @@ pub fn join_as_gateway(
         }
     });
     Ok((publication, count))
+}
+
+/// Announces a tenant change to every gateway of the membership: each re-reads its tenant
+/// file and checks it against `digest` (the table it should now serve). The announcement is
+/// a key without a lease: the last one stays, and a gateway that starts later compares its
+/// file with it.
+pub async fn announce_tenants(m: &MembershipSettings, digest: [u8; 32]) -> Result<(), ServeError> {
+    let c = client(m)?;
+    let record = TenantsRecord { digest: gateway::tenants::hex(&digest) };
+    let value = serde_json::to_vec(&record).map_err(|e| ServeError::Io(e.to_string()))?;
+    c.put(&key(&tenants_prefix(&m.prefix), TENANTS_CHANGED), &value, None)
+        .await
+        .map_err(|e| ServeError::Io(format!("membership: announcing the tenant change: {e}")))
+}
+
+/// The announced tenant table digest, as it changes (`None` until etcd answered with one). An
+/// entry that is no announcement is skipped and logged.
+pub fn tenant_announcements(m: &MembershipSettings) -> Result<watch::Receiver<Option<String>>, ServeError> {
+    let mut members = watch_members(client(m)?, tenants_prefix(&m.prefix));
+    let (tx, rx) = watch::channel(None);
+    tokio::spawn(async move {
+        loop {
+            let digest = members.borrow_and_update().entries.get(TENANTS_CHANGED).and_then(|v| {
+                serde_json::from_slice::<TenantsRecord>(v)
+                    .map_err(|e| tracing::warn!(error = %e, "membership: not a tenant announcement; skipped"))
+                    .ok()
+                    .map(|r| r.digest)
+            });
+            if digest.is_some() {
+                tx.send_if_modified(|now| std::mem::replace(now, digest.clone()) != digest);
+            }
+            tokio::select! {
+                r = members.changed() => if r.is_err() { return },
+                () = tx.closed() => return,
+            }
+        }
+    });
+    Ok(rx)
 }
 
 /// A default member name: the role, the process id and a random suffix (two hosts may run

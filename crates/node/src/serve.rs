@@ -43,7 +43,7 @@ where
     }
     let handles: Vec<_> = running.iter().map(|r| r.engine.handle()).collect();
     let on_drain = move || handles.iter().for_each(|h| h.stop_admitting());
-    let setup = http_setup(&config, served, tenants, tls)?;
+    let setup = http_setup(&config, served, tenants, tls, None)?;
     let result = gateway::http::run(setup, shutdown, ready, on_drain).await.map_err(ServeError::from);
     for r in running {
         // Dropping an engine fails whatever is still queued or running (their clients get an

@@ -239,3 +239,83 @@ fn live_gateways_share_each_tenants_limits_and_one_that_leaves_gives_its_share_b
     until(Duration::from_secs(30), "gateway A back to the whole limit", || over(&c.url).is_none());
     drop(held);
 }
+
+/// `pagewarden tenant VERB NAME --config FILE`: (stdout, stderr).
+fn tenant_cmd(config: &std::path::Path, verb: &str, name: &str) -> (String, String) {
+    let out = std::process::Command::new(common::bin())
+        .args(["tenant", verb, name, "--config"])
+        .arg(config)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "tenant {verb}: {err}");
+    (String::from_utf8_lossy(&out.stdout).trim().to_string(), err)
+}
+
+/// The status of `GET /v1/models` with `key` (authentication only, no model run).
+fn models_status(url: &str, key: &str) -> u16 {
+    match common::cluster::agent().get(&format!("{url}/v1/models")).header("Authorization", &format!("Bearer {key}")).call() {
+        Ok(r) => r.status().as_u16(),
+        Err(ureq::Error::StatusCode(s)) => s,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+#[test]
+fn a_tenant_change_announced_through_etcd_reaches_every_gateway_without_a_signal() {
+    let etcd = EtcdServer::start().unwrap();
+    let mut c = Cluster::start_with_etcd(&etcd.endpoint(), "");
+    // Gateway B reads its own copy of the file, as a gateway on another host does.
+    let b_config = c.dir.join("b.toml");
+    std::fs::copy(&c.config, &b_config).unwrap();
+    let b = c.add_gateway_reading(&b_config);
+    let b_url = c.more_gateways[b].url.clone();
+    c.add_worker("prefill", "prefill-a", None);
+    c.add_worker("decode", "decode-a", None);
+    c.wait_workers(1, 1);
+    c.wait_workers_on(&b_url, 1, 1);
+
+    // `tenant add` on A's file announces the change: A applies it, no SIGHUP; B's copy is
+    // not the announced table yet, so B goes on refusing the key.
+    let (key, said) = tenant_cmd(&c.config, "add", "newcomer");
+    assert!(said.contains("announced through etcd"), "{said}");
+    until(Duration::from_secs(20), "gateway A accepting the new tenant", || models_status(&c.url, &key) == 200);
+    assert_eq!(models_status(&b_url, &key), 401, "B's copy of the file does not have the tenant yet");
+    let (status, body) = launch::post_json(
+        &format!("{}/v1/chat/completions", c.url),
+        &key,
+        &chat(PROMPTS[0], 4).to_string(),
+        Duration::from_secs(60),
+    )
+    .unwrap();
+    assert_eq!(status, 200, "the workers serve the tenant A announced: {body}");
+    // The new file reaches B's host: B takes it within its retry window, still no signal.
+    std::fs::copy(&c.config, &b_config).unwrap();
+    until(Duration::from_secs(20), "gateway B accepting the new tenant once its file has it", || {
+        models_status(&b_url, &key) == 200
+    });
+
+    // A rotated key, the file copied at once: both refuse the old key and take the new one.
+    let (new_key, _) = tenant_cmd(&c.config, "rotate-key", "newcomer");
+    std::fs::copy(&c.config, &b_config).unwrap();
+    for url in [&c.url, &b_url] {
+        until(Duration::from_secs(20), "the old key refused on every gateway", || models_status(url, &key) == 401);
+        assert_eq!(models_status(url, &new_key), 200);
+        let (status, body) = launch::post_json(
+            &format!("{url}/v1/chat/completions"),
+            &new_key,
+            &chat(PROMPTS[0], 4).to_string(),
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        assert_eq!(status, 200, "{body}");
+    }
+    // etcd gone: the file still changes, the command says the change was not announced and
+    // how to apply it.
+    drop(etcd);
+    let (_, said) = tenant_cmd(&c.config, "remove", "newcomer");
+    assert!(said.contains("NOT announced") && said.contains("SIGHUP"), "{said}");
+    assert_eq!(models_status(&c.url, &new_key), 200, "nothing applied the removal yet");
+    c.reload();
+    until(Duration::from_secs(20), "the removal applied on SIGHUP", || models_status(&c.url, &new_key) == 401);
+}

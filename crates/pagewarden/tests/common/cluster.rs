@@ -112,8 +112,13 @@ impl Cluster {
     /// Another gateway on the same config (membership only: workers find it in etcd);
     /// returns its index in `more_gateways`.
     pub fn add_gateway(&mut self) -> usize {
+        self.add_gateway_reading(&self.config.clone())
+    }
+
+    /// Another gateway reading its own config file (a copy, as on another host).
+    pub fn add_gateway_reading(&mut self, config: &std::path::Path) -> usize {
         assert!(self.membership, "a second gateway needs the membership");
-        let cfg = self.config.to_str().unwrap().to_string();
+        let cfg = config.to_str().unwrap().to_string();
         let (child, got) = spawn(
             &["gateway", "--config", &cfg, "--listen", "127.0.0.1:0", "--cluster-listen", "127.0.0.1:0"],
             &["listening on http://"],
