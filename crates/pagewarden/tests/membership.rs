@@ -254,7 +254,11 @@ fn tenant_cmd(config: &std::path::Path, verb: &str, name: &str) -> (String, Stri
 
 /// The status of `GET /v1/models` with `key` (authentication only, no model run).
 fn models_status(url: &str, key: &str) -> u16 {
-    match common::cluster::agent().get(&format!("{url}/v1/models")).header("Authorization", &format!("Bearer {key}")).call() {
+    match common::cluster::agent()
+        .get(&format!("{url}/v1/models"))
+        .header("Authorization", &format!("Bearer {key}"))
+        .call()
+    {
         Ok(r) => r.status().as_u16(),
         Err(ureq::Error::StatusCode(s)) => s,
         Err(e) => panic!("{e}"),
