@@ -438,7 +438,8 @@ impl Router {
         let route = self.inner.next_route.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(route, decode = %decode.name, prefill = %prefill.name, "route");
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let guard = RouteGuard { route, workers: [decode.clone(), prefill.clone()], done: false };
+        let guard =
+            RouteGuard { route, workers: [decode.clone(), prefill.clone()], prefill_released: false, done: false };
         for w in &guard.workers {
             w.inflight.fetch_add(1, Ordering::Relaxed);
             w.routed.fetch_add(1, Ordering::Relaxed);
@@ -529,6 +530,7 @@ impl Router {
                     return Outcome::Fail(EngineError::Internal(what));
                 }
             }
+            let was_released = gate.released;
             match gate.release(req, ev, self.inner.cfg.vocab) {
                 Err(kind) => return Outcome::Fail(EngineError::IsolationViolation { kind }),
                 Ok(true) => {
@@ -536,6 +538,12 @@ impl Router {
                     return Outcome::Done;
                 }
                 Ok(false) => {}
+            }
+            if gate.released && !was_released {
+                // The KV is verified on the decode worker and the first token is out: the
+                // prefill worker's part is over. Losing it now must not end a stream it no
+                // longer carries, nor count against it when routing.
+                guard.release_prefill();
             }
         }
     }
@@ -610,13 +618,29 @@ impl FirstTokenGate {
 /// (idempotent on their side), so its pages are freed everywhere.
 struct RouteGuard {
     route: u64,
+    /// Decode first, then prefill, while the prefill worker still takes part.
     workers: [Arc<WorkerConn>; 2],
+    prefill_released: bool,
     done: bool,
+}
+
+impl RouteGuard {
+    /// Takes the prefill worker off the route once its transfer is verified: its loss no
+    /// longer reaches the route, and it is no longer counted as carrying it.
+    fn release_prefill(&mut self) {
+        if std::mem::replace(&mut self.prefill_released, true) {
+            return;
+        }
+        let w = &self.workers[1];
+        w.routes().remove(&self.route);
+        w.inflight.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl Drop for RouteGuard {
     fn drop(&mut self) {
-        for w in &self.workers {
+        let taking_part = if self.prefill_released { 1 } else { 2 };
+        for w in &self.workers[..taking_part] {
             w.routes().remove(&self.route);
             w.inflight.fetch_sub(1, Ordering::Relaxed);
             if !self.done {

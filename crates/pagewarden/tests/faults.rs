@@ -274,8 +274,7 @@ fn a_prefill_worker_that_lies_about_its_transfer_never_gets_a_request_decoded() 
 #[test]
 fn a_rogue_prefill_workers_out_of_vocabulary_first_token_fails_only_its_request_while_bob_decodes_beside_it() {
     let mut c = Cluster::start("");
-    // The honest prefill worker registers first: with both idle, the router picks it.
-    c.add_worker("prefill", "prefill-a", None);
+    let honest = c.add_worker("prefill", "prefill-a", None);
     let d = c.add_worker("decode", "decode-a", None);
     c.wait_workers(1, 1);
     let bob = json!({
@@ -296,8 +295,15 @@ fn a_rogue_prefill_workers_out_of_vocabulary_first_token_fails_only_its_request_
     let (started, bobs) = stream_chat(&c.url, &c.key, bob);
     {
         started.recv_timeout(Duration::from_secs(60)).expect("bob's stream started");
-        // Bob's route holds the honest prefill worker: this request goes to the rogue, and its
-        // KV to the decode worker where bob is decoding.
+        // With the honest prefill worker gone (bob's KV is already on the decode worker, so his
+        // stream carries on), this request goes to the rogue, and its KV to the decode worker
+        // where bob is decoding.
+        kill9(c.workers[honest].pid);
+        let t0 = Instant::now();
+        while metric(&c.gateway_metrics(), "pagewarden_cluster_workers", "role=\"prefill\"") != 1.0 {
+            assert!(t0.elapsed() < Duration::from_secs(30), "the gateway did not see the honest worker go");
+            std::thread::sleep(Duration::from_millis(5));
+        }
         let err = expect_error_nothing_streamed(&c);
         assert!(err["error"]["message"].as_str().unwrap().contains("bad_first_token"), "{err}");
         let bobs = bobs.join().unwrap().expect("bob's stream completes");
@@ -428,4 +434,47 @@ fn killed_workers_end_in_a_retried_success_or_an_error_and_every_pool_returns_to
     assert!(!events.iter().any(|e| e == "[DONE]"));
     c.kill(d);
     c.wait_pools_empty(&[survivor]);
+}
+
+#[test]
+fn a_stream_outlives_its_prefill_worker_once_the_kv_is_handed_over() {
+    let mut c = Cluster::start("");
+    let p = c.add_worker("prefill", "prefill-a", None);
+    let d = c.add_worker("decode", "decode-a", None);
+    c.wait_workers(1, 1);
+    let body = |stream: bool| {
+        json!({
+            "model": common::MODEL_NAME,
+            "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": 256,
+            "ignore_eos": true,
+            "temperature": 0,
+            "stream": stream,
+        })
+    };
+    let (status, whole) = c.post("/v1/chat/completions", &body(false));
+    assert_eq!(status, 200, "{whole}");
+    let want = serde_json::from_str::<Value>(&whole).unwrap()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // The prefill worker is killed once the first token is out (the decode worker verified the
+    // KV): the gateway sees it go while the stream is still decoding, and the stream, carried
+    // by the decode worker alone, runs to its end with the same text as without the kill.
+    let (deltas, h) = stream_chat(&c.url, &c.key, body(true));
+    deltas.recv_timeout(Duration::from_secs(60)).expect("a first token");
+    kill9(c.workers[p].pid);
+    let t0 = Instant::now();
+    while metric(&c.gateway_metrics(), "pagewarden_cluster_workers", "role=\"prefill\"") != 0.0 {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the gateway did not see the prefill worker go");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let ended_early = h.is_finished();
+    let got = h.join().unwrap().unwrap_or_else(|e| panic!("the stream ended with an error: {e}"));
+    assert!(!ended_early, "the stream ended before the prefill worker's loss reached the gateway");
+    assert_eq!(got, want);
+    c.kill(p);
+    c.wait_pools_empty(&[d]);
+    assert_eq!(c.worker_metric(d, "pagewarden_isolation_violations_total", ""), 0.0);
 }
