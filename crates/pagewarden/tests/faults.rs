@@ -299,11 +299,7 @@ fn a_rogue_prefill_workers_out_of_vocabulary_first_token_fails_only_its_request_
         // stream carries on), this request goes to the rogue, and its KV to the decode worker
         // where bob is decoding.
         kill9(c.workers[honest].pid);
-        let t0 = Instant::now();
-        while metric(&c.gateway_metrics(), "pagewarden_cluster_workers", "role=\"prefill\"") != 1.0 {
-            assert!(t0.elapsed() < Duration::from_secs(30), "the gateway did not see the honest worker go");
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_prefill_workers(&c, 1);
         let err = expect_error_nothing_streamed(&c);
         assert!(err["error"]["message"].as_str().unwrap().contains("bad_first_token"), "{err}");
         let bobs = bobs.join().unwrap().expect("bob's stream completes");
@@ -350,6 +346,15 @@ fn a_worker_reporting_an_unknown_violation_kind_cannot_change_the_exposition_tex
         m.lines().filter(|l| l.contains("kind=")).map(|l| l.split(' ').next().unwrap().to_string()).collect::<Vec<_>>()
     };
     assert_eq!(kinds(&after), kinds(&before), "the same kind labels as before");
+}
+
+/// Waits (at most 30 s) until the gateway counts `n` prefill workers (it saw one go).
+fn wait_prefill_workers(c: &Cluster, n: usize) {
+    let t0 = Instant::now();
+    while metric(&c.gateway_metrics(), "pagewarden_cluster_workers", "role=\"prefill\"") as usize != n {
+        assert!(t0.elapsed() < Duration::from_secs(30), "the gateway did not come to count {n} prefill workers");
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 fn kill9(pid: u32) {
@@ -465,11 +470,7 @@ fn a_stream_outlives_its_prefill_worker_once_the_kv_is_handed_over() {
     let (deltas, h) = stream_chat(&c.url, &c.key, body(true));
     deltas.recv_timeout(Duration::from_secs(60)).expect("a first token");
     kill9(c.workers[p].pid);
-    let t0 = Instant::now();
-    while metric(&c.gateway_metrics(), "pagewarden_cluster_workers", "role=\"prefill\"") != 0.0 {
-        assert!(t0.elapsed() < Duration::from_secs(30), "the gateway did not see the prefill worker go");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_prefill_workers(&c, 0);
     let ended_early = h.is_finished();
     let got = h.join().unwrap().unwrap_or_else(|e| panic!("the stream ended with an error: {e}"));
     assert!(!ended_early, "the stream ended before the prefill worker's loss reached the gateway");
