@@ -723,11 +723,11 @@ mod tests {
     }
 
     fn tok(t: u32) -> TokenEvent {
-        TokenEvent { token: t, logprob: -0.5, top: vec![] }
+        TokenEvent { token: t, logprob: Some(-0.5), top: vec![] }
     }
 
     fn token_msg(t: u32) -> ToGateway {
-        ToGateway::Token { route: 1, token: TokenEvent { token: t, logprob: -0.5, top: vec![] } }
+        ToGateway::Token { route: 1, token: TokenEvent { token: t, logprob: Some(-0.5), top: vec![] } }
     }
 
     /// What the gate sent, once the sender is gone.

@@ -54,7 +54,7 @@ async fn next(rd: &mut LinkReader, within: Duration) -> Option<ToWorker> {
 }
 
 fn token(t: u32) -> TokenEvent {
-    TokenEvent { token: t, logprob: -0.25, top: vec![] }
+    TokenEvent { token: t, logprob: Some(-0.25), top: vec![] }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

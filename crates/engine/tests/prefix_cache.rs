@@ -28,7 +28,8 @@ fn req(id: u64, tenant: u64, prompt: &[u32], salt: Option<&str>) -> GenRequest {
         tenant: TenantId(tenant),
         prompt: prompt.to_vec(),
         max_tokens: 8,
-        sampling: SamplingParams::greedy(),
+        // Log-probabilities asked for: the comparisons below are bit-exact on them too.
+        sampling: SamplingParams::builder().logprobs(true).build().unwrap(),
         stop_tokens: StopTokens::new([]),
         deadline: None,
         cache_salt: salt.map(str::to_string),
@@ -38,7 +39,7 @@ fn req(id: u64, tenant: u64, prompt: &[u32], salt: Option<&str>) -> GenRequest {
 
 struct Run {
     tokens: Vec<u32>,
-    logprobs: Vec<f32>,
+    logprobs: Vec<Option<f32>>,
     usage: Usage,
     /// What the `PrefixCache` event said, if the cache was consulted.
     looked_up: Option<usize>,

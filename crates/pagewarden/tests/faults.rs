@@ -212,7 +212,7 @@ async fn rogue_prefill(c_addr: String, lies: Arc<Mutex<Vec<Lie>>>) {
         let lie = lies.lock().unwrap().remove(0);
         let ticket: Ticket = ticket.into();
         let first = if matches!(lie, Lie::BadFirstToken) { VOCAB } else { 42 };
-        let token = engine::TokenEvent { token: first, logprob: -0.1, top: vec![] };
+        let token = engine::TokenEvent { token: first, logprob: Some(-0.1), top: vec![] };
         wr.send(&ToGateway::First { route: spec.route, token, cached_tokens: None }).await.unwrap();
         let link = Link::connect(net.dial(&decode_addr).await.unwrap(), &me, Duration::from_secs(10)).await.unwrap();
         // It holds the secret, so its link and its frames authenticate: only the decode

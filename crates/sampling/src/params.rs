@@ -34,6 +34,11 @@ pub struct RawSamplingParams {
     pub presence_penalty: f32,
     /// `0..=20`.
     pub top_logprobs: i64,
+    /// The sampled token's log-probability is wanted (OpenAI `logprobs`); implied by
+    /// `top_logprobs > 0`. Without it the sampler skips the pass over the vocabulary that the
+    /// log-probability needs.
+    #[serde(default)]
+    pub logprobs: bool,
     /// `None` = a fresh seed from the OS per sampler.
     pub seed: Option<u64>,
     /// Window of `repetition_penalty`, in most recent history tokens.
@@ -55,6 +60,7 @@ impl Default for RawSamplingParams {
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
             top_logprobs: 0,
+            logprobs: false,
             seed: None,
             penalty_last_n: PENALTY_LAST_N,
             logit_bias: Vec::new(),
@@ -74,6 +80,7 @@ pub struct SamplingParams {
     frequency_penalty: f32,
     presence_penalty: f32,
     top_logprobs: usize,
+    logprobs: bool,
     seed: Option<u64>,
     penalty_last_n: usize,
     /// Sorted by token, each token once.
@@ -91,6 +98,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             presence_penalty: 0.0,
             top_logprobs: 0,
+            logprobs: false,
             seed: None,
             penalty_last_n: PENALTY_LAST_N,
             logit_bias: std::sync::Arc::new([]),
@@ -152,6 +160,7 @@ impl SamplingParams {
             frequency_penalty: f,
             presence_penalty: pr,
             top_logprobs: raw.top_logprobs as usize,
+            logprobs: raw.logprobs || raw.top_logprobs > 0,
             seed: raw.seed,
             penalty_last_n: raw.penalty_last_n,
             logit_bias: bias.into(),
@@ -179,6 +188,7 @@ impl SamplingParams {
             frequency_penalty: self.frequency_penalty,
             presence_penalty: self.presence_penalty,
             top_logprobs: self.top_logprobs as i64,
+            logprobs: self.logprobs,
             seed: self.seed,
             penalty_last_n: self.penalty_last_n,
             logit_bias: self.logit_bias.to_vec(),
@@ -209,6 +219,10 @@ impl SamplingParams {
     }
     pub fn top_logprobs(&self) -> usize {
         self.top_logprobs
+    }
+    /// Whether each sampled token carries its log-probability.
+    pub fn logprobs(&self) -> bool {
+        self.logprobs
     }
     pub fn seed(&self) -> Option<u64> {
         self.seed
@@ -275,6 +289,10 @@ impl SamplingParamsBuilder {
     }
     pub fn top_logprobs(mut self, v: i64) -> Self {
         self.raw.top_logprobs = v;
+        self
+    }
+    pub fn logprobs(mut self, v: bool) -> Self {
+        self.raw.logprobs = v;
         self
     }
     /// Accepts `42` or `None`.

@@ -105,12 +105,16 @@ impl Sampler {
     /// sequence: frequency/presence penalties count all of it,
     /// `repetition_penalty` only the last `penalty_last_n` tokens.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<Sampled, SamplingError> {
-        let lse = self.validate(logits, history)?;
+        let max = self.validate(logits, history)?;
         let token = match self.truncate(logits, history)? {
             Kept::Greedy(t) => t,
             kept => self.draw(logits, &kept),
         };
-        let logprob = lse.logprob(logits[token as usize]);
+        if !self.params.logprobs() {
+            return Ok(Sampled { token, logprob: None, top: Vec::new() });
+        }
+        let lse = Lse::new(logits, max);
+        let logprob = Some(lse.logprob(logits[token as usize]));
         let top = top_alternatives(logits, lse, self.params.top_logprobs());
         Ok(Sampled { token, logprob, top })
     }
@@ -139,8 +143,8 @@ impl Sampler {
         Ok(out)
     }
 
-    /// Checks shape and values; returns the raw log-sum-exp.
-    fn validate(&mut self, logits: &[f32], history: &[u32]) -> Result<Lse, SamplingError> {
+    /// Checks shape and values; returns the row's maximum.
+    fn validate(&mut self, logits: &[f32], history: &[u32]) -> Result<f32, SamplingError> {
         if logits.is_empty() {
             return Err(SamplingError::EmptyLogits);
         }
@@ -169,7 +173,7 @@ impl Sampler {
             return Err(SamplingError::TokenOutOfRange { token, vocab: logits.len() });
         }
         self.vocab = Some(logits.len());
-        Ok(Lse::new(logits, max))
+        Ok(max)
     }
 
     /// The row the chain works on: penalised copy or the raw logits.
@@ -608,13 +612,19 @@ mod tests {
         let ban = SamplingParams::builder().logit_bias(vec![(0, -100.0)]).build().unwrap();
         let s = Sampler::new(ban).sample(&logits, &[]).unwrap();
         assert_eq!(s.token, 1, "greedy skips the banned argmax");
-        let force = SamplingParams::builder().temperature(1.0).seed(7).logit_bias(vec![(3, 100.0)]).build().unwrap();
+        let force = SamplingParams::builder()
+            .temperature(1.0)
+            .seed(7)
+            .logprobs(true)
+            .logit_bias(vec![(3, 100.0)])
+            .build()
+            .unwrap();
         let mut sampler = Sampler::new(force);
         for _ in 0..50 {
             let s = sampler.sample(&logits, &[]).unwrap();
             assert_eq!(s.token, 3);
             // The log-probability reported is the model's own, before the bias.
-            assert!((s.logprob - (0.0 - crate::logsumexp(&logits))).abs() < 1e-5);
+            assert!(s.logprob.is_some_and(|l| (l - (0.0 - crate::logsumexp(&logits))).abs() < 1e-5));
         }
     }
 

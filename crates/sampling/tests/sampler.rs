@@ -272,7 +272,7 @@ fn logprobs_come_from_the_raw_logits_not_the_processed_ones() {
     for _ in 0..20 {
         let out = s.sample(&l, &[0, 0]).unwrap();
         assert!(out.token < 2, "top_k = 2 must hold");
-        assert_eq!(out.logprob, raw[out.token as usize]);
+        assert_eq!(out.logprob, Some(raw[out.token as usize]));
         let top: Vec<(u32, f32)> = out.top.iter().map(|t| (t.token, t.logprob)).collect();
         assert_eq!(top, [(0, raw[0]), (1, raw[1]), (2, raw[2]), (3, raw[3])]);
     }
@@ -338,7 +338,7 @@ fn extreme_logits_do_not_overflow() {
     for _ in 0..50 {
         let out = s.sample(&l, &[]).unwrap();
         assert!(out.token == 0 || out.token == 3);
-        assert!(out.logprob.is_finite());
+        assert!(out.logprob.is_some_and(f32::is_finite));
     }
 }
 
@@ -363,4 +363,25 @@ fn full_vocab_sampling_is_fast_enough() {
         // Generous bound (debug CI, shared cores): catches accidental O(V^2) or per-call sorts gone wild.
         assert!(per < std::time::Duration::from_millis(50), "{per:?}");
     }
+}
+
+#[test]
+fn without_logprobs_asked_the_tokens_are_the_same_and_no_logprob_is_computed() {
+    let l: Vec<f32> = (0..1000).map(|i| ((i * 7919) % 1000) as f32 / 100.0).collect();
+    for temperature in [0.0, 0.7, 1.3] {
+        let b = || SamplingParams::builder().temperature(temperature).top_p(0.9).seed(5);
+        let mut with = Sampler::new(params(b().logprobs(true)));
+        let mut without = Sampler::new(params(b()));
+        let mut history = Vec::new();
+        for _ in 0..50 {
+            let (a, z) = (with.sample(&l, &history).unwrap(), without.sample(&l, &history).unwrap());
+            assert_eq!(a.token, z.token, "temperature {temperature}");
+            assert!(a.logprob.is_some());
+            assert_eq!((z.logprob, z.top.len()), (None, 0));
+            history.push(a.token);
+        }
+    }
+    // top_logprobs implies logprobs.
+    let out = Sampler::new(params(SamplingParams::builder().top_logprobs(2))).sample(&l, &[]).unwrap();
+    assert!(out.logprob.is_some() && out.top.len() == 2);
 }

@@ -88,7 +88,8 @@ struct Generation {
 #[derive(Serialize)]
 struct TokenLogprob {
     token: u32,
-    logprob: f32,
+    /// Always present: `--json` asks the sampler for it.
+    logprob: Option<f32>,
     top: Vec<(u32, f32)>,
 }
 
@@ -121,6 +122,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
         .frequency_penalty(a.frequency_penalty)
         .presence_penalty(a.presence_penalty)
         .top_logprobs(a.top_logprobs)
+        .logprobs(a.json)
         .build()?;
     let file = runtime::open(&a.m)?;
     let tok = runtime::tokenizer(&file)?;

@@ -14,7 +14,9 @@ pub struct TopLogprob {
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct TokenEvent {
     pub token: u32,
-    pub logprob: f32,
+    /// Present when the request asked for log-probabilities (computing it is a pass over the
+    /// whole vocabulary).
+    pub logprob: Option<f32>,
     pub top: Vec<TopLogprob>,
 }
 

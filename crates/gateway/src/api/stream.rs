@@ -192,10 +192,17 @@ impl Generation {
                             return Some(Step::Error(ApiError::internal(format!("detokenization failed: {e}"))));
                         }
                     };
-                    let logprobs = if self.want_logprobs {
-                        vec![TokenLogprob { token: t.token, logprob: t.logprob, top: t.top }]
-                    } else {
-                        Vec::new()
+                    let logprobs = match (self.want_logprobs, t.logprob) {
+                        (false, _) => Vec::new(),
+                        (true, Some(logprob)) => vec![TokenLogprob { token: t.token, logprob, top: t.top }],
+                        // The request's sampling parameters ask for it; a token without it
+                        // comes from an engine that ignored them.
+                        (true, None) => {
+                            self.end();
+                            let e =
+                                ApiError::internal("a token came without the log-probability the request asked for");
+                            return Some(Step::Error(e));
+                        }
                     };
                     let (text, hit) = self.stop.push(&piece);
                     if !text.is_empty() || !logprobs.is_empty() {

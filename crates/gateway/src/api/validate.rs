@@ -346,7 +346,7 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState, tenant: &TenantC
     if let Some(v) = get_i64(&o, "seed")? {
         b = b.seed(v as u64);
     }
-    b = b.top_logprobs(logprobs.unwrap_or(0));
+    b = b.top_logprobs(logprobs.unwrap_or(0)).logprobs(logprobs.is_some());
     b = b.logit_bias(logit_bias(&o, m.tokenizer.vocab_size())?);
     let sampling = b.build().map_err(|e| match e {
         sampling::SamplingError::InvalidParam { field, .. } => {
