@@ -530,7 +530,6 @@ impl Router {
                     return Outcome::Fail(EngineError::Internal(what));
                 }
             }
-            let was_released = gate.released;
             match gate.release(req, ev, self.inner.cfg.vocab) {
                 Err(kind) => return Outcome::Fail(EngineError::IsolationViolation { kind }),
                 Ok(true) => {
@@ -539,7 +538,7 @@ impl Router {
                 }
                 Ok(false) => {}
             }
-            if gate.released && !was_released {
+            if gate.released {
                 // The KV is verified on the decode worker and the first token is out: the
                 // prefill worker's part is over. Losing it now must not end a stream it no
                 // longer carries, nor count against it when routing.
