@@ -14,6 +14,7 @@ mod error;
 mod params;
 pub mod rng;
 mod sampler;
+mod scan;
 
 pub use error::SamplingError;
 pub use params::{RawSamplingParams, SamplingParams, SamplingParamsBuilder, MAX_TOP_LOGPROBS, PENALTY_LAST_N};

@@ -5,6 +5,7 @@ use std::cmp::Ordering;
 use crate::rng::{entropy_seed, Rng};
 use types::TopLogprob;
 
+use crate::scan::{scan, Scan};
 use crate::{argmax, SamplingError, SamplingParams};
 
 /// The outcome of one sampling step.
@@ -105,15 +106,15 @@ impl Sampler {
     /// sequence: frequency/presence penalties count all of it,
     /// `repetition_penalty` only the last `penalty_last_n` tokens.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<Sampled, SamplingError> {
-        let max = self.validate(logits, history)?;
-        let token = match self.truncate(logits, history)? {
+        let found = self.validate(logits, history)?;
+        let token = match self.truncate(logits, history, &found)? {
             Kept::Greedy(t) => t,
             kept => self.draw(logits, &kept),
         };
         if !self.params.logprobs() {
             return Ok(Sampled { token, logprob: None, top: Vec::new() });
         }
-        let lse = Lse::new(logits, max);
+        let lse = Lse::new(logits, found.max);
         let logprob = Some(lse.logprob(logits[token as usize]));
         let top = top_alternatives(logits, lse, self.params.top_logprobs());
         Ok(Sampled { token, logprob, top })
@@ -123,8 +124,8 @@ impl Sampler {
     /// `(token, probability)` in id order (after penalties, truncation and
     /// temperature). Does not advance the RNG. For tests and debugging.
     pub fn distribution(&mut self, logits: &[f32], history: &[u32]) -> Result<Vec<(u32, f64)>, SamplingError> {
-        self.validate(logits, history)?;
-        let kept = self.truncate(logits, history)?;
+        let found = self.validate(logits, history)?;
+        let kept = self.truncate(logits, history, &found)?;
         if let Kept::Greedy(t) = kept {
             return Ok(vec![(t, 1.0)]);
         }
@@ -143,8 +144,9 @@ impl Sampler {
         Ok(out)
     }
 
-    /// Checks shape and values; returns the row's maximum.
-    fn validate(&mut self, logits: &[f32], history: &[u32]) -> Result<f32, SamplingError> {
+    /// Checks shape and values in one pass that also finds the row's maximum and its first
+    /// position (greedy's answer when nothing changes the row).
+    fn validate(&mut self, logits: &[f32], history: &[u32]) -> Result<Scan, SamplingError> {
         if logits.is_empty() {
             return Err(SamplingError::EmptyLogits);
         }
@@ -156,14 +158,11 @@ impl Sampler {
         if u32::try_from(logits.len()).is_err() {
             return Err(SamplingError::VocabTooLarge { len: logits.len() });
         }
-        let mut max = f32::NEG_INFINITY;
-        for (index, &value) in logits.iter().enumerate() {
-            if value.is_nan() || value == f32::INFINITY {
-                return Err(SamplingError::InvalidLogit { index, value });
-            }
-            max = max.max(value);
+        let found = scan(logits);
+        if let Some((index, value)) = found.invalid {
+            return Err(SamplingError::InvalidLogit { index, value });
         }
-        if max == f32::NEG_INFINITY {
+        if found.max == f32::NEG_INFINITY {
             return Err(SamplingError::NoFiniteLogits);
         }
         if let Some(&token) = history.iter().find(|&&t| t as usize >= logits.len()) {
@@ -173,7 +172,7 @@ impl Sampler {
             return Err(SamplingError::TokenOutOfRange { token, vocab: logits.len() });
         }
         self.vocab = Some(logits.len());
-        Ok(max)
+        Ok(found)
     }
 
     /// The row the chain works on: penalised copy or the raw logits.
@@ -185,8 +184,8 @@ impl Sampler {
         }
     }
 
-    /// Penalties, then top_k -> top_p -> min_p on `cand`.
-    fn truncate(&mut self, logits: &[f32], history: &[u32]) -> Result<Kept, SamplingError> {
+    /// Penalties, then top_k -> top_p -> min_p on `cand`. `found` is `logits`' scan.
+    fn truncate(&mut self, logits: &[f32], history: &[u32], found: &Scan) -> Result<Kept, SamplingError> {
         let p = &self.params;
         self.work.clear();
         if p.has_penalties() && !history.is_empty() {
@@ -204,14 +203,15 @@ impl Sampler {
         let row: &[f32] = if self.work.is_empty() { logits } else { &self.work };
 
         if p.is_greedy() {
-            let t = argmax(row);
+            // The raw row's first maximum is already known; a penalised one needs its own.
+            let t = if self.work.is_empty() { found.first_max } else { argmax(row) };
             if row[t as usize] == f32::NEG_INFINITY {
                 return Err(SamplingError::NoFiniteLogits);
             }
             return Ok(Kept::Greedy(t));
         }
 
-        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let max = if self.work.is_empty() { found.max } else { row.iter().copied().fold(f32::NEG_INFINITY, f32::max) };
         if max == f32::NEG_INFINITY {
             return Err(SamplingError::NoFiniteLogits);
         }
