@@ -596,6 +596,60 @@ fn scores_heads(q: &[f32], hd: usize, kt: &[f32], from: usize, upto: usize, scal
     }
 }
 
+/// Starts loading `s` into the cache. A context's pages are scattered through the pool, so
+/// the hardware prefetcher, which follows one address stream, starts over at every page: a
+/// decode step at a long context waited on memory latency far more than on bandwidth.
+#[inline(always)]
+fn prefetch(s: KvSlice<'_>) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let (p, bytes) = match s {
+            KvSlice::F16(x) => (x.as_ptr() as *const i8, std::mem::size_of_val(x)),
+            KvSlice::F32(x) => (x.as_ptr() as *const i8, std::mem::size_of_val(x)),
+        };
+        let mut off = 0;
+        while off < bytes {
+            // SAFETY: a prefetch is a hint that never faults, and the address lies within `s`.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(off)) };
+            off += 64;
+        }
+        if bytes > 0 {
+            // SAFETY: as above (the last byte, whose line a misaligned start leaves out).
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(bytes - 1)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = s;
+}
+
+/// Prefetches head `kvh`'s K of positions `[from, to)` (whole pages).
+#[inline(always)]
+fn prefetch_keys(view: &LayerView<'_>, from: usize, to: usize, kvh: usize, hd: usize) {
+    for ch in view.chunks_from(from) {
+        if ch.start >= to {
+            break;
+        }
+        match ch.k_block(kvh * hd, hd) {
+            Some(block) => prefetch(block),
+            None => (0..hd).for_each(|d| prefetch(ch.k_run(kvh * hd + d))),
+        }
+    }
+}
+
+/// Prefetches head `kvh`'s V rows of positions `[from, to)`.
+#[inline(always)]
+fn prefetch_values(view: &LayerView<'_>, from: usize, to: usize, row_len: usize, kvh: usize, hd: usize) {
+    for ch in view.chunks_from(from) {
+        if ch.start >= to {
+            break;
+        }
+        for s in from.saturating_sub(ch.start)..ch.len.min(to - ch.start) {
+            prefetch(ch.v.sub(s * row_len + kvh * hd, hd));
+        }
+    }
+}
+
 /// Keys per block of the single-row path: four tiles, whose widened K (or V) stays in cache.
 const STREAM_BLOCK: usize = 4 * LANES;
 
@@ -634,6 +688,13 @@ fn attend_row_streamed<W: Widen>(
     let mut jb = tile_from;
     while jb < upto {
         let n = (upto - jb).min(STREAM_BLOCK);
+        // The next block's keys, or after the last one the first values, load while this
+        // block is scored.
+        if jb + n < len {
+            prefetch_keys(&inp.view, jb + n, (jb + 2 * n).min(len), kvh, hd);
+        } else {
+            prefetch_values(&inp.view, from, (from + STREAM_BLOCK).min(len), row_len, kvh, hd);
+        }
         if jb + n > len {
             // Keys past the view score against zeros, as in the gathered K.
             kt.fill(0.0);
@@ -656,6 +717,9 @@ fn attend_row_streamed<W: Widen>(
     let mut a = from;
     while a < upto {
         let n = (upto - a).min(STREAM_BLOCK);
+        if a + n < len {
+            prefetch_values(&inp.view, a + n, (a + 2 * n).min(len), row_len, kvh, hd);
+        }
         gather::<W>(&inp.view, a, (a + n).min(len), row_len, kvh, hd, None, Some(&mut v));
         for (g, s) in scores.iter().enumerate() {
             let (e, o) = (&mut even[g * hd..(g + 1) * hd], &mut odd[g * hd..(g + 1) * hd]);
