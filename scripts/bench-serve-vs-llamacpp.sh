@@ -3,7 +3,8 @@
 # (`pagewarden bench serve`: streaming chat, fixed output length with `ignore_eos`):
 # llama-server in its best configuration for each load (one slot per client, continuous
 # batching, the same threads for batch and decode), then pagewarden serve with its defaults.
-# Prints one table: clients x (output tok/s, TTFT p50/p90, ITL p50/p99) for both, and ratios.
+# Prints one table: clients x (output tok/s, TTFT p50/p90, ITL p50/p99) for both, and ratios;
+# then pagewarden's served rate against its own engine (`bench model`) doing the same work.
 #
 #   LLAMA_SERVER=/path/to/llama-server scripts/bench-serve-vs-llamacpp.sh [REQUESTS_PER_CLIENT] [MODEL]
 #
@@ -60,6 +61,15 @@ for c in ${clients//,/ }; do
 done
 kill $pid; wait $pid 2>/dev/null || true
 
+# The engine alone (`bench model`, no HTTP, no router, no sampling) doing the same work at the
+# same batch: each client's prompt (as the server counted it) prefilled, then its answer
+# decoded. Served / engine is what the serving path keeps of the engine's speed.
+for c in ${clients//,/ }; do
+  prompt=$(python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["levels"][0]["mean_prompt_tokens"] or 0))' "$work/pw-$c.json")
+  "$pw" bench model --model "$model" --threads "$threads" --batch "$c" --prompt "$prompt" --decode "$max_tokens" \
+    --reps 2 --json >"$work/engine-$c.json"
+done
+
 python3 - "$work" "$clients" <<'EOF'
 import json, sys
 work, clients = sys.argv[1], [int(c) for c in sys.argv[2].split(",")]
@@ -80,4 +90,15 @@ print("| clients | tok/s pagewarden / llama-server | TTFT p50 pagewarden / llama
 print("|---|---|---|")
 for c, r, t in ratios:
     print(f"| {c} | x{r:.2f} | {t:.2f} |")
+print()
+print("| clients | prompt tokens | engine prefill tok/s | engine decode tok/s | engine, same work, output tok/s | served / same work | served / decode only |")
+print("|---|---|---|---|---|---|---|")
+for c in clients:
+    e = json.load(open(f"{work}/engine-{c}.json"))
+    row, served = e["rows"][0], level("pw", c)["output_tokens_per_s"]
+    p, d = e["prompt_tokens"], e["decode_tokens"]
+    pf, dc = row["prefill_tokens_per_s"], row["decode_tokens_per_s"]
+    # Per request: its prompt at the batch's prefill rate, then its answer at the decode rate.
+    same = d / (p / pf + d / dc)
+    print(f"| {c} | {p} | {pf:.1f} | {dc:.1f} | {same:.1f} | {served / same:.0%} | {served / dc:.0%} |")
 EOF

@@ -52,6 +52,9 @@ struct Level {
     requests: usize,
     errors: usize,
     output_tokens: usize,
+    /// Prompt tokens per request as the server counted them (its usage chunk), when it said:
+    /// what an engine-only comparison needs to do the same work.
+    mean_prompt_tokens: Option<f64>,
     wall_s: f64,
     output_tokens_per_s: f64,
     ttft_p50_ms: f64,
@@ -74,6 +77,7 @@ struct Sample {
     ttft: Duration,
     gaps: Vec<Duration>,
     tokens: usize,
+    prompt_tokens: Option<usize>,
 }
 
 use launch::agent;
@@ -124,7 +128,7 @@ fn one(agent: &ureq::Agent, b: &ServeBench, model: &str, prompt: &str) -> Result
     }
     let reader = BufReader::new(resp.into_body().into_reader());
     let (mut first, mut last) = (None, t0);
-    let (mut gaps, mut chunks, mut usage) = (Vec::new(), 0usize, None);
+    let (mut gaps, mut chunks, mut usage, mut prompt_tokens) = (Vec::new(), 0usize, None, None);
     for line in reader.lines() {
         let line = line?;
         let Some(data) = line.strip_prefix("data: ") else { continue };
@@ -138,6 +142,9 @@ fn one(agent: &ureq::Agent, b: &ServeBench, model: &str, prompt: &str) -> Result
         if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
             usage = Some(n as usize);
         }
+        if let Some(n) = v["usage"]["prompt_tokens"].as_u64() {
+            prompt_tokens = Some(n as usize);
+        }
         let has_content = v["choices"][0]["delta"]["content"].as_str().is_some_and(|c| !c.is_empty());
         if has_content {
             let now = Instant::now();
@@ -150,7 +157,7 @@ fn one(agent: &ureq::Agent, b: &ServeBench, model: &str, prompt: &str) -> Result
         }
     }
     let ttft = first.context("no content in the stream")?;
-    Ok(Sample { ttft, gaps, tokens: usage.unwrap_or(chunks) })
+    Ok(Sample { ttft, gaps, tokens: usage.unwrap_or(chunks), prompt_tokens })
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
@@ -185,6 +192,9 @@ fn level(b: &ServeBench, model: &str, c: usize) -> Level {
     let wall = t0.elapsed().as_secs_f64();
     let samples = samples.into_inner().unwrap_or_else(|e| e.into_inner());
     let tokens: usize = samples.iter().map(|s| s.tokens).sum();
+    let prompts: Option<Vec<usize>> = samples.iter().map(|s| s.prompt_tokens).collect();
+    let mean_prompt_tokens =
+        prompts.filter(|p| !p.is_empty()).map(|p| p.iter().sum::<usize>() as f64 / p.len() as f64);
     let mut ttft: Vec<f64> = samples.iter().map(|s| s.ttft.as_secs_f64() * 1e3).collect();
     let mut itl: Vec<f64> = samples.iter().flat_map(|s| s.gaps.iter().map(|g| g.as_secs_f64() * 1e3)).collect();
     Level {
@@ -192,6 +202,7 @@ fn level(b: &ServeBench, model: &str, c: usize) -> Level {
         requests: samples.len(),
         errors: errors.into_inner().unwrap_or_else(|e| e.into_inner()),
         output_tokens: tokens,
+        mean_prompt_tokens,
         wall_s: wall,
         output_tokens_per_s: tokens as f64 / wall,
         ttft_mean_ms: ttft.iter().sum::<f64>() / ttft.len().max(1) as f64,
