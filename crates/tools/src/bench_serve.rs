@@ -193,8 +193,7 @@ fn level(b: &ServeBench, model: &str, c: usize) -> Level {
     let samples = samples.into_inner().unwrap_or_else(|e| e.into_inner());
     let tokens: usize = samples.iter().map(|s| s.tokens).sum();
     let prompts: Option<Vec<usize>> = samples.iter().map(|s| s.prompt_tokens).collect();
-    let mean_prompt_tokens =
-        prompts.filter(|p| !p.is_empty()).map(|p| p.iter().sum::<usize>() as f64 / p.len() as f64);
+    let mean_prompt_tokens = prompts.filter(|p| !p.is_empty()).map(|p| p.iter().sum::<usize>() as f64 / p.len() as f64);
     let mut ttft: Vec<f64> = samples.iter().map(|s| s.ttft.as_secs_f64() * 1e3).collect();
     let mut itl: Vec<f64> = samples.iter().flat_map(|s| s.gaps.iter().map(|g| g.as_secs_f64() * 1e3)).collect();
     Level {
