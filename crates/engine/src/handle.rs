@@ -7,14 +7,14 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use kv::{BlockTable, KvPool};
+use kv::{BlockTable, KvPool, Owner};
 use model::Llama;
 use tokio::sync::mpsc as tmpsc;
 
 use crate::inbox::{Kind, Msg, Pending, Resume, Shared};
 use crate::scheduler::Loop;
 use crate::settings::{EngineConfig, EngineStats, PageRun, TenantPolicy};
-use crate::{AdmissionError, GenRequest, RequestStream};
+use crate::{AdmissionError, Event, GenRequest, RequestStream};
 
 /// The door rule, the same at every door (gateway, prefill and decode workers): nothing is
 /// queued, reserved, sent or computed for a request that fails it, and a failing request is
@@ -55,6 +55,7 @@ pub struct EngineHandle {
     context: usize,
     vocab: usize,
     max_queued: usize,
+    max_running: usize,
     grammars: Option<grammar::Grammars>,
 }
 
@@ -83,6 +84,7 @@ impl Engine {
             context: model.config.context,
             vocab: model.config.vocab,
             max_queued: cfg.max_queued,
+            max_running: cfg.max_running,
             grammars: cfg.grammars.clone(),
         };
         let mut lp = Loop::new(model, pool, prefill_pool, cfg, rx, shared);
@@ -150,7 +152,41 @@ impl EngineHandle {
     /// timeout); once pages for the whole sequence are free the stream ends with
     /// [`Event::Reserved`]. Nothing is computed.
     pub fn reserve(&self, req: GenRequest) -> Result<RequestStream, AdmissionError> {
-        self.enqueue(req, Kind::Reserve)
+        self.check(&req.prompt, req.max_tokens)?;
+        if self.shared.stopping.load(Ordering::SeqCst) {
+            return Err(AdmissionError::ShuttingDown);
+        }
+        match self.reserve_now(&req) {
+            Some(stream) => Ok(stream),
+            None => self.enqueue(req, Kind::Reserve),
+        }
+    }
+
+    /// A reservation computes nothing, so it need not wait for the step the loop is in: when
+    /// no request is queued (so none is overtaken), a sequence slot is free and the tenant is
+    /// live, within its share and its pages are free, it is made here, by the rules admission
+    /// applies. Through the loop, every disaggregated request waited about half a step for
+    /// its pages and then most of another before its prefill could start.
+    fn reserve_now(&self, req: &GenRequest) -> Option<RequestStream> {
+        if self.shared.queued.load(Ordering::SeqCst) != 0 {
+            return None;
+        }
+        if self.shared.stats.lock().unwrap_or_else(|e| e.into_inner()).running >= self.max_running {
+            return None;
+        }
+        let tokens = req.prompt.len() + req.max_tokens;
+        // Held while reserving: a new tenant table takes effect before or after this, never
+        // during (the loop installs it before revoking anything).
+        let policy = self.shared.policy.lock().unwrap_or_else(|e| e.into_inner());
+        if !policy.is_live(req.tenant) || !policy.within_share(&self.pool, req.tenant, tokens) {
+            return None;
+        }
+        // Anything but success (no room, or an error admission reports) takes the queue's way.
+        let kv = self.pool.reserve(Owner { tenant: req.tenant, request: req.id }, tokens).ok()?;
+        drop(policy);
+        let (tx, rx) = tmpsc::unbounded_channel();
+        let _ = tx.send(Event::Reserved(kv));
+        Some(RequestStream { rx, id: req.id })
     }
 
     /// Decodes `req` from `kv`, which must be this request's reservation with every prompt

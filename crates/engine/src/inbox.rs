@@ -16,6 +16,8 @@ pub(crate) struct Shared {
     pub(crate) queued: AtomicUsize,
     pub(crate) stopping: AtomicBool,
     pub(crate) stats: Mutex<EngineStats>,
+    /// The tenant table the loop applies; handles read it to reserve pages without the loop.
+    pub(crate) policy: Mutex<TenantPolicy>,
 }
 
 /// What a handle sends the loop.

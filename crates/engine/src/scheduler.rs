@@ -66,7 +66,6 @@ pub(crate) struct Loop {
     running: Vec<Running>,
     prefill_cursor: usize,
     stats: EngineStats,
-    policy: TenantPolicy,
 }
 
 impl Loop {
@@ -90,7 +89,6 @@ impl Loop {
             running: Vec::new(),
             prefill_cursor: 0,
             stats: EngineStats::default(),
-            policy: TenantPolicy::default(),
         }
     }
 
@@ -214,7 +212,10 @@ impl Loop {
             // only narrow it. Reservations (empty pages for a transfer) never use the cache.
             let scope = (self.cfg.prefix_cache && head.kind != Kind::Reserve)
                 .then(|| pool.scope(head.req.tenant, head.req.cache_salt.as_deref()));
-            if head.kind != Kind::Prefill && !within_share(&self.policy, &self.pool, key.1, tokens) {
+            let policy = self.shared.policy.lock().unwrap_or_else(|e| e.into_inner());
+            let over_share = head.kind != Kind::Prefill && !policy.within_share(&self.pool, key.1, tokens);
+            drop(policy);
+            if over_share {
                 // Over its share: this tenant waits, the others go on.
                 misses += 1;
                 self.rotation.push_back(key);
@@ -277,10 +278,19 @@ impl Loop {
     }
 
     fn is_live(&self, tenant: TenantId) -> bool {
-        self.policy.live.as_ref().is_none_or(|l| l.contains(&tenant))
+        self.policy().is_live(tenant)
+    }
+
+    /// The tenant table in force, shared with the handles (which reserve pages themselves
+    /// when nothing is queued: see `EngineHandle::reserve`).
+    fn policy(&self) -> std::sync::MutexGuard<'_, TenantPolicy> {
+        self.shared.policy.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn apply_tenants(&mut self, p: TenantPolicy) {
+        // In force before anything is revoked: a handle reserving under the old table does so
+        // before the revocation below, as a request admitted just before it would have.
+        *self.policy() = TenantPolicy { revoke: Revoke::These(Vec::new()), ..p.clone() };
         let revoked = |t: TenantId, p: &TenantPolicy| match &p.revoke {
             Revoke::These(ts) => ts.contains(&t),
             Revoke::AllCaches => false,
@@ -312,7 +322,6 @@ impl Loop {
         }
         self.shared.queued.fetch_sub(left, Ordering::SeqCst);
         self.rotation.retain(|t| self.queues.get(t).is_some_and(|q| !q.is_empty()));
-        self.policy = TenantPolicy { revoke: Revoke::These(Vec::new()), ..p };
     }
 
     /// One forward pass over every running sequence, then sampling.
@@ -529,22 +538,6 @@ impl Loop {
         s.cached_pages = self.pool.cached_pages()
             + if self.prefill_pool.same_pool(&self.pool) { 0 } else { self.prefill_pool.cached_pages() };
     }
-}
-
-/// Whether `tenant` may take `tokens` more slots of the main pool: always when it holds
-/// nothing (one request of the context window must always be able to run), else only within
-/// its share while more than one tenant can send requests.
-fn within_share(policy: &TenantPolicy, pool: &KvPool, tenant: TenantId, tokens: usize) -> bool {
-    let multi = policy.live.as_ref().is_some_and(|l| l.len() > 1);
-    if !multi || policy.max_share >= 1.0 {
-        return true;
-    }
-    let held = pool.pages_held_by(tenant);
-    if held == 0 {
-        return true;
-    }
-    let cap = (policy.max_share * pool.total_pages() as f64).ceil() as usize;
-    held + pool.layout().pages_for(tokens) <= cap
 }
 
 /// Ends a running request: its pages are freed before the final event, so whoever sees the

@@ -3,7 +3,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use kv::TenantId;
+use kv::{KvPool, TenantId};
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -140,6 +140,29 @@ pub enum Revoke {
     These(Vec<TenantId>),
     /// Every cached prefix (the worker cannot tell which tenants they belong to any more).
     AllCaches,
+}
+
+impl TenantPolicy {
+    /// Whether `tenant` may run here.
+    pub(crate) fn is_live(&self, tenant: TenantId) -> bool {
+        self.live.as_ref().is_none_or(|l| l.contains(&tenant))
+    }
+
+    /// Whether `tenant` may take `tokens` more slots of the main pool: always when it holds
+    /// nothing (one request of the context window must always be able to run), else only
+    /// within its share while more than one tenant can send requests.
+    pub(crate) fn within_share(&self, pool: &KvPool, tenant: TenantId, tokens: usize) -> bool {
+        let multi = self.live.as_ref().is_some_and(|l| l.len() > 1);
+        if !multi || self.max_share >= 1.0 {
+            return true;
+        }
+        let held = pool.pages_held_by(tenant);
+        if held == 0 {
+            return true;
+        }
+        let cap = (self.max_share * pool.total_pages() as f64).ceil() as usize;
+        held + pool.layout().pages_for(tokens) <= cap
+    }
 }
 
 impl Default for TenantPolicy {

@@ -310,3 +310,35 @@ fn tokens_of_any(mut s: engine::RequestStream) -> Option<EngineError> {
     }
     None
 }
+
+/// A reservation computes nothing: while nothing is queued it holds its pages as soon as
+/// `reserve` returns, even with the loop in the middle of other requests' steps.
+#[test]
+fn a_reservation_holds_its_pages_when_reserve_returns_if_nothing_waits() {
+    let d = engine(2048);
+    let dh = d.handle();
+    // Keeps the loop stepping for hundreds of steps.
+    let mut busy = dh.submit(req(1, 20, 480)).unwrap();
+    while !matches!(busy.blocking_next(), Some(Event::Token(_))) {}
+    let before = dh.pool().used_pages();
+    let mut s = dh.reserve(req(2, 30, 10)).unwrap();
+    assert_eq!(dh.pool().used_pages(), before + 40usize.div_ceil(16), "the pages are held on return");
+    assert!(matches!(s.blocking_next(), Some(Event::Reserved(_))));
+    drop(busy);
+}
+
+/// Taking pages at once never overtakes a request that waits for them: with one queued, a
+/// later reservation that would fit queues behind it.
+#[test]
+fn a_reservation_that_fits_queues_behind_one_waiting_for_pages() {
+    let d = engine(64);
+    let dh = d.handle();
+    let held = reserve(&dh, req(1, 30, 10));
+    let mut waiting = dh.reserve(req(2, 30, 10)).unwrap();
+    let used = dh.pool().used_pages();
+    let mut small = dh.reserve(req(3, 4, 4)).unwrap();
+    assert_eq!(dh.pool().used_pages(), used, "the small reservation took no page past the waiting one");
+    drop(held);
+    assert!(matches!(waiting.blocking_next(), Some(Event::Reserved(_))));
+    assert!(matches!(small.blocking_next(), Some(Event::Reserved(_))));
+}
