@@ -19,13 +19,29 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 key=$("$pw" tenant add bench --config "$work/pw.toml" | head -1)
 printf 'max_concurrent = 64\nmax_queued = 64\n' >>"$work/pw.toml"
 (umask 077; head -c 48 /dev/urandom | base64 >"$work/secret")
-{ printf 'threads = 1\n[cluster]\nsecret_file = "%s"\nlisten = "127.0.0.1:18190"\ngateway = "127.0.0.1:18190"\n' "$work/secret"
-  cat "$work/pw.toml"; } >"$work/disagg.toml"
+# Top-level keys first (the tenant file's own included), then its tenant tables, then [cluster].
+{ printf 'threads = 1\n'
+  cat "$work/pw.toml"
+  printf '\n[cluster]\nsecret_file = "%s"\nlisten = "127.0.0.1:18190"\ngateway = "127.0.0.1:18190"\n' "$work/secret"
+} >"$work/disagg.toml"
+
+ready() { # URL "PID..." LOG...: until the URL answers; fail with the logs if one of the
+  # processes exited or after 300 s
+  local url=$1 pids=$2 t0=$SECONDS p
+  shift 2
+  until curl -sf "$url" >/dev/null; do
+    for p in $pids; do
+      kill -0 "$p" 2>/dev/null || { echo "process $p exited; logs:" >&2; tail -n 20 "$@" >&2; exit 1; }
+    done
+    ((SECONDS - t0 < 300)) || { echo "no answer from $url in 300 s; logs:" >&2; tail -n 20 "$@" >&2; exit 1; }
+    sleep 0.5
+  done
+}
 
 run_serve() { # binary label
   "$1" serve --config "$work/pw.toml" --listen 127.0.0.1:18182 >"$work/serve.log" 2>&1 &
   local pid=$!
-  until curl -sf http://127.0.0.1:18182/ready >/dev/null; do sleep 0.5; done
+  ready http://127.0.0.1:18182/ready "$pid" "$work/serve.log"
   echo "== $2"
   "$pw" bench serve --url http://127.0.0.1:18182 --key "$key" --concurrency "$conc" --requests "$n"
   kill $pid; wait $pid 2>/dev/null || true
@@ -35,8 +51,11 @@ if [ -n "${BASELINE:-}" ]; then run_serve "$BASELINE" "baseline serve ($BASELINE
 run_serve "$pw" "serve (one process, in-memory links)"
 
 "$pw" gateway --config "$work/disagg.toml" --listen 127.0.0.1:18183 >"$work/gw.log" 2>&1 &
+pids=$!
 "$pw" prefill --config "$work/disagg.toml" --name prefill-a >"$work/prefill.log" 2>&1 &
+pids="$pids $!"
 "$pw" decode --config "$work/disagg.toml" --name decode-a >"$work/decode.log" 2>&1 &
-until curl -sf http://127.0.0.1:18183/ready >/dev/null; do sleep 0.5; done
+pids="$pids $!"
+ready http://127.0.0.1:18183/ready "$pids" "$work/gw.log" "$work/prefill.log" "$work/decode.log"
 echo "== gateway + prefill + decode (three processes, loopback TCP, 1 thread per worker)"
 "$pw" bench serve --url http://127.0.0.1:18183 --key "$key" --concurrency "$conc" --requests "$n"
