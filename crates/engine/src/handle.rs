@@ -148,18 +148,11 @@ impl EngineHandle {
         self.enqueue(req, Kind::Prefill)
     }
 
-    /// Decode-worker half: after the door check, queues the request (fairly, with the queue
-    /// timeout); once pages for the whole sequence are free the stream ends with
+    /// Decode-worker half: after the door check, takes the pages at once when nothing waits
+    /// (`reserve_now`), else queues the request (fairly, with the queue timeout); once pages for the whole sequence are free the stream ends with
     /// [`Event::Reserved`]. Nothing is computed.
     pub fn reserve(&self, req: GenRequest) -> Result<RequestStream, AdmissionError> {
-        self.check(&req.prompt, req.max_tokens)?;
-        if self.shared.stopping.load(Ordering::SeqCst) {
-            return Err(AdmissionError::ShuttingDown);
-        }
-        match self.reserve_now(&req) {
-            Some(stream) => Ok(stream),
-            None => self.enqueue(req, Kind::Reserve),
-        }
+        self.enqueue(req, Kind::Reserve)
     }
 
     /// A reservation computes nothing, so it need not wait for the step the loop is in: when
@@ -194,10 +187,7 @@ impl EngineHandle {
     /// isolation violation). `first` is the token the prefill side sampled; it is not emitted
     /// again, but it ends the request when it is a stop token or `max_tokens` is 1.
     pub fn resume(&self, req: GenRequest, kv: BlockTable, first: u32) -> Result<RequestStream, AdmissionError> {
-        self.check(&req.prompt, req.max_tokens)?;
-        if self.shared.stopping.load(Ordering::SeqCst) {
-            return Err(AdmissionError::ShuttingDown);
-        }
+        self.admissible(&req)?;
         let (tx, rx) = tmpsc::unbounded_channel();
         let id = req.id;
         if self.tx.send(Msg::Resume(Box::new(Resume { req, kv, first, tx }))).is_err() {
@@ -206,10 +196,21 @@ impl EngineHandle {
         Ok(RequestStream { rx, id })
     }
 
-    fn enqueue(&self, req: GenRequest, kind: Kind) -> Result<RequestStream, AdmissionError> {
+    /// The door rule, and the engine still taking requests.
+    fn admissible(&self, req: &GenRequest) -> Result<(), AdmissionError> {
         self.check(&req.prompt, req.max_tokens)?;
         if self.shared.stopping.load(Ordering::SeqCst) {
             return Err(AdmissionError::ShuttingDown);
+        }
+        Ok(())
+    }
+
+    fn enqueue(&self, req: GenRequest, kind: Kind) -> Result<RequestStream, AdmissionError> {
+        self.admissible(&req)?;
+        if kind == Kind::Reserve {
+            if let Some(stream) = self.reserve_now(&req) {
+                return Ok(stream);
+            }
         }
         let q = &self.shared.queued;
         if q.fetch_add(1, Ordering::SeqCst) >= self.max_queued {

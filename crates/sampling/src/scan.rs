@@ -4,7 +4,7 @@
 //! instead of two scalar ones.
 
 /// What one pass over a row found.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 pub(crate) struct Scan {
     /// The largest value (-inf for an empty or fully masked row).
     pub max: f32,
@@ -65,14 +65,13 @@ fn scan_impl(row: &[f32]) -> Scan {
     }
     let tail = row.len() - chunks.remainder().len();
     let mut best = f32::NEG_INFINITY;
+    // Stays 0 when no value rose above -inf.
     let mut first = 0u32;
-    let mut found = false;
     for j in 0..LANES {
         // A lane that never rose above -inf holds no candidate of its own.
         if max[j] > best || (max[j] == best && max[j] > f32::NEG_INFINITY && at[j] < first) {
             best = max[j];
             first = at[j];
-            found = true;
         }
     }
     let mut any_bad = bad.iter().any(|&b| b != 0);
@@ -82,11 +81,10 @@ fn scan_impl(row: &[f32]) -> Scan {
         if v > best {
             best = v;
             first = (tail + k) as u32;
-            found = true;
         }
     }
     let invalid = if any_bad { row.iter().position(|v| v.is_nan() || *v == f32::INFINITY) } else { None };
-    Scan { max: best, first_max: if found { first } else { 0 }, invalid: invalid.map(|i| (i, row[i])) }
+    Scan { max: best, first_max: first, invalid: invalid.map(|i| (i, row[i])) }
 }
 
 #[cfg(test)]
