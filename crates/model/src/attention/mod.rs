@@ -10,8 +10,14 @@ use std::ops::Range;
 
 use kv::{KvChunk, KvSlice, LayerView};
 
-/// Keys scored together.
-const LANES: usize = 16;
+#[cfg(target_arch = "x86_64")]
+mod direct;
+mod prefetch;
+mod softmax;
+
+use prefetch::{prefetch_keys, prefetch_values};
+pub use softmax::softmax_weighted_sum;
+use softmax::{softmax_exps, weighted_sum_run, LANES};
 
 /// One sequence's share of a step: its queries (`n` rows of `n_heads * head_dim`, already
 /// rotated) at positions `start..start + n`, and a checked view of its KV at this layer.
@@ -55,11 +61,13 @@ pub fn attend_heads(
 ) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
     {
-        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c") {
+        let (avx2, fma, f16c) =
+            (is_x86_feature_detected!("avx2"), is_x86_feature_detected!("fma"), is_x86_feature_detected!("f16c"));
+        if is_x86_feature_detected!("avx512f") && avx2 && fma && f16c {
             // SAFETY: the features were just detected on this CPU.
             return unsafe { attend_avx512(inp, shape, kvh, heads, rows) };
         }
-        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c") {
+        if avx2 && fma && f16c {
             // SAFETY: as above.
             return unsafe { attend_avx2(inp, shape, kvh, heads, rows) };
         }
@@ -94,6 +102,9 @@ unsafe fn attend_avx2(
 /// f16 to f32 for runs of elements, as wide as the CPU allows. Inlined into the
 /// feature-enabled attention entry points, so the intrinsics compile with those features.
 trait Widen {
+    /// Whether AVX-512 (with AVX2, FMA and F16C) was detected: the decode row then reads an f16
+    /// pool's pages directly ([`direct`]).
+    const AVX512: bool = false;
     fn run(src: &[half::f16], dst: &mut [f32]);
 }
 
@@ -137,6 +148,7 @@ struct F16c512;
 
 #[cfg(target_arch = "x86_64")]
 impl Widen for F16c512 {
+    const AVX512: bool = true;
     #[inline(always)]
     fn run(src: &[half::f16], dst: &mut [f32]) {
         use std::arch::x86_64::{_mm256_loadu_si256, _mm512_cvtph_ps, _mm512_storeu_ps};
@@ -321,168 +333,6 @@ fn scores_block<const G: usize, const T: usize>(
     }
 }
 
-/// e^x for x <= 0 (a score minus the row's maximum), to about one ulp: x = n ln 2 + r with
-/// |r| <= ln 2 / 2, e^r by its Taylor polynomial to degree 7 (error under 1e-8 relative), times
-/// 2^n built in the exponent bits. Only FMAs, adds and bit moves, so a run of them vectorizes
-/// (libm's expf is a call per element, which dominated attention at long contexts); inputs
-/// under -87 (weights below 2^-126, nothing next to the maximum's 1) give 2^-126 e^r.
-#[inline(always)]
-pub(crate) fn exp_nonpositive(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    // 1.5 * 2^23: adding it rounds to an integer (to nearest even) in the low mantissa bits.
-    const SHIFT: f32 = 12_582_912.0;
-    const LN2_HI: f32 = 0.693_145_75;
-    const LN2_LO: f32 = 1.428_606_8e-6;
-    let x = x.max(-87.0);
-    let z = x.mul_add(LOG2E, SHIFT);
-    let n = z - SHIFT;
-    let r = n.mul_add(-LN2_HI, x);
-    let r = n.mul_add(-LN2_LO, r);
-    let mut p: f32 = 1.0 / 5040.0;
-    for c in [1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0] {
-        p = p.mul_add(r, c);
-    }
-    let k = (z.to_bits() as i32).wrapping_sub(SHIFT.to_bits() as i32);
-    p * f32::from_bits(((k + 127) << 23) as u32)
-}
-
-/// `o[t] += p_j * v[j][t]` for every key `j`, with `o` held in registers: even and odd keys in
-/// two accumulators (two FMA chains, where one waits on each FMA's latency), added at the end.
-#[inline(always)]
-fn weighted_sum_fixed<const N: usize>(scores: &[f32], v: &[f32], o: &mut [f32]) {
-    let Ok(o) = <&mut [f32; N]>::try_from(o) else { unreachable!("o holds one head") };
-    let (mut even, mut odd) = (*o, [0f32; N]);
-    weighted_sum_pairs::<N>(scores, v, &mut even, &mut odd);
-    for t in 0..N {
-        o[t] = even[t] + odd[t];
-    }
-}
-
-/// The accumulation of [`weighted_sum_fixed`], resumable: keys taken in runs of even length
-/// (all but the last) pair up exactly as in one call over all of them.
-#[inline(always)]
-fn weighted_sum_pairs<const N: usize>(scores: &[f32], v: &[f32], even_out: &mut [f32; N], odd_out: &mut [f32; N]) {
-    // Local copies: the compiler keeps these in registers, not a caller's memory (which it
-    // would load and store around every FMA).
-    let (mut even, mut odd) = (*even_out, *odd_out);
-    let mut pairs = scores.chunks_exact(2);
-    let mut j = 0;
-    for pq in &mut pairs {
-        let (Ok(va), Ok(vb)) =
-            (<&[f32; N]>::try_from(&v[j * N..(j + 1) * N]), <&[f32; N]>::try_from(&v[(j + 1) * N..(j + 2) * N]))
-        else {
-            break;
-        };
-        for t in 0..N {
-            even[t] = pq[0].mul_add(va[t], even[t]);
-            odd[t] = pq[1].mul_add(vb[t], odd[t]);
-        }
-        j += 2;
-    }
-    if let [p] = pairs.remainder() {
-        if let Ok(va) = <&[f32; N]>::try_from(&v[j * N..(j + 1) * N]) {
-            for t in 0..N {
-                even[t] = p.mul_add(va[t], even[t]);
-            }
-        }
-    }
-    *even_out = even;
-    *odd_out = odd;
-}
-
-/// [`weighted_sum_pairs`] on slices of `N`; false if they are not. (At top level and inlined:
-/// a nested function would not inherit the caller's target features.)
-#[inline(always)]
-fn weighted_sum_slices<const N: usize>(scores: &[f32], v: &[f32], even: &mut [f32], odd: &mut [f32]) -> bool {
-    match (<&mut [f32; N]>::try_from(even), <&mut [f32; N]>::try_from(odd)) {
-        (Ok(e), Ok(o)) => {
-            weighted_sum_pairs::<N>(scores, v, e, o);
-            true
-        }
-        _ => false,
-    }
-}
-
-/// [`weighted_sum_pairs`] for any head size, on slices: the fixed sizes in registers, others
-/// one chain per element (into `even` only, as [`softmax_weighted_sum`] does).
-#[inline(always)]
-fn weighted_sum_run(scores: &[f32], v: &[f32], hd: usize, even: &mut [f32], odd: &mut [f32]) {
-    let done = match hd {
-        64 => weighted_sum_slices::<64>(scores, v, even, odd),
-        128 => weighted_sum_slices::<128>(scores, v, even, odd),
-        256 => weighted_sum_slices::<256>(scores, v, even, odd),
-        _ => false,
-    };
-    if !done {
-        for (j, &p) in scores.iter().enumerate() {
-            for (oo, &vv) in even.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
-                *oo = p.mul_add(vv, *oo);
-            }
-        }
-    }
-}
-
-/// In place: each score becomes e^(score - max); returns their sum, added per lane and the
-/// lanes in a fixed pairwise order.
-#[inline(always)]
-fn softmax_exps(scores: &mut [f32]) -> f32 {
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    let mut chunks = scores.chunks_exact(LANES);
-    for c in &mut chunks {
-        for l in 0..LANES {
-            lanes[l] = lanes[l].max(c[l]);
-        }
-    }
-    for (l, &x) in chunks.remainder().iter().enumerate() {
-        lanes[l] = lanes[l].max(x);
-    }
-    let max = lanes.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-    let mut sums = [0f32; LANES];
-    let mut chunks = scores.chunks_exact_mut(LANES);
-    for c in &mut chunks {
-        for l in 0..LANES {
-            c[l] = exp_nonpositive(c[l] - max);
-            sums[l] += c[l];
-        }
-    }
-    for (l, x) in chunks.into_remainder().iter_mut().enumerate() {
-        *x = exp_nonpositive(*x - max);
-        sums[l] += *x;
-    }
-    // A fixed pairwise order.
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for l in 0..width {
-            sums[l] += sums[l + width];
-        }
-    }
-    sums[0]
-}
-
-/// Softmax of `scores` (in place) and `o += softmax · v`, then `o /= sum`. The maximum, the
-/// exponentials and their sum go sixteen lanes at a time (the sum per lane, lanes added in a
-/// fixed order): the same for a query whatever else is in its batch or its prefill chunk.
-/// Public as the definition a plain reference implementation shares (`v` holds one head's
-/// values, key after key), so that only the KV path differs between the two.
-#[inline(always)]
-pub fn softmax_weighted_sum(scores: &mut [f32], v: &[f32], hd: usize, o: &mut [f32]) {
-    let sum = softmax_exps(scores);
-    match hd {
-        // The common head sizes: the accumulators stay in registers instead of being loaded
-        // and stored once per key.
-        64 => weighted_sum_fixed::<64>(scores, v, o),
-        128 => weighted_sum_fixed::<128>(scores, v, o),
-        256 => weighted_sum_fixed::<256>(scores, v, o),
-        // Other sizes: one chain per element, into `o`.
-        _ => weighted_sum_run(scores, v, hd, o, &mut []),
-    }
-    let inv = 1.0 / sum;
-    for oo in o.iter_mut() {
-        *oo *= inv;
-    }
-}
-
 #[inline(always)]
 fn attend_impl<W: Widen>(
     inp: &AttnInput<'_>,
@@ -596,60 +446,6 @@ fn scores_heads(q: &[f32], hd: usize, kt: &[f32], from: usize, upto: usize, scal
     }
 }
 
-/// Starts loading `s` into the cache. A context's pages are scattered through the pool, so
-/// the hardware prefetcher, which follows one address stream, starts over at every page: a
-/// decode step at a long context waited on memory latency far more than on bandwidth.
-#[inline(always)]
-fn prefetch(s: KvSlice<'_>) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let (p, bytes) = match s {
-            KvSlice::F16(x) => (x.as_ptr() as *const i8, std::mem::size_of_val(x)),
-            KvSlice::F32(x) => (x.as_ptr() as *const i8, std::mem::size_of_val(x)),
-        };
-        let mut off = 0;
-        while off < bytes {
-            // SAFETY: a prefetch is a hint that never faults, and the address lies within `s`.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(off)) };
-            off += 64;
-        }
-        if bytes > 0 {
-            // SAFETY: as above (the last byte, whose line a misaligned start leaves out).
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(p.add(bytes - 1)) };
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = s;
-}
-
-/// Prefetches head `kvh`'s K of positions `[from, to)` (whole pages).
-#[inline(always)]
-fn prefetch_keys(view: &LayerView<'_>, from: usize, to: usize, kvh: usize, hd: usize) {
-    for ch in view.chunks_from(from) {
-        if ch.start >= to {
-            break;
-        }
-        match ch.k_block(kvh * hd, hd) {
-            Some(block) => prefetch(block),
-            None => (0..hd).for_each(|d| prefetch(ch.k_run(kvh * hd + d))),
-        }
-    }
-}
-
-/// Prefetches head `kvh`'s V rows of positions `[from, to)`.
-#[inline(always)]
-fn prefetch_values(view: &LayerView<'_>, from: usize, to: usize, row_len: usize, kvh: usize, hd: usize) {
-    for ch in view.chunks_from(from) {
-        if ch.start >= to {
-            break;
-        }
-        for s in from.saturating_sub(ch.start)..ch.len.min(to - ch.start) {
-            prefetch(ch.v.sub(s * row_len + kvh * hd, hd));
-        }
-    }
-}
-
 /// Keys per block of the single-row path: four tiles, whose widened K (or V) stays in cache.
 const STREAM_BLOCK: usize = 4 * LANES;
 
@@ -679,6 +475,13 @@ fn attend_row_streamed<W: Widen>(
     let mut q = inp.q[i * shape.n_heads * hd + first_head * hd..][..group * hd].to_vec();
     if inp.view.chunks().next().is_some_and(|c| matches!(c.v, KvSlice::F16(_))) {
         round_to_f16(&mut q);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if W::AVX512 {
+        // SAFETY: `W::AVX512` holds only for `F16c512`, used after the features were detected.
+        if let Some(out) = unsafe { direct::attend_row(&inp.view, &q, hd, kvh, row_len, from, upto, scale) } {
+            return out;
+        }
     }
     let (mut kt, mut v) = SCRATCH.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
     kt.resize(hd * STREAM_BLOCK, 0.0);
@@ -744,6 +547,7 @@ fn attend_row_streamed<W: Widen>(
 
 #[cfg(test)]
 mod tests {
+    use super::softmax::exp_nonpositive;
     use super::*;
     use kv::{Capacity, KvDtype, KvLayout, KvPool, Owner, PoolConfig, RequestId, ScrubPolicy, TenantId};
 
@@ -859,6 +663,46 @@ mod tests {
                     for i in 0..n {
                         let whole = &all[i * width + heads.start * hd..][..w];
                         assert_eq!(bits(&part[i * w..(i + 1) * w]), bits(whole), "heads {heads:?} row {i}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// A decode row read straight from the f16 pages (on AVX-512) gives the bits of the general
+    /// path, which widens them into scratch first: contexts ending on and off a page boundary,
+    /// windows starting at odd and even keys, every head size with register-held sums, and query
+    /// groups split as threads take them.
+    #[test]
+    fn a_decode_row_read_from_the_pages_matches_the_widened_path_bit_for_bit() {
+        let (n_heads, n_kv) = (8, 2);
+        for hd in [64, 128, 256] {
+            let layout = KvLayout { n_layers: 1, n_kv_heads: n_kv, head_dim: hd, page_size: 16, dtype: KvDtype::F16 };
+            let pool = KvPool::new(PoolConfig { layout, capacity: Capacity::Tokens(128), scrub: ScrubPolicy::OnFree })
+                .unwrap();
+            let len = 83;
+            let mut t = pool.reserve(Owner { tenant: TenantId(1), request: RequestId(1) }, len).unwrap();
+            let val = |i: usize| ((i * 7919 % 1000) as f32 - 500.0) / 250.0;
+            let row = n_kv * hd;
+            let k: Vec<f32> = (0..len * row).map(val).collect();
+            let v: Vec<f32> = (0..len * row).map(|i| val(i + 13)).collect();
+            t.write_range(0, 0, &k, &v).unwrap();
+            let q: Vec<f32> = (0..n_heads * hd).map(|i| val(i + 101) / 4.0).collect();
+            let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            for ctx in [1, 15, 16, 17, 32, 47, 64, 65, 83] {
+                let inp = AttnInput { q: &q, start: ctx - 1, n: 1, view: t.layer(0, ctx).unwrap() };
+                for window in [None, Some(1), Some(6), Some(17), Some(40)] {
+                    let shape = AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd, window };
+                    for kvh in 0..n_kv {
+                        for heads in [0..4, 0..1, 1..3, 3..4, 0..3] {
+                            let want = attend_impl::<Portable>(&inp, &shape, kvh, heads.clone(), 0..1);
+                            let got = attend_heads(&inp, &shape, kvh, heads.clone(), 0..1);
+                            assert_eq!(
+                                bits(&got),
+                                bits(&want),
+                                "head dim {hd} context {ctx} window {window:?} kv head {kvh} heads {heads:?}"
+                            );
+                        }
                     }
                 }
             }
