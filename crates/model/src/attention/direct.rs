@@ -8,27 +8,19 @@
 //! FMA chain per key in dimension order), the same softmax, the same even/odd accumulation of
 //! values. Only where the widened numbers come from differs, so the bits are the same (tested).
 
-use std::arch::x86_64::{
-    __m512, _mm256_loadu_si256, _mm512_add_ps, _mm512_cvtph_ps, _mm512_fmadd_ps, _mm512_mul_ps, _mm512_set1_ps,
-    _mm512_setzero_ps, _mm512_storeu_ps,
-};
+use std::arch::x86_64::{_mm512_fmadd_ps, _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps};
 
 use half::f16;
 use kv::{KvSlice, LayerView};
 
 use super::prefetch::prefetch;
 use super::softmax::{softmax_exps, LANES};
+use super::values::{weighted_sums, Lanes, Run};
 
 /// Tiles scored per pass (a page each): `heads * TILES` accumulators hide the FMA latency.
 const TILES: usize = 4;
 /// Query heads scored per pass over the keys.
 const SCORE_HEADS: usize = 4;
-/// Value dimensions per pass of the weighted sum: four vectors of a row.
-const DIMS: usize = 64;
-const VECS: usize = DIMS / LANES;
-/// Query heads per pass of the weighted sum: their even and odd accumulators (2 x 3 x 4) and
-/// the row being added (4) fill 28 of the 32 vector registers.
-const SUM_HEADS: usize = 3;
 
 /// One page of the row's context: its first position, the head's K tile (`hd` runs of
 /// sixteen) and the page's V rows (all heads, `row_len` apart).
@@ -103,33 +95,17 @@ pub(super) fn attend_row(
     for g in 0..group {
         inv.push(1.0 / softmax_exps(&mut scores[g * stride + lo..g * stride + hi]));
     }
+    let runs: Vec<Run<'_, f16>> = pages
+        .iter()
+        .filter_map(|page| {
+            let (lo, hi) = (from.max(page.start), upto.min(page.start + page.v.len() / row_len));
+            (lo < hi).then(|| Run { first: lo - from, rows: &page.v[(lo - page.start) * row_len..], count: hi - lo })
+        })
+        .collect();
+    let weights: Vec<&[f32]> = (0..group).map(|g| &scores[g * stride + lo..g * stride + hi]).collect();
     let mut out = vec![0f32; group * hd];
-    let passes = group.div_ceil(SUM_HEADS);
-    let per_pass = group.div_ceil(passes);
-    let rows = Rows { pages: &pages, row_len, at: kvh * hd, from, upto };
-    for dim in (0..hd).step_by(DIMS) {
-        let mut g0 = 0;
-        while g0 < group {
-            let heads = (group - g0).min(per_pass);
-            let weights = Weights { scores: &scores, stride, first: g0, lo };
-            match heads {
-                1 => weigh::<1>(&rows, &weights, dim, &inv[g0..], hd, &mut out[g0 * hd..]),
-                2 => weigh::<2>(&rows, &weights, dim, &inv[g0..], hd, &mut out[g0 * hd..]),
-                _ => weigh::<3>(&rows, &weights, dim, &inv[g0..], hd, &mut out[g0 * hd..]),
-            }
-            g0 += heads;
-        }
-    }
+    weighted_sums(&runs, row_len, kvh * hd, &weights, &inv, hd, &mut out);
     Some(out)
-}
-
-/// Sixteen f16 from the start of `s`, widened.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-#[inline]
-fn widen16(s: &[f16]) -> __m512 {
-    let s: &[f16; LANES] = s[..LANES].try_into().expect("sixteen elements");
-    // SAFETY: `s` is sixteen f16, the 32 bytes loaded.
-    _mm512_cvtph_ps(unsafe { _mm256_loadu_si256(s.as_ptr().cast()) })
 }
 
 /// Scores of the `G` heads of `q` against every page's keys, `scale`d, into `out` (`G` rows
@@ -173,7 +149,7 @@ fn score_tiles<const G: usize, const T: usize>(
     let mut acc = [[_mm512_setzero_ps(); T]; G];
     for d in 0..hd {
         for t in 0..T {
-            let k = widen16(&tiles[t][d * LANES..]);
+            let k = f16::load16(&tiles[t][d * LANES..]);
             for g in 0..G {
                 acc[g][t] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * hd + d]), k, acc[g][t]);
             }
@@ -183,89 +159,9 @@ fn score_tiles<const G: usize, const T: usize>(
     for g in 0..G {
         for t in 0..T {
             let at = g * stride + (first + t) * LANES;
-            let dst: &mut [f32; LANES] = (&mut out[at..at + LANES]).try_into().expect("sixteen scores");
+            let dst = &mut out[at..at + LANES];
             // SAFETY: `dst` is sixteen f32, the 64 bytes stored.
             unsafe { _mm512_storeu_ps(dst.as_mut_ptr(), _mm512_mul_ps(acc[g][t], scale)) };
-        }
-    }
-}
-
-/// The V rows of keys `from..upto`, page by page; the head's elements start at `at`.
-struct Rows<'a> {
-    pages: &'a [Page<'a>],
-    row_len: usize,
-    at: usize,
-    from: usize,
-    upto: usize,
-}
-
-/// The softmax weights of heads `first..` (rows of `stride`; key `from` at `lo`).
-struct Weights<'a> {
-    scores: &'a [f32],
-    stride: usize,
-    first: usize,
-    lo: usize,
-}
-
-/// `out[g][dim..dim + 64] = (sum_j p_gj v_j) * inv_g` for `G` heads: keys alternate between an
-/// even and an odd accumulator counted from `from`, added at the end, as the general path's
-/// pairs do.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-#[inline]
-#[allow(clippy::needless_range_loop)]
-fn weigh<const G: usize>(rows: &Rows<'_>, w: &Weights<'_>, dim: usize, inv: &[f32], hd: usize, out: &mut [f32]) {
-    let mut even = [[_mm512_setzero_ps(); VECS]; G];
-    let mut odd = even;
-    let p: [&[f32]; G] =
-        std::array::from_fn(|g| &w.scores[(w.first + g) * w.stride + w.lo..(w.first + g + 1) * w.stride]);
-    let (from, upto) = (rows.from, rows.upto);
-    for (i, page) in rows.pages.iter().enumerate() {
-        if let Some(next) = rows.pages.get(i + 2) {
-            for s in 0..next.v.len() / rows.row_len {
-                prefetch(KvSlice::F16(&next.v[s * rows.row_len + rows.at + dim..][..DIMS]));
-            }
-        }
-        let (lo, hi) = (from.max(page.start), upto.min(page.start + page.v.len() / rows.row_len));
-        let row = |pos: usize| &page.v[(pos - page.start) * rows.row_len + rows.at + dim..][..DIMS];
-        let mut pos = lo;
-        if pos < hi && (pos - from) % 2 == 1 {
-            add_row::<G>(&mut odd, row(pos), &p, pos - from);
-            pos += 1;
-        }
-        while pos + 2 <= hi {
-            add_row::<G>(&mut even, row(pos), &p, pos - from);
-            add_row::<G>(&mut odd, row(pos + 1), &p, pos + 1 - from);
-            pos += 2;
-        }
-        if pos < hi {
-            add_row::<G>(&mut even, row(pos), &p, pos - from);
-        }
-    }
-    for g in 0..G {
-        let inv = _mm512_set1_ps(inv[g]);
-        for c in 0..VECS {
-            let at = g * hd + dim + c * LANES;
-            let dst: &mut [f32; LANES] = (&mut out[at..at + LANES]).try_into().expect("sixteen outputs");
-            // SAFETY: `dst` is sixteen f32, the 64 bytes stored.
-            unsafe { _mm512_storeu_ps(dst.as_mut_ptr(), _mm512_mul_ps(_mm512_add_ps(even[g][c], odd[g][c]), inv)) };
-        }
-    }
-}
-
-/// `acc[g] += p[g][j] * row` for each head.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-#[inline]
-#[allow(clippy::needless_range_loop)]
-fn add_row<const G: usize>(acc: &mut [[__m512; VECS]; G], row: &[f16], p: &[&[f32]; G], j: usize) {
-    let mut r = [_mm512_setzero_ps(); VECS];
-    for c in 0..VECS {
-        r[c] = widen16(&row[c * LANES..]);
-    }
-    let row = r;
-    for g in 0..G {
-        let w = _mm512_set1_ps(p[g][j]);
-        for c in 0..VECS {
-            acc[g][c] = _mm512_fmadd_ps(w, row[c], acc[g][c]);
         }
     }
 }

@@ -14,6 +14,8 @@ use kv::{KvChunk, KvSlice, LayerView};
 mod direct;
 mod prefetch;
 mod softmax;
+#[cfg(target_arch = "x86_64")]
+mod values;
 
 use prefetch::{prefetch_keys, prefetch_values};
 pub use softmax::softmax_weighted_sum;
@@ -410,6 +412,20 @@ fn attend_gathered<W: Widen>(
             round_to_f16(&mut q);
         }
         scores_heads(&q, hd, kt, tile_from, upto, scale, &mut scores);
+        #[cfg(target_arch = "x86_64")]
+        if W::AVX512 && matches!(hd, 64 | 128 | 256) {
+            // The group's heads weigh each value row in one load (the same operations).
+            let mut inv = Vec::with_capacity(group);
+            for s in scores.iter_mut() {
+                inv.push(1.0 / softmax_exps(&mut s[from..upto]));
+            }
+            let weights: Vec<&[f32]> = scores.iter().map(|s| &s[from..upto]).collect();
+            let run = [values::Run { first: 0, rows: &v[from * hd..], count: upto - from }];
+            let o = &mut out[oi * group * hd..(oi + 1) * group * hd];
+            // SAFETY: `W::AVX512` holds only for `F16c512`, used after the features were detected.
+            unsafe { values::weighted_sums(&run, hd, 0, &weights, &inv, hd, o) };
+            continue;
+        }
         for (g, s) in scores.iter_mut().enumerate() {
             let o = &mut out[(oi * group + g) * hd..][..hd];
             softmax_weighted_sum(&mut s[from..upto], &v[from * hd..], hd, o);
@@ -670,7 +686,8 @@ mod tests {
     }
 
     /// A decode row read straight from the f16 pages (on AVX-512) gives the bits of the general
-    /// path, which widens them into scratch first: contexts ending on and off a page boundary,
+    /// path, which widens them into scratch first, and so do prompt rows whose heads share each
+    /// value load: contexts ending on and off a page boundary,
     /// windows starting at odd and even keys, every head size with register-held sums, and query
     /// groups split as threads take them.
     #[test]
@@ -688,6 +705,7 @@ mod tests {
             let v: Vec<f32> = (0..len * row).map(|i| val(i + 13)).collect();
             t.write_range(0, 0, &k, &v).unwrap();
             let q: Vec<f32> = (0..n_heads * hd).map(|i| val(i + 101) / 4.0).collect();
+            let qs: Vec<f32> = (0..len * n_heads * hd).map(|i| val(i + 57) / 4.0).collect();
             let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             for ctx in [1, 15, 16, 17, 32, 47, 64, 65, 83] {
                 let inp = AttnInput { q: &q, start: ctx - 1, n: 1, view: t.layer(0, ctx).unwrap() };
@@ -703,6 +721,16 @@ mod tests {
                                 "head dim {hd} context {ctx} window {window:?} kv head {kvh} heads {heads:?}"
                             );
                         }
+                        // And the context's prompt rows together (the weighted sums of a group's
+                        // heads in one pass over the values).
+                        let prompt = AttnInput { q: &qs[..ctx * n_heads * hd], start: 0, n: ctx, view: inp.view };
+                        let want = attend_impl::<Portable>(&prompt, &shape, kvh, 0..4, 0..ctx);
+                        let got = attend_group(&prompt, &shape, kvh, 0..ctx);
+                        assert_eq!(
+                            bits(&got),
+                            bits(&want),
+                            "head dim {hd} prompt {ctx} window {window:?} kv head {kvh}"
+                        );
                     }
                 }
             }

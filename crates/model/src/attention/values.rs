@@ -1,0 +1,173 @@
+//! The weighted sum of values for several query heads at once, in registers (AVX-512).
+//!
+//! The heads of a group weigh the same value rows, so each row is loaded (and widened, from an
+//! f16 pool) once for all of them; one head at a time, a prefill row at a long context loaded
+//! every value from L2 once per head, and those loads were its attention's largest cost. Each
+//! head's arithmetic is [`super::softmax_weighted_sum`]'s, operation for operation: keys
+//! alternate between an even and an odd accumulator counted from the first key, the two are
+//! added, then multiplied by the inverse of the softmax's sum. So are the bits.
+
+use std::arch::x86_64::{
+    __m512, _mm256_loadu_si256, _mm512_add_ps, _mm512_cvtph_ps, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mul_ps,
+    _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
+};
+
+use half::f16;
+use kv::KvSlice;
+
+use super::prefetch::prefetch;
+use super::softmax::LANES;
+
+/// Value dimensions per pass: four vectors of a row.
+const DIMS: usize = 64;
+const VECS: usize = DIMS / LANES;
+/// Query heads per pass: their even and odd accumulators (2 x 3 x 4) and the row being added
+/// (4) fill 28 of the 32 vector registers.
+const HEADS: usize = 3;
+
+/// An element type value rows are stored in.
+pub(super) trait Lanes: Copy {
+    /// Sixteen elements from the start of `s` as f32 lanes. Only called from functions that
+    /// enable AVX-512 and F16C, after detection, into which it inlines.
+    fn load16(s: &[Self]) -> __m512;
+    fn slice(s: &[Self]) -> KvSlice<'_>;
+}
+
+impl Lanes for f16 {
+    #[inline(always)]
+    fn load16(s: &[f16]) -> __m512 {
+        let s = &s[..LANES];
+        // SAFETY: reached only from the AVX-512 attention paths (see the trait); `s` is
+        // sixteen f16, the 32 bytes loaded.
+        unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr().cast())) }
+    }
+
+    fn slice(s: &[f16]) -> KvSlice<'_> {
+        KvSlice::F16(s)
+    }
+}
+
+impl Lanes for f32 {
+    #[inline(always)]
+    fn load16(s: &[f32]) -> __m512 {
+        let s = &s[..LANES];
+        // SAFETY: as for f16; `s` is sixteen f32, the 64 bytes loaded.
+        unsafe { _mm512_loadu_ps(s.as_ptr()) }
+    }
+
+    fn slice(s: &[f32]) -> KvSlice<'_> {
+        KvSlice::F32(s)
+    }
+}
+
+/// Consecutive keys whose rows are `stride` apart in `rows`: keys `first..first + count`,
+/// counted from the first key of the sum.
+pub(super) struct Run<'a, T> {
+    pub first: usize,
+    pub rows: &'a [T],
+    pub count: usize,
+}
+
+/// `out[g] = (sum_j weights[g][j] * v_j) * inv[g]` for each head `g` (`out`: heads of `hd`),
+/// where `v_j` is the `hd` elements at `at` of key `j`'s row in `runs`.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+pub(super) fn weighted_sums<T: Lanes>(
+    runs: &[Run<'_, T>],
+    stride: usize,
+    at: usize,
+    weights: &[&[f32]],
+    inv: &[f32],
+    hd: usize,
+    out: &mut [f32],
+) {
+    let group = weights.len();
+    let per_pass = group.div_ceil(group.div_ceil(HEADS));
+    for dim in (0..hd).step_by(DIMS) {
+        let mut g0 = 0;
+        while g0 < group {
+            let heads = (group - g0).min(per_pass);
+            let (w, inv) = (&weights[g0..g0 + heads], &inv[g0..g0 + heads]);
+            let out = &mut out[g0 * hd..(g0 + heads) * hd];
+            let rows = Rows { runs, stride, at: at + dim };
+            match heads {
+                1 => weigh::<1, T>(&rows, w, inv, hd, dim, out),
+                2 => weigh::<2, T>(&rows, w, inv, hd, dim, out),
+                _ => weigh::<3, T>(&rows, w, inv, hd, dim, out),
+            }
+            g0 += heads;
+        }
+    }
+}
+
+/// The rows, and where in each the pass's 64 elements start.
+struct Rows<'a, 'b, T> {
+    runs: &'a [Run<'b, T>],
+    stride: usize,
+    at: usize,
+}
+
+/// One pass: `G` heads, elements `dim..dim + 64`.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::needless_range_loop)]
+fn weigh<const G: usize, T: Lanes>(
+    rows: &Rows<'_, '_, T>,
+    weights: &[&[f32]],
+    inv: &[f32],
+    hd: usize,
+    dim: usize,
+    out: &mut [f32],
+) {
+    let mut even = [[_mm512_setzero_ps(); VECS]; G];
+    let mut odd = even;
+    let p: [&[f32]; G] = std::array::from_fn(|g| weights[g]);
+    let (stride, at) = (rows.stride, rows.at);
+    for (i, run) in rows.runs.iter().enumerate() {
+        // Pages are scattered: the one after next loads while this one is added.
+        if let Some(next) = rows.runs.get(i + 2) {
+            for s in 0..next.count {
+                prefetch(T::slice(&next.rows[s * stride + at..][..DIMS]));
+            }
+        }
+        let row = |k: usize| &run.rows[k * stride + at..][..DIMS];
+        let (mut k, j0) = (0, run.first);
+        if run.count > 0 && j0 % 2 == 1 {
+            add_row::<G, T>(&mut odd, row(0), &p, j0);
+            k = 1;
+        }
+        while k + 2 <= run.count {
+            add_row::<G, T>(&mut even, row(k), &p, j0 + k);
+            add_row::<G, T>(&mut odd, row(k + 1), &p, j0 + k + 1);
+            k += 2;
+        }
+        if k < run.count {
+            add_row::<G, T>(&mut even, row(k), &p, j0 + k);
+        }
+    }
+    for g in 0..G {
+        let inv = _mm512_set1_ps(inv[g]);
+        for c in 0..VECS {
+            let o = g * hd + dim + c * LANES;
+            let dst = &mut out[o..o + LANES];
+            // SAFETY: `dst` is sixteen f32, the 64 bytes stored.
+            unsafe { _mm512_storeu_ps(dst.as_mut_ptr(), _mm512_mul_ps(_mm512_add_ps(even[g][c], odd[g][c]), inv)) };
+        }
+    }
+}
+
+/// `acc[g] += p[g][j] * row` for each head.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::needless_range_loop)]
+fn add_row<const G: usize, T: Lanes>(acc: &mut [[__m512; VECS]; G], row: &[T], p: &[&[f32]; G], j: usize) {
+    let mut r = [_mm512_setzero_ps(); VECS];
+    for c in 0..VECS {
+        r[c] = T::load16(&row[c * LANES..]);
+    }
+    for g in 0..G {
+        let w = _mm512_set1_ps(p[g][j]);
+        for c in 0..VECS {
+            acc[g][c] = _mm512_fmadd_ps(w, r[c], acc[g][c]);
+        }
+    }
+}
