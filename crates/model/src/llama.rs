@@ -9,7 +9,7 @@ use std::path::Path;
 use gguf::GgufFile;
 use kv::BlockTable;
 
-use crate::attention::{attend_heads, AttnInput, AttnShape};
+use crate::attention::{self, attend_heads, AttnInput, AttnShape};
 use crate::config::{Arch, LlamaConfig};
 use crate::error::ModelError;
 use crate::kernels::Isa;
@@ -266,31 +266,41 @@ impl Llama {
                     }
                 }
             }
-            // Fewer tasks than threads (a decode step with one KV head): split each group's
-            // query heads, at the cost of gathering its K and V once per part.
-            let parts = if tasks.len() < self.pool.threads() {
-                self.pool.threads().div_ceil(tasks.len()).min(group)
-            } else {
-                1
-            };
-            let per_part = group.div_ceil(parts);
-            let tasks: Vec<_> = tasks
-                .into_iter()
-                .flat_map(|(si, h, rows)| {
-                    (0..group).step_by(per_part).map(move |g0| (si, h, rows.clone(), g0..(g0 + per_part).min(group)))
-                })
-                .collect();
-            let mut results: Vec<Vec<f32>> = vec![Vec::new(); tasks.len()];
-            self.pool.for_each_chunk_mut(&mut results, 1, &|i, slot| {
-                let (si, h, ref rows, ref heads) = tasks[i];
-                slot[0] = attend_heads(&inputs[si], &shape, h, heads.clone(), rows.clone());
-            });
-            for ((si, h, rows, heads), res) in tasks.iter().zip(&results) {
-                let off = offsets[*si];
-                let width = heads.len() * hd;
-                for (k, i) in rows.clone().enumerate() {
-                    let src = &res[k * width..(k + 1) * width];
-                    attn[(off + i) * q_dim + (h * group + heads.start) * hd..][..width].copy_from_slice(src);
+            // A decode step whose (sequence, KV head) pairs would leave threads idle: each pair's
+            // row split across the threads by keys, then by output elements (same bits).
+            #[cfg(target_arch = "x86_64")]
+            let split = self.attend_rows_split(&inputs, &shape, tasks.len(), &offsets, &mut attn);
+            #[cfg(not(target_arch = "x86_64"))]
+            let split = false;
+            if !split {
+                // Fewer tasks than threads (a decode step with one KV head): split each group's
+                // query heads, at the cost of gathering its K and V once per part.
+                let parts = if tasks.len() < self.pool.threads() {
+                    self.pool.threads().div_ceil(tasks.len()).min(group)
+                } else {
+                    1
+                };
+                let per_part = group.div_ceil(parts);
+                let tasks: Vec<_> = tasks
+                    .into_iter()
+                    .flat_map(|(si, h, rows)| {
+                        (0..group)
+                            .step_by(per_part)
+                            .map(move |g0| (si, h, rows.clone(), g0..(g0 + per_part).min(group)))
+                    })
+                    .collect();
+                let mut results: Vec<Vec<f32>> = vec![Vec::new(); tasks.len()];
+                self.pool.for_each_chunk_mut(&mut results, 1, &|i, slot| {
+                    let (si, h, ref rows, ref heads) = tasks[i];
+                    slot[0] = attend_heads(&inputs[si], &shape, h, heads.clone(), rows.clone());
+                });
+                for ((si, h, rows, heads), res) in tasks.iter().zip(&results) {
+                    let off = offsets[*si];
+                    let width = heads.len() * hd;
+                    for (k, i) in rows.clone().enumerate() {
+                        let src = &res[k * width..(k + 1) * width];
+                        attn[(off + i) * q_dim + (h * group + heads.start) * hd..][..width].copy_from_slice(src);
+                    }
                 }
             }
             drop(inputs);
@@ -326,6 +336,51 @@ impl Llama {
             ops::add_in_place(&mut x, &proj);
         }
         self.logits(batch, &offsets, &x, &mut acts)
+    }
+
+    /// A decode step's attention split by [`attention::row_scores`] / [`attention::row_output`]
+    /// when its (sequence, KV head) pairs would leave threads idle (`pairs` not a multiple of
+    /// the threads, and fewer than two per thread), writing `attn`; false, writing nothing,
+    /// when it does not apply.
+    #[cfg(target_arch = "x86_64")]
+    fn attend_rows_split(
+        &self,
+        inputs: &[AttnInput<'_>],
+        shape: &AttnShape,
+        pairs: usize,
+        offsets: &[usize],
+        attn: &mut [f32],
+    ) -> bool {
+        let threads = self.pool.threads();
+        if threads < 2 || pairs >= 2 * threads || pairs.is_multiple_of(threads) || inputs.iter().any(|i| i.n != 1) {
+            return false;
+        }
+        let (hd, nkv) = (shape.head_dim, shape.n_kv_heads);
+        let group = shape.n_heads / nkv;
+        let pair = |i: usize| (i / nkv, i % nkv);
+        let n = inputs.len() * nkv;
+        let mut scores: Vec<Option<Vec<f32>>> = vec![None; n * threads];
+        self.pool.for_each_chunk_mut(&mut scores, 1, &|i, slot| {
+            let (si, h) = pair(i / threads);
+            slot[0] = attention::row_scores(&inputs[si], shape, h, i % threads, threads);
+        });
+        let Some(scores) = scores.into_iter().collect::<Option<Vec<_>>>() else { return false };
+        let mut outs: Vec<Option<Vec<f32>>> = vec![None; n * threads];
+        self.pool.for_each_chunk_mut(&mut outs, 1, &|i, slot| {
+            let (si, h) = pair(i / threads);
+            let parts = &scores[i / threads * threads..][..threads];
+            slot[0] = attention::row_output(&inputs[si], shape, h, parts, i % threads);
+        });
+        let Some(outs) = outs.into_iter().collect::<Option<Vec<_>>>() else { return false };
+        let q_dim = shape.n_heads * hd;
+        for (i, out) in outs.iter().enumerate() {
+            let ((si, h), dims) = (pair(i / threads), attention::row_output_dims(hd, i % threads, threads));
+            for g in 0..group {
+                let at = offsets[si] * q_dim + (h * group + g) * hd + dims.start;
+                attn[at..at + dims.len()].copy_from_slice(&out[g * dims.len()..(g + 1) * dims.len()]);
+            }
+        }
+        true
     }
 
     fn logits(

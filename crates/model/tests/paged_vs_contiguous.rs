@@ -181,3 +181,22 @@ proptest! {
         prop_assert!(diff <= 1e-5, "page size {} chunks {:?}: max |diff| {}", page_size, chunks, diff);
     }
 }
+
+/// Decode steps give the logits their positions get inside one prompt, bit for bit, where a
+/// step's attention is split across the threads (three KV heads of 64 on two threads, an f16
+/// pool): by keys, then by output elements. Contexts end on and off a page boundary.
+#[test]
+fn decode_steps_split_across_threads_give_the_prompts_logits() {
+    let spec = TinySpec { n_heads: 6, n_kv_heads: 3, n_embd: 384, ..TinySpec::default() };
+    let m = Llama::from_file(&GgufFile::from_bytes(tiny_gguf(&spec)).unwrap(), LoadOptions { threads: 2 }).unwrap();
+    assert_eq!(m.config.head_dim, 64);
+    let p = pool(&m, 16, KvDtype::F16);
+    let tokens: Vec<u32> = (0..70).map(|i| (i * 37 + 11) % 80).collect();
+    let whole = paged_logits(&m, &p, &tokens, &[tokens.len()]);
+    // A prompt of 30, then forty decode steps of one token each.
+    let mut chunks = vec![30];
+    chunks.extend(std::iter::repeat_n(1, 40));
+    let stepped = paged_logits(&m, &p, &tokens, &chunks);
+    let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&stepped), bits(&whole));
+}

@@ -10,6 +10,8 @@
 
 use std::arch::x86_64::{_mm512_fmadd_ps, _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps};
 
+use std::ops::Range;
+
 use half::f16;
 use kv::{KvSlice, LayerView};
 
@@ -23,16 +25,131 @@ const TILES: usize = 4;
 const SCORE_HEADS: usize = 4;
 
 /// One page of the row's context: its first position, the head's K tile (`hd` runs of
-/// sixteen) and the page's V rows (all heads, `row_len` apart).
+/// sixteen; `None` for a page cut short, whose tile is [`RowPages::partial`]) and the page's V
+/// rows (all heads, `row_len` apart).
 struct Page<'a> {
     start: usize,
-    k: &'a [f16],
+    k: Option<&'a [f16]>,
     v: &'a [f16],
 }
 
-/// Attention of the query heads `q` (`group` rows of `hd`, already rounded to f16) of KV head
-/// `kvh` at the keys `from..upto`: `group * hd` outputs. `None` when the view is not f16 in
-/// pages of sixteen or does not hold the keys up to `upto`; the general path serves those.
+/// The pages of KV head `kvh` that a decode row at keys `from..upto` reads.
+pub(super) struct RowPages<'a> {
+    pages: Vec<Page<'a>>,
+    /// A page cut short (the context's last) has no whole K block to borrow: its written slots
+    /// are copied into a zeroed tile, as the general path does.
+    partial: Vec<f16>,
+    hd: usize,
+    row_len: usize,
+    kvh: usize,
+    from: usize,
+    upto: usize,
+}
+
+impl<'a> RowPages<'a> {
+    /// `None` when the view is not f16 in pages of sixteen, does not hold the keys up to
+    /// `upto`, or the head size is not one whose general path accumulates values in even/odd
+    /// pairs (64, 128, 256): the general path serves those.
+    pub(super) fn new(
+        view: &LayerView<'a>,
+        hd: usize,
+        kvh: usize,
+        row_len: usize,
+        from: usize,
+        upto: usize,
+    ) -> Option<Self> {
+        if !matches!(hd, 64 | 128 | 256) || view.len() < upto || from >= upto {
+            return None;
+        }
+        let mut pages = Vec::with_capacity((upto - from / LANES * LANES).div_ceil(LANES));
+        let mut partial = Vec::new();
+        for ch in view.chunks_from(from / LANES * LANES).take_while(|ch| ch.start < upto) {
+            let KvSlice::F16(v) = ch.v else { return None };
+            if ch.start % LANES != 0 || ch.len > LANES || !partial.is_empty() {
+                return None;
+            }
+            let k = match ch.k_block(kvh * hd, hd) {
+                Some(KvSlice::F16(k)) => Some(k),
+                Some(KvSlice::F32(_)) => return None,
+                None => {
+                    partial = vec![f16::ZERO; hd * LANES];
+                    for d in 0..hd {
+                        let KvSlice::F16(run) = ch.k_run(kvh * hd + d) else { return None };
+                        partial[d * LANES..d * LANES + run.len()].copy_from_slice(run);
+                    }
+                    None
+                }
+            };
+            pages.push(Page { start: ch.start, k, v });
+        }
+        Some(RowPages { pages, partial, hd, row_len, kvh, from, upto })
+    }
+
+    /// Pages of the row's context (sixteen scores each).
+    pub(super) fn len(&self) -> usize {
+        self.pages.len()
+    }
+
+    /// Scores of the query heads `q` (rows of `hd`, rounded to f16) against the keys of the
+    /// pages `part`, `scale`d: one row of `part.len() * 16` per head. A key's score is the same
+    /// whichever part holds it.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) fn scores(&self, q: &[f32], scale: f32, part: Range<usize>) -> Vec<f32> {
+        let (hd, group) = (self.hd, q.len() / self.hd);
+        let tiles: Vec<&[f16]> = self.pages[part].iter().map(|p| p.k.unwrap_or(&self.partial)).collect();
+        let stride = tiles.len() * LANES;
+        let mut scores = vec![0f32; group * stride];
+        let mut g0 = 0;
+        while g0 < group {
+            let heads = (group - g0).min(SCORE_HEADS);
+            let q = &q[g0 * hd..(g0 + heads) * hd];
+            let out = &mut scores[g0 * stride..(g0 + heads) * stride];
+            match heads {
+                1 => score_pages::<1>(q, &tiles, hd, scale, out),
+                2 => score_pages::<2>(q, &tiles, hd, scale, out),
+                3 => score_pages::<3>(q, &tiles, hd, scale, out),
+                _ => score_pages::<4>(q, &tiles, hd, scale, out),
+            }
+            g0 += heads;
+        }
+        scores
+    }
+
+    /// The output elements `dims` of each head (rows of `dims.len()`), from `scores` (one row of
+    /// `len() * 16` per head, as [`Self::scores`] gives for all pages; turned into the softmax's
+    /// exponentials in place).
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) fn weigh(&self, scores: &mut [f32], dims: Range<usize>) -> Vec<f32> {
+        let (from, upto, row_len) = (self.from, self.upto, self.row_len);
+        let stride = self.pages.len() * LANES;
+        let group = scores.len() / stride;
+        let tile_from = from / LANES * LANES;
+        let (lo, hi) = (from - tile_from, upto - tile_from);
+        let mut inv = Vec::with_capacity(group);
+        for g in 0..group {
+            inv.push(1.0 / softmax_exps(&mut scores[g * stride + lo..g * stride + hi]));
+        }
+        let runs: Vec<Run<'_, f16>> = self
+            .pages
+            .iter()
+            .filter_map(|page| {
+                let (lo, hi) = (from.max(page.start), upto.min(page.start + page.v.len() / row_len));
+                (lo < hi).then(|| Run {
+                    first: lo - from,
+                    rows: &page.v[(lo - page.start) * row_len..],
+                    count: hi - lo,
+                })
+            })
+            .collect();
+        let weights: Vec<&[f32]> = (0..group).map(|g| &scores[g * stride + lo..g * stride + hi]).collect();
+        let mut out = vec![0f32; group * dims.len()];
+        weighted_sums(&runs, row_len, self.kvh * self.hd, &weights, &inv, dims, &mut out);
+        out
+    }
+}
+
+/// Attention of the query heads `q` (rows of `hd`, already rounded to f16) of KV head `kvh`
+/// at the keys `from..upto`: one row of `hd` per head. `None` where [`RowPages::new`] is.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attend_row(
@@ -45,80 +162,22 @@ pub(super) fn attend_row(
     upto: usize,
     scale: f32,
 ) -> Option<Vec<f32>> {
-    // The head sizes whose general path accumulates values in even/odd pairs (others in one
-    // chain).
-    if !matches!(hd, 64 | 128 | 256) || view.len() < upto || from >= upto {
-        return None;
-    }
-    let group = q.len() / hd;
-    let tile_from = from / LANES * LANES;
-    let chunks: Vec<_> = view.chunks_from(tile_from).take_while(|ch| ch.start < upto).collect();
-    if chunks.iter().any(|ch| ch.start % LANES != 0 || ch.len > LANES || !matches!(ch.v, KvSlice::F16(_))) {
-        return None;
-    }
-    // A page cut short (the context's last) has no whole K block to borrow: its written slots
-    // are copied into a zeroed tile, as the general path does.
-    let mut partial = vec![f16::ZERO; hd * LANES];
-    if let Some(last) = chunks.last().filter(|ch| ch.len < LANES) {
-        for d in 0..hd {
-            let KvSlice::F16(run) = last.k_run(kvh * hd + d) else { return None };
-            partial[d * LANES..d * LANES + run.len()].copy_from_slice(run);
-        }
-    }
-    let mut pages = Vec::with_capacity(chunks.len());
-    for ch in &chunks {
-        let (KvSlice::F16(v), k) = (ch.v, ch.k_block(kvh * hd, hd)) else { return None };
-        let k = match k {
-            Some(KvSlice::F16(k)) => k,
-            Some(KvSlice::F32(_)) => return None,
-            None => &partial[..],
-        };
-        pages.push(Page { start: ch.start, k, v });
-    }
-    let stride = pages.len() * LANES;
-    let mut scores = vec![0f32; group * stride];
-    let mut g0 = 0;
-    while g0 < group {
-        let heads = (group - g0).min(SCORE_HEADS);
-        let q = &q[g0 * hd..(g0 + heads) * hd];
-        let out = &mut scores[g0 * stride..(g0 + heads) * stride];
-        match heads {
-            1 => score_pages::<1>(q, &pages, hd, scale, out),
-            2 => score_pages::<2>(q, &pages, hd, scale, out),
-            3 => score_pages::<3>(q, &pages, hd, scale, out),
-            _ => score_pages::<4>(q, &pages, hd, scale, out),
-        }
-        g0 += heads;
-    }
-    let (lo, hi) = (from - tile_from, upto - tile_from);
-    let mut inv = Vec::with_capacity(group);
-    for g in 0..group {
-        inv.push(1.0 / softmax_exps(&mut scores[g * stride + lo..g * stride + hi]));
-    }
-    let runs: Vec<Run<'_, f16>> = pages
-        .iter()
-        .filter_map(|page| {
-            let (lo, hi) = (from.max(page.start), upto.min(page.start + page.v.len() / row_len));
-            (lo < hi).then(|| Run { first: lo - from, rows: &page.v[(lo - page.start) * row_len..], count: hi - lo })
-        })
-        .collect();
-    let weights: Vec<&[f32]> = (0..group).map(|g| &scores[g * stride + lo..g * stride + hi]).collect();
-    let mut out = vec![0f32; group * hd];
-    weighted_sums(&runs, row_len, kvh * hd, &weights, &inv, hd, &mut out);
-    Some(out)
+    let pages = RowPages::new(view, hd, kvh, row_len, from, upto)?;
+    let mut scores = pages.scores(q, scale, 0..pages.len());
+    Some(pages.weigh(&mut scores, 0..hd))
 }
 
 /// Scores of the `G` heads of `q` against every page's keys, `scale`d, into `out` (`G` rows
 /// of `pages.len() * 16`), `TILES` pages per pass over the dimensions.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[inline]
-fn score_pages<const G: usize>(q: &[f32], pages: &[Page<'_>], hd: usize, scale: f32, out: &mut [f32]) {
+fn score_pages<const G: usize>(q: &[f32], pages: &[&[f16]], hd: usize, scale: f32, out: &mut [f32]) {
     let stride = pages.len() * LANES;
     let mut first = 0;
     while first < pages.len() {
         let ahead = &pages[(first + TILES).min(pages.len())..(first + 2 * TILES).min(pages.len())];
         for p in ahead {
-            prefetch(KvSlice::F16(p.k));
+            prefetch(KvSlice::F16(p));
         }
         if first + TILES <= pages.len() {
             score_tiles::<G, TILES>(q, &pages[first..first + TILES], hd, scale, out, stride, first);
@@ -137,7 +196,7 @@ fn score_pages<const G: usize>(q: &[f32], pages: &[Page<'_>], hd: usize, scale: 
 #[allow(clippy::needless_range_loop)]
 fn score_tiles<const G: usize, const T: usize>(
     q: &[f32],
-    pages: &[Page<'_>],
+    pages: &[&[f16]],
     hd: usize,
     scale: f32,
     out: &mut [f32],
@@ -145,7 +204,7 @@ fn score_tiles<const G: usize, const T: usize>(
     first: usize,
 ) {
     let q = &q[..G * hd];
-    let tiles: [&[f16]; T] = std::array::from_fn(|t| &pages[t].k[..hd * LANES]);
+    let tiles: [&[f16]; T] = std::array::from_fn(|t| &pages[t][..hd * LANES]);
     let mut acc = [[_mm512_setzero_ps(); T]; G];
     for d in 0..hd {
         for t in 0..T {

@@ -15,11 +15,15 @@ mod direct;
 mod prefetch;
 mod softmax;
 #[cfg(target_arch = "x86_64")]
+mod split;
+#[cfg(target_arch = "x86_64")]
 mod values;
 
 use prefetch::{prefetch_keys, prefetch_values};
 pub use softmax::softmax_weighted_sum;
 use softmax::{softmax_exps, weighted_sum_run, LANES};
+#[cfg(target_arch = "x86_64")]
+pub use split::{row_output, row_output_dims, row_scores};
 
 /// One sequence's share of a step: its queries (`n` rows of `n_heads * head_dim`, already
 /// rotated) at positions `start..start + n`, and a checked view of its KV at this layer.
@@ -423,7 +427,7 @@ fn attend_gathered<W: Widen>(
             let run = [values::Run { first: 0, rows: &v[from * hd..], count: upto - from }];
             let o = &mut out[oi * group * hd..(oi + 1) * group * hd];
             // SAFETY: `W::AVX512` holds only for `F16c512`, used after the features were detected.
-            unsafe { values::weighted_sums(&run, hd, 0, &weights, &inv, hd, o) };
+            unsafe { values::weighted_sums(&run, hd, 0, &weights, &inv, 0..hd, o) };
             continue;
         }
         for (g, s) in scores.iter_mut().enumerate() {

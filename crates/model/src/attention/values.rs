@@ -12,15 +12,18 @@ use std::arch::x86_64::{
     _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps,
 };
 
+use std::ops::Range;
+
 use half::f16;
 use kv::KvSlice;
 
 use super::prefetch::prefetch;
 use super::softmax::LANES;
 
-/// Value dimensions per pass: four vectors of a row.
+/// Value dimensions per pass: four vectors of a row (two where a split leaves 32).
 const DIMS: usize = 64;
 const VECS: usize = DIMS / LANES;
+const HALF: usize = VECS / 2;
 /// Query heads per pass: their even and odd accumulators (2 x 3 x 4) and the row being added
 /// (4) fill 28 of the 32 vector registers.
 const HEADS: usize = 3;
@@ -68,8 +71,10 @@ pub(super) struct Run<'a, T> {
     pub count: usize,
 }
 
-/// `out[g] = (sum_j weights[g][j] * v_j) * inv[g]` for each head `g` (`out`: heads of `hd`),
-/// where `v_j` is the `hd` elements at `at` of key `j`'s row in `runs`.
+/// `out[g] = (sum_j weights[g][j] * v_j) * inv[g]` for each head `g`, over the elements `dims`
+/// of the head (`out`: heads of `dims.len()`), where `v_j` is key `j`'s row in `runs` from `at`
+/// (the head's first element). Any split of a head's elements gives the same bits: each
+/// element is its own chain. `dims` are whole multiples of 32.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 pub(super) fn weighted_sums<T: Lanes>(
     runs: &[Run<'_, T>],
@@ -77,77 +82,83 @@ pub(super) fn weighted_sums<T: Lanes>(
     at: usize,
     weights: &[&[f32]],
     inv: &[f32],
-    hd: usize,
+    dims: Range<usize>,
     out: &mut [f32],
 ) {
-    let group = weights.len();
+    let (group, width) = (weights.len(), dims.len());
     let per_pass = group.div_ceil(group.div_ceil(HEADS));
-    for dim in (0..hd).step_by(DIMS) {
+    let mut dim = dims.start;
+    while dim < dims.end {
+        let wide = dims.end - dim >= DIMS;
         let mut g0 = 0;
         while g0 < group {
             let heads = (group - g0).min(per_pass);
             let (w, inv) = (&weights[g0..g0 + heads], &inv[g0..g0 + heads]);
-            let out = &mut out[g0 * hd..(g0 + heads) * hd];
+            let out = &mut out[g0 * width..(g0 + heads) * width];
             let rows = Rows { runs, stride, at: at + dim };
-            match heads {
-                1 => weigh::<1, T>(&rows, w, inv, hd, dim, out),
-                2 => weigh::<2, T>(&rows, w, inv, hd, dim, out),
-                _ => weigh::<3, T>(&rows, w, inv, hd, dim, out),
+            let o = (width, dim - dims.start);
+            match (heads, wide) {
+                (1, true) => weigh::<1, VECS, T>(&rows, w, inv, o, out),
+                (2, true) => weigh::<2, VECS, T>(&rows, w, inv, o, out),
+                (_, true) => weigh::<3, VECS, T>(&rows, w, inv, o, out),
+                (1, false) => weigh::<1, HALF, T>(&rows, w, inv, o, out),
+                (2, false) => weigh::<2, HALF, T>(&rows, w, inv, o, out),
+                (_, false) => weigh::<3, HALF, T>(&rows, w, inv, o, out),
             }
             g0 += heads;
         }
+        dim += if wide { DIMS } else { HALF * LANES };
     }
 }
 
-/// The rows, and where in each the pass's 64 elements start.
+/// The rows, and where in each the pass's elements start.
 struct Rows<'a, 'b, T> {
     runs: &'a [Run<'b, T>],
     stride: usize,
     at: usize,
 }
 
-/// One pass: `G` heads, elements `dim..dim + 64`.
+/// One pass: `G` heads, `V` vectors of elements, written at `out[g * width + offset..]`.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[inline]
 #[allow(clippy::needless_range_loop)]
-fn weigh<const G: usize, T: Lanes>(
+fn weigh<const G: usize, const V: usize, T: Lanes>(
     rows: &Rows<'_, '_, T>,
     weights: &[&[f32]],
     inv: &[f32],
-    hd: usize,
-    dim: usize,
+    (width, offset): (usize, usize),
     out: &mut [f32],
 ) {
-    let mut even = [[_mm512_setzero_ps(); VECS]; G];
+    let mut even = [[_mm512_setzero_ps(); V]; G];
     let mut odd = even;
     let p: [&[f32]; G] = std::array::from_fn(|g| weights[g]);
-    let (stride, at) = (rows.stride, rows.at);
+    let (stride, at, n) = (rows.stride, rows.at, V * LANES);
     for (i, run) in rows.runs.iter().enumerate() {
         // Pages are scattered: the one after next loads while this one is added.
         if let Some(next) = rows.runs.get(i + 2) {
             for s in 0..next.count {
-                prefetch(T::slice(&next.rows[s * stride + at..][..DIMS]));
+                prefetch(T::slice(&next.rows[s * stride + at..][..n]));
             }
         }
-        let row = |k: usize| &run.rows[k * stride + at..][..DIMS];
+        let row = |k: usize| &run.rows[k * stride + at..][..n];
         let (mut k, j0) = (0, run.first);
         if run.count > 0 && j0 % 2 == 1 {
-            add_row::<G, T>(&mut odd, row(0), &p, j0);
+            add_row::<G, V, T>(&mut odd, row(0), &p, j0);
             k = 1;
         }
         while k + 2 <= run.count {
-            add_row::<G, T>(&mut even, row(k), &p, j0 + k);
-            add_row::<G, T>(&mut odd, row(k + 1), &p, j0 + k + 1);
+            add_row::<G, V, T>(&mut even, row(k), &p, j0 + k);
+            add_row::<G, V, T>(&mut odd, row(k + 1), &p, j0 + k + 1);
             k += 2;
         }
         if k < run.count {
-            add_row::<G, T>(&mut even, row(k), &p, j0 + k);
+            add_row::<G, V, T>(&mut even, row(k), &p, j0 + k);
         }
     }
     for g in 0..G {
         let inv = _mm512_set1_ps(inv[g]);
-        for c in 0..VECS {
-            let o = g * hd + dim + c * LANES;
+        for c in 0..V {
+            let o = g * width + offset + c * LANES;
             let dst = &mut out[o..o + LANES];
             // SAFETY: `dst` is sixteen f32, the 64 bytes stored.
             unsafe { _mm512_storeu_ps(dst.as_mut_ptr(), _mm512_mul_ps(_mm512_add_ps(even[g][c], odd[g][c]), inv)) };
@@ -159,14 +170,14 @@ fn weigh<const G: usize, T: Lanes>(
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[inline]
 #[allow(clippy::needless_range_loop)]
-fn add_row<const G: usize, T: Lanes>(acc: &mut [[__m512; VECS]; G], row: &[T], p: &[&[f32]; G], j: usize) {
-    let mut r = [_mm512_setzero_ps(); VECS];
-    for c in 0..VECS {
+fn add_row<const G: usize, const V: usize, T: Lanes>(acc: &mut [[__m512; V]; G], row: &[T], p: &[&[f32]; G], j: usize) {
+    let mut r = [_mm512_setzero_ps(); V];
+    for c in 0..V {
         r[c] = T::load16(&row[c * LANES..]);
     }
     for g in 0..G {
         let w = _mm512_set1_ps(p[g][j]);
-        for c in 0..VECS {
+        for c in 0..V {
             acc[g][c] = _mm512_fmadd_ps(w, r[c], acc[g][c]);
         }
     }
