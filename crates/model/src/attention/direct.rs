@@ -208,7 +208,8 @@ fn score_tiles<const G: usize, const T: usize>(
     let mut acc = [[_mm512_setzero_ps(); T]; G];
     for d in 0..hd {
         for t in 0..T {
-            let k = f16::load16(&tiles[t][d * LANES..]);
+            // SAFETY: this function enables AVX-512F and F16C.
+            let k = unsafe { f16::load16(&tiles[t][d * LANES..]) };
             for g in 0..G {
                 acc[g][t] = _mm512_fmadd_ps(_mm512_set1_ps(q[g * hd + d]), k, acc[g][t]);
             }

@@ -30,18 +30,20 @@ const HEADS: usize = 3;
 
 /// An element type value rows are stored in.
 pub(super) trait Lanes: Copy {
-    /// Sixteen elements from the start of `s` as f32 lanes. Only called from functions that
-    /// enable AVX-512 and F16C, after detection, into which it inlines.
-    fn load16(s: &[Self]) -> __m512;
+    /// Sixteen elements from the start of `s` as f32 lanes.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and F16C (callers are functions that enable them, after detection).
+    unsafe fn load16(s: &[Self]) -> __m512;
     fn slice(s: &[Self]) -> KvSlice<'_>;
 }
 
 impl Lanes for f16 {
     #[inline(always)]
-    fn load16(s: &[f16]) -> __m512 {
+    unsafe fn load16(s: &[f16]) -> __m512 {
         let s = &s[..LANES];
-        // SAFETY: reached only from the AVX-512 attention paths (see the trait); `s` is
-        // sixteen f16, the 32 bytes loaded.
+        // SAFETY: the features, by the caller's contract; `s` is sixteen f16, the 32 bytes
+        // loaded.
         unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(s.as_ptr().cast())) }
     }
 
@@ -52,7 +54,7 @@ impl Lanes for f16 {
 
 impl Lanes for f32 {
     #[inline(always)]
-    fn load16(s: &[f32]) -> __m512 {
+    unsafe fn load16(s: &[f32]) -> __m512 {
         let s = &s[..LANES];
         // SAFETY: as for f16; `s` is sixteen f32, the 64 bytes loaded.
         unsafe { _mm512_loadu_ps(s.as_ptr()) }
@@ -173,7 +175,8 @@ fn weigh<const G: usize, const V: usize, T: Lanes>(
 fn add_row<const G: usize, const V: usize, T: Lanes>(acc: &mut [[__m512; V]; G], row: &[T], p: &[&[f32]; G], j: usize) {
     let mut r = [_mm512_setzero_ps(); V];
     for c in 0..V {
-        r[c] = T::load16(&row[c * LANES..]);
+        // SAFETY: this function enables AVX-512F and F16C.
+        r[c] = unsafe { T::load16(&row[c * LANES..]) };
     }
     for g in 0..G {
         let w = _mm512_set1_ps(p[g][j]);
