@@ -667,7 +667,6 @@ mod tests {
             let width = (n_heads / n_kv) * hd;
             for kvh in 0..n_kv {
                 let all = attend_group(&inp, &shape, kvh, 0..n);
-                let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                 for i in [0, 1, 17, 49] {
                     let one = attend_group(&inp, &shape, kvh, i..i + 1);
                     assert_eq!(
@@ -689,6 +688,32 @@ mod tests {
         }
     }
 
+    /// Values spread over [-2, 2) without structure a kernel could get right by accident.
+    pub(super) fn pattern(i: usize) -> f32 {
+        ((i * 7919 % 1000) as f32 - 500.0) / 250.0
+    }
+
+    /// A one-layer f16 pool of 16-slot pages and a table of `len` positions whose K and V hold
+    /// [`pattern`].
+    pub(super) fn filled_pages(n_kv: usize, hd: usize, len: usize) -> (KvPool, kv::BlockTable) {
+        let layout = KvLayout { n_layers: 1, n_kv_heads: n_kv, head_dim: hd, page_size: 16, dtype: KvDtype::F16 };
+        let pool = KvPool::new(PoolConfig {
+            layout,
+            capacity: Capacity::Tokens(len.div_ceil(16) * 16),
+            scrub: ScrubPolicy::OnFree,
+        })
+        .unwrap();
+        let mut t = pool.reserve(Owner { tenant: TenantId(1), request: RequestId(1) }, len).unwrap();
+        let k: Vec<f32> = (0..len * n_kv * hd).map(pattern).collect();
+        let v: Vec<f32> = (0..len * n_kv * hd).map(|i| pattern(i + 13)).collect();
+        t.write_range(0, 0, &k, &v).unwrap();
+        (pool, t)
+    }
+
+    pub(super) fn bits(x: &[f32]) -> Vec<u32> {
+        x.iter().map(|f| f.to_bits()).collect()
+    }
+
     /// A decode row read straight from the f16 pages (on AVX-512) gives the bits of the general
     /// path, which widens them into scratch first, and so do prompt rows whose heads share each
     /// value load: contexts ending on and off a page boundary,
@@ -698,19 +723,10 @@ mod tests {
     fn a_decode_row_read_from_the_pages_matches_the_widened_path_bit_for_bit() {
         let (n_heads, n_kv) = (8, 2);
         for hd in [64, 128, 256] {
-            let layout = KvLayout { n_layers: 1, n_kv_heads: n_kv, head_dim: hd, page_size: 16, dtype: KvDtype::F16 };
-            let pool = KvPool::new(PoolConfig { layout, capacity: Capacity::Tokens(128), scrub: ScrubPolicy::OnFree })
-                .unwrap();
             let len = 83;
-            let mut t = pool.reserve(Owner { tenant: TenantId(1), request: RequestId(1) }, len).unwrap();
-            let val = |i: usize| ((i * 7919 % 1000) as f32 - 500.0) / 250.0;
-            let row = n_kv * hd;
-            let k: Vec<f32> = (0..len * row).map(val).collect();
-            let v: Vec<f32> = (0..len * row).map(|i| val(i + 13)).collect();
-            t.write_range(0, 0, &k, &v).unwrap();
-            let q: Vec<f32> = (0..n_heads * hd).map(|i| val(i + 101) / 4.0).collect();
-            let qs: Vec<f32> = (0..len * n_heads * hd).map(|i| val(i + 57) / 4.0).collect();
-            let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            let (_pool, t) = filled_pages(n_kv, hd, len);
+            let q: Vec<f32> = (0..n_heads * hd).map(|i| pattern(i + 101) / 4.0).collect();
+            let qs: Vec<f32> = (0..len * n_heads * hd).map(|i| pattern(i + 57) / 4.0).collect();
             for ctx in [1, 15, 16, 17, 32, 47, 64, 65, 83] {
                 let inp = AttnInput { q: &q, start: ctx - 1, n: 1, view: t.layer(0, ctx).unwrap() };
                 for window in [None, Some(1), Some(6), Some(17), Some(40)] {

@@ -92,7 +92,7 @@ pub fn row_output(
 mod tests {
     use super::*;
     use crate::attention::attend_heads;
-    use kv::{Capacity, KvDtype, KvLayout, KvPool, Owner, PoolConfig, RequestId, ScrubPolicy, TenantId};
+    use crate::attention::tests::{bits, filled_pages, pattern};
 
     /// Any number of parts, for contexts shorter and longer than the parts' pages, with and
     /// without a window, gives the bits of one `attend_heads` call.
@@ -103,18 +103,8 @@ mod tests {
         }
         let (n_heads, n_kv) = (6, 2);
         for hd in [64, 128, 256] {
-            let layout = KvLayout { n_layers: 1, n_kv_heads: n_kv, head_dim: hd, page_size: 16, dtype: KvDtype::F16 };
-            let pool = KvPool::new(PoolConfig { layout, capacity: Capacity::Tokens(128), scrub: ScrubPolicy::OnFree })
-                .unwrap();
-            let len = 100;
-            let mut t = pool.reserve(Owner { tenant: TenantId(1), request: RequestId(1) }, len).unwrap();
-            let val = |i: usize| ((i * 7919 % 1000) as f32 - 500.0) / 250.0;
-            let row = n_kv * hd;
-            let k: Vec<f32> = (0..len * row).map(val).collect();
-            let v: Vec<f32> = (0..len * row).map(|i| val(i + 13)).collect();
-            t.write_range(0, 0, &k, &v).unwrap();
-            let q: Vec<f32> = (0..n_heads * hd).map(|i| val(i + 101) / 4.0).collect();
-            let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            let (_pool, t) = filled_pages(n_kv, hd, 100);
+            let q: Vec<f32> = (0..n_heads * hd).map(|i| pattern(i + 101) / 4.0).collect();
             for ctx in [1, 16, 17, 40, 100] {
                 let inp = AttnInput { q: &q, start: ctx - 1, n: 1, view: t.layer(0, ctx).unwrap() };
                 for window in [None, Some(7), Some(33)] {
