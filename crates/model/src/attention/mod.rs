@@ -67,18 +67,28 @@ pub fn attend_heads(
 ) -> Vec<f32> {
     #[cfg(target_arch = "x86_64")]
     {
-        let (avx2, fma, f16c) =
-            (is_x86_feature_detected!("avx2"), is_x86_feature_detected!("fma"), is_x86_feature_detected!("f16c"));
-        if is_x86_feature_detected!("avx512f") && avx2 && fma && f16c {
+        if avx512_detected() {
             // SAFETY: the features were just detected on this CPU.
             return unsafe { attend_avx512(inp, shape, kvh, heads, rows) };
         }
-        if avx2 && fma && f16c {
+        if avx2_detected() {
             // SAFETY: as above.
             return unsafe { attend_avx2(inp, shape, kvh, heads, rows) };
         }
     }
     attend_impl::<Portable>(inp, shape, kvh, heads, rows)
+}
+
+/// AVX2 with FMA and F16C: what [`attend_avx2`] enables.
+#[cfg(target_arch = "x86_64")]
+fn avx2_detected() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+}
+
+/// AVX-512F besides those: what [`attend_avx512`], the page reader and the split enable.
+#[cfg(target_arch = "x86_64")]
+fn avx512_detected() -> bool {
+    is_x86_feature_detected!("avx512f") && avx2_detected()
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -632,7 +642,7 @@ mod tests {
             let got = attend_group(&inp, &shape, kvh, 0..3);
             assert_eq!(want, got);
             #[cfg(target_arch = "x86_64")]
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c") {
+            if avx2_detected() {
                 // SAFETY: the features were just detected.
                 assert_eq!(want, unsafe { attend_avx2(&inp, &shape, kvh, group.clone(), 0..3) });
             }

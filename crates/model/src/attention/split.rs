@@ -9,29 +9,18 @@
 use std::ops::Range;
 
 use super::direct::RowPages;
-use super::{round_to_f16, AttnInput, AttnShape};
+use super::softmax::LANES;
+use super::{avx512_detected, round_to_f16, AttnInput, AttnShape};
 
-/// Where the row's pages are read directly: AVX-512 (with AVX2, FMA, F16C).
-fn detected() -> bool {
-    is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
-}
-
-/// The row's pages and its group's queries (rounded to f16, as the f16 pool's keys require).
-fn row<'a>(inp: &AttnInput<'a>, shape: &AttnShape, kvh: usize) -> Option<(RowPages<'a>, Vec<f32>)> {
-    if inp.n != 1 || !detected() {
+/// The row's pages, where they can be read directly (AVX-512, an f16 pool of 16-slot pages).
+fn row<'a>(inp: &AttnInput<'a>, shape: &AttnShape, kvh: usize) -> Option<RowPages<'a>> {
+    if inp.n != 1 || !avx512_detected() {
         return None;
     }
     let hd = shape.head_dim;
-    let group = shape.n_heads / shape.n_kv_heads;
     let upto = inp.start + 1;
     let from = shape.window.map_or(0, |w| upto.saturating_sub(w));
-    let pages = RowPages::new(&inp.view, hd, kvh, shape.n_kv_heads * hd, from, upto)?;
-    let mut q = inp.q.get(kvh * group * hd..(kvh + 1) * group * hd)?.to_vec();
-    round_to_f16(&mut q);
-    Some((pages, q))
+    RowPages::new(&inp.view, hd, kvh, shape.n_kv_heads * hd, from, upto)
 }
 
 /// The pages of part `part` of `parts` of `n` pages.
@@ -43,8 +32,12 @@ fn pages_of(n: usize, part: usize, parts: usize) -> Range<usize> {
 /// context of `inp` (a single row). `None` where the row's pages cannot be read directly (the
 /// caller then uses [`super::attend_heads`]).
 pub fn row_scores(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, part: usize, parts: usize) -> Option<Vec<f32>> {
-    let (pages, q) = row(inp, shape, kvh)?;
-    let scale = 1.0 / (shape.head_dim as f32).sqrt();
+    let pages = row(inp, shape, kvh)?;
+    let (hd, group) = (shape.head_dim, shape.n_heads / shape.n_kv_heads);
+    // The group's queries, rounded to f16 as the f16 pool's keys require.
+    let mut q = inp.q.get(kvh * group * hd..(kvh + 1) * group * hd)?.to_vec();
+    round_to_f16(&mut q);
+    let scale = 1.0 / (hd as f32).sqrt();
     // SAFETY: `row` returned pages only after detecting the features.
     Some(unsafe { pages.scores(&q, scale, pages_of(pages.len(), part, parts)) })
 }
@@ -69,18 +62,18 @@ pub fn row_output(
     scores: &[Vec<f32>],
     part: usize,
 ) -> Option<Vec<f32>> {
-    let (pages, _) = row(inp, shape, kvh)?;
+    let pages = row(inp, shape, kvh)?;
     let (parts, group) = (scores.len(), shape.n_heads / shape.n_kv_heads);
-    let stride = pages.len() * 16;
+    let stride = pages.len() * LANES;
     let mut all = vec![0f32; group * stride];
     for (p, s) in scores.iter().enumerate() {
         let r = pages_of(pages.len(), p, parts);
-        let n = r.len() * 16;
+        let n = r.len() * LANES;
         if s.len() != group * n {
             return None;
         }
         for g in 0..group {
-            all[g * stride + r.start * 16..][..n].copy_from_slice(&s[g * n..(g + 1) * n]);
+            all[g * stride + r.start * LANES..][..n].copy_from_slice(&s[g * n..(g + 1) * n]);
         }
     }
     let dims = row_output_dims(shape.head_dim, part, parts);
@@ -98,7 +91,7 @@ mod tests {
     /// without a window, gives the bits of one `attend_heads` call.
     #[test]
     fn a_row_split_in_any_number_of_parts_matches_the_whole_row_bit_for_bit() {
-        if !detected() {
+        if !avx512_detected() {
             return;
         }
         let (n_heads, n_kv) = (6, 2);
