@@ -696,6 +696,6 @@ mod tests {
         }
         assert!(matches!(bob_events.last(), Some(Event::Finished { .. })), "{bob_events:?}");
         assert_eq!(tokens(&bob_events), expected, "bob's output equals his output alone");
-        assert_eq!(lp.pool.cached_pages_of(TenantId(6)), 2, "bob's own whole prompt pages were sealed");
+        assert_eq!(lp.pool.cached_pages_of(TenantId(6)), 3, "bob's own whole prompt pages and his tail were sealed");
     }
 }

@@ -265,5 +265,6 @@ fn shutting_down_fails_what_is_left_and_refuses_new_work() {
     let last = std::iter::from_fn(|| s.blocking_next()).last();
     assert!(matches!(last, Some(Event::Failed(EngineError::ShuttingDown))), "{last:?}");
     assert!(matches!(h.submit(req(2, 1, 10, 4)).err(), Some(AdmissionError::ShuttingDown)));
-    assert_eq!(h.pool().used_pages(), 0);
+    // What is left is the prompt's tail in the prefix cache, which no request holds.
+    assert_eq!(h.pool().used_pages(), h.pool().idle_cached_pages());
 }

@@ -112,6 +112,21 @@ impl Arena {
         }
     }
 
+    /// Copies the `n` elements at `src` to `dst`, unconverted (the same element type).
+    ///
+    /// # Safety
+    /// The ranges do not overlap; the caller has exclusive access to the destination and
+    /// nobody writes the source during the call.
+    pub(crate) unsafe fn copy(&self, src: usize, dst: usize, n: usize) {
+        // SAFETY: in bounds (range_ptr), disjoint and unshared per the caller's contract.
+        unsafe {
+            match self {
+                Arena::F16(b) => std::ptr::copy_nonoverlapping(b.range_ptr(src, n), b.range_ptr(dst, n), n),
+                Arena::F32(b) => std::ptr::copy_nonoverlapping(b.range_ptr(src, n), b.range_ptr(dst, n), n),
+            }
+        }
+    }
+
     /// Stores `src` (converted to the arena's type) at `[off, off + src.len())`.
     ///
     /// # Safety

@@ -167,6 +167,35 @@ impl PoolInner {
         }
     }
 
+    /// Copies slots `[0, rows)` of every layer from page `src` into page `dst` and marks them
+    /// written there: a cached prompt tail handed to a table, or a table's tail kept by the
+    /// cache. Fails, copying nothing, if a source slot was never written.
+    ///
+    /// # Safety
+    /// `src != dst`; nobody writes `src` during the call, and the caller holds `dst`'s lease
+    /// exclusively.
+    pub(crate) unsafe fn copy_rows(&self, src: u32, dst: u32, rows: usize) -> Result<(), KvError> {
+        let (ps, row) = (self.layout.page_size, self.layout.row_len());
+        assert!(src != dst && rows <= ps);
+        for layer in 0..self.layout.n_layers {
+            if let Some(slot) = self.first_unwritten(src, layer, rows) {
+                return Err(KvError::Unwritten { layer, pos: slot });
+            }
+        }
+        for layer in 0..self.layout.n_layers {
+            // SAFETY: distinct pages, so disjoint ranges; exclusivity per the caller's contract.
+            unsafe {
+                // K is transposed: the first `rows` slots of each element's run of page_size.
+                for e in 0..row {
+                    self.arena.copy(self.k_offset(src, layer) + e * ps, self.k_offset(dst, layer) + e * ps, rows);
+                }
+                self.arena.copy(self.v_offset(src, layer, 0), self.v_offset(dst, layer, 0), rows * row);
+            }
+            self.mark_written(dst, layer, 0, rows);
+        }
+        Ok(())
+    }
+
     /// First slot in `[0, n)` of `page` not written at `layer`, if any.
     pub(crate) fn first_unwritten(&self, page: u32, layer: usize, n: usize) -> Option<usize> {
         let mask = self.mask(page, layer);

@@ -100,8 +100,11 @@ impl KvPool {
 
     /// Like [`KvPool::reserve`], reusing the longest run of `scope`'s cached pages that
     /// `prompt` starts with. The prompt's last token is never served from the cache (its
-    /// logits must be computed), so at most `(prompt.len() - 1) / page_size` pages hit.
-    /// Returns the table and how many leading positions are already written (cached).
+    /// logits must be computed): whole pages hit up to the page holding it, and when all of
+    /// those hit and the same tenant's same prompt was sealed before, that page's other slots
+    /// are copied from the cached tail (the page itself stays this table's, to write). So an
+    /// identical prompt computes one token. Returns the table and how many leading positions
+    /// are already written (cached).
     pub fn reserve_cached(
         &self,
         owner: Owner,
@@ -117,14 +120,30 @@ impl KvPool {
             });
         }
         let ps = self.inner.layout.page_size;
-        let reusable = prompt.len().saturating_sub(1) / ps;
-        let keys = scope.chain(&prompt[..reusable * ps], ps);
-        let hits = self.inner.cache().lookup(owner.tenant, &keys);
+        // Index of the page holding the last token: the whole pages before it may hit.
+        let last = prompt.len().saturating_sub(1) / ps;
+        let keys = scope.chain(&prompt[..last * ps], ps);
+        let (hits, tail) = {
+            let mut cache = self.inner.cache();
+            let hits = cache.lookup(owner.tenant, &keys);
+            let tail = (hits.len() == last && prompt.len() > last * ps + 1)
+                .then(|| scope.tail(keys.last(), &prompt[last * ps..]))
+                .and_then(|key| cache.lookup(owner.tenant, &[key]).pop());
+            (hits, tail)
+        };
         let need = self.inner.layout.pages_for(tokens).saturating_sub(hits.len());
         let leases = self.inner.lease_pages(owner, need)?;
-        let cached = hits.len() * ps;
+        let mut cached = hits.len() * ps;
         let slots = hits.into_iter().map(Slot::Shared).chain(leases.into_iter().map(Slot::Own)).collect();
-        Ok((BlockTable::from_slots(Arc::clone(&self.inner), owner, slots), cached))
+        let mut table = BlockTable::from_slots(Arc::clone(&self.inner), owner, slots);
+        if let Some(tail) = tail {
+            let rows = prompt.len() - 1 - cached;
+            // A tail that fails its checks is a miss: the prompt is computed instead.
+            if table.copy_tail(&tail, last, rows).is_ok() {
+                cached += rows;
+            }
+        }
+        Ok((table, cached))
     }
 
     /// Pages held by the prefix cache (in use by requests or idle).

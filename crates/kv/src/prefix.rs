@@ -27,6 +27,7 @@ pub(crate) const SEALED: RequestId = RequestId(u64::MAX);
 
 const ROOT_DOMAIN: &[u8] = b"pagewarden prefix-cache root v1";
 const PAGE_CONTEXT: &str = "pagewarden 2026-11 prefix-cache page v1";
+const TAIL_CONTEXT: &str = "pagewarden 2026-12 prefix-cache tail v1";
 
 /// Key of one cached page: the hash of its tokens chained onto its predecessor's key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -87,6 +88,19 @@ impl CacheScope {
             })
             .collect()
     }
+
+    /// Key of the page holding a prompt's last token, as far as the prompt fills it (1 to
+    /// page_size tokens), after the whole pages keyed up to `before` (`None`: the first page).
+    /// Its own context, so a tail never answers for a whole page of the same tokens.
+    pub fn tail(&self, before: Option<&PrefixKey>, tokens: &[u32]) -> PrefixKey {
+        let mut h = blake3::Hasher::new_derive_key(TAIL_CONTEXT);
+        h.update(&before.map_or(self.root, |k| k.0));
+        h.update(&(tokens.len() as u64).to_le_bytes());
+        for t in tokens {
+            h.update(&t.to_le_bytes());
+        }
+        PrefixKey(*h.finalize().as_bytes())
+    }
 }
 
 struct Entry<P> {
@@ -124,6 +138,11 @@ impl<P> PrefixCache<P> {
             }
         }
         hits
+    }
+
+    /// Whether `key` is cached (for any tenant: a caller about to copy a page for it need not).
+    pub(crate) fn contains(&self, key: &PrefixKey) -> bool {
+        self.entries.contains_key(key)
     }
 
     /// Adds `page` under `key` unless the key is already cached (another request sealed the

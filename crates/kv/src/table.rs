@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::pages::{PageLease, PoolInner, Slot};
+use crate::pages::{PageLease, PoolInner, SealedPage, Slot};
 use crate::prefix::{CacheScope, SEALED};
 use crate::{KvError, LayerView, Owner, PageRef};
 
@@ -60,9 +60,12 @@ impl BlockTable {
     }
 
     /// Seals the whole pages of `prompt` (whose KV this table holds, written at every layer)
-    /// into `scope`'s prefix cache, keyed by the hash chain of their tokens. Pages already
-    /// shared stay as they are; a page whose key is already cached (sealed by another request
-    /// first) stays private to this table. Returns how many pages were added to the cache.
+    /// into `scope`'s prefix cache, keyed by the hash chain of their tokens, and keeps a copy of
+    /// the page holding the prompt's last token as the prompt's tail (the page itself stays
+    /// this table's: decode writes after the prompt). Pages already shared stay as they are;
+    /// a page whose key is already cached (sealed by another request first) stays private to
+    /// this table; a tail is not kept when no page is free for it. Returns how many pages were
+    /// added to the cache.
     pub fn seal_prefix(&mut self, scope: &CacheScope, prompt: &[u32]) -> Result<usize, KvError> {
         if scope.tenant() != self.owner.tenant {
             return Err(KvError::WrongOwner {
@@ -98,7 +101,37 @@ impl BlockTable {
                 other => other,
             })
             .collect();
+        let last = prompt.len().saturating_sub(1) / ps;
+        if !prompt.is_empty() && last < self.leases.len() {
+            let key = scope.tail(last.checked_sub(1).and_then(|i| keys.get(i)), &prompt[last * ps..]);
+            if !self.pool.cache().contains(&key) && self.keep_tail(key, last, prompt.len() - last * ps)? {
+                added += 1;
+            }
+        }
         Ok(added)
+    }
+
+    /// Copies the first `rows` slots of page `index` into a page of the cache's own, sealed
+    /// under `key`. False when no page is free or another request's tail got there first.
+    fn keep_tail(&self, key: crate::prefix::PrefixKey, index: usize, rows: usize) -> Result<bool, KvError> {
+        self.check_slot(&self.leases[index])?;
+        let Ok(mut copy) = self.pool.lease_pages(self.owner, 1) else { return Ok(false) };
+        let Some(copy) = copy.pop() else { return Ok(false) };
+        // SAFETY: `&self` (the table's, which `seal_prefix` holds mutably) excludes every writer
+        // of its page; the fresh lease is ours alone.
+        unsafe { self.pool.copy_rows(self.leases[index].page(), copy.page(), rows)? };
+        let sealed = Arc::new(copy.seal());
+        Ok(self.pool.cache().insert(self.owner.tenant, key, index, &sealed))
+    }
+
+    /// Copies the first `rows` slots of a cached tail (sealed under this table's tenant) into
+    /// this table's own page `index`.
+    pub(crate) fn copy_tail(&mut self, tail: &SealedPage, index: usize, rows: usize) -> Result<(), KvError> {
+        let src = &tail.lease;
+        self.pool.check_lease(src.page(), src.generation(), Owner { tenant: self.owner.tenant, request: SEALED })?;
+        self.writable(index)?;
+        // SAFETY: a sealed page is never written; `&mut self` makes its own page ours alone.
+        unsafe { self.pool.copy_rows(src.page(), self.leases[index].page(), rows) }
     }
 
     pub fn owner(&self) -> Owner {

@@ -52,22 +52,61 @@ fn run(p: &KvPool, t: u64, r: u64, salt: Option<&str>, prompt: &[u32]) -> (Block
 const PROMPT: [u32; 11] = [5, 9, 2, 7, 1, 1, 8, 3, 4, 6, 2];
 
 #[test]
-fn the_same_prefix_from_the_same_tenant_hits_whole_pages_but_never_the_last_token() {
+fn the_same_prompt_from_the_same_tenant_hits_all_but_its_last_token() {
     let p = pool(32);
     let (first, cached) = run(&p, 1, 1, None, &PROMPT);
     assert_eq!(cached, 0);
     drop(first);
-    assert_eq!(p.cached_pages(), 2, "two whole pages of 4 in an 11-token prompt");
+    assert_eq!(p.cached_pages(), 3, "two whole pages of 4 in an 11-token prompt, and its tail");
     let (_, cached) = run(&p, 1, 2, None, &PROMPT);
-    assert_eq!(cached, 8);
-    // An 8-token prompt: its last token must be computed, so only one page can hit.
+    assert_eq!(cached, 10, "the whole pages, then the tail's first two slots");
+    // An 8-token prompt: its last token must be computed, so only one page can hit, and no
+    // prompt ended on its second page before.
     let (_, cached) = run(&p, 1, 3, None, &PROMPT[..8]);
     assert_eq!(cached, 4);
+    // Now one did (a page-aligned prompt's tail is its last whole page).
+    let (_, cached) = run(&p, 1, 4, None, &PROMPT[..8]);
+    assert_eq!(cached, 7);
     // A different second page: the chain stops at the first page.
     let mut other = PROMPT;
     other[5] = 99;
-    let (_, cached) = run(&p, 1, 4, None, &other);
+    let (_, cached) = run(&p, 1, 5, None, &other);
     assert_eq!(cached, 4);
+}
+
+#[test]
+fn a_tail_hits_only_the_same_tokens_after_the_same_whole_pages() {
+    let p = pool(64);
+    drop(run(&p, 1, 1, None, &PROMPT));
+    // The last token differs: the tail's key names every token of the page, so only the
+    // whole pages hit.
+    let mut last = PROMPT;
+    last[10] = 99;
+    assert_eq!(run(&p, 1, 2, None, &last).1, 8);
+    // Longer, starting with the prompt: the page the tail was cut from is whole here, and no
+    // whole page has those tokens.
+    let longer: Vec<u32> = PROMPT.iter().copied().chain([1, 2]).collect();
+    assert_eq!(run(&p, 1, 3, None, &longer).1, 8);
+    // Shorter: its tail (two tokens) is another key than the prompt's (three).
+    assert_eq!(run(&p, 1, 4, None, &PROMPT[..10]).1, 8);
+    // The same tokens on the tail's page after different whole pages.
+    let mut early = PROMPT;
+    early[0] = 99;
+    assert_eq!(run(&p, 1, 5, None, &early).1, 0);
+}
+
+#[test]
+fn a_tail_hit_writes_the_tables_own_page_and_leaves_the_cached_copy_as_it_was() {
+    let p = pool(32);
+    drop(run(&p, 1, 1, None, &PROMPT));
+    let (mut t, cached) = run(&p, 1, 2, None, &PROMPT);
+    assert_eq!((cached, t.shared_pages()), (10, 2), "the tail's page is a copy of the table's own");
+    // Decode writes after the prompt on that page.
+    let row = vec![7.0; 8];
+    t.write(0, 11, &row, &row).expect("own page");
+    drop(t);
+    // The copy kept in the cache still holds the prompt's KV (run checks every position).
+    assert_eq!(run(&p, 1, 3, None, &PROMPT).1, 10);
 }
 
 #[test]
@@ -88,7 +127,7 @@ fn a_different_client_salt_within_a_tenant_misses_and_the_same_one_hits() {
     drop(run(&p, 1, 1, Some("alice"), &PROMPT));
     assert_eq!(run(&p, 1, 2, None, &PROMPT).1, 0, "no salt is not salt alice");
     assert_eq!(run(&p, 1, 3, Some("bob"), &PROMPT).1, 0);
-    assert_eq!(run(&p, 1, 4, Some("alice"), &PROMPT).1, 8);
+    assert_eq!(run(&p, 1, 4, Some("alice"), &PROMPT).1, 10);
 }
 
 #[test]
@@ -108,7 +147,7 @@ fn shared_pages_are_read_only_and_readable_by_every_holder() {
     let p = pool(32);
     let (a, _) = run(&p, 1, 1, None, &PROMPT);
     let (mut b, cached) = run(&p, 1, 2, None, &PROMPT);
-    assert_eq!(cached, 8);
+    assert_eq!(cached, 10);
     assert_eq!(b.shared_pages(), 2);
     let row = vec![0.0; 8];
     assert!(matches!(b.write(0, 3, &row, &row), Err(KvError::ReadOnly { .. })));
@@ -121,15 +160,16 @@ fn shared_pages_are_read_only_and_readable_by_every_holder() {
 
 #[test]
 fn eviction_never_frees_a_page_in_use() {
-    // 6 pages: the sealed prefix (2) held by a live request, plus its own page.
+    // 6 pages: the sealed prefix (2) held by a live request, its own two, and the copy of
+    // its tail that only the cache holds.
     let p = pool(6);
     let (holder, _) = run(&p, 1, 1, None, &PROMPT);
-    assert_eq!(p.cached_pages(), 2);
-    assert_eq!(p.idle_cached_pages(), 0);
+    assert_eq!(p.cached_pages(), 3);
+    assert_eq!(p.idle_cached_pages(), 1);
     let free = p.free_pages();
-    let e = p.reserve(owner(2, 9), (free + 1) * 4).expect_err("the cached pages are in use");
+    let e = p.reserve(owner(2, 9), (free + 2) * 4).expect_err("two of the cached pages are in use");
     assert!(matches!(e, KvError::Exhausted { .. }), "{e}");
-    assert_eq!(p.cached_pages(), 2, "nothing evicted");
+    assert_eq!(p.cached_pages(), 2, "only the idle tail went");
     check_reads(&holder, &PROMPT);
     drop(holder);
     // Now idle: another tenant's reservation may evict them (it never sees their content).
@@ -146,18 +186,19 @@ fn eviction_takes_the_least_recently_used_prefix_first() {
     drop(run(&p, 1, 2, None, &other));
     // Touch PROMPT: `other` is now the least recently used.
     drop(run(&p, 1, 3, None, &PROMPT));
-    assert_eq!(p.cached_pages(), 4);
+    assert_eq!(p.cached_pages(), 6);
     let t = p.reserve(owner(1, 4), (p.free_pages() + 2) * 4).expect("evicts two pages");
     drop(t);
     assert_eq!(run(&p, 1, 5, None, &other).1, 0, "evicted");
-    assert_eq!(run(&p, 1, 6, None, &PROMPT).1, 8, "kept");
+    assert_eq!(run(&p, 1, 6, None, &PROMPT).1, 10, "kept");
 }
 
 #[test]
 fn a_page_leaves_the_cache_but_lives_until_its_last_holder_drops_it() {
     let p = pool(8);
     let (holder, _) = run(&p, 1, 1, None, &PROMPT);
-    let used = p.used_pages();
+    // The tail's copy is the cache's alone: it goes with the cache.
+    let used = p.used_pages() - p.idle_cached_pages();
     p.clear_prefix_cache();
     assert_eq!(p.cached_pages(), 0);
     assert_eq!(p.used_pages(), used, "still held");
@@ -173,18 +214,18 @@ fn forgetting_a_tenant_drops_only_its_entries_and_its_next_request_misses() {
     let (alice_holder, _) = run(&p, 1, 1, None, &PROMPT);
     let (bob, _) = run(&p, 2, 2, None, &PROMPT);
     drop(bob);
-    assert_eq!((p.cached_pages_of(TenantId(1)), p.cached_pages_of(TenantId(2))), (2, 2));
+    assert_eq!((p.cached_pages_of(TenantId(1)), p.cached_pages_of(TenantId(2))), (3, 3));
     // Alice's request still holds her pages: they leave the cache now, the pool at its drop.
     assert_eq!(p.pages_held_by(TenantId(2)), 0, "bob's idle cached pages are not held");
-    assert_eq!(p.forget_tenants(&|t| t == TenantId(1)), 2);
-    assert_eq!((p.cached_pages_of(TenantId(1)), p.cached_pages_of(TenantId(2))), (0, 2));
+    assert_eq!(p.forget_tenants(&|t| t == TenantId(1)), 3);
+    assert_eq!((p.cached_pages_of(TenantId(1)), p.cached_pages_of(TenantId(2))), (0, 3));
     check_reads(&alice_holder, &PROMPT);
     drop(alice_holder);
     assert_eq!(p.pages_used_by(TenantId(1)), 0);
     let (_, cached) = run(&p, 1, 3, None, &PROMPT);
     assert_eq!(cached, 0, "a forgotten tenant's prefix is computed again");
     let (_, cached) = run(&p, 2, 4, None, &PROMPT);
-    assert_eq!(cached, 8, "another tenant keeps its cache");
+    assert_eq!(cached, 10, "another tenant keeps its cache");
 }
 
 proptest! {
@@ -206,7 +247,8 @@ proptest! {
             match p.reserve_cached(owner(tenant, r as u64), prompt.len() + 2, &scope, &prompt) {
                 Ok((mut t, cached)) => {
                     prop_assert!(cached < prompt.len().max(1));
-                    prop_assert_eq!(cached % 4, 0);
+                    // Whole pages, or every token but the last (a tail).
+                    prop_assert!(cached % 4 == 0 || cached + 1 == prompt.len(), "{} of {}", cached, prompt.len());
                     prefill(&mut t, &prompt, cached);
                     check_reads(&t, &prompt);
                     t.seal_prefix(&scope, &prompt).expect("seal");
