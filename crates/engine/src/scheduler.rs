@@ -38,7 +38,8 @@ struct Running {
     generated: Vec<u32>,
     /// The last sampled token, fed at the next decode step.
     input: [u32; 1],
-    /// This step's logits, when the step produced some for this sequence.
+    /// This step's logits, when the step produced some for this sequence; empty otherwise,
+    /// its allocation kept for the next step.
     logits: Vec<f32>,
     /// Set when the request is complete (finished or failed) after this step.
     end: Option<End>,
@@ -353,6 +354,10 @@ impl Loop {
             return;
         }
         plan.sort_unstable();
+        // Each sequence's logits buffer goes into the step and comes back filled: kept across
+        // steps, it is not a fresh vocabulary-sized allocation per sequence per step.
+        let mut outputs: Vec<Vec<f32>> =
+            plan.iter().map(|&(i, _)| std::mem::take(&mut self.running[i].logits)).collect();
         let mut steps = Vec::with_capacity(plan.len());
         let mut rest: &mut [Running] = &mut self.running;
         let mut base = 0;
@@ -370,29 +375,19 @@ impl Loop {
             };
             steps.push(SeqStep { tokens, start, kv: &mut r.kv, logits });
         }
-        let result = self.model.forward(&mut steps);
         let mut failed = Vec::new();
-        let outputs = match result {
-            Ok(o) => o,
-            Err(_) => {
-                // One sequence's failure must not end the others': run each alone (every
-                // sequence's KV and logits depend only on itself, so a rerun writes the same
-                // values), and fail closed only the ones that fail on their own.
-                let mut outputs = Vec::with_capacity(steps.len());
-                for (at, step) in steps.iter_mut().enumerate() {
-                    let alone =
-                        SeqStep { tokens: step.tokens, start: step.start, kv: &mut *step.kv, logits: step.logits };
-                    match self.model.forward(&mut [alone]) {
-                        Ok(mut o) => outputs.push(o.pop().unwrap_or_default()),
-                        Err(e) => {
-                            outputs.push(Vec::new());
-                            failed.push((at, EngineError::from_model(&e)));
-                        }
-                    }
+        if self.model.forward_into(&mut steps, &mut outputs).is_err() {
+            // One sequence's failure must not end the others': run each alone (every
+            // sequence's KV and logits depend only on itself, so a rerun writes the same
+            // values), and fail closed only the ones that fail on their own.
+            for (at, (step, out)) in steps.iter_mut().zip(outputs.iter_mut()).enumerate() {
+                let alone = SeqStep { tokens: step.tokens, start: step.start, kv: &mut *step.kv, logits: step.logits };
+                if let Err(e) = self.model.forward_into(&mut [alone], std::slice::from_mut(out)) {
+                    out.clear();
+                    failed.push((at, EngineError::from_model(&e)));
                 }
-                outputs
             }
-        };
+        }
         drop(steps);
         for (at, err) in failed {
             self.running[plan[at].0].end = Some(End::Event(Event::Failed(err)));
@@ -432,6 +427,9 @@ impl Loop {
                 if !r.logits.is_empty() {
                     let mut logits = std::mem::take(&mut r.logits);
                     r.end = sample_into(r, &mut logits);
+                    // Empty until the next step fills it; its allocation is kept for that.
+                    logits.clear();
+                    r.logits = logits;
                 }
             }
         });

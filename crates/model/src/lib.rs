@@ -23,6 +23,7 @@ pub mod threads;
 pub mod tiny;
 pub mod unpack;
 pub mod weights;
+mod workspace;
 
 pub use config::LlamaConfig;
 pub use error::ModelError;

@@ -5,6 +5,7 @@
 //! touch K and V nowhere but in each sequence's pages of the pool.
 
 use std::path::Path;
+use std::sync::Mutex;
 
 use gguf::GgufFile;
 use kv::BlockTable;
@@ -19,6 +20,7 @@ use crate::qmatrix::{quantize_for, QMatrix};
 use crate::quant::QuantActs;
 use crate::threads::ComputePool;
 use crate::weights::LlamaWeights;
+use crate::workspace::{zeroed, Workspace};
 
 /// Most query rows per attention task: small enough to balance threads on a long prefill,
 /// large enough that gathering the keys is amortized.
@@ -52,6 +54,9 @@ pub struct Llama {
     pub weights: LlamaWeights,
     isa: Isa,
     pool: ComputePool,
+    /// One step's buffers, kept for the next (see [`crate::workspace`]). Steps of one model
+    /// run one at a time on its compute pool anyway.
+    workspace: Mutex<Workspace>,
 }
 
 fn build_pool(threads: usize) -> Result<ComputePool, ModelError> {
@@ -67,7 +72,7 @@ impl Llama {
         let config = LlamaConfig::from_gguf(f)?;
         let weights = LlamaWeights::load(f, &config)?;
         let pool = build_pool(opts.threads)?;
-        Ok(Llama { config, weights, isa: Isa::detect(), pool })
+        Ok(Llama { config, weights, isa: Isa::detect(), pool, workspace: Mutex::default() })
     }
 
     pub fn isa(&self) -> Isa {
@@ -156,17 +161,44 @@ impl Llama {
 
     /// Runs one step. Returns, per sequence, its requested logits rows (`vocab` floats each).
     pub fn forward(&self, batch: &mut [SeqStep<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
-        self.check(batch)?;
-        self.forward_inner(batch)
+        let mut out = vec![Vec::new(); batch.len()];
+        self.forward_into(batch, &mut out)?;
+        Ok(out)
     }
 
-    fn forward_inner(&self, batch: &mut [SeqStep<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
+    /// [`Llama::forward`] into the caller's buffers: `out[i]` is cleared and receives sequence
+    /// `i`'s requested logits rows in its existing allocation, so a server that keeps them
+    /// does not allocate a vocabulary's worth of floats per sequence per step.
+    pub fn forward_into(&self, batch: &mut [SeqStep<'_>], out: &mut [Vec<f32>]) -> Result<(), ModelError> {
+        self.check(batch)?;
+        if out.len() != batch.len() {
+            return Err(ModelError::Input(format!(
+                "{} logits buffers for a batch of {} sequences",
+                out.len(),
+                batch.len()
+            )));
+        }
+        // A poisoned lock only means an earlier step panicked midway: every buffer is
+        // rewritten before it is read, so its contents do not matter.
+        let mut ws = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
+        let result = self.forward_inner(batch, &mut ws, out);
+        ws.trim();
+        result
+    }
+
+    fn forward_inner(
+        &self,
+        batch: &mut [SeqStep<'_>],
+        ws: &mut Workspace,
+        out: &mut [Vec<f32>],
+    ) -> Result<(), ModelError> {
         let c = &self.config;
         let (d, hd) = (c.n_embd, c.head_dim);
         let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
         let t: usize = batch.iter().map(|s| s.tokens.len()).sum();
         let mut offsets = Vec::with_capacity(batch.len());
-        let mut x = vec![0f32; t * d];
+        let Workspace { x, xn, qkv, q, k, v, attn, proj, normed, gate_up, hidden, sel, sel_normed, logits, acts } = ws;
+        let x = zeroed(x, t * d);
         let mut positions = Vec::with_capacity(t);
         let mut row = 0;
         for s in batch.iter() {
@@ -193,16 +225,15 @@ impl Llama {
             }
         }
         let rope_style = c.rope_style();
-        let mut acts = QuantActs::default();
-        let mut xn = vec![0f32; t * d];
+        let xn = zeroed(xn, t * d);
         let qkv_w = q_dim + 2 * kv_dim;
-        let mut qkv = vec![0f32; t * qkv_w];
-        let (mut q, mut k, mut v) = (vec![0f32; t * q_dim], vec![0f32; t * kv_dim], vec![0f32; t * kv_dim]);
-        let mut attn = vec![0f32; t * q_dim];
-        let mut proj = vec![0f32; t * d];
-        let mut normed = vec![0f32; t * d];
-        let mut gate_up = vec![0f32; t * 2 * c.n_ff];
-        let mut hidden = vec![0f32; t * c.n_ff];
+        let qkv = zeroed(qkv, t * qkv_w);
+        let (q, k, v) = (zeroed(q, t * q_dim), zeroed(k, t * kv_dim), zeroed(v, t * kv_dim));
+        let attn = zeroed(attn, t * q_dim);
+        zeroed(proj, t * d);
+        zeroed(normed, t * d);
+        let gate_up = zeroed(gate_up, t * 2 * c.n_ff);
+        let hidden = zeroed(hidden, t * c.n_ff);
         let group = c.n_heads / c.n_kv_heads;
 
         for (li, layer) in self.weights.layers.iter().enumerate() {
@@ -211,12 +242,12 @@ impl Llama {
             let Some((_, ropes)) = ropes.iter().find(|(b, _)| *b == la.rope_base) else {
                 return Err(ModelError::Config(format!("no rotary table for base {}", la.rope_base)));
             };
-            self.rms_norm(&x, &layer.attn_norm, c.rms_eps, &mut xn);
-            quantize_for(&layer.wqkv, &xn, t, &mut acts);
-            matmul(&self.pool, self.isa, &layer.wqkv, &acts, &mut qkv);
+            self.rms_norm(x, &layer.attn_norm, c.rms_eps, xn);
+            quantize_for(&layer.wqkv, xn, t, acts);
+            matmul(&self.pool, self.isa, &layer.wqkv, acts, qkv);
             // Queries (most of the rows' work) in parallel, then keys and values.
-            let qkv = &qkv;
-            self.par_rows(&mut q, q_dim, &|r0, part| {
+            let qkv = &*qkv;
+            self.par_rows(q, q_dim, &|r0, part| {
                 for (i, qr) in part.chunks_exact_mut(q_dim).enumerate() {
                     let r = r0 + i;
                     let row = &qkv[r * qkv_w..(r + 1) * qkv_w];
@@ -269,7 +300,7 @@ impl Llama {
             // A decode step whose (sequence, KV head) pairs would leave threads idle: each pair's
             // row split across the threads by keys, then by output elements (same bits).
             #[cfg(target_arch = "x86_64")]
-            let split = self.attend_rows_split(&inputs, &shape, tasks.len(), &offsets, &mut attn);
+            let split = self.attend_rows_split(&inputs, &shape, tasks.len(), &offsets, attn);
             #[cfg(not(target_arch = "x86_64"))]
             let split = false;
             if !split {
@@ -304,19 +335,19 @@ impl Llama {
                 }
             }
             drop(inputs);
-            quantize_for(&layer.wo, &attn, t, &mut acts);
-            matmul(&self.pool, self.isa, &layer.wo, &acts, &mut proj);
+            quantize_for(&layer.wo, attn, t, acts);
+            matmul(&self.pool, self.isa, &layer.wo, acts, proj);
             if let Some(n) = &layer.extra_norms {
-                self.rms_norm(&proj, &n.post_attn, c.rms_eps, &mut normed);
-                std::mem::swap(&mut proj, &mut normed);
+                self.rms_norm(proj, &n.post_attn, c.rms_eps, normed);
+                std::mem::swap(proj, normed);
             }
-            ops::add_in_place(&mut x, &proj);
+            ops::add_in_place(x, proj);
 
-            self.rms_norm(&x, &layer.ffn_norm, c.rms_eps, &mut xn);
-            quantize_for(&layer.w_gate_up, &xn, t, &mut acts);
-            matmul(&self.pool, self.isa, &layer.w_gate_up, &acts, &mut gate_up);
-            let gate_up = &gate_up;
-            self.par_rows(&mut hidden, c.n_ff, &|r0, part| {
+            self.rms_norm(x, &layer.ffn_norm, c.rms_eps, xn);
+            quantize_for(&layer.w_gate_up, xn, t, acts);
+            matmul(&self.pool, self.isa, &layer.w_gate_up, acts, gate_up);
+            let gate_up = &*gate_up;
+            self.par_rows(hidden, c.n_ff, &|r0, part| {
                 for (i, h) in part.chunks_exact_mut(c.n_ff).enumerate() {
                     let r = r0 + i;
                     let row = &gate_up[r * 2 * c.n_ff..(r + 1) * 2 * c.n_ff];
@@ -327,15 +358,16 @@ impl Llama {
                     }
                 }
             });
-            quantize_for(&layer.w_down, &hidden, t, &mut acts);
-            matmul(&self.pool, self.isa, &layer.w_down, &acts, &mut proj);
+            quantize_for(&layer.w_down, hidden, t, acts);
+            matmul(&self.pool, self.isa, &layer.w_down, acts, proj);
             if let Some(n) = &layer.extra_norms {
-                self.rms_norm(&proj, &n.post_ffn, c.rms_eps, &mut normed);
-                std::mem::swap(&mut proj, &mut normed);
+                self.rms_norm(proj, &n.post_ffn, c.rms_eps, normed);
+                std::mem::swap(proj, normed);
             }
-            ops::add_in_place(&mut x, &proj);
+            ops::add_in_place(x, proj);
         }
-        self.logits(batch, &offsets, &x, &mut acts)
+        self.logits(batch, &offsets, x, LogitsBuffers { sel, sel_normed, logits, acts }, out);
+        Ok(())
     }
 
     /// A decode step's attention split by [`attention::row_scores`] / [`attention::row_output`]
@@ -383,48 +415,60 @@ impl Llama {
         true
     }
 
+    /// Writes each sequence's requested logits rows into its `out` buffer (cleared first).
     fn logits(
         &self,
         batch: &[SeqStep<'_>],
         offsets: &[usize],
         x: &[f32],
-        acts: &mut QuantActs,
-    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        bufs: LogitsBuffers<'_>,
+        out: &mut [Vec<f32>],
+    ) {
         let c = &self.config;
         let d = c.n_embd;
         // Gather only the rows someone asked for: the vocabulary projection is the largest
         // matrix, and decode steps want one row per sequence.
         let mut rows = Vec::new();
-        let mut counts = Vec::with_capacity(batch.len());
         for (s, &off) in batch.iter().zip(offsets) {
             let n = s.tokens.len();
-            let r: Vec<usize> = match s.logits {
-                Logits::None => vec![],
-                Logits::Last => vec![off + n - 1],
-                Logits::All => (off..off + n).collect(),
-            };
-            counts.push(r.len());
-            rows.extend(r);
+            match s.logits {
+                Logits::None => {}
+                Logits::Last => rows.push(off + n - 1),
+                Logits::All => rows.extend(off..off + n),
+            }
         }
-        let mut out = Vec::with_capacity(batch.len());
+        out.iter_mut().for_each(Vec::clear);
         if rows.is_empty() {
-            return Ok(batch.iter().map(|_| Vec::new()).collect());
+            return;
         }
-        let mut sel = vec![0f32; rows.len() * d];
+        let LogitsBuffers { sel, sel_normed, logits, acts } = bufs;
+        let sel = zeroed(sel, rows.len() * d);
         for (i, &r) in rows.iter().enumerate() {
             sel[i * d..(i + 1) * d].copy_from_slice(&x[r * d..(r + 1) * d]);
         }
-        let mut normed = vec![0f32; sel.len()];
-        ops::rms_norm(&sel, &self.weights.out_norm, c.rms_eps, &mut normed);
+        let normed = zeroed(sel_normed, sel.len());
+        ops::rms_norm(sel, &self.weights.out_norm, c.rms_eps, normed);
         let w: &QMatrix = self.weights.output();
-        let mut logits = vec![0f32; rows.len() * c.vocab];
-        quantize_for(w, &normed, rows.len(), acts);
-        matmul(&self.pool, self.isa, w, acts, &mut logits);
+        let logits = zeroed(logits, rows.len() * c.vocab);
+        quantize_for(w, normed, rows.len(), acts);
+        matmul(&self.pool, self.isa, w, acts, logits);
         let mut at = 0;
-        for n in counts {
-            out.push(logits[at * c.vocab..(at + n) * c.vocab].to_vec());
+        for (s, o) in batch.iter().zip(out) {
+            let n = match s.logits {
+                Logits::None => 0,
+                Logits::Last => 1,
+                Logits::All => s.tokens.len(),
+            };
+            o.extend_from_slice(&logits[at * c.vocab..(at + n) * c.vocab]);
             at += n;
         }
-        Ok(out)
     }
+}
+
+/// The workspace's buffers the vocabulary projection uses.
+struct LogitsBuffers<'a> {
+    sel: &'a mut Vec<f32>,
+    sel_normed: &'a mut Vec<f32>,
+    logits: &'a mut Vec<f32>,
+    acts: &'a mut QuantActs,
 }

@@ -200,3 +200,28 @@ fn decode_steps_split_across_threads_give_the_prompts_logits() {
     let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
     assert_eq!(bits(&stepped), bits(&whole));
 }
+
+/// `forward_into` writes into the caller's buffers and the model keeps its own between steps:
+/// a buffer's stale contents are replaced, a sequence that asks for no logits gets an empty
+/// one, and a step after a larger one gives exactly the logits a fresh model gives.
+#[test]
+fn reused_buffers_give_the_logits_of_fresh_ones() {
+    let (m, fresh) = (tiny(), tiny());
+    let p = pool(&m, 16, KvDtype::F16);
+    let a: Vec<u32> = (0..40).map(|i| (i * 5 + 1) % 80).collect();
+    let b: Vec<u32> = (0..7).map(|i| (i * 7 + 3) % 80).collect();
+    // A larger step first, so the model's buffers hold its values.
+    paged_logits(&m, &p, &a, &[a.len()]);
+    let want = paged_logits(&fresh, &p, &b, &[b.len()]);
+    let (mut kb, mut ka) = (p.reserve(owner(4), b.len()).unwrap(), p.reserve(owner(5), a.len()).unwrap());
+    let mut out = vec![vec![f32::NAN; 3 * m.config.vocab], vec![1.0; 5]];
+    let mut steps = [
+        SeqStep { tokens: &b, start: 0, kv: &mut kb, logits: Logits::All },
+        SeqStep { tokens: &a, start: 0, kv: &mut ka, logits: Logits::None },
+    ];
+    m.forward_into(&mut steps, &mut out).unwrap();
+    let bits = |x: &[f32]| x.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&out[0]), bits(&want));
+    assert!(out[1].is_empty());
+    assert!(m.forward_into(&mut steps, &mut out[..1]).is_err(), "one buffer for two sequences");
+}
