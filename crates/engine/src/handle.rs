@@ -156,12 +156,14 @@ impl EngineHandle {
     }
 
     /// A reservation computes nothing, so it need not wait for the step the loop is in: when
-    /// no request is queued (so none is overtaken), a sequence slot is free and the tenant is
+    /// no request waits for the main pool's pages (so none is overtaken), a sequence slot is free and the tenant is
     /// live, within its share and its pages are free, it is made here, by the rules admission
     /// applies. Through the loop, every disaggregated request waited about half a step for
-    /// its pages and then most of another before its prefill could start.
+    /// its pages and then most of another before its prefill could start. A queued prefill
+    /// held in its own pool does not stop it: in `serve` under load there nearly always is
+    /// one, and requests arriving together then queued their reservations behind it.
     fn reserve_now(&self, req: &GenRequest) -> Option<RequestStream> {
-        if self.shared.queued.load(Ordering::SeqCst) != 0 {
+        if self.shared.queued_for_pool.load(Ordering::SeqCst) != 0 {
             return None;
         }
         if self.shared.stats.lock().unwrap_or_else(|e| e.into_inner()).running >= self.max_running {
@@ -212,15 +214,15 @@ impl EngineHandle {
                 return Ok(stream);
             }
         }
-        let q = &self.shared.queued;
-        if q.fetch_add(1, Ordering::SeqCst) >= self.max_queued {
-            q.fetch_sub(1, Ordering::SeqCst);
+        let draws_on_pool = kind != Kind::Prefill || self.prefill_pool.same_pool(&self.pool);
+        if !self.shared.enqueue(draws_on_pool, self.max_queued) {
             return Err(AdmissionError::QueueFull { limit: self.max_queued });
         }
         let (tx, rx) = tmpsc::unbounded_channel();
         let id = req.id;
-        if self.tx.send(Msg::Submit(Box::new(Pending { req, kind, tx, enqueued: Instant::now() }))).is_err() {
-            q.fetch_sub(1, Ordering::SeqCst);
+        let pending = Pending { req, kind, tx, enqueued: Instant::now(), draws_on_pool };
+        if self.tx.send(Msg::Submit(Box::new(pending))).is_err() {
+            self.shared.dequeued(draws_on_pool);
             return Err(AdmissionError::ShuttingDown);
         }
         Ok(RequestStream { rx, id })

@@ -149,7 +149,7 @@ impl Loop {
     fn expire(&mut self) {
         let now = Instant::now();
         let timeout = self.cfg.queue_timeout;
-        let mut left = 0;
+        let shared = &self.shared;
         for q in self.queues.values_mut() {
             q.retain(|p| {
                 let verdict = if p.tx.is_closed() {
@@ -167,13 +167,12 @@ impl Loop {
                         if let Some(e) = err {
                             let _ = p.tx.send(Event::Failed(e));
                         }
-                        left += 1;
+                        shared.dequeued(p.draws_on_pool);
                         false
                     }
                 }
             });
         }
-        self.shared.queued.fetch_sub(left, Ordering::SeqCst);
         self.rotation.retain(|t| self.queues.get(t).is_some_and(|q| !q.is_empty()));
         for i in (0..self.running.len()).rev() {
             let r = &self.running[i];
@@ -196,7 +195,7 @@ impl Loop {
             let Some(head) = q.front() else { continue };
             if !live {
                 if let Some(p) = q.pop_front() {
-                    self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+                    self.shared.dequeued(p.draws_on_pool);
                     let _ = p.tx.send(Event::Failed(EngineError::TenantRevoked));
                 }
                 if !q.is_empty() {
@@ -233,7 +232,7 @@ impl Loop {
                     if !q.is_empty() {
                         self.rotation.push_back(key);
                     }
-                    self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+                    self.shared.dequeued(p.draws_on_pool);
                     if p.kind == Kind::Reserve {
                         // Dropped (pages freed) if the requester is gone.
                         let _ = p.tx.send(Event::Reserved(kv));
@@ -267,7 +266,7 @@ impl Loop {
                 Err(e) => {
                     // Not a capacity problem: fail this request, keep serving the others.
                     if let Some(p) = q.pop_front() {
-                        self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+                        self.shared.dequeued(p.draws_on_pool);
                         let _ = p.tx.send(Event::Failed(EngineError::Internal(e.to_string())));
                     }
                     if !q.is_empty() {
@@ -312,16 +311,14 @@ impl Loop {
                 end(self.running.remove(i), Event::Failed(EngineError::TenantRevoked));
             }
         }
-        let mut left = 0;
         for (key, q) in self.queues.iter_mut() {
             if revoked(key.1, &p) {
                 for pending in q.drain(..) {
                     let _ = pending.tx.send(Event::Failed(EngineError::TenantRevoked));
-                    left += 1;
+                    self.shared.dequeued(pending.draws_on_pool);
                 }
             }
         }
-        self.shared.queued.fetch_sub(left, Ordering::SeqCst);
         self.rotation.retain(|t| self.queues.get(t).is_some_and(|q| !q.is_empty()));
     }
 
@@ -516,7 +513,7 @@ impl Loop {
             }
         }
         self.rotation.clear();
-        self.shared.queued.store(0, Ordering::SeqCst);
+        self.shared.cleared();
     }
 
     fn publish(&mut self) {
@@ -625,9 +622,9 @@ mod tests {
     /// Queues `r` as a full (prefill and decode) request; returns its event stream.
     fn submit(lp: &mut Loop, tx: &mpsc::Sender<Msg>, r: GenRequest) -> tmpsc::UnboundedReceiver<Event> {
         let (etx, erx) = tmpsc::unbounded_channel();
-        lp.shared.queued.fetch_add(1, Ordering::SeqCst);
-        tx.send(Msg::Submit(Box::new(Pending { req: r, kind: Kind::Full, tx: etx, enqueued: Instant::now() })))
-            .unwrap();
+        assert!(lp.shared.enqueue(true, usize::MAX));
+        let pending = Pending { req: r, kind: Kind::Full, tx: etx, enqueued: Instant::now(), draws_on_pool: true };
+        tx.send(Msg::Submit(Box::new(pending))).unwrap();
         assert!(lp.receive());
         erx
     }

@@ -343,3 +343,40 @@ fn a_reservation_that_fits_queues_behind_one_waiting_for_pages() {
     assert!(matches!(waiting.blocking_next(), Some(Event::Reserved(_))));
     assert!(matches!(small.blocking_next(), Some(Event::Reserved(_))));
 }
+
+/// A prefill waiting for pages of its own pool (as `serve` keeps prompts apart from decode
+/// reservations) would take none of the main pool's, so it does not make reservations queue:
+/// one still holds its pages when `reserve` returns, and the prefill goes on once it fits.
+#[test]
+fn a_prefill_waiting_in_its_own_pool_does_not_hold_back_reservations() {
+    let f = GgufFile::from_bytes(tiny_gguf(&TinySpec::default())).unwrap();
+    let model = Llama::from_file(&f, LoadOptions { threads: 1 }).unwrap();
+    let layout = model.config.kv_layout(16, KvDtype::F16);
+    let pool_of = |tokens| {
+        KvPool::new(PoolConfig { layout, capacity: Capacity::Tokens(tokens), scrub: ScrubPolicy::OnFree }).unwrap()
+    };
+    let d = Engine::start_with_prefill_pool(model, pool_of(2048), pool_of(32), EngineConfig::default());
+    let dh = d.handle();
+    let (_, held) = prefill(&dh, req(1, 30, 10));
+    let mut waiting = dh.prefill(req(2, 31, 10)).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while dh.stats().queued == 0 {
+        assert!(std::time::Instant::now() < deadline, "the second prefill never queued");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // The loop idles (nothing runs), so whatever it admits it admits at once: what shows the
+    // reservation did not go through it is that it holds its pages while the prefill waits.
+    let before = dh.pool().used_pages();
+    let mut s = dh.reserve(req(3, 30, 10)).unwrap();
+    assert_eq!(dh.pool().used_pages(), before + 40usize.div_ceil(16), "the pages are held on return");
+    assert!(matches!(s.blocking_next(), Some(Event::Reserved(_))));
+    assert_eq!(dh.stats().queued, 1, "the prefill still waits");
+    drop(held);
+    loop {
+        match waiting.blocking_next().expect("event") {
+            Event::Started | Event::PrefixCache { .. } => {}
+            Event::Prefilled { .. } => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
