@@ -18,6 +18,7 @@ pub mod matmul;
 pub mod ops;
 pub mod qmatrix;
 pub mod quant;
+pub mod region;
 pub mod synth;
 pub mod threads;
 pub mod tiny;

@@ -12,6 +12,7 @@ use gguf::GgmlType;
 use crate::dequant::QK_K;
 use crate::error::ModelError;
 use crate::quant::{ActFormat, QuantActs, QK};
+use crate::region::{BufMut, Packable, WeightBuf};
 use crate::unpack::{unpack, Scale};
 
 /// Rows interleaved per group.
@@ -117,22 +118,35 @@ pub struct QMatrix {
     pub rows: usize,
     pub cols: usize,
     /// Quantized values, `[group][block][tile_bytes]`.
-    pub qs: Vec<u8>,
+    pub qs: WeightBuf<u8>,
     /// Q5_0: the fifth bits, `[group][block][j]` for the tile's eight four-element columns
     /// `j` (low nibbles 0..4, high 4..8): bit `r*4 + e` is that of element `4j + e` of row `r`,
     /// i.e. a byte mask over the kernels' `j`-th vector of unpacked values.
-    pub qh: Vec<u64>,
+    pub qh: WeightBuf<u64>,
     /// f16 bits: Q8_0, Q4_0, Q5_0, Q4_1 block scales; Q4K superblock scales `[group][superblock][16]`.
-    pub d: Vec<u16>,
+    pub d: WeightBuf<u16>,
     /// f16 bits: Q4_1 block minimums; Q4K superblock minimum scales `[group][superblock][16]`.
-    pub m: Vec<u16>,
+    pub m: WeightBuf<u16>,
     /// Q4K: the blocks' 6-bit scales and minimums.
-    pub sc: Vec<u8>,
-    pub mn: Vec<u8>,
+    pub sc: WeightBuf<u8>,
+    pub mn: WeightBuf<u8>,
     /// U8Min: block scales; Q6K: scales of each half block, `[group][block][half][16]`.
-    pub fd: Vec<f32>,
+    pub fd: WeightBuf<f32>,
     /// U8Min: block minimums.
-    pub fm: Vec<f32>,
+    pub fm: WeightBuf<f32>,
+}
+
+impl Packable for QMatrix {
+    fn each_buf(&mut self, f: &mut dyn FnMut(BufMut<'_>)) {
+        f(BufMut::U8(&mut self.qs));
+        f(BufMut::U64(&mut self.qh));
+        f(BufMut::U16(&mut self.d));
+        f(BufMut::U16(&mut self.m));
+        f(BufMut::U8(&mut self.sc));
+        f(BufMut::U8(&mut self.mn));
+        f(BufMut::F32(&mut self.fd));
+        f(BufMut::F32(&mut self.fm));
+    }
 }
 
 impl QMatrix {
@@ -204,14 +218,14 @@ impl QMatrix {
             act: kind.act_format(),
             rows,
             cols,
-            qs: vec![0; n / GROUP * kind.tile_bytes()],
-            qh: vec![0; per(kind == Q5_0, n / GROUP * 8)],
-            d: vec![0; per(matches!(kind, Q8_0 | Q4_0 | Q5_0 | Q4_1), n) + per(kind == Q4K, n / KBLOCKS)],
-            m: vec![0; per(kind == Q4_1, n) + per(kind == Q4K, n / KBLOCKS)],
-            sc: vec![0; per(kind == Q4K, n)],
-            mn: vec![0; per(kind == Q4K, n)],
-            fd: vec![0.0; per(kind == U8Min, n) + per(kind == Q6K, 2 * n)],
-            fm: vec![0.0; per(kind == U8Min, n)],
+            qs: vec![0; n / GROUP * kind.tile_bytes()].into(),
+            qh: vec![0; per(kind == Q5_0, n / GROUP * 8)].into(),
+            d: vec![0; per(matches!(kind, Q8_0 | Q4_0 | Q5_0 | Q4_1), n) + per(kind == Q4K, n / KBLOCKS)].into(),
+            m: vec![0; per(kind == Q4_1, n) + per(kind == Q4K, n / KBLOCKS)].into(),
+            sc: vec![0; per(kind == Q4K, n)].into(),
+            mn: vec![0; per(kind == Q4K, n)].into(),
+            fd: vec![0.0; per(kind == U8Min, n) + per(kind == Q6K, 2 * n)].into(),
+            fm: vec![0.0; per(kind == U8Min, n)].into(),
         }
     }
 

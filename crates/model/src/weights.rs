@@ -1,11 +1,14 @@
 //! Loading a llama model's tensors, each checked for presence, type and shape.
 
+use std::sync::Arc;
+
 use gguf::{GgmlType, GgufFile, TensorInfo};
 
 use crate::config::{Arch, LlamaConfig};
 use crate::error::ModelError;
 use crate::qmatrix::{QKind, QMatrix};
 use crate::quant::{self, QK};
+use crate::region::{self, Packable, Region};
 
 pub struct Layer {
     pub attn_norm: Vec<f32>,
@@ -34,6 +37,9 @@ pub struct LlamaWeights {
     pub out_norm: Vec<f32>,
     /// None when the output projection is tied to the embedding.
     pub output: Option<QMatrix>,
+    /// Where the matrices live once loaded (see [`crate::region`]); None when the system
+    /// gave no mapping and they stayed in ordinary allocations.
+    pub region: Option<Arc<Region>>,
 }
 
 fn check_shape(t: &TensorInfo, expected: &[u64]) -> Result<(), ModelError> {
@@ -124,12 +130,29 @@ impl LlamaWeights {
             Ok(_) => Some(matrix(f, "output.weight", c.n_embd, c.vocab)?),
             Err(_) => None,
         };
-        Ok(LlamaWeights {
+        let mut w = LlamaWeights {
             tok_embd: matrix(f, "token_embd.weight", c.n_embd, c.vocab)?,
             layers,
             out_norm: vector(f, "output_norm.weight", c.n_embd)?,
             output,
-        })
+            region: None,
+        };
+        // In the order a step reads them.
+        let mut all: Vec<&mut dyn Packable> = Vec::new();
+        for l in &mut w.layers {
+            all.extend([&mut l.wqkv as &mut dyn Packable, &mut l.wo, &mut l.w_gate_up, &mut l.w_down]);
+        }
+        if let Some(o) = &mut w.output {
+            all.push(o);
+        }
+        all.push(&mut w.tok_embd);
+        w.region = region::pack(&mut all);
+        Ok(w)
+    }
+
+    /// Bytes of the weights the system backs with huge pages (None where it cannot be read).
+    pub fn huge_page_bytes(&self) -> Option<usize> {
+        self.region.as_ref().map_or(Some(0), |r| r.huge_bytes())
     }
 
     pub fn output(&self) -> &QMatrix {

@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use kv::{BlockTable, KvPool, Owner, RequestId, TenantId};
+use model::region::{self, BufMut, Packable, WeightBuf};
 use model::{Isa, Llama, Logits, SeqStep};
 use serde::Serialize;
 
@@ -102,6 +103,9 @@ struct Report {
     scrub_share_of_decode_token: f64,
     /// Weight bytes every decode step reads (the batch-1 floor is this over the bandwidth).
     weight_bytes_per_step: usize,
+    /// Of the weights, bytes the system backs with huge pages (absent where unreadable).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    weight_bytes_in_huge_pages: Option<usize>,
     read_bandwidth: Vec<Bandwidth>,
     /// llama.cpp measured in this run (`--llama-bench`); absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -160,10 +164,19 @@ pub fn run(cmd: &BenchCmd) -> Result<()> {
 }
 
 /// Read bandwidth in GB/s with `threads` threads each summing its share of a buffer far larger
-/// than the caches (best of three passes): the ceiling of a decode step bound by memory.
+/// than the caches (best of three passes): the ceiling of a decode step bound by memory. The
+/// buffer is placed as the weights are (`model::region`), so both pay the same page walks.
 fn read_bandwidth(threads: usize) -> f64 {
     const WORDS: usize = 64 << 20; // 512 MiB of u64
-    let buf: Vec<u64> = (0..WORDS as u64).collect();
+    struct Words(WeightBuf<u64>);
+    impl Packable for Words {
+        fn each_buf(&mut self, f: &mut dyn FnMut(BufMut<'_>)) {
+            f(BufMut::U64(&mut self.0))
+        }
+    }
+    let mut words = Words((0..WORDS as u64).collect::<Vec<u64>>().into());
+    let _region = region::pack(&mut [&mut words]);
+    let buf: &[u64] = &words.0;
     let per = WORDS.div_ceil(threads.max(1));
     let mut best = 0f64;
     for _ in 0..3 {
@@ -360,6 +373,7 @@ fn model_bench(b: &ModelBench) -> Result<()> {
         // A request frees one page per page_size tokens it produced.
         scrub_share_of_decode_token: ns / pool.layout().page_size as f64 / decode_token_ns,
         weight_bytes_per_step: weight_bytes,
+        weight_bytes_in_huge_pages: model.weights.huge_page_bytes(),
         read_bandwidth: bandwidth,
         llama_cpp,
     };
@@ -379,9 +393,11 @@ fn model_bench(b: &ModelBench) -> Result<()> {
             .iter()
             .map(|bw| format!("{:.1} GB/s at {} threads", bw.read_gb_per_s, bw.threads))
             .collect();
+        let mib = |b: usize| b as f64 / (1 << 20) as f64;
+        let huge = report.weight_bytes_in_huge_pages.map_or("unknown".into(), |b| format!("{:.1} MiB", mib(b)));
         println!(
-            "memory: {:.1} MiB of weights read per decode step; machine read bandwidth measured here: {}",
-            weight_bytes as f64 / (1 << 20) as f64,
+            "memory: {:.1} MiB of weights read per decode step ({huge} of the weights in huge pages); machine read bandwidth measured here: {}",
+            mib(weight_bytes),
             bw.join(", ")
         );
         print_llama_cpp(report.llama_cpp.as_ref(), b.prompt, b.decode);
