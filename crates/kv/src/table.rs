@@ -43,11 +43,15 @@ impl BlockTable {
     /// from its own owner (a shared page must be sealed under this table's tenant), never
     /// from what the slot says.
     fn check_slot(&self, slot: &Slot) -> Result<(), KvError> {
-        let expected = match slot {
-            Slot::Own(_) => self.owner,
-            Slot::Shared(_) => Owner { tenant: self.owner.tenant, request: SEALED },
-        };
-        self.pool.check_lease(slot.page(), slot.generation(), expected)
+        match slot {
+            Slot::Own(_) => self.pool.check_lease(slot.page(), slot.generation(), self.owner),
+            Slot::Shared(_) => self.check_sealed(slot.page(), slot.generation()),
+        }
+    }
+
+    /// The page is a sealed (cached, read-only) page of this table's tenant.
+    fn check_sealed(&self, page: u32, generation: u64) -> Result<(), KvError> {
+        self.pool.check_lease(page, generation, Owner { tenant: self.owner.tenant, request: SEALED })
     }
 
     /// The own (writable) slot at page index `i`, checked.
@@ -128,7 +132,7 @@ impl BlockTable {
     /// this table's own page `index`.
     pub(crate) fn copy_tail(&mut self, tail: &SealedPage, index: usize, rows: usize) -> Result<(), KvError> {
         let src = &tail.lease;
-        self.pool.check_lease(src.page(), src.generation(), Owner { tenant: self.owner.tenant, request: SEALED })?;
+        self.check_sealed(src.page(), src.generation())?;
         self.writable(index)?;
         // SAFETY: a sealed page is never written; `&mut self` makes its own page ours alone.
         unsafe { self.pool.copy_rows(src.page(), self.leases[index].page(), rows) }
