@@ -19,6 +19,17 @@ fn engine(pool_tokens: usize) -> Engine {
     Engine::start(model, pool, EngineConfig::default())
 }
 
+/// An engine holding prompts of prefill requests in a pool of their own, as `serve` does.
+fn engine_with_prefill_pool(pool_tokens: usize, prefill_tokens: usize, cfg: EngineConfig) -> Engine {
+    let f = GgufFile::from_bytes(tiny_gguf(&TinySpec::default())).unwrap();
+    let model = Llama::from_file(&f, LoadOptions { threads: 1 }).unwrap();
+    let layout = model.config.kv_layout(16, KvDtype::F16);
+    let pool = |tokens| {
+        KvPool::new(PoolConfig { layout, capacity: Capacity::Tokens(tokens), scrub: ScrubPolicy::OnFree }).unwrap()
+    };
+    Engine::start_with_prefill_pool(model, pool(pool_tokens), pool(prefill_tokens), cfg)
+}
+
 fn req(id: u64, prompt_len: usize, max_tokens: usize) -> GenRequest {
     GenRequest {
         id: RequestId(id),
@@ -171,14 +182,8 @@ fn seeded_sampling_across_the_handoff_continues_the_single_engine_stream() {
 
 #[test]
 fn a_reservation_waiting_for_pages_does_not_hold_up_the_same_tenants_prefills() {
-    let f = GgufFile::from_bytes(tiny_gguf(&TinySpec::default())).unwrap();
-    let model = Llama::from_file(&f, LoadOptions { threads: 1 }).unwrap();
-    let layout = model.config.kv_layout(16, KvDtype::F16);
-    let pool = |tokens| {
-        KvPool::new(PoolConfig { layout, capacity: Capacity::Tokens(tokens), scrub: ScrubPolicy::OnFree }).unwrap()
-    };
     let cfg = EngineConfig { queue_timeout: std::time::Duration::from_secs(20), ..Default::default() };
-    let e = Engine::start_with_prefill_pool(model, pool(64), pool(64), cfg);
+    let e = engine_with_prefill_pool(64, 64, cfg);
     let h = e.handle();
     let held = reserve(&h, req(1, 30, 10));
     // Needs pages the first reservation holds: it waits at the head of this tenant's queue.
@@ -349,13 +354,7 @@ fn a_reservation_that_fits_queues_behind_one_waiting_for_pages() {
 /// one still holds its pages when `reserve` returns, and the prefill goes on once it fits.
 #[test]
 fn a_prefill_waiting_in_its_own_pool_does_not_hold_back_reservations() {
-    let f = GgufFile::from_bytes(tiny_gguf(&TinySpec::default())).unwrap();
-    let model = Llama::from_file(&f, LoadOptions { threads: 1 }).unwrap();
-    let layout = model.config.kv_layout(16, KvDtype::F16);
-    let pool_of = |tokens| {
-        KvPool::new(PoolConfig { layout, capacity: Capacity::Tokens(tokens), scrub: ScrubPolicy::OnFree }).unwrap()
-    };
-    let d = Engine::start_with_prefill_pool(model, pool_of(2048), pool_of(32), EngineConfig::default());
+    let d = engine_with_prefill_pool(2048, 32, EngineConfig::default());
     let dh = d.handle();
     let (_, held) = prefill(&dh, req(1, 30, 10));
     let mut waiting = dh.prefill(req(2, 31, 10)).unwrap();
