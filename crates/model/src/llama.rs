@@ -428,15 +428,19 @@ impl Llama {
         let d = c.n_embd;
         // Gather only the rows someone asked for: the vocabulary projection is the largest
         // matrix, and decode steps want one row per sequence.
-        let mut rows = Vec::new();
-        for (s, &off) in batch.iter().zip(offsets) {
-            let n = s.tokens.len();
-            match s.logits {
-                Logits::None => {}
-                Logits::Last => rows.push(off + n - 1),
-                Logits::All => rows.extend(off..off + n),
-            }
-        }
+        let asked: Vec<std::ops::Range<usize>> = batch
+            .iter()
+            .zip(offsets)
+            .map(|(s, &off)| {
+                let end = off + s.tokens.len();
+                match s.logits {
+                    Logits::None => end..end,
+                    Logits::Last => end - 1..end,
+                    Logits::All => off..end,
+                }
+            })
+            .collect();
+        let rows: Vec<usize> = asked.iter().cloned().flatten().collect();
         out.iter_mut().for_each(Vec::clear);
         if rows.is_empty() {
             return;
@@ -453,14 +457,9 @@ impl Llama {
         quantize_for(w, normed, rows.len(), acts);
         matmul(&self.pool, self.isa, w, acts, logits);
         let mut at = 0;
-        for (s, o) in batch.iter().zip(out) {
-            let n = match s.logits {
-                Logits::None => 0,
-                Logits::Last => 1,
-                Logits::All => s.tokens.len(),
-            };
-            o.extend_from_slice(&logits[at * c.vocab..(at + n) * c.vocab]);
-            at += n;
+        for (r, o) in asked.iter().zip(out) {
+            o.extend_from_slice(&logits[at * c.vocab..(at + r.len()) * c.vocab]);
+            at += r.len();
         }
     }
 }

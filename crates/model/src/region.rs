@@ -113,22 +113,20 @@ impl Region {
         let mut inside = false;
         let mut total = 0;
         for line in smaps.lines() {
-            if let Some((range, _)) = line.split_once(' ') {
-                if let Some((a, b)) = range.split_once('-') {
-                    if let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) {
-                        inside = a < hi && b > lo;
-                        continue;
-                    }
-                }
-            }
-            if inside {
-                if let Some(kb) = line.strip_prefix("AnonHugePages:") {
-                    total += kb.trim().trim_end_matches("kB").trim().parse::<usize>().ok()? * 1024;
-                }
+            if let Some((a, b)) = mapping_range(line) {
+                inside = a < hi && b > lo;
+            } else if let Some(kb) = line.strip_prefix("AnonHugePages:").filter(|_| inside) {
+                total += kb.trim().trim_end_matches("kB").trim().parse::<usize>().ok()? * 1024;
             }
         }
         Some(total)
     }
+}
+
+/// The address range of an smaps mapping header (`start-end perms ...`); None for other lines.
+fn mapping_range(line: &str) -> Option<(usize, usize)> {
+    let (a, b) = line.split_once(' ')?.0.split_once('-')?;
+    Some((usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?))
 }
 
 impl Drop for Region {
@@ -160,14 +158,7 @@ pub enum BufMut<'a> {
 pub fn pack(items: &mut [&mut dyn Packable]) -> Option<Arc<Region>> {
     let mut bytes = 0;
     for it in items.iter_mut() {
-        it.each_buf(&mut |b| {
-            bytes += match b {
-                BufMut::U8(b) => owned_footprint(b),
-                BufMut::U16(b) => owned_footprint(b),
-                BufMut::U64(b) => owned_footprint(b),
-                BufMut::F32(b) => owned_footprint(b),
-            }
-        });
+        it.each_buf(&mut |b| bytes += b.owned_footprint());
     }
     if bytes == 0 {
         return None;
@@ -175,15 +166,31 @@ pub fn pack(items: &mut [&mut dyn Packable]) -> Option<Arc<Region>> {
     let region = Arc::new(Region::map(bytes)?);
     let mut at = 0;
     for it in items.iter_mut() {
-        it.each_buf(&mut |b| match b {
-            BufMut::U8(b) => move_into(b, &region, &mut at),
-            BufMut::U16(b) => move_into(b, &region, &mut at),
-            BufMut::U64(b) => move_into(b, &region, &mut at),
-            BufMut::F32(b) => move_into(b, &region, &mut at),
-        });
+        it.each_buf(&mut |b| b.move_into(&region, &mut at));
     }
     debug_assert_eq!(at, bytes);
     Some(region)
+}
+
+impl BufMut<'_> {
+    /// Bytes [`pack`] needs for it: none once it is packed.
+    fn owned_footprint(&self) -> usize {
+        match self {
+            BufMut::U8(b) => owned_footprint(b),
+            BufMut::U16(b) => owned_footprint(b),
+            BufMut::U64(b) => owned_footprint(b),
+            BufMut::F32(b) => owned_footprint(b),
+        }
+    }
+
+    fn move_into(self, region: &Arc<Region>, at: &mut usize) {
+        match self {
+            BufMut::U8(b) => move_into(b, region, at),
+            BufMut::U16(b) => move_into(b, region, at),
+            BufMut::U64(b) => move_into(b, region, at),
+            BufMut::F32(b) => move_into(b, region, at),
+        }
+    }
 }
 
 fn owned_footprint<T>(b: &WeightBuf<T>) -> usize {
