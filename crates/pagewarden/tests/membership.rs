@@ -74,8 +74,10 @@ fn a_worker_that_joins_takes_load_and_one_that_drains_finishes_its_stream_and_le
     c.add_worker("prefill", "prefill-a", None);
     let d1 = c.add_worker("decode", "decode-a", None);
     c.wait_workers(1, 1);
-    // The busy worker: a stream holds decode-a while decode-b joins.
-    let (started, busy) = stream_chat(&c.url, &c.key, chat_to_length(PROMPTS[1], 120, true));
+    // The busy worker: a stream holds decode-a while decode-b joins, long enough to outlast
+    // decode-b's start (were it over first, both would be idle and the tie would go to
+    // decode-a): 120 tokens once did, until decode got faster.
+    let (started, busy) = stream_chat(&c.url, &c.key, chat_to_length(PROMPTS[1], 1000, true));
     started.recv_timeout(Duration::from_secs(60)).expect("the stream started");
     let d2 = c.add_worker("decode", "decode-b", None);
     c.wait_workers(1, 2);
