@@ -16,10 +16,10 @@ use crate::error::ModelError;
 use crate::kernels::Isa;
 use crate::matmul::matmul;
 use crate::ops;
-use crate::qmatrix::{quantize_for, QMatrix};
+use crate::qmatrix::QMatrix;
 use crate::quant::QuantActs;
 use crate::threads::ComputePool;
-use crate::weights::LlamaWeights;
+use crate::weights::{Layer, LlamaWeights};
 use crate::workspace::{zeroed, Workspace};
 
 /// Most query rows per attention task: small enough to balance threads on a long prefill,
@@ -120,10 +120,63 @@ impl Llama {
         self.pool.for_each_chunk_mut(out, per_task * width, &|i, part| f(i * per_task, part));
     }
 
+    /// Quantizes `x` (`t` rows) in the format `w` needs, rows in parallel.
+    fn quantize_for(&self, w: &QMatrix, x: &[f32], t: usize, acts: &mut QuantActs) {
+        acts.quantize_on(&self.pool, x, t, w.cols, w.act);
+    }
+
     /// `ops::rms_norm` of the rows of `x` into `out`, rows in parallel.
     fn rms_norm(&self, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
         let d = w.len();
         self.par_rows(out, d, &|r0, part| ops::rms_norm(&x[r0 * d..r0 * d + part.len()], w, eps, part));
+    }
+
+    /// Each sequence's keys (normalized where the model asks, rotated) and values for layer
+    /// `li`, taken from the step's `qkv` rows and written into its pages: one task per
+    /// sequence, since each writes only its own table.
+    #[allow(clippy::too_many_arguments)]
+    fn write_kv(
+        &self,
+        li: usize,
+        layer: &Layer,
+        batch: &mut [SeqStep<'_>],
+        offsets: &[usize],
+        qkv: &[f32],
+        (k, v): (&mut [f32], &mut [f32]),
+        ropes: &[(f32, f32)],
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let (hd, q_dim, kv_dim) = (c.head_dim, c.q_dim(), c.kv_dim());
+        let qkv_w = q_dim + 2 * kv_dim;
+        let rope_style = c.rope_style();
+        let mut parts = Vec::with_capacity(batch.len());
+        let (mut k_rest, mut v_rest) = (k, v);
+        for (s, &off) in batch.iter_mut().zip(offsets) {
+            let n = s.tokens.len() * kv_dim;
+            let (ks, kt) = std::mem::take(&mut k_rest).split_at_mut(n);
+            let (vs, vt) = std::mem::take(&mut v_rest).split_at_mut(n);
+            (k_rest, v_rest) = (kt, vt);
+            parts.push((s, off, ks, vs, Ok(())));
+        }
+        self.pool.for_each_chunk_mut(&mut parts, 1, &|_, part| {
+            for (s, off, ks, vs, result) in part.iter_mut() {
+                for (i, (kr, vr)) in ks.chunks_exact_mut(kv_dim).zip(vs.chunks_exact_mut(kv_dim)).enumerate() {
+                    let r = *off + i;
+                    let row = &qkv[r * qkv_w..(r + 1) * qkv_w];
+                    vr.copy_from_slice(&row[q_dim + kv_dim..]);
+                    match &layer.extra_norms {
+                        Some(n) => ops::rms_norm(&row[q_dim..q_dim + kv_dim], &n.k, c.rms_eps, kr),
+                        None => kr.copy_from_slice(&row[q_dim..q_dim + kv_dim]),
+                    }
+                    ops::rope_apply(kr, hd, &ropes[r * hd / 2..(r + 1) * hd / 2], rope_style);
+                }
+                *result = s.kv.write_range(li, s.start, ks, vs);
+            }
+        });
+        for (_, _, _, _, result) in parts {
+            result?;
+        }
+        Ok(())
     }
 
     fn check(&self, batch: &[SeqStep<'_>]) -> Result<(), ModelError> {
@@ -243,7 +296,7 @@ impl Llama {
                 return Err(ModelError::Config(format!("no rotary table for base {}", la.rope_base)));
             };
             self.rms_norm(x, &layer.attn_norm, c.rms_eps, xn);
-            quantize_for(&layer.wqkv, xn, t, acts);
+            self.quantize_for(&layer.wqkv, xn, t, acts);
             matmul(&self.pool, self.isa, &layer.wqkv, acts, qkv);
             // Queries (most of the rows' work) in parallel, then keys and values.
             let qkv = &*qkv;
@@ -259,25 +312,7 @@ impl Llama {
                     ops::rope_apply(qr, hd, &ropes[r * hd / 2..(r + 1) * hd / 2], rope_style);
                 }
             });
-            for r in 0..t {
-                let row = &qkv[r * qkv_w..(r + 1) * qkv_w];
-                let kr = &mut k[r * kv_dim..(r + 1) * kv_dim];
-                v[r * kv_dim..(r + 1) * kv_dim].copy_from_slice(&row[q_dim + kv_dim..]);
-                match &layer.extra_norms {
-                    Some(n) => ops::rms_norm(&row[q_dim..q_dim + kv_dim], &n.k, c.rms_eps, kr),
-                    None => kr.copy_from_slice(&row[q_dim..q_dim + kv_dim]),
-                }
-                ops::rope_apply(kr, hd, &ropes[r * hd / 2..(r + 1) * hd / 2], rope_style);
-            }
-            for (s, &off) in batch.iter_mut().zip(&offsets) {
-                let n = s.tokens.len();
-                s.kv.write_range(
-                    li,
-                    s.start,
-                    &k[off * kv_dim..(off + n) * kv_dim],
-                    &v[off * kv_dim..(off + n) * kv_dim],
-                )?;
-            }
+            self.write_kv(li, layer, batch, &offsets, qkv, (k, v), ropes)?;
             // Attention: one task per (sequence, KV head, block of queries), so long prefills
             // spread over every thread.
             let mut inputs = Vec::with_capacity(batch.len());
@@ -335,7 +370,7 @@ impl Llama {
                 }
             }
             drop(inputs);
-            quantize_for(&layer.wo, attn, t, acts);
+            self.quantize_for(&layer.wo, attn, t, acts);
             matmul(&self.pool, self.isa, &layer.wo, acts, proj);
             if let Some(n) = &layer.extra_norms {
                 self.rms_norm(proj, &n.post_attn, c.rms_eps, normed);
@@ -344,7 +379,7 @@ impl Llama {
             ops::add_in_place(x, proj);
 
             self.rms_norm(x, &layer.ffn_norm, c.rms_eps, xn);
-            quantize_for(&layer.w_gate_up, xn, t, acts);
+            self.quantize_for(&layer.w_gate_up, xn, t, acts);
             matmul(&self.pool, self.isa, &layer.w_gate_up, acts, gate_up);
             let gate_up = &*gate_up;
             self.par_rows(hidden, c.n_ff, &|r0, part| {
@@ -358,7 +393,7 @@ impl Llama {
                     }
                 }
             });
-            quantize_for(&layer.w_down, hidden, t, acts);
+            self.quantize_for(&layer.w_down, hidden, t, acts);
             matmul(&self.pool, self.isa, &layer.w_down, acts, proj);
             if let Some(n) = &layer.extra_norms {
                 self.rms_norm(proj, &n.post_ffn, c.rms_eps, normed);
@@ -454,13 +489,22 @@ impl Llama {
         ops::rms_norm(sel, &self.weights.out_norm, c.rms_eps, normed);
         let w: &QMatrix = self.weights.output();
         let logits = zeroed(logits, rows.len() * c.vocab);
-        quantize_for(w, normed, rows.len(), acts);
+        self.quantize_for(w, normed, rows.len(), acts);
         matmul(&self.pool, self.isa, w, acts, logits);
-        let mut at = 0;
+        // Each sequence's rows into its own buffer, sequences in parallel: at batch 64 this is
+        // 12 MB, a copy the other threads would otherwise wait for.
+        let mut parts: Vec<(&mut Vec<f32>, &[f32])> = Vec::with_capacity(out.len());
+        let mut rest: &[f32] = logits;
         for (r, o) in asked.iter().zip(out) {
-            o.extend_from_slice(&logits[at * c.vocab..(at + r.len()) * c.vocab]);
-            at += r.len();
+            let (mine, tail) = rest.split_at(r.len() * c.vocab);
+            parts.push((o, mine));
+            rest = tail;
         }
+        self.pool.for_each_chunk_mut(&mut parts, 1, &|_, part| {
+            for (o, rows) in part.iter_mut() {
+                o.extend_from_slice(rows);
+            }
+        });
     }
 }
 

@@ -9,6 +9,8 @@
 
 use half::f16;
 
+use crate::threads::ComputePool;
+
 pub const QK: usize = 32;
 
 /// f16 round trip: llama.cpp stores block scales as f16, so every scale we use must be too.
@@ -59,11 +61,36 @@ fn nearest_int(x: f32) -> i32 {
 /// Elements per Q8_K block.
 pub const QK_K: usize = 256;
 
-impl QuantActs {
-    /// Quantizes `rows` rows of length `k` (a multiple of 32) from `x`.
-    pub fn quantize(&mut self, x: &[f32], rows: usize, k: usize, fmt: ActFormat) {
+/// The outputs of a run of whole blocks, as a quantizer writes them: one task's share of a
+/// [`QuantActs`] when the rows are split across threads.
+struct BlocksMut<'a> {
+    qs: &'a mut [i8],
+    xsum16: &'a mut [i32],
+    d: &'a mut [f32],
+    s: &'a mut [f32],
+}
+
+impl BlocksMut<'_> {
+    fn reborrow(&mut self) -> BlocksMut<'_> {
+        BlocksMut { qs: self.qs, xsum16: self.xsum16, d: self.d, s: self.s }
+    }
+}
+
+/// Which quantizer runs, chosen once per call: every block of a call goes through the same one.
+#[derive(Clone, Copy)]
+enum Quantizer {
+    Q8K,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    Portable,
+}
+
+impl Quantizer {
+    fn pick(fmt: ActFormat, k: usize) -> Quantizer {
         if fmt == ActFormat::Q8K && k.is_multiple_of(QK_K) {
-            return self.quantize_q8k(x, rows, k);
+            return Quantizer::Q8K;
         }
         #[cfg(target_arch = "x86_64")]
         {
@@ -71,54 +98,68 @@ impl QuantActs {
                 && is_x86_feature_detected!("avx512bw")
                 && is_x86_feature_detected!("f16c")
             {
-                // SAFETY: features detected just above.
-                return unsafe { self.quantize_avx512(x, rows, k, fmt) };
+                return Quantizer::Avx512;
             }
             if is_x86_feature_detected!("avx2") {
-                // SAFETY: as above.
-                return unsafe { self.quantize_avx2(x, rows, k, fmt) };
+                return Quantizer::Avx2;
             }
         }
-        self.quantize_impl(x, rows, k, fmt)
+        Quantizer::Portable
     }
 
-    /// One block of 32 per iteration in two registers: the per-block reductions (maximum, sum)
-    /// are what the portable loop spends its time on. Same arithmetic, same bits.
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,avx512bw,f16c")]
-    unsafe fn quantize_avx512(&mut self, x: &[f32], rows: usize, k: usize, fmt: ActFormat) {
-        use std::arch::x86_64::*;
-        self.prepare(x, rows, k);
-        let abs = _mm512_set1_epi32(0x7fff_ffff);
-        let sign = _mm512_set1_epi32(i32::MIN);
-        // Largest float below 0.5: trunc(x + copysign(this, x)) rounds half away from zero
-        // exactly, as `f32::round` does.
-        let below_half = _mm512_set1_epi32(0.49999997f32.to_bits() as i32);
-        for bi in 0..rows * k / QK {
-            let p = x.as_ptr().add(bi * QK);
-            let (a, b) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
-            let absf = |v: __m512| _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), abs));
-            let amax = _mm512_reduce_max_ps(_mm512_max_ps(absf(a), absf(b)));
-            let d = amax / 127.0;
-            let id = _mm512_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
-            let q = |v: __m512| {
-                let y = _mm512_mul_ps(v, id);
-                let h = _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(y), sign), below_half);
-                let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(_mm512_add_ps(
-                    y,
-                    _mm512_castsi512_ps(h),
-                ));
-                _mm512_cvttps_epi32(r)
-            };
-            let (ra, rb) = (q(a), q(b));
-            let (lo, hi) = (_mm512_reduce_add_epi32(ra), _mm512_reduce_add_epi32(rb));
-            let qs = self.qs.as_mut_ptr().add(bi * QK) as *mut __m128i;
-            _mm_storeu_si128(qs, _mm512_cvtepi32_epi8(ra));
-            _mm_storeu_si128(qs.add(1), _mm512_cvtepi32_epi8(rb));
-            *self.xsum16.get_unchecked_mut(2 * bi) = lo;
-            *self.xsum16.get_unchecked_mut(2 * bi + 1) = hi;
-            self.finish_block(bi, d, lo + hi, fmt);
+    /// Quantizes the blocks of `x` (whole rows) into `out`.
+    fn run(self, x: &[f32], out: BlocksMut<'_>, fmt: ActFormat) {
+        match self {
+            Quantizer::Q8K => quantize_q8k(x, out),
+            // SAFETY: `pick` chose these only where the features were detected.
+            #[cfg(target_arch = "x86_64")]
+            Quantizer::Avx512 => unsafe { quantize_avx512(x, out, fmt) },
+            #[cfg(target_arch = "x86_64")]
+            Quantizer::Avx2 => unsafe { quantize_avx2(x, out, fmt) },
+            Quantizer::Portable => quantize_portable(x, out, fmt),
         }
+    }
+}
+
+/// Fewest rows worth a parallel section: below this the section's hand-off costs about what
+/// the second thread would save.
+const PARALLEL_ROWS: usize = 4;
+
+impl QuantActs {
+    /// Quantizes `rows` rows of length `k` (a multiple of 32) from `x`.
+    pub fn quantize(&mut self, x: &[f32], rows: usize, k: usize, fmt: ActFormat) {
+        self.prepare(x, rows, k);
+        let q = Quantizer::pick(fmt, k);
+        q.run(&x[..rows * k], self.blocks(), fmt);
+    }
+
+    /// As [`QuantActs::quantize`], the rows split across `pool`. Each block depends only on its
+    /// own 32 (or 256) values, so the result is the same bits however the rows are split; on
+    /// one thread this was the largest part of a batched step that kept the others waiting.
+    pub fn quantize_on(&mut self, pool: &ComputePool, x: &[f32], rows: usize, k: usize, fmt: ActFormat) {
+        if rows < PARALLEL_ROWS || pool.threads() == 1 {
+            return self.quantize(x, rows, k, fmt);
+        }
+        self.prepare(x, rows, k);
+        let q = Quantizer::pick(fmt, k);
+        let per_task = rows.div_ceil(pool.threads() * 2);
+        let nb = k / QK;
+        let mut parts: Vec<(&[f32], BlocksMut<'_>)> = x[..rows * k]
+            .chunks(per_task * k)
+            .zip(self.qs.chunks_mut(per_task * k))
+            .zip(self.xsum16.chunks_mut(2 * per_task * nb))
+            .zip(self.d.chunks_mut(per_task * nb).zip(self.s.chunks_mut(per_task * nb)))
+            .map(|(((x, qs), xsum16), (d, s))| (x, BlocksMut { qs, xsum16, d, s }))
+            .collect();
+        pool.for_each_chunk_mut(&mut parts, 1, &|_, part| {
+            for (x, out) in part.iter_mut() {
+                q.run(x, out.reborrow(), fmt);
+            }
+        });
+    }
+
+    fn blocks(&mut self) -> BlocksMut<'_> {
+        BlocksMut { qs: &mut self.qs, xsum16: &mut self.xsum16, d: &mut self.d, s: &mut self.s }
     }
 
     fn prepare(&mut self, x: &[f32], rows: usize, k: usize) {
@@ -132,82 +173,127 @@ impl QuantActs {
         self.s.resize(rows * nb, 0.0);
     }
 
-    #[inline(always)]
-    fn finish_block(&mut self, bi: usize, d: f32, sum: i32, fmt: ActFormat) {
-        self.d[bi] = round_f16(d);
-        self.s[bi] = match fmt {
-            ActFormat::Q8_1 | ActFormat::Q8K => round_f16(d * sum as f32),
-            ActFormat::Q8_0 => 0.0,
-        };
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn quantize_avx2(&mut self, x: &[f32], rows: usize, k: usize, fmt: ActFormat) {
-        self.quantize_impl(x, rows, k, fmt)
-    }
-
-    /// ggml's `quantize_row_q8_K_ref`: per 256, the element of largest magnitude maps to -127
-    /// (the scale keeps its sign and stays f32), values round half to even. Stored as eight
-    /// blocks of 32 sharing that scale, each with its own sum, which is the shape the kernels
-    /// read; the products they form are the ones llama.cpp's K-quant dot products form.
-    fn quantize_q8k(&mut self, x: &[f32], rows: usize, k: usize) {
-        self.prepare(x, rows, k);
-        for (sb, src) in x[..rows * k].chunks_exact(QK_K).enumerate() {
-            let (mut amax, mut max) = (0f32, 0f32);
-            for &v in src {
-                if v.abs() > amax {
-                    amax = v.abs();
-                    max = v;
-                }
-            }
-            let iscale = if amax != 0.0 { -127.0 / max } else { 0.0 };
-            let d = if amax != 0.0 { 1.0 / iscale } else { 0.0 };
-            for (j, blk) in src.chunks_exact(QK).enumerate() {
-                let bi = sb * (QK_K / QK) + j;
-                let mut sums = [0i32; 2];
-                for (e, &v) in blk.iter().enumerate() {
-                    let r = nearest_int(iscale * v).min(127);
-                    self.qs[bi * QK + e] = r as i8;
-                    sums[e / 16] += r;
-                }
-                let sum = sums[0] + sums[1];
-                self.xsum16[2 * bi..2 * bi + 2].copy_from_slice(&sums);
-                self.d[bi] = d;
-                self.s[bi] = d * sum as f32;
-            }
-        }
-    }
-
     /// The definition the SIMD path is tested against.
-    #[inline(always)]
+    #[cfg(test)]
     fn quantize_impl(&mut self, x: &[f32], rows: usize, k: usize, fmt: ActFormat) {
         self.prepare(x, rows, k);
-        for (bi, src) in x[..rows * k].chunks_exact(QK).enumerate() {
-            // Lane-wise maximum: exact, so the order does not matter.
-            // A compare-and-select maximum vectorizes where `f32::max` (NaN-aware) does not.
-            let mut lanes = [0f32; 16];
-            for half in src.chunks_exact(16) {
-                for (m, v) in lanes.iter_mut().zip(half) {
-                    let a = v.abs();
-                    *m = if a > *m { a } else { *m };
-                }
+        quantize_portable(&x[..rows * k], self.blocks(), fmt);
+    }
+}
+
+#[inline(always)]
+fn finish_block(out: &mut BlocksMut<'_>, bi: usize, d: f32, sum: i32, fmt: ActFormat) {
+    out.d[bi] = round_f16(d);
+    out.s[bi] = match fmt {
+        ActFormat::Q8_1 | ActFormat::Q8K => round_f16(d * sum as f32),
+        ActFormat::Q8_0 => 0.0,
+    };
+}
+
+/// One block of 32 per iteration in two registers: the per-block reductions (maximum, sum)
+/// are what the portable loop spends its time on. Same arithmetic, same bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,f16c")]
+unsafe fn quantize_avx512(x: &[f32], mut out: BlocksMut<'_>, fmt: ActFormat) {
+    use std::arch::x86_64::*;
+    let abs = _mm512_set1_epi32(0x7fff_ffff);
+    let sign = _mm512_set1_epi32(i32::MIN);
+    // Largest float below 0.5: trunc(x + copysign(this, x)) rounds half away from zero
+    // exactly, as `f32::round` does.
+    let below_half = _mm512_set1_epi32(0.49999997f32.to_bits() as i32);
+    assert!(out.qs.len() >= x.len() && out.xsum16.len() >= x.len() / 16 && out.d.len() >= x.len() / QK);
+    for bi in 0..x.len() / QK {
+        let p = x.as_ptr().add(bi * QK);
+        let (a, b) = (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)));
+        let absf = |v: __m512| _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), abs));
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(absf(a), absf(b)));
+        let d = amax / 127.0;
+        let id = _mm512_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+        let q = |v: __m512| {
+            let y = _mm512_mul_ps(v, id);
+            let h = _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(y), sign), below_half);
+            let r = _mm512_roundscale_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(_mm512_add_ps(
+                y,
+                _mm512_castsi512_ps(h),
+            ));
+            _mm512_cvttps_epi32(r)
+        };
+        let (ra, rb) = (q(a), q(b));
+        let (lo, hi) = (_mm512_reduce_add_epi32(ra), _mm512_reduce_add_epi32(rb));
+        // In bounds: asserted above.
+        let qs = out.qs.as_mut_ptr().add(bi * QK) as *mut __m128i;
+        _mm_storeu_si128(qs, _mm512_cvtepi32_epi8(ra));
+        _mm_storeu_si128(qs.add(1), _mm512_cvtepi32_epi8(rb));
+        *out.xsum16.get_unchecked_mut(2 * bi) = lo;
+        *out.xsum16.get_unchecked_mut(2 * bi + 1) = hi;
+        finish_block(&mut out, bi, d, lo + hi, fmt);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn quantize_avx2(x: &[f32], out: BlocksMut<'_>, fmt: ActFormat) {
+    quantize_portable(x, out, fmt)
+}
+
+/// ggml's `quantize_row_q8_K_ref`: per 256, the element of largest magnitude maps to -127
+/// (the scale keeps its sign and stays f32), values round half to even. Stored as eight
+/// blocks of 32 sharing that scale, each with its own sum, which is the shape the kernels
+/// read; the products they form are the ones llama.cpp's K-quant dot products form.
+fn quantize_q8k(x: &[f32], out: BlocksMut<'_>) {
+    for (sb, src) in x.chunks_exact(QK_K).enumerate() {
+        let (mut amax, mut max) = (0f32, 0f32);
+        for &v in src {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
             }
-            let amax = lanes.iter().fold(0f32, |a, &v| if v > a { v } else { a });
-            let d = amax / 127.0;
-            let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-            let q = &mut self.qs[bi * QK..(bi + 1) * QK];
+        }
+        let iscale = if amax != 0.0 { -127.0 / max } else { 0.0 };
+        let d = if amax != 0.0 { 1.0 / iscale } else { 0.0 };
+        for (j, blk) in src.chunks_exact(QK).enumerate() {
+            let bi = sb * (QK_K / QK) + j;
             let mut sums = [0i32; 2];
-            for (e, (qi, &v)) in q.iter_mut().zip(src).enumerate() {
-                // Round half away from zero, as roundf does in ggml's reference quantizer;
-                // |v * id| <= 127 so the conversion cannot saturate.
-                let r = (v * id).round() as i32;
-                *qi = r as i8;
+            for (e, &v) in blk.iter().enumerate() {
+                let r = nearest_int(iscale * v).min(127);
+                out.qs[bi * QK + e] = r as i8;
                 sums[e / 16] += r;
             }
-            self.xsum16[2 * bi..2 * bi + 2].copy_from_slice(&sums);
-            self.finish_block(bi, d, sums[0] + sums[1], fmt);
+            let sum = sums[0] + sums[1];
+            out.xsum16[2 * bi..2 * bi + 2].copy_from_slice(&sums);
+            out.d[bi] = d;
+            out.s[bi] = d * sum as f32;
         }
+    }
+}
+
+/// ggml's reference Q8_0 / Q8_1 quantizer, written so that it vectorizes.
+#[inline(always)]
+fn quantize_portable(x: &[f32], mut out: BlocksMut<'_>, fmt: ActFormat) {
+    for (bi, src) in x.chunks_exact(QK).enumerate() {
+        // Lane-wise maximum: exact, so the order does not matter.
+        // A compare-and-select maximum vectorizes where `f32::max` (NaN-aware) does not.
+        let mut lanes = [0f32; 16];
+        for half in src.chunks_exact(16) {
+            for (m, v) in lanes.iter_mut().zip(half) {
+                let a = v.abs();
+                *m = if a > *m { a } else { *m };
+            }
+        }
+        let amax = lanes.iter().fold(0f32, |a, &v| if v > a { v } else { a });
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let q = &mut out.qs[bi * QK..(bi + 1) * QK];
+        let mut sums = [0i32; 2];
+        for (e, (qi, &v)) in q.iter_mut().zip(src).enumerate() {
+            // Round half away from zero, as roundf does in ggml's reference quantizer;
+            // |v * id| <= 127 so the conversion cannot saturate.
+            let r = (v * id).round() as i32;
+            *qi = r as i8;
+            sums[e / 16] += r;
+        }
+        out.xsum16[2 * bi..2 * bi + 2].copy_from_slice(&sums);
+        finish_block(&mut out, bi, d, sums[0] + sums[1], fmt);
     }
 }
 
@@ -232,6 +318,26 @@ mod tests {
             assert_eq!(want.xsum16, got.xsum16);
             assert_eq!(want.d, got.d);
             assert_eq!(want.s, got.s);
+        }
+    }
+
+    #[test]
+    fn rows_split_across_threads_give_the_bits_of_one_thread() {
+        let pool = ComputePool::new(2).unwrap();
+        for (rows, k) in [(1, 512), (3, 512), (4, 512), (7, 256), (16, 576), (33, 1536)] {
+            let x: Vec<f32> = (0..rows * k).map(|i| ((i * 7919 % 2003) as f32 - 1001.0) / 97.0).collect();
+            for fmt in [ActFormat::Q8_1, ActFormat::Q8_0, ActFormat::Q8K] {
+                let (mut one, mut split) = (QuantActs::default(), QuantActs::default());
+                one.quantize(&x, rows, k, fmt);
+                // A stale, larger result first: the split run must overwrite every block.
+                split.quantize(&vec![3.0; 40 * 1536], 40, 1536, fmt);
+                split.quantize_on(&pool, &x, rows, k, fmt);
+                assert_eq!((split.rows, split.blocks_per_row), (rows, k / QK), "{rows}x{k} {fmt:?}");
+                assert_eq!(one.qs, split.qs, "{rows}x{k} {fmt:?}");
+                assert_eq!(one.xsum16, split.xsum16, "{rows}x{k} {fmt:?}");
+                assert_eq!(one.d, split.d, "{rows}x{k} {fmt:?}");
+                assert_eq!(one.s, split.s, "{rows}x{k} {fmt:?}");
+            }
         }
     }
 
