@@ -12,7 +12,8 @@
 # CPU format is Q4_0 (repacked at load); make one from the default Q4_1 file with
 # `llama-quantize --allow-requantize <Q4_1 file> out.Q4_0.gguf Q4_0` (same tree as llama-server:
 # scripts/bench-vs-llamacpp.sh says how to build it).
-# Environment: CLIENTS (default 1,4,16,64), THREADS (2), MAX_TOKENS (64), KEEP=DIR keeps the JSON.
+# Environment: CLIENTS (default 1,4,16,64), THREADS (2), MAX_TOKENS (64), ROUNDS (3), KEEP=DIR keeps
+# the JSON.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${LLAMA_SERVER:?set LLAMA_SERVER to a llama-server binary}"
@@ -20,13 +21,14 @@ n=${1:-4}
 clients=${CLIENTS:-1,4,16,64}
 threads=${THREADS:-2}
 max_tokens=${MAX_TOKENS:-64}
+rounds=${ROUNDS:-3}
 cargo build -q --release -p pagewarden
 pw=target/release/pagewarden
 if [[ -f "${2:-}" ]]; then model=$2; else model=$("$pw" fetch-model ${2:+"$2"}); fi
 work=${KEEP:-$(mktemp -d)}
 mkdir -p "$work"
 trap 'kill $(jobs -p) 2>/dev/null || true; [[ -n "${KEEP:-}" ]] || rm -rf "$work"' EXIT
-echo "model: $model; threads: $threads; $n requests per client of $max_tokens tokens"
+echo "model: $model; threads: $threads; $n requests per client of $max_tokens tokens; $rounds rounds"
 
 wait_for() { # URL PID: until the URL answers, or fail if the server died
   local t0=$SECONDS
@@ -37,65 +39,85 @@ wait_for() { # URL PID: until the URL answers, or fail if the server died
   done
 }
 
-# llama-server: restarted per load so its slots equal the clients (each slot gets 512 tokens
-# of context; a request here needs under 150).
-for c in ${clients//,/ }; do
-  "$LLAMA_SERVER" -m "$model" -c $((c * 512)) --parallel "$c" --cont-batching -t "$threads" -tb "$threads" \
-    --host 127.0.0.1 --port 18081 >"$work/llama.log" 2>&1 &
-  pid=$!
-  wait_for http://127.0.0.1:18081/health $pid
-  "$pw" bench serve --url http://127.0.0.1:18081 --concurrency "$c" --requests "$n" --max-tokens "$max_tokens" \
-    --json >"$work/llama-$c.json"
-  kill $pid; wait $pid 2>/dev/null || true
-done
-
+# Each load runs on both servers back to back, llama-server then pagewarden, each started
+# afresh for it and first given one unmeasured request per client (so both measure the steady
+# state of a server under that load, prompt caches as warm as the clients make them, and
+# neither has a cache the other lacks), and the whole sweep repeats ROUNDS times: this
+# machine's speed drifts by a third over minutes, so a ratio is only taken between runs
+# seconds apart, and the table shows the median round.
+# llama-server gets one slot per client (each slot 512 tokens of context; a request here
+# needs under 150).
 printf 'model = "%s"\nthreads = %s\n' "$model" "$threads" >"$work/pw.toml"
 key=$("$pw" tenant add bench --config "$work/pw.toml" | head -1)
 printf 'max_concurrent = 64\nmax_queued = 64\n' >>"$work/pw.toml"
-"$pw" serve --config "$work/pw.toml" --listen 127.0.0.1:18082 >"$work/pw.log" 2>&1 &
-pid=$!
-wait_for http://127.0.0.1:18082/ready $pid
-for c in ${clients//,/ }; do
-  "$pw" bench serve --url http://127.0.0.1:18082 --key "$key" --concurrency "$c" --requests "$n" \
-    --max-tokens "$max_tokens" --json >"$work/pw-$c.json"
+for round in $(seq "$rounds"); do
+  for c in ${clients//,/ }; do
+    "$LLAMA_SERVER" -m "$model" -c $((c * 512)) --parallel "$c" --cont-batching -t "$threads" -tb "$threads" \
+      --host 127.0.0.1 --port 18081 >"$work/llama.log" 2>&1 &
+    pid=$!
+    wait_for http://127.0.0.1:18081/health $pid
+    "$pw" bench serve --url http://127.0.0.1:18081 --concurrency "$c" --requests 1 --max-tokens "$max_tokens" >/dev/null
+    "$pw" bench serve --url http://127.0.0.1:18081 --concurrency "$c" --requests "$n" --max-tokens "$max_tokens" \
+      --json >"$work/llama-$c-$round.json"
+    kill $pid; wait $pid 2>/dev/null || true
+
+    "$pw" serve --config "$work/pw.toml" --listen 127.0.0.1:18082 >"$work/pw.log" 2>&1 &
+    pid=$!
+    wait_for http://127.0.0.1:18082/ready $pid
+    "$pw" bench serve --url http://127.0.0.1:18082 --key "$key" --concurrency "$c" --requests 1 \
+      --max-tokens "$max_tokens" >/dev/null
+    "$pw" bench serve --url http://127.0.0.1:18082 --key "$key" --concurrency "$c" --requests "$n" \
+      --max-tokens "$max_tokens" --json >"$work/pw-$c-$round.json"
+    kill $pid; wait $pid 2>/dev/null || true
+  done
 done
-kill $pid; wait $pid 2>/dev/null || true
 
 # The engine alone (`bench model`, no HTTP, no router, no sampling) doing the same work at the
 # same batch: each client's prompt (as the server counted it) prefilled, then its answer
 # decoded. Served / engine is what the serving path keeps of the engine's speed.
 for c in ${clients//,/ }; do
-  prompt=$(python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["levels"][0]["mean_prompt_tokens"] or 0))' "$work/pw-$c.json")
+  prompt=$(python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["levels"][0]["mean_prompt_tokens"] or 0))' "$work/pw-$c-1.json")
   "$pw" bench model --model "$model" --threads "$threads" --batch "$c" --prompt "$prompt" --decode "$max_tokens" \
     --reps 2 --json >"$work/engine-$c.json"
 done
 
-python3 - "$work" "$clients" <<'EOF'
-import json, sys
-work, clients = sys.argv[1], [int(c) for c in sys.argv[2].split(",")]
-def level(name, c):
-    return json.load(open(f"{work}/{name}-{c}.json"))["levels"][0]
+python3 - "$work" "$clients" "$rounds" <<'EOF'
+import json, statistics, sys
+work, clients, rounds = sys.argv[1], [int(c) for c in sys.argv[2].split(",")], int(sys.argv[3])
+def level(name, c, r):
+    return json.load(open(f"{work}/{name}-{c}-{r}.json"))["levels"][0]
+def ratio(c, r):
+    return level("pw", c, r)["output_tokens_per_s"] / level("llama", c, r)["output_tokens_per_s"]
+def median_round(c):
+    # The round whose throughput ratio is the median (the lower middle for an even count).
+    by = sorted(range(1, rounds + 1), key=lambda r: ratio(c, r))
+    return by[(len(by) - 1) // 2]
+print()
+print("Median round of each load:")
 print()
 print("| clients | server | output tok/s | TTFT p50 ms | TTFT p90 ms | ITL p50 ms | ITL p99 ms | errors |")
 print("|---|---|---|---|---|---|---|---|")
-ratios = []
 for c in clients:
-    l, p = level("llama", c), level("pw", c)
-    for name, x in (("llama-server", l), ("pagewarden", p)):
+    r = median_round(c)
+    for name, x in (("llama-server", level("llama", c, r)), ("pagewarden", level("pw", c, r))):
         print(f"| {c} | {name} | {x['output_tokens_per_s']:.1f} | {x['ttft_p50_ms']:.1f} | {x['ttft_p90_ms']:.1f} "
               f"| {x['itl_p50_ms']:.1f} | {x['itl_p99_ms']:.1f} | {x['errors']} |")
-    ratios.append((c, p["output_tokens_per_s"] / l["output_tokens_per_s"], p["ttft_p50_ms"] / l["ttft_p50_ms"]))
 print()
-print("| clients | tok/s pagewarden / llama-server | TTFT p50 pagewarden / llama-server |")
-print("|---|---|---|")
-for c, r, t in ratios:
-    print(f"| {c} | x{r:.2f} | {t:.2f} |")
+print("Every round, pagewarden / llama-server (each pair run back to back):")
 print()
-print("| clients | prompt tokens | engine prefill tok/s | engine decode tok/s | engine, same work, output tok/s | served / same work | served / decode only |")
+print("| clients | tok/s per round | median | TTFT p50 per round | median |")
+print("|---|---|---|---|---|")
+for c in clients:
+    tr = [ratio(c, r) for r in range(1, rounds + 1)]
+    fr = [level("pw", c, r)["ttft_p50_ms"] / level("llama", c, r)["ttft_p50_ms"] for r in range(1, rounds + 1)]
+    print(f"| {c} | {' '.join(f'x{v:.2f}' for v in tr)} | x{statistics.median(tr):.2f} "
+          f"| {' '.join(f'{v:.2f}' for v in fr)} | {statistics.median(fr):.2f} |")
+print()
+print("| clients | prompt tokens | engine prefill tok/s | engine decode tok/s | engine, same work, output tok/s | served (median round) / same work | served / decode only |")
 print("|---|---|---|---|---|---|---|")
 for c in clients:
     e = json.load(open(f"{work}/engine-{c}.json"))
-    row, served = e["rows"][0], level("pw", c)["output_tokens_per_s"]
+    row, served = e["rows"][0], level("pw", c, median_round(c))["output_tokens_per_s"]
     p, d = e["prompt_tokens"], e["decode_tokens"]
     pf, dc = row["prefill_tokens_per_s"], row["decode_tokens_per_s"]
     # Per request: its prompt at the batch's prefill rate, then its answer at the decode rate.
