@@ -50,25 +50,23 @@ wait_for() { # URL PID: until the URL answers, or fail if the server died
 printf 'model = "%s"\nthreads = %s\n' "$model" "$threads" >"$work/pw.toml"
 key=$("$pw" tenant add bench --config "$work/pw.toml" | head -1)
 printf 'max_concurrent = 64\nmax_queued = 64\n' >>"$work/pw.toml"
+# measure PID READY_URL OUT [bench serve arguments]: once the server answers, one unmeasured
+# request per client, then the measured load into OUT; then the server is stopped.
+measure() {
+  local pid=$1 ready=$2 out=$3
+  shift 3
+  wait_for "$ready" "$pid"
+  "$pw" bench serve "$@" --concurrency "$c" --requests 1 --max-tokens "$max_tokens" >/dev/null
+  "$pw" bench serve "$@" --concurrency "$c" --requests "$n" --max-tokens "$max_tokens" --json >"$out"
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+}
 for round in $(seq "$rounds"); do
   for c in ${clients//,/ }; do
     "$LLAMA_SERVER" -m "$model" -c $((c * 512)) --parallel "$c" --cont-batching -t "$threads" -tb "$threads" \
       --host 127.0.0.1 --port 18081 >"$work/llama.log" 2>&1 &
-    pid=$!
-    wait_for http://127.0.0.1:18081/health $pid
-    "$pw" bench serve --url http://127.0.0.1:18081 --concurrency "$c" --requests 1 --max-tokens "$max_tokens" >/dev/null
-    "$pw" bench serve --url http://127.0.0.1:18081 --concurrency "$c" --requests "$n" --max-tokens "$max_tokens" \
-      --json >"$work/llama-$c-$round.json"
-    kill $pid; wait $pid 2>/dev/null || true
-
+    measure $! http://127.0.0.1:18081/health "$work/llama-$c-$round.json" --url http://127.0.0.1:18081
     "$pw" serve --config "$work/pw.toml" --listen 127.0.0.1:18082 >"$work/pw.log" 2>&1 &
-    pid=$!
-    wait_for http://127.0.0.1:18082/ready $pid
-    "$pw" bench serve --url http://127.0.0.1:18082 --key "$key" --concurrency "$c" --requests 1 \
-      --max-tokens "$max_tokens" >/dev/null
-    "$pw" bench serve --url http://127.0.0.1:18082 --key "$key" --concurrency "$c" --requests "$n" \
-      --max-tokens "$max_tokens" --json >"$work/pw-$c-$round.json"
-    kill $pid; wait $pid 2>/dev/null || true
+    measure $! http://127.0.0.1:18082/ready "$work/pw-$c-$round.json" --url http://127.0.0.1:18082 --key "$key"
   done
 done
 
