@@ -21,8 +21,9 @@ use super::values::{weighted_sums, Lanes, Run};
 
 /// Tiles scored per pass (a page each): `heads * TILES` accumulators hide the FMA latency.
 const TILES: usize = 4;
-/// Query heads scored per pass over the keys.
-const SCORE_HEADS: usize = 4;
+/// Queries scored per pass over the keys (heads of a group, or of several prefill rows):
+/// `SCORE_HEADS * TILES` accumulators and a tile's key vector fill 28 of the 32 registers.
+const SCORE_HEADS: usize = 6;
 
 /// One page of the row's context: its first position, the head's K tile (`hd` runs of
 /// sixteen; `None` for a page cut short, whose tile is [`RowPages::partial`]) and the page's V
@@ -108,7 +109,9 @@ impl<'a> RowPages<'a> {
                 1 => score_pages::<1>(q, &tiles, hd, scale, out),
                 2 => score_pages::<2>(q, &tiles, hd, scale, out),
                 3 => score_pages::<3>(q, &tiles, hd, scale, out),
-                _ => score_pages::<4>(q, &tiles, hd, scale, out),
+                4 => score_pages::<4>(q, &tiles, hd, scale, out),
+                5 => score_pages::<5>(q, &tiles, hd, scale, out),
+                _ => score_pages::<6>(q, &tiles, hd, scale, out),
             }
             g0 += heads;
         }
@@ -120,17 +123,25 @@ impl<'a> RowPages<'a> {
     /// exponentials in place).
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(super) fn weigh(&self, scores: &mut [f32], dims: Range<usize>) -> Vec<f32> {
-        let (from, upto, row_len) = (self.from, self.upto, self.row_len);
-        let stride = self.pages.len() * LANES;
-        let group = scores.len() / stride;
+        let group = scores.len() / (self.pages.len() * LANES);
+        self.weigh_upto(scores, self.pages.len(), &vec![self.upto; group], dims)
+    }
+
+    /// As [`Self::weigh`], for queries that see keys `from..uptos[g]` (each at most the row's
+    /// `upto`), scored against the first `pages` pages (`scores`: one row of `pages * 16` per
+    /// query).
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    fn weigh_upto(&self, scores: &mut [f32], pages: usize, uptos: &[usize], dims: Range<usize>) -> Vec<f32> {
+        let (from, row_len) = (self.from, self.row_len);
+        let upto = uptos.iter().copied().max().unwrap_or(from);
+        let stride = pages * LANES;
         let tile_from = from / LANES * LANES;
-        let (lo, hi) = (from - tile_from, upto - tile_from);
-        let mut inv = Vec::with_capacity(group);
-        for g in 0..group {
-            inv.push(1.0 / softmax_exps(&mut scores[g * stride + lo..g * stride + hi]));
+        let lo = from - tile_from;
+        let mut inv = Vec::with_capacity(uptos.len());
+        for (g, &u) in uptos.iter().enumerate() {
+            inv.push(1.0 / softmax_exps(&mut scores[g * stride + lo..g * stride + u - tile_from]));
         }
-        let runs: Vec<Run<'_, f16>> = self
-            .pages
+        let runs: Vec<Run<'_, f16>> = self.pages[..pages]
             .iter()
             .filter_map(|page| {
                 let (lo, hi) = (from.max(page.start), upto.min(page.start + page.v.len() / row_len));
@@ -141,11 +152,48 @@ impl<'a> RowPages<'a> {
                 })
             })
             .collect();
-        let weights: Vec<&[f32]> = (0..group).map(|g| &scores[g * stride + lo..g * stride + hi]).collect();
-        let mut out = vec![0f32; group * dims.len()];
+        let weights: Vec<&[f32]> =
+            uptos.iter().enumerate().map(|(g, &u)| &scores[g * stride + lo..g * stride + u - tile_from]).collect();
+        let mut out = vec![0f32; uptos.len() * dims.len()];
         weighted_sums(&runs, row_len, self.kvh * self.hd, &weights, &inv, dims, &mut out);
         out
     }
+}
+
+/// Attention of consecutive query rows of KV head `kvh` (a prefill block: `qs` holds each
+/// row's `group` queries of `hd`, rounded to f16; the first row at position `start`, each row
+/// seeing every key up to its own position): rows of `group * hd`. Several rows' queries are
+/// scored in one pass over the keys and weigh each value row in one load, read straight from
+/// the pages: the general path widened the whole context into f32 scratch and read it back
+/// once per row, and at long contexts that traffic was most of a prefill's time. Each query's
+/// scores, softmax and sums are the general path's operations, so are its bits (tested).
+/// `None` where [`RowPages::new`] is.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn attend_rows(
+    view: &LayerView<'_>,
+    qs: &[f32],
+    group: usize,
+    hd: usize,
+    kvh: usize,
+    row_len: usize,
+    start: usize,
+    scale: f32,
+) -> Option<Vec<f32>> {
+    let rows = qs.len() / (group * hd);
+    let pages = RowPages::new(view, hd, kvh, row_len, 0, start + rows)?;
+    let per_pass = (SCORE_HEADS / group).max(1);
+    let mut out = Vec::with_capacity(qs.len());
+    let mut r0 = 0;
+    while r0 < rows {
+        let r1 = (r0 + per_pass).min(rows);
+        let uptos: Vec<usize> = (r0..r1).flat_map(|r| std::iter::repeat_n(start + r + 1, group)).collect();
+        let n = (start + r1).div_ceil(LANES);
+        let mut scores = pages.scores(&qs[r0 * group * hd..r1 * group * hd], scale, 0..n);
+        out.extend(pages.weigh_upto(&mut scores, n, &uptos, 0..hd));
+        r0 = r1;
+    }
+    Some(out)
 }
 
 /// Attention of the query heads `q` (rows of `hd`, already rounded to f16) of KV head `kvh`

@@ -361,6 +361,24 @@ fn attend_impl<W: Widen>(
     if rows.len() == 1 {
         return attend_row_streamed::<W>(inp, shape, kvh, heads, rows.start);
     }
+    // Rows that see their whole causal context (no window cuts it) read the pages directly.
+    #[cfg(target_arch = "x86_64")]
+    if W::AVX512 && shape.window.is_none_or(|w| w >= inp.start + rows.end) {
+        let first_head = kvh * (shape.n_heads / shape.n_kv_heads) + heads.start;
+        let width = heads.len() * hd;
+        let mut qs = Vec::with_capacity(rows.len() * width);
+        for i in rows.clone() {
+            qs.extend_from_slice(&inp.q[(i * shape.n_heads + first_head) * hd..][..width]);
+        }
+        // The direct path reads only an f16 pool, whose keys want f16 queries.
+        round_to_f16(&mut qs);
+        let (row_len, scale) = (shape.n_kv_heads * hd, 1.0 / (hd as f32).sqrt());
+        let start = inp.start + rows.start;
+        // SAFETY: `W::AVX512` holds only for `F16c512`, used after the features were detected.
+        if let Some(out) = unsafe { direct::attend_rows(&inp.view, &qs, heads.len(), hd, kvh, row_len, start, scale) } {
+            return out;
+        }
+    }
     // Keys up to the last query of these rows are all that is needed, and from the first key
     // the first row's window lets it see (the tile holding it): a sliding-window layer at a
     // long context gathers its window, not the context.
@@ -761,6 +779,41 @@ mod tests {
                             bits(&want),
                             "head dim {hd} prompt {ctx} window {window:?} kv head {kvh}"
                         );
+                    }
+                }
+            }
+        }
+    }
+
+    /// Prompt rows read straight from the pages, several rows' queries to a pass, give the
+    /// general path's bits: chunks starting on and off a page boundary, blocks of rows starting
+    /// inside a chunk, query groups of every size that packs one to six rows into a pass, and
+    /// windows that do and do not cut the rows' context (the latter served by the general path).
+    #[test]
+    fn prompt_rows_read_from_the_pages_match_the_widened_path_bit_for_bit() {
+        let (n_heads, n_kv) = (12, 2);
+        for hd in [64, 128, 256] {
+            let len = 90;
+            let (_pool, t) = filled_pages(n_kv, hd, len);
+            let qs: Vec<f32> = (0..len * n_heads * hd).map(|i| pattern(i + 57) / 4.0).collect();
+            for (chunk, end) in [(0, 2), (0, 33), (5, 22), (16, 48), (17, 90), (31, 33), (64, 90)] {
+                let n = end - chunk;
+                let inp = AttnInput { q: &qs[..n * n_heads * hd], start: chunk, n, view: t.layer(0, end).unwrap() };
+                for window in [None, Some(end), Some(end - 1), Some(20)] {
+                    let shape = AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd, window };
+                    for kvh in 0..n_kv {
+                        for heads in [0..6, 0..1, 1..3, 3..6, 2..6, 0..5] {
+                            for rows in [0..n, n / 3..n, 0..n.div_ceil(2)] {
+                                let want = attend_impl::<Portable>(&inp, &shape, kvh, heads.clone(), rows.clone());
+                                let got = attend_heads(&inp, &shape, kvh, heads.clone(), rows.clone());
+                                assert_eq!(
+                                    bits(&got),
+                                    bits(&want),
+                                    "head dim {hd} rows {rows:?} of {chunk}..{end} window {window:?} \
+                                     kv head {kvh} heads {heads:?}"
+                                );
+                            }
+                        }
                     }
                 }
             }

@@ -75,8 +75,10 @@ pub(super) struct Run<'a, T> {
 
 /// `out[g] = (sum_j weights[g][j] * v_j) * inv[g]` for each head `g`, over the elements `dims`
 /// of the head (`out`: heads of `dims.len()`), where `v_j` is key `j`'s row in `runs` from `at`
-/// (the head's first element). Any split of a head's elements gives the same bits: each
-/// element is its own chain. `dims` are whole multiples of 32.
+/// (the head's first element) and `j` runs over `weights[g]`: heads may weigh fewer keys than
+/// the runs hold (causal rows of a prefill, each a key shorter than the next). Any split of a
+/// head's elements, or grouping of heads, gives the same bits: each element is its own chain.
+/// `dims` are whole multiples of 32.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 pub(super) fn weighted_sums<T: Lanes>(
     runs: &[Run<'_, T>],
@@ -88,10 +90,14 @@ pub(super) fn weighted_sums<T: Lanes>(
     out: &mut [f32],
 ) {
     let (group, width) = (weights.len(), dims.len());
-    let per_pass = group.div_ceil(group.div_ceil(HEADS));
+    // More heads than a full-width pass holds: half-width passes of up to twice as many, so
+    // each value row is loaded once per pass for more heads (the rows of a prefill block).
+    let narrow = group > HEADS;
+    let cap = if narrow { 2 * HEADS } else { HEADS };
+    let per_pass = group.div_ceil(group.div_ceil(cap));
     let mut dim = dims.start;
     while dim < dims.end {
-        let wide = dims.end - dim >= DIMS;
+        let wide = !narrow && dims.end - dim >= DIMS;
         let mut g0 = 0;
         while g0 < group {
             let heads = (group - g0).min(per_pass);
@@ -105,7 +111,10 @@ pub(super) fn weighted_sums<T: Lanes>(
                 (_, true) => weigh::<3, VECS, T>(&rows, w, inv, o, out),
                 (1, false) => weigh::<1, HALF, T>(&rows, w, inv, o, out),
                 (2, false) => weigh::<2, HALF, T>(&rows, w, inv, o, out),
-                (_, false) => weigh::<3, HALF, T>(&rows, w, inv, o, out),
+                (3, false) => weigh::<3, HALF, T>(&rows, w, inv, o, out),
+                (4, false) => weigh::<4, HALF, T>(&rows, w, inv, o, out),
+                (5, false) => weigh::<5, HALF, T>(&rows, w, inv, o, out),
+                (_, false) => weigh::<6, HALF, T>(&rows, w, inv, o, out),
             }
             g0 += heads;
         }
@@ -134,6 +143,9 @@ fn weigh<const G: usize, const V: usize, T: Lanes>(
     let mut even = [[_mm512_setzero_ps(); V]; G];
     let mut odd = even;
     let p: [&[f32]; G] = std::array::from_fn(|g| weights[g]);
+    let lens: [usize; G] = std::array::from_fn(|g| weights[g].len());
+    // Keys every head weighs; past them, each head adds only the keys it has.
+    let common = lens.iter().copied().min().unwrap_or(0);
     let (stride, at, n) = (rows.stride, rows.at, V * LANES);
     for (i, run) in rows.runs.iter().enumerate() {
         // Pages are scattered: the one after next loads while this one is added.
@@ -144,17 +156,25 @@ fn weigh<const G: usize, const V: usize, T: Lanes>(
         }
         let row = |k: usize| &run.rows[k * stride + at..][..n];
         let (mut k, j0) = (0, run.first);
-        if run.count > 0 && j0 % 2 == 1 {
+        let all = run.count.min(common.saturating_sub(j0));
+        if all > 0 && j0 % 2 == 1 {
             add_row::<G, V, T>(&mut odd, row(0), &p, j0);
             k = 1;
         }
-        while k + 2 <= run.count {
+        while k + 2 <= all {
             add_row::<G, V, T>(&mut even, row(k), &p, j0 + k);
             add_row::<G, V, T>(&mut odd, row(k + 1), &p, j0 + k + 1);
             k += 2;
         }
-        if k < run.count {
+        if k < all {
             add_row::<G, V, T>(&mut even, row(k), &p, j0 + k);
+            k += 1;
+        }
+        // The same accumulator a key's parity picks above, for the heads that weigh it.
+        while k < run.count {
+            let acc = if (j0 + k) % 2 == 0 { &mut even } else { &mut odd };
+            add_row_some::<G, V, T>(acc, row(k), &p, j0 + k, &lens);
+            k += 1;
         }
     }
     for g in 0..G {
@@ -182,6 +202,32 @@ fn add_row<const G: usize, const V: usize, T: Lanes>(acc: &mut [[__m512; V]; G],
         let w = _mm512_set1_ps(p[g][j]);
         for c in 0..V {
             acc[g][c] = _mm512_fmadd_ps(w, r[c], acc[g][c]);
+        }
+    }
+}
+
+/// As [`add_row`], for the heads whose weights reach key `j` only.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::needless_range_loop)]
+fn add_row_some<const G: usize, const V: usize, T: Lanes>(
+    acc: &mut [[__m512; V]; G],
+    row: &[T],
+    p: &[&[f32]; G],
+    j: usize,
+    lens: &[usize; G],
+) {
+    let mut r = [_mm512_setzero_ps(); V];
+    for c in 0..V {
+        // SAFETY: this function enables AVX-512F and F16C.
+        r[c] = unsafe { T::load16(&row[c * LANES..]) };
+    }
+    for g in 0..G {
+        if j < lens[g] {
+            let w = _mm512_set1_ps(p[g][j]);
+            for c in 0..V {
+                acc[g][c] = _mm512_fmadd_ps(w, r[c], acc[g][c]);
+            }
         }
     }
 }
