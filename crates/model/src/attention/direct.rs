@@ -1,9 +1,11 @@
-//! A decode row's attention read straight from an f16 pool's pages (AVX-512).
+//! Attention read straight from an f16 pool's pages (AVX-512): a decode row, or a block of
+//! prompt rows several at a time.
 //!
 //! A page of sixteen positions holds each head's K transposed, which is the tile the scores
 //! want, and its V rows, so keys and values are widened from f16 in registers as they are used.
-//! The general path first widens the context into f32 scratch, block by block; at long
-//! contexts those stores and reloads were most of a decode step's attention. The arithmetic is
+//! The general path first widens the context into f32 scratch; at long contexts those stores
+//! and reloads were most of a decode step's attention, and a prompt row read the widened
+//! context back once per row. The arithmetic is
 //! the general path's, operation for operation (widening f16 is exact): the same scores (one
 //! FMA chain per key in dimension order), the same softmax, the same even/odd accumulation of
 //! values. Only where the widened numbers come from differs, so the bits are the same (tested).

@@ -1,10 +1,11 @@
 //! Causal attention reading K and V from the paged pool only.
 //!
-//! For each (sequence, KV head) the pages are gathered once into f32 scratch (K transposed, as
-//! the pool stores it, so sixteen keys' scores are computed side by side with no horizontal
-//! sums and the gather is contiguous runs), then every query
-//! head of the group attends over it, sharing each load of K. With an f16 pool the queries are
-//! rounded to f16 first, as llama.cpp does for an f16 KV cache, so scores agree with it.
+//! On AVX-512 with an f16 pool of 16-slot pages, rows read K and V straight from the pages
+//! (`direct`). Otherwise, for each (sequence, KV head) the pages are gathered once into f32
+//! scratch (K transposed, as the pool stores it, so sixteen keys' scores are computed side by
+//! side with no horizontal sums and the gather is contiguous runs), then every query head of
+//! the group attends over it, sharing each load of K. With an f16 pool the queries are rounded
+//! to f16 first, as llama.cpp does for an f16 KV cache, so scores agree with it.
 
 use std::ops::Range;
 
