@@ -193,11 +193,7 @@ fn weigh<const G: usize, const V: usize, T: Lanes>(
 #[inline]
 #[allow(clippy::needless_range_loop)]
 fn add_row<const G: usize, const V: usize, T: Lanes>(acc: &mut [[__m512; V]; G], row: &[T], p: &[&[f32]; G], j: usize) {
-    let mut r = [_mm512_setzero_ps(); V];
-    for c in 0..V {
-        // SAFETY: this function enables AVX-512F and F16C.
-        r[c] = unsafe { T::load16(&row[c * LANES..]) };
-    }
+    let r = load_row::<V, T>(row);
     for g in 0..G {
         let w = _mm512_set1_ps(p[g][j]);
         for c in 0..V {
@@ -217,11 +213,7 @@ fn add_row_some<const G: usize, const V: usize, T: Lanes>(
     j: usize,
     lens: &[usize; G],
 ) {
-    let mut r = [_mm512_setzero_ps(); V];
-    for c in 0..V {
-        // SAFETY: this function enables AVX-512F and F16C.
-        r[c] = unsafe { T::load16(&row[c * LANES..]) };
-    }
+    let r = load_row::<V, T>(row);
     for g in 0..G {
         if j < lens[g] {
             let w = _mm512_set1_ps(p[g][j]);
@@ -230,4 +222,17 @@ fn add_row_some<const G: usize, const V: usize, T: Lanes>(
             }
         }
     }
+}
+
+/// The pass's `V` vectors of a value row, as f32.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+#[inline]
+#[allow(clippy::needless_range_loop)]
+fn load_row<const V: usize, T: Lanes>(row: &[T]) -> [__m512; V] {
+    let mut r = [_mm512_setzero_ps(); V];
+    for c in 0..V {
+        // SAFETY: this function enables AVX-512F and F16C.
+        r[c] = unsafe { T::load16(&row[c * LANES..]) };
+    }
+    r
 }
