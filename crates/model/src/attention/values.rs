@@ -143,9 +143,8 @@ fn weigh<const G: usize, const V: usize, T: Lanes>(
     let mut even = [[_mm512_setzero_ps(); V]; G];
     let mut odd = even;
     let p: [&[f32]; G] = std::array::from_fn(|g| weights[g]);
-    let lens: [usize; G] = std::array::from_fn(|g| weights[g].len());
     // Keys every head weighs; past them, each head adds only the keys it has.
-    let common = lens.iter().copied().min().unwrap_or(0);
+    let common = p.iter().map(|w| w.len()).min().unwrap_or(0);
     let (stride, at, n) = (rows.stride, rows.at, V * LANES);
     for (i, run) in rows.runs.iter().enumerate() {
         // Pages are scattered: the one after next loads while this one is added.
@@ -158,22 +157,22 @@ fn weigh<const G: usize, const V: usize, T: Lanes>(
         let (mut k, j0) = (0, run.first);
         let all = run.count.min(common.saturating_sub(j0));
         if all > 0 && j0 % 2 == 1 {
-            add_row::<G, V, T>(&mut odd, row(0), &p, j0);
+            add_row::<G, V, T, false>(&mut odd, row(0), &p, j0);
             k = 1;
         }
         while k + 2 <= all {
-            add_row::<G, V, T>(&mut even, row(k), &p, j0 + k);
-            add_row::<G, V, T>(&mut odd, row(k + 1), &p, j0 + k + 1);
+            add_row::<G, V, T, false>(&mut even, row(k), &p, j0 + k);
+            add_row::<G, V, T, false>(&mut odd, row(k + 1), &p, j0 + k + 1);
             k += 2;
         }
         if k < all {
-            add_row::<G, V, T>(&mut even, row(k), &p, j0 + k);
+            add_row::<G, V, T, false>(&mut even, row(k), &p, j0 + k);
             k += 1;
         }
         // The same accumulator a key's parity picks above, for the heads that weigh it.
         while k < run.count {
             let acc = if (j0 + k) % 2 == 0 { &mut even } else { &mut odd };
-            add_row_some::<G, V, T>(acc, row(k), &p, j0 + k, &lens);
+            add_row::<G, V, T, true>(acc, row(k), &p, j0 + k);
             k += 1;
         }
     }
@@ -188,51 +187,28 @@ fn weigh<const G: usize, const V: usize, T: Lanes>(
     }
 }
 
-/// `acc[g] += p[g][j] * row` for each head.
+/// `acc[g] += p[g][j] * row` for each head; with `SOME`, only for the heads whose weights
+/// reach key `j` (a const, so the all-heads add carries no test).
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[inline]
 #[allow(clippy::needless_range_loop)]
-fn add_row<const G: usize, const V: usize, T: Lanes>(acc: &mut [[__m512; V]; G], row: &[T], p: &[&[f32]; G], j: usize) {
-    let r = load_row::<V, T>(row);
-    for g in 0..G {
-        let w = _mm512_set1_ps(p[g][j]);
-        for c in 0..V {
-            acc[g][c] = _mm512_fmadd_ps(w, r[c], acc[g][c]);
-        }
-    }
-}
-
-/// As [`add_row`], for the heads whose weights reach key `j` only.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-#[inline]
-#[allow(clippy::needless_range_loop)]
-fn add_row_some<const G: usize, const V: usize, T: Lanes>(
+fn add_row<const G: usize, const V: usize, T: Lanes, const SOME: bool>(
     acc: &mut [[__m512; V]; G],
     row: &[T],
     p: &[&[f32]; G],
     j: usize,
-    lens: &[usize; G],
 ) {
-    let r = load_row::<V, T>(row);
+    let mut r = [_mm512_setzero_ps(); V];
+    for c in 0..V {
+        // SAFETY: this function enables AVX-512F and F16C.
+        r[c] = unsafe { T::load16(&row[c * LANES..]) };
+    }
     for g in 0..G {
-        if j < lens[g] {
+        if !SOME || j < p[g].len() {
             let w = _mm512_set1_ps(p[g][j]);
             for c in 0..V {
                 acc[g][c] = _mm512_fmadd_ps(w, r[c], acc[g][c]);
             }
         }
     }
-}
-
-/// The pass's `V` vectors of a value row, as f32.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-#[inline]
-#[allow(clippy::needless_range_loop)]
-fn load_row<const V: usize, T: Lanes>(row: &[T]) -> [__m512; V] {
-    let mut r = [_mm512_setzero_ps(); V];
-    for c in 0..V {
-        // SAFETY: this function enables AVX-512F and F16C.
-        r[c] = unsafe { T::load16(&row[c * LANES..]) };
-    }
-    r
 }
