@@ -11,15 +11,31 @@ pub fn matmul(pool: &ComputePool, isa: Isa, w: &QMatrix, a: &QuantActs, out: &mu
     let rows = w.rows;
     assert_eq!(a.blocks_per_row, w.blocks(), "activation width does not match the matrix");
     assert!(out.len() >= t * rows);
-    // Enough tasks to balance the threads, few enough that each amortizes its dispatch.
+    // Enough tasks to balance the threads, few enough that each amortizes its dispatch; even,
+    // so that AMX tiles take the groups in pairs.
     let groups = w.groups();
-    let per_task = groups.div_ceil(pool.threads() * 4).max(1);
+    let per_task = groups.div_ceil(pool.threads() * 4).max(1).next_multiple_of(2);
+    let tiled = amx_tiles(isa, w, t);
     let base = OutPtr(out.as_mut_ptr());
     pool.run(groups.div_ceil(per_task), &|task| {
         let base = &base;
-        for g in task * per_task..((task + 1) * per_task).min(groups) {
-            let valid = GROUP.min(rows - g * GROUP);
-            for t0 in (0..t).step_by(TOKENS_PER_TILE) {
+        let task_groups = task * per_task..((task + 1) * per_task).min(groups);
+        let valid = |g: usize| GROUP.min(rows - g * GROUP);
+        if tiled > 0 {
+            for g in task_groups.clone().step_by(2) {
+                let pair: &[usize] = if g + 1 < task_groups.end { &[g, g + 1] } else { &[g] };
+                let valid = [valid(g), pair.get(1).map_or(0, |&g| valid(g))];
+                // SAFETY: `amx_tiles` checked the CPU and the kind; rows 0..tiled*16 and the
+                // groups' valid columns lie inside `out` and belong to this task.
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    kernels::amx::group_tiles(w, pair, &valid[..pair.len()], a, tiled, base.0, rows)
+                };
+            }
+        }
+        for g in task_groups {
+            let valid = valid(g);
+            for t0 in (tiled * AMX_TOKENS..t).step_by(TOKENS_PER_TILE) {
                 let nt = TOKENS_PER_TILE.min(t - t0);
                 if valid == GROUP {
                     // SAFETY: rows t0..t0+nt, columns g*16..g*16+16 lie inside `out` (asserted
@@ -43,6 +59,22 @@ pub fn matmul(pool: &ComputePool, isa: Isa, w: &QMatrix, a: &QuantActs, out: &mu
     });
 }
 
+#[cfg(target_arch = "x86_64")]
+const AMX_TOKENS: usize = kernels::amx::TOKENS;
+#[cfg(not(target_arch = "x86_64"))]
+const AMX_TOKENS: usize = 16;
+
+/// How many whole 16-token tiles of `t` tokens go through AMX (the rest through the vector
+/// kernels, which give the same bits).
+fn amx_tiles(isa: Isa, w: &QMatrix, t: usize) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Amx && kernels::amx::handles(w.kind) && kernels::amx::available() {
+        return t / AMX_TOKENS;
+    }
+    let _ = (isa, w);
+    0
+}
+
 struct OutPtr(*mut f32);
 // SAFETY: tasks write disjoint column blocks of the output through it (see `matmul`).
 unsafe impl Sync for OutPtr {}
@@ -61,12 +93,22 @@ mod tests {
         random_blocks(ty, rows * cols / be, seed)
     }
 
-    /// Shapes with row counts that are and are not multiples of 16 (rows, cols, tokens).
+    /// Shapes with row counts that are and are not multiples of 16 (rows, cols, tokens), and
+    /// token counts that fill 16-token tiles with and without a remainder.
     fn shapes(ty: GgmlType) -> &'static [(usize, usize, usize)] {
         if ty.block().0 == 256 {
-            &[(16, 256, 1), (40, 512, 3), (192, 256, 7), (33, 768, 4), (17, 1536, 9)]
+            &[(16, 256, 1), (40, 512, 3), (192, 256, 7), (33, 768, 4), (17, 1536, 9), (40, 512, 37), (16, 256, 16)]
         } else {
-            &[(16, 32, 1), (40, 96, 3), (192, 576, 7), (33, 64, 4), (17, 1536, 9)]
+            &[
+                (16, 32, 1),
+                (40, 96, 3),
+                (192, 576, 7),
+                (33, 64, 4),
+                (17, 1536, 9),
+                (40, 96, 37),
+                (33, 1536, 16),
+                (16, 32, 48),
+            ]
         }
     }
 

@@ -53,7 +53,7 @@ pub struct ModelBench {
     /// costs what the weights do at depth 0.
     #[arg(long, value_delimiter = ',', default_values_t = vec![0])]
     depth: Vec<usize>,
-    /// Kernel sets to compare side by side (scalar, avx2, avx512); default: the best available.
+    /// Kernel sets to compare side by side (scalar, avx2, avx512, amx); default: the best available.
     #[arg(long, value_delimiter = ',')]
     isa: Vec<String>,
     /// Repetitions of each measurement (the median is reported).
@@ -442,7 +442,8 @@ fn parse_isas(names: &[String]) -> Result<Vec<Isa>> {
                 "scalar" => Isa::Scalar,
                 "avx2" => Isa::Avx2,
                 "avx512" | "avx512-vnni" => Isa::Avx512,
-                other => anyhow::bail!("unknown kernel set {other:?} (scalar, avx2, avx512)"),
+                "amx" | "avx512-amx" => Isa::Amx,
+                other => anyhow::bail!("unknown kernel set {other:?} (scalar, avx2, avx512, amx)"),
             };
             if !Isa::available().contains(&isa) {
                 anyhow::bail!("{} kernels are not supported by this CPU", isa.name());

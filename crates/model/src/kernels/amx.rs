@@ -1,0 +1,276 @@
+//! AMX tiles for batched products of the signed kinds (Q4_0, Q5_0, Q8_0): one `tdpbssd`
+//! multiplies a 32-element block of sixteen tokens by the same block of sixteen weight rows,
+//! 8,192 products where AVX-512 VNNI needs sixteen instructions per token.
+//!
+//! The arithmetic is the other kernels' (see the parent module): the tile unit only produces
+//! each block's exact integer sums, which the vector unit then scales and accumulates per block
+//! in block order, `acc = fma(isum, d_w * d_x, acc)`. So a token's result does not depend on
+//! whether it went through a tile or through the VNNI kernel with fewer batch-mates: batch
+//! invariance holds bit for bit, and the tests hold this kernel to the scalar one.
+//!
+//! Linux hands AMX's 8 KiB tile state to a process only after it asks (`arch_prctl`); without
+//! that the first tile instruction faults, so availability means the CPU has the units *and*
+//! the kernel granted them.
+
+use std::arch::asm;
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+
+use crate::qmatrix::{QKind, QMatrix, GROUP};
+use crate::quant::{QuantActs, QK};
+
+/// Tokens per tile (the A tile's rows and the C tile's rows).
+pub const TOKENS: usize = 16;
+
+/// Whether this CPU has AMX-INT8 and the kernel let this process use it (asked once).
+pub fn available() -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OK.get_or_init(|| {
+        // CPUID leaf 7: EDX bit 24 AMX-TILE, bit 25 AMX-INT8.
+        // CPUID leaf 7 exists on every x86-64 CPU this runs on (zero where unsupported).
+        let edx = __cpuid_count(7, 0).edx;
+        if edx & (3 << 24) != 3 << 24 {
+            return false;
+        }
+        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+        const XFEATURE_XTILEDATA: libc::c_long = 18;
+        // SAFETY: a request for a permission; it touches no memory of ours.
+        unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
+    })
+}
+
+/// Whether the tiles compute this kind: the kinds whose blocks are one signed integer sum
+/// times one scale (the minimum kinds and Q6_K's half-block scales stay on the VNNI kernels).
+pub fn handles(kind: QKind) -> bool {
+    matches!(kind, QKind::Q4_0 | QKind::Q5_0 | QKind::Q8_0)
+}
+
+/// The tile configuration (palette 1): C tiles 0-3 (16 tokens x 16 rows of i32: token tile
+/// `c / 2` against group `c % 2`), A tiles 4-5 (16 tokens x one block of i8), B tiles 6-7 (one
+/// block of 16 rows, four-byte columns).
+#[repr(C, align(64))]
+struct TileConfig([u8; 64]);
+
+impl TileConfig {
+    const fn new() -> TileConfig {
+        let mut c = [0u8; 64];
+        c[0] = 1;
+        let shapes: [(u16, u8); 8] = [(64, 16), (64, 16), (64, 16), (64, 16), (32, 16), (32, 16), (64, 8), (64, 8)];
+        let mut t = 0;
+        while t < shapes.len() {
+            let (colsb, rows) = shapes[t];
+            c[16 + 2 * t] = colsb as u8;
+            c[16 + 2 * t + 1] = (colsb >> 8) as u8;
+            c[48 + t] = rows;
+            t += 1;
+        }
+        TileConfig(c)
+    }
+}
+
+static CONFIG: TileConfig = TileConfig::new();
+
+thread_local! {
+    /// Two groups' blocks unpacked to signed bytes in the B-tile layout, reused across calls.
+    static UNPACKED: RefCell<[Vec<u8>; 2]> = const { RefCell::new([Vec::new(), Vec::new()]) };
+}
+
+/// `*out.add(t * stride + g * 16 + r)` = dot(row `g*16 + r` of `w`, token `t` of `a`) for the
+/// groups `g` of `groups` (one or two), their first `valid[i]` rows, and the first
+/// `tiles * 16` tokens of `a`.
+///
+/// # Safety
+/// [`available`] must be true and `handles(w.kind)`; `tiles * 16 <= a.rows`, every group
+/// `< w.groups()`, `valid[i] <= 16`, and `out` valid for writes at every index above, which no
+/// other thread touches during the call.
+#[target_feature(enable = "avx512f,avx512bw,f16c")]
+pub unsafe fn group_tiles(
+    w: &QMatrix,
+    groups: &[usize],
+    valid: &[usize],
+    a: &QuantActs,
+    tiles: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    let nb = w.blocks();
+    UNPACKED.with_borrow_mut(|bufs| {
+        for (buf, &g) in bufs.iter_mut().zip(groups) {
+            buf.resize(nb * 512, 0);
+            unpack_group(w, g, buf);
+        }
+        let ws = [bufs[0].as_ptr(), bufs[1].as_ptr()];
+        asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
+        let mut tile = 0;
+        while tile < tiles {
+            let pass = Pass { w, groups, valid, ws, a, t0: tile * TOKENS, out, stride };
+            match (tiles - tile >= 2, groups.len() == 2) {
+                (true, true) => pass.run::<2, 2>(),
+                (true, false) => pass.run::<2, 1>(),
+                (false, true) => pass.run::<1, 2>(),
+                (false, false) => pass.run::<1, 1>(),
+            }
+            tile += 2;
+        }
+        asm!("tilerelease", options(nostack, nomem));
+    });
+}
+
+/// The group's blocks as signed bytes, `buf[b*512 + j*64 + r*4 + e]` = element `4j + e` of row
+/// `r` in block `b`: the B-tile layout, and the VNNI kernels' unpacked vectors minus their offset.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn unpack_group(w: &QMatrix, g: usize, buf: &mut [u8]) {
+    let nb = w.blocks();
+    let dst = buf.as_mut_ptr();
+    let store = |i: usize, v: __m512i| _mm512_storeu_si512(dst.add(i * 64) as *mut _, v);
+    match w.kind {
+        QKind::Q8_0 => {
+            let src = w.qs.as_ptr().add(g * nb * 512);
+            let flip = _mm512_set1_epi8(i8::MIN);
+            for i in 0..nb * 8 {
+                store(i, _mm512_xor_si512(_mm512_loadu_si512(src.add(i * 64) as *const _), flip));
+            }
+        }
+        QKind::Q4_0 | QKind::Q5_0 => {
+            let fifth_bits = w.kind == QKind::Q5_0;
+            let offset = _mm512_set1_epi8(if fifth_bits { 16 } else { 8 });
+            let (mask, fifth) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10));
+            for b in 0..nb {
+                let gb = g * nb + b;
+                let tile = w.qs.as_ptr().add(gb * 256);
+                for p in 0..4 {
+                    let l = _mm512_loadu_si512(tile.add(p * 64) as *const _);
+                    let (mut lo, mut hi) =
+                        (_mm512_and_si512(l, mask), _mm512_and_si512(_mm512_srli_epi16::<4>(l), mask));
+                    if fifth_bits {
+                        let qh = w.qh.as_ptr().add(gb * 8);
+                        lo = _mm512_mask_add_epi8(lo, *qh.add(p), lo, fifth);
+                        hi = _mm512_mask_add_epi8(hi, *qh.add(p + 4), hi, fifth);
+                    }
+                    store(b * 8 + p, _mm512_sub_epi8(lo, offset));
+                    store(b * 8 + p + 4, _mm512_sub_epi8(hi, offset));
+                }
+            }
+        }
+        _ => unreachable!("AMX tiles do not handle {:?}", w.kind),
+    }
+}
+
+/// One pass over the blocks for up to two token tiles against up to two groups: each block
+/// loads two A and two B tiles for four products. The tile unit computes a block's sums while
+/// the vector unit scales the previous block's: the sums go through memory, and a load right
+/// behind the tile store that wrote it would wait for that store to retire.
+struct Pass<'a> {
+    w: &'a QMatrix,
+    groups: &'a [usize],
+    valid: &'a [usize],
+    ws: [*const u8; 2],
+    a: &'a QuantActs,
+    t0: usize,
+    out: *mut f32,
+    stride: usize,
+}
+
+/// Tile loads, zeroing, products and stores by register number (the asm needs literals).
+macro_rules! tile_op {
+    (load $t:literal, $p:expr, $stride:expr) => {
+        asm!(concat!("tileloadd tmm", $t, ", [{p} + {s}*1]"), p = in(reg) $p, s = in(reg) $stride, options(nostack, readonly))
+    };
+    (product $c:literal, $a:literal, $b:literal) => {
+        asm!(concat!("tilezero tmm", $c), concat!("tdpbssd tmm", $c, ", tmm", $a, ", tmm", $b), options(nostack, nomem))
+    };
+    (store $t:literal, $p:expr) => {
+        asm!(concat!("tilestored [{p} + {s}*1], tmm", $t), p = in(reg) $p, s = in(reg) 64usize, options(nostack))
+    };
+}
+
+impl Pass<'_> {
+    #[target_feature(enable = "avx512f,avx512bw,f16c")]
+    unsafe fn run<const NT: usize, const NG: usize>(&self) {
+        let nb = self.w.blocks();
+        let row_bytes = nb * QK;
+        let xq = self.a.qs.as_ptr().add(self.t0 * row_bytes) as *const u8;
+        let mut sums = Sums([0; 2 * 4 * TOKENS * GROUP]);
+        let base = sums.0.as_mut_ptr();
+        // Block b's sums of C tile c.
+        let slot = |b: usize, c: usize| base.add(((b % 2) * 4 + c) * TOKENS * GROUP);
+        let mut acc = Acc([[_mm512_setzero_ps(); TOKENS]; 4]);
+        for b in 0..=nb {
+            if b < nb {
+                tile_op!(load 4, xq.add(b * QK), row_bytes);
+                if NT == 2 {
+                    tile_op!(load 5, xq.add(TOKENS * row_bytes + b * QK), row_bytes);
+                }
+                tile_op!(load 6, self.ws[0].add(b * 512), 64usize);
+                if NG == 2 {
+                    tile_op!(load 7, self.ws[1].add(b * 512), 64usize);
+                }
+                // All products before any store: the tile unit runs in order, and a store
+                // right behind its product would hold the next product back for the latency.
+                tile_op!(product 0, 4, 6);
+                if NG == 2 {
+                    tile_op!(product 1, 4, 7);
+                }
+                if NT == 2 {
+                    tile_op!(product 2, 5, 6);
+                    if NG == 2 {
+                        tile_op!(product 3, 5, 7);
+                    }
+                }
+                tile_op!(store 0, slot(b, 0));
+                if NG == 2 {
+                    tile_op!(store 1, slot(b, 1));
+                }
+                if NT == 2 {
+                    tile_op!(store 2, slot(b, 2));
+                    if NG == 2 {
+                        tile_op!(store 3, slot(b, 3));
+                    }
+                }
+            }
+            if b > 0 {
+                for c in 0..4 {
+                    if c / 2 < NT && c % 2 < NG {
+                        self.scale_add(b - 1, c, slot(b - 1, c), &mut acc.0[c]);
+                    }
+                }
+            }
+        }
+        // As the VNNI kernels store: plus zero (a kind without a minimum adds a zero minimum).
+        let zero = _mm512_setzero_ps();
+        for c in 0..4 {
+            if c / 2 < NT && c % 2 < NG {
+                let valid = self.valid[c % 2];
+                let keep: __mmask16 = if valid >= GROUP { !0 } else { (1u16 << valid) - 1 };
+                let out = self.out.add((self.t0 + (c / 2) * TOKENS) * self.stride + self.groups[c % 2] * GROUP);
+                for (m, acc) in acc.0[c].iter().enumerate() {
+                    _mm512_mask_storeu_ps(out.add(m * self.stride), keep, _mm512_add_ps(*acc, zero));
+                }
+            }
+        }
+    }
+
+    /// `acc[m] = fma(isum[m], d_w * d_x[m], acc[m])` for block `b`'s sums `sums` of C tile `c`.
+    #[inline(always)]
+    unsafe fn scale_add(&self, b: usize, c: usize, sums: *const i32, acc: &mut [__m512; TOKENS]) {
+        let (w, a) = (self.w, self.a);
+        let nb = w.blocks();
+        let g = self.groups[c % 2];
+        let t0 = self.t0 + (c / 2) * TOKENS;
+        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(w.d.as_ptr().add((g * nb + b) * GROUP) as *const __m256i));
+        for (m, acc) in acc.iter_mut().enumerate() {
+            let isum = _mm512_loadu_si512(sums.add(m * GROUP) as *const _);
+            let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*a.d.get_unchecked((t0 + m) * nb + b)));
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, *acc);
+        }
+    }
+}
+
+/// The four C tiles' running sums, in memory: 64 vectors do not fit the register file.
+#[repr(C, align(64))]
+struct Acc([[__m512; TOKENS]; 4]);
+
+/// Two blocks' sums of the four C tiles (the block computed and the block scaled), aligned
+/// for the tile stores.
+#[repr(C, align(64))]
+struct Sums([i32; 2 * 4 * TOKENS * GROUP]);
