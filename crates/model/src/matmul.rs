@@ -11,11 +11,11 @@ pub fn matmul(pool: &ComputePool, isa: Isa, w: &QMatrix, a: &QuantActs, out: &mu
     let rows = w.rows;
     assert_eq!(a.blocks_per_row, w.blocks(), "activation width does not match the matrix");
     assert!(out.len() >= t * rows);
-    // Enough tasks to balance the threads, few enough that each amortizes its dispatch; even,
-    // so that AMX tiles take the groups in pairs.
+    // Enough tasks to balance the threads, few enough that each amortizes its dispatch; even
+    // where AMX tiles take the groups in pairs.
     let groups = w.groups();
-    let per_task = groups.div_ceil(pool.threads() * 4).max(1).next_multiple_of(2);
     let tiled = amx_tiles(isa, w, t);
+    let per_task = groups.div_ceil(pool.threads() * 4).max(1).next_multiple_of(if tiled > 0 { 2 } else { 1 });
     let base = OutPtr(out.as_mut_ptr());
     pool.run(groups.div_ceil(per_task), &|task| {
         let base = &base;
@@ -64,11 +64,15 @@ const AMX_TOKENS: usize = kernels::amx::TOKENS;
 #[cfg(not(target_arch = "x86_64"))]
 const AMX_TOKENS: usize = 16;
 
+/// Fewest tokens for the tiles: below two tiles a pass pairs groups but not token tiles, and
+/// measured slower than the VNNI kernel (batch-16 decode -3 to -6%).
+const AMX_MIN_TOKENS: usize = 2 * AMX_TOKENS;
+
 /// How many whole 16-token tiles of `t` tokens go through AMX (the rest through the vector
 /// kernels, which give the same bits).
 fn amx_tiles(isa: Isa, w: &QMatrix, t: usize) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Amx && kernels::amx::handles(w.kind) && kernels::amx::available() {
+    if isa == Isa::Amx && t >= AMX_MIN_TOKENS && kernels::amx::handles(w.kind) && kernels::amx::available() {
         return t / AMX_TOKENS;
     }
     let _ = (isa, w);

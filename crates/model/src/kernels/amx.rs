@@ -96,7 +96,11 @@ pub unsafe fn group_tiles(
     let nb = w.blocks();
     UNPACKED.with_borrow_mut(|bufs| {
         for (buf, &g) in bufs.iter_mut().zip(groups) {
-            buf.resize(nb * 512, 0);
+            // Grown only: matrices of different widths alternate, and a resize back up
+            // would zero the growth on every call.
+            if buf.len() < nb * 512 {
+                buf.resize(nb * 512, 0);
+            }
             unpack_group(w, g, buf);
         }
         let ws = [bufs[0].as_ptr(), bufs[1].as_ptr()];
@@ -190,8 +194,10 @@ impl Pass<'_> {
         let nb = self.w.blocks();
         let row_bytes = nb * QK;
         let xq = self.a.qs.as_ptr().add(self.t0 * row_bytes) as *const u8;
-        let mut sums = Sums([0; 2 * 4 * TOKENS * GROUP]);
-        let base = sums.0.as_mut_ptr();
+        // Written by the tile stores before it is read; zeroing 8 KiB per pass would cost more
+        // than a small product.
+        let mut sums = std::mem::MaybeUninit::<Sums>::uninit();
+        let base = sums.as_mut_ptr() as *mut i32;
         // Block b's sums of C tile c.
         let slot = |b: usize, c: usize| base.add(((b % 2) * 4 + c) * TOKENS * GROUP);
         let mut acc = Acc([[_mm512_setzero_ps(); TOKENS]; 4]);

@@ -27,20 +27,18 @@ pub enum Isa {
     Scalar,
     Avx2,
     Avx512,
-    /// AVX-512 VNNI, with AMX tiles for the signed kinds' products of 16 tokens or more.
+    /// AVX-512 VNNI, with AMX tiles for the signed kinds' products of 32 tokens or more.
     Amx,
 }
 
 impl Isa {
-    /// The best vector set this CPU supports, unless `PAGEWARDEN_ISA` (scalar, avx2, avx512,
-    /// amx) asks for another. AMX tiles are opt-in: with them the isolated products run about
-    /// 1.3x faster, but whole batched steps measured no faster on the machines this was tried
-    /// on (ARCHITECTURE.md, "Model runtime").
+    /// The best set this CPU supports, unless `PAGEWARDEN_ISA` (scalar, avx2, avx512, amx) asks
+    /// for another (for comparisons and tests).
     pub fn detect() -> Isa {
         static ISA: OnceLock<Isa> = OnceLock::new();
         *ISA.get_or_init(|| {
             let available = Isa::available();
-            let best = available.iter().copied().rfind(|&i| i != Isa::Amx).unwrap_or(Isa::Scalar);
+            let best = available.last().copied().unwrap_or(Isa::Scalar);
             let asked = match std::env::var("PAGEWARDEN_ISA").ok().as_deref() {
                 Some("scalar") => Some(Isa::Scalar),
                 Some("avx2") => Some(Isa::Avx2),
