@@ -1,6 +1,6 @@
 //! AMX tiles for batched products of the signed kinds (Q4_0, Q5_0, Q8_0): one `tdpbssd`
 //! multiplies a 32-element block of sixteen tokens by the same block of sixteen weight rows,
-//! 8,192 products where AVX-512 VNNI needs sixteen instructions per token.
+//! 8,192 products where AVX-512 VNNI needs eight instructions for each of the sixteen tokens.
 //!
 //! The arithmetic is the other kernels' (see the parent module): the tile unit only produces
 //! each block's exact integer sums, which the vector unit then scales and accumulates per block
@@ -125,6 +125,7 @@ pub unsafe fn group_tiles(
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn unpack_group(w: &QMatrix, g: usize, buf: &mut [u8]) {
     let nb = w.blocks();
+    assert!(buf.len() >= nb * 512);
     let dst = buf.as_mut_ptr();
     let store = |i: usize, v: __m512i| _mm512_storeu_si512(dst.add(i * 64) as *mut _, v);
     match w.kind {
