@@ -20,21 +20,19 @@ pub fn matmul(pool: &ComputePool, isa: Isa, w: &QMatrix, a: &QuantActs, out: &mu
     pool.run(groups.div_ceil(per_task), &|task| {
         let base = &base;
         let task_groups = task * per_task..((task + 1) * per_task).min(groups);
-        let valid = |g: usize| GROUP.min(rows - g * GROUP);
         if tiled > 0 {
             for g in task_groups.clone().step_by(2) {
                 let pair: &[usize] = if g + 1 < task_groups.end { &[g, g + 1] } else { &[g] };
-                let valid = [valid(g), pair.get(1).map_or(0, |&g| valid(g))];
                 // SAFETY: `amx_tiles` checked the CPU and the kind; rows 0..tiled*16 and the
                 // groups' valid columns lie inside `out` and belong to this task.
                 #[cfg(target_arch = "x86_64")]
                 unsafe {
-                    kernels::amx::group_tiles(w, pair, &valid[..pair.len()], a, tiled, base.0, rows)
+                    kernels::amx::group_tiles(w, pair, a, tiled, base.0, rows)
                 };
             }
         }
         for g in task_groups {
-            let valid = valid(g);
+            let valid = GROUP.min(rows - g * GROUP);
             for t0 in (tiled * AMX_TOKENS..t).step_by(TOKENS_PER_TILE) {
                 let nt = TOKENS_PER_TILE.min(t - t0);
                 if valid == GROUP {
@@ -65,7 +63,8 @@ const AMX_TOKENS: usize = kernels::amx::TOKENS;
 const AMX_TOKENS: usize = 16;
 
 /// Fewest tokens for the tiles: below two tiles a pass pairs groups but not token tiles, and
-/// measured slower than the VNNI kernel (batch-16 decode -3 to -6%).
+/// measured slower than the VNNI kernel (batch-16 decode 0 to -11%, about -5% typical: the
+/// per-call unpack of the weights is shared by half as many tokens).
 const AMX_MIN_TOKENS: usize = 2 * AMX_TOKENS;
 
 /// How many whole 16-token tiles of `t` tokens go through AMX (the rest through the vector

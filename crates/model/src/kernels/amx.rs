@@ -76,18 +76,17 @@ thread_local! {
 }
 
 /// `*out.add(t * stride + g * 16 + r)` = dot(row `g*16 + r` of `w`, token `t` of `a`) for the
-/// groups `g` of `groups` (one or two), their first `valid[i]` rows, and the first
-/// `tiles * 16` tokens of `a`.
+/// groups `g` of `groups` (one or two), their rows that exist (a last group may have fewer
+/// than 16), and the first `tiles * 16` tokens of `a`.
 ///
 /// # Safety
 /// [`available`] must be true and `handles(w.kind)`; `tiles * 16 <= a.rows`, every group
-/// `< w.groups()`, `valid[i] <= 16`, and `out` valid for writes at every index above, which no
-/// other thread touches during the call.
+/// `< w.groups()`, and `out` valid for writes at every index above, which no other thread
+/// touches during the call.
 #[target_feature(enable = "avx512f,avx512bw,f16c")]
 pub unsafe fn group_tiles(
     w: &QMatrix,
     groups: &[usize],
-    valid: &[usize],
     a: &QuantActs,
     tiles: usize,
     out: *mut f32,
@@ -107,7 +106,7 @@ pub unsafe fn group_tiles(
         asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
         let mut tile = 0;
         while tile < tiles {
-            let pass = Pass { w, groups, valid, ws, a, t0: tile * TOKENS, out, stride };
+            let pass = Pass { w, groups, ws, a, t0: tile * TOKENS, out, stride };
             match (tiles - tile >= 2, groups.len() == 2) {
                 (true, true) => pass.run::<2, 2>(),
                 (true, false) => pass.run::<2, 1>(),
@@ -168,7 +167,6 @@ unsafe fn unpack_group(w: &QMatrix, g: usize, buf: &mut [u8]) {
 struct Pass<'a> {
     w: &'a QMatrix,
     groups: &'a [usize],
-    valid: &'a [usize],
     ws: [*const u8; 2],
     a: &'a QuantActs,
     t0: usize,
@@ -247,7 +245,8 @@ impl Pass<'_> {
         let zero = _mm512_setzero_ps();
         for c in 0..4 {
             if c / 2 < NT && c % 2 < NG {
-                let valid = self.valid[c % 2];
+                // A last group's rows past the matrix are padding, and another task's columns.
+                let valid = GROUP.min(self.w.rows - self.groups[c % 2] * GROUP);
                 let keep: __mmask16 = if valid >= GROUP { !0 } else { (1u16 << valid) - 1 };
                 let out = self.out.add((self.t0 + (c / 2) * TOKENS) * self.stride + self.groups[c % 2] * GROUP);
                 for (m, acc) in acc.0[c].iter().enumerate() {
