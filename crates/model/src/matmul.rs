@@ -14,7 +14,7 @@ pub fn matmul(pool: &ComputePool, isa: Isa, w: &QMatrix, a: &QuantActs, out: &mu
     // Enough tasks to balance the threads, few enough that each amortizes its dispatch; even
     // where AMX tiles take the groups in pairs.
     let groups = w.groups();
-    let tiled = amx_tiles(isa, w, t);
+    let (tiled, signed) = amx_plan(isa, w, t);
     let per_task = groups.div_ceil(pool.threads() * 4).max(1).next_multiple_of(if tiled > 0 { 2 } else { 1 });
     let base = OutPtr(out.as_mut_ptr());
     pool.run(groups.div_ceil(per_task), &|task| {
@@ -27,7 +27,7 @@ pub fn matmul(pool: &ComputePool, isa: Isa, w: &QMatrix, a: &QuantActs, out: &mu
                 // groups' valid columns lie inside `out` and belong to this task.
                 #[cfg(target_arch = "x86_64")]
                 unsafe {
-                    kernels::amx::group_tiles(w, pair, a, tiled, base.0, rows)
+                    kernels::amx::group_tiles(w, pair, signed, a, tiled, base.0, rows)
                 };
             }
         }
@@ -62,20 +62,29 @@ const AMX_TOKENS: usize = kernels::amx::TOKENS;
 #[cfg(not(target_arch = "x86_64"))]
 const AMX_TOKENS: usize = 16;
 
-/// Fewest tokens for the tiles: below two tiles a pass pairs groups but not token tiles, and
-/// measured slower than the VNNI kernel (batch-16 decode 0 to -11%, about -5% typical: the
-/// per-call unpack of the weights is shared by half as many tokens).
+/// Fewest tokens for the tiles when they unpack the weights per call: below two tiles a pass
+/// pairs groups but not token tiles, and measured slower than the VNNI kernel (batch-16 decode
+/// 0 to -11%, about -5% typical: the unpack is shared by half as many tokens).
 const AMX_MIN_TOKENS: usize = 2 * AMX_TOKENS;
 
-/// How many whole 16-token tiles of `t` tokens go through AMX (the rest through the vector
-/// kernels, which give the same bits).
-fn amx_tiles(isa: Isa, w: &QMatrix, t: usize) -> usize {
+/// Fewest tokens for the tiles on a matrix whose signed copy is kept (no unpack).
+const AMX_MIN_TOKENS_KEPT: usize = AMX_TOKENS;
+
+/// The tiles' share of a product of `t` tokens: how many whole 16-token tiles go through AMX
+/// (the rest through the vector kernels, which give the same bits), and `w`'s signed copy
+/// where one is kept.
+fn amx_plan(isa: Isa, w: &QMatrix, t: usize) -> (usize, Option<&[u8]>) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Amx && t >= AMX_MIN_TOKENS && kernels::amx::handles(w.kind) && kernels::amx::available() {
-        return t / AMX_TOKENS;
+    if isa == Isa::Amx && t >= AMX_MIN_TOKENS_KEPT.min(AMX_MIN_TOKENS) {
+        // None too where the tiles cannot take this matrix.
+        let signed = kernels::amx::signed_weights(w);
+        let min = if signed.is_some() { AMX_MIN_TOKENS_KEPT } else { AMX_MIN_TOKENS };
+        if t >= min && kernels::amx::handles(w.kind) && kernels::amx::available() {
+            return (t / AMX_TOKENS, signed);
+        }
     }
     let _ = (isa, w);
-    0
+    (0, None)
 }
 
 struct OutPtr(*mut f32);
@@ -127,6 +136,14 @@ mod tests {
             matmul(&pool, isa, &w, &a, &mut got);
             let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(&want), bits(&got), "{isa:?} {ty:?} {rows}x{cols} t={t}");
+            if isa == Isa::Amx {
+                // And where the tiles' signed copy is not kept (over budget), they unpack per call.
+                let unkept = QMatrix::from_ggml(ty, rows, cols, &random_ggml(ty, rows, cols, rows as u64)).unwrap();
+                assert!(unkept.signed.set(None).is_ok());
+                let mut got = vec![0.0; t * rows];
+                matmul(&pool, isa, &unkept, &a, &mut got);
+                assert_eq!(bits(&want), bits(&got), "{isa:?} unkept {ty:?} {rows}x{cols} t={t}");
+            }
             // And the scalar kernel itself agrees with a dequantized float dot product.
             let mut row = vec![0.0; cols];
             for r in 0..rows {
@@ -185,6 +202,15 @@ mod tests {
     #[test]
     fn every_available_kernel_matches_scalar_bit_for_bit_q6_k() {
         check_every_isa(GgmlType::Q6_K);
+    }
+
+    #[test]
+    fn a_signed_copy_over_the_budget_is_refused() {
+        use crate::qmatrix::SignedCopy;
+        assert!(SignedCopy::reserve(usize::MAX, usize::MAX - 1).is_none());
+        assert!(SignedCopy::reserve(1 << 20, 0).is_none());
+        let copy = SignedCopy::reserve(64, usize::MAX).expect("within an unbounded budget");
+        assert_eq!(copy.bytes(), &[0u8; 64][..]);
     }
 
     #[test]

@@ -7,6 +7,9 @@
 //! [`QKind::of`]); only the order of bytes changes, so results equal ggml's integer dot
 //! products block by block.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
 use gguf::GgmlType;
 
 use crate::dequant::QK_K;
@@ -134,6 +137,40 @@ pub struct QMatrix {
     pub fd: WeightBuf<f32>,
     /// U8Min: block minimums.
     pub fm: WeightBuf<f32>,
+    /// The AMX tiles' signed-byte copy of `qs`, made on the first batched product that uses
+    /// the tiles (`kernels::amx::signed_weights`); `None` inside when it was not kept.
+    pub signed: OnceLock<Option<SignedCopy>>,
+}
+
+/// Bytes held by every live [`SignedCopy`] in the process.
+static SIGNED_BYTES: AtomicUsize = AtomicUsize::new(0);
+
+/// A matrix's weights as one signed byte each, counted against a process-wide budget so that
+/// such copies cannot grow memory without bound (they take twice a 4-bit matrix's bytes).
+pub struct SignedCopy(Box<[u8]>);
+
+impl SignedCopy {
+    /// `len` zero bytes, if every copy in the process then holds at most `budget` bytes.
+    pub fn reserve(len: usize, budget: usize) -> Option<SignedCopy> {
+        SIGNED_BYTES
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| held.checked_add(len).filter(|&n| n <= budget))
+            .ok()?;
+        Some(SignedCopy(vec![0; len].into_boxed_slice()))
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        &mut self.0
+    }
+}
+
+impl Drop for SignedCopy {
+    fn drop(&mut self) {
+        SIGNED_BYTES.fetch_sub(self.0.len(), Ordering::AcqRel);
+    }
 }
 
 impl Packable for QMatrix {
@@ -226,6 +263,7 @@ impl QMatrix {
             mn: vec![0; per(kind == Q4K, n)].into(),
             fd: vec![0.0; per(kind == U8Min, n) + per(kind == Q6K, 2 * n)].into(),
             fm: vec![0.0; per(kind == U8Min, n)].into(),
+            signed: OnceLock::new(),
         }
     }
 

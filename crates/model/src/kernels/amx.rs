@@ -1,10 +1,13 @@
-//! AMX tiles for batched products of the signed kinds (Q4_0, Q5_0, Q8_0): one `tdpbssd`
-//! multiplies a 32-element block of sixteen tokens by the same block of sixteen weight rows,
-//! 8,192 products where AVX-512 VNNI needs eight instructions for each of the sixteen tokens.
+//! AMX tiles for batched products of every kind but Q6_K: one `tdpbssd` multiplies a
+//! 32-element block of sixteen tokens by the same block of sixteen weight rows, 8,192 products
+//! where AVX-512 VNNI needs eight instructions for each of the sixteen tokens. The weights go
+//! in as signed bytes: the signed kinds less their offset, the unsigned ones (below 32) as they
+//! are; a matrix's copy in that form is kept where memory allows ([`signed_weights`]).
 //!
 //! The arithmetic is the other kernels' (see the parent module): the tile unit only produces
 //! each block's exact integer sums, which the vector unit then scales and accumulates per block
-//! in block order, `acc = fma(isum, d_w * d_x, acc)`. So a token's result does not depend on
+//! in block order, `acc = fma(isum, d_w * d_x, acc)`, and the minimum terms of the kinds that
+//! have them apart, `macc = fma(m_w, s_x, macc)`. So a token's result does not depend on
 //! whether it went through a tile or through the VNNI kernel with fewer batch-mates: batch
 //! invariance holds bit for bit, and the tests hold this kernel to the scalar one.
 //!
@@ -16,7 +19,8 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
-use crate::qmatrix::{QKind, QMatrix, GROUP};
+use super::avx512::{Q4_1Scales, Q4kScales, ScaleMin, U8MinScales};
+use crate::qmatrix::{QKind, QMatrix, SignedCopy, GROUP};
 use crate::quant::{QuantActs, QK};
 
 /// Tokens per tile (the A tile's rows and the C tile's rows).
@@ -39,10 +43,10 @@ pub fn available() -> bool {
     })
 }
 
-/// Whether the tiles compute this kind: the kinds whose blocks are one signed integer sum
-/// times one scale (the minimum kinds and Q6_K's half-block scales stay on the VNNI kernels).
+/// Whether the tiles compute this kind: every kind whose blocks are one integer sum times one
+/// scale (Q6_K's half-block scales stay on the VNNI kernels).
 pub fn handles(kind: QKind) -> bool {
-    matches!(kind, QKind::Q4_0 | QKind::Q5_0 | QKind::Q8_0)
+    !matches!(kind, QKind::Q6K)
 }
 
 /// The tile configuration (palette 1): C tiles 0-3 (16 tokens x 16 rows of i32: token tile
@@ -75,9 +79,39 @@ thread_local! {
     static UNPACKED: RefCell<[Vec<u8>; 2]> = const { RefCell::new([Vec::new(), Vec::new()]) };
 }
 
+/// The matrix's blocks as signed bytes in the B-tile layout (`[group][block][512]`, see
+/// [`unpack_group`]), made on first use and kept while every such copy in the process fits in
+/// an eighth of physical memory; `None` where it was not kept or the tiles cannot take `w`.
+/// With it a product skips the per-call unpack, which is a fifth of a 64-token product and
+/// more with fewer tokens; it costs a byte per weight (twice a 4-bit matrix), which is why it
+/// is made only once a batched product asks for it.
+pub fn signed_weights(w: &QMatrix) -> Option<&[u8]> {
+    if !(handles(w.kind) && available() && is_x86_feature_detected!("avx512bw")) {
+        return None;
+    }
+    let copy = w.signed.get_or_init(|| {
+        let nb = w.blocks();
+        let mut copy = SignedCopy::reserve(w.groups() * nb * 512, budget())?;
+        for (g, buf) in copy.bytes_mut().chunks_exact_mut(nb * 512).enumerate() {
+            // SAFETY: AVX-512BW checked above; `buf` holds the group's nb blocks.
+            unsafe { unpack_group(w, g, buf) };
+        }
+        Some(copy)
+    });
+    copy.as_ref().map(SignedCopy::bytes)
+}
+
+/// An eighth of physical memory: what the signed copies may hold together.
+fn budget() -> usize {
+    // SAFETY: sysconf reads a system constant.
+    let (pages, size) = unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    (pages.max(0) as usize).saturating_mul(size.max(0) as usize) / 8
+}
+
 /// `*out.add(t * stride + g * 16 + r)` = dot(row `g*16 + r` of `w`, token `t` of `a`) for the
 /// groups `g` of `groups` (one or two), their rows that exist (a last group may have fewer
-/// than 16), and the first `tiles * 16` tokens of `a`.
+/// than 16), and the first `tiles * 16` tokens of `a`. `signed`: `w`'s [`signed_weights`], if
+/// kept; otherwise the groups are unpacked here.
 ///
 /// # Safety
 /// [`available`] must be true and `handles(w.kind)`; `tiles * 16 <= a.rows`, every group
@@ -87,22 +121,14 @@ thread_local! {
 pub unsafe fn group_tiles(
     w: &QMatrix,
     groups: &[usize],
+    signed: Option<&[u8]>,
     a: &QuantActs,
     tiles: usize,
     out: *mut f32,
     stride: usize,
 ) {
     let nb = w.blocks();
-    UNPACKED.with_borrow_mut(|bufs| {
-        for (buf, &g) in bufs.iter_mut().zip(groups) {
-            // Grown only: matrices of different widths alternate, and a resize back up
-            // would zero the growth on every call.
-            if buf.len() < nb * 512 {
-                buf.resize(nb * 512, 0);
-            }
-            unpack_group(w, g, buf);
-        }
-        let ws = [bufs[0].as_ptr(), bufs[1].as_ptr()];
+    let run = |ws: [*const u8; 2]| {
         asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
         let mut tile = 0;
         while tile < tiles {
@@ -116,6 +142,22 @@ pub unsafe fn group_tiles(
             tile += 2;
         }
         asm!("tilerelease", options(nostack, nomem));
+    };
+    if let Some(s) = signed {
+        assert!(s.len() >= w.groups() * nb * 512);
+        let at = |i: usize| s.as_ptr().add(groups[i.min(groups.len() - 1)] * nb * 512);
+        return run([at(0), at(1)]);
+    }
+    UNPACKED.with_borrow_mut(|bufs| {
+        for (buf, &g) in bufs.iter_mut().zip(groups) {
+            // Grown only: matrices of different widths alternate, and a resize back up
+            // would zero the growth on every call.
+            if buf.len() < nb * 512 {
+                buf.resize(nb * 512, 0);
+            }
+            unpack_group(w, g, buf);
+        }
+        run([bufs[0].as_ptr(), bufs[1].as_ptr()])
     });
 }
 
@@ -135,9 +177,17 @@ unsafe fn unpack_group(w: &QMatrix, g: usize, buf: &mut [u8]) {
                 store(i, _mm512_xor_si512(_mm512_loadu_si512(src.add(i * 64) as *const _), flip));
             }
         }
-        QKind::Q4_0 | QKind::Q5_0 => {
+        // Unsigned bytes below 32: the same values as signed.
+        QKind::U8Min => {
+            let src = w.qs.as_ptr().add(g * nb * 512);
+            for i in 0..nb * 8 {
+                store(i, _mm512_loadu_si512(src.add(i * 64) as *const _));
+            }
+        }
+        QKind::Q4_0 | QKind::Q5_0 | QKind::Q4_1 | QKind::Q4K => {
             let fifth_bits = w.kind == QKind::Q5_0;
-            let offset = _mm512_set1_epi8(if fifth_bits { 16 } else { 8 });
+            // Unsigned nibbles below 16 (Q4_1, Q4K) are their own signed values.
+            let offset = _mm512_set1_epi8(w.kind.offset() as i8);
             let (mask, fifth) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10));
             for b in 0..nb {
                 let gb = g * nb + b;
@@ -241,17 +291,46 @@ impl Pass<'_> {
                 }
             }
         }
-        // As the VNNI kernels store: plus zero (a kind without a minimum adds a zero minimum).
-        let zero = _mm512_setzero_ps();
+        let min_kind = matches!(self.w.kind, QKind::Q4_1 | QKind::Q4K | QKind::U8Min);
         for c in 0..4 {
             if c / 2 < NT && c % 2 < NG {
-                // A last group's rows past the matrix are padding, and another task's columns.
-                let valid = GROUP.min(self.w.rows - self.groups[c % 2] * GROUP);
-                let keep: __mmask16 = if valid >= GROUP { !0 } else { (1u16 << valid) - 1 };
-                let out = self.out.add((self.t0 + (c / 2) * TOKENS) * self.stride + self.groups[c % 2] * GROUP);
-                for (m, acc) in acc.0[c].iter().enumerate() {
-                    _mm512_mask_storeu_ps(out.add(m * self.stride), keep, _mm512_add_ps(*acc, zero));
+                let (g, t0) = (self.groups[c % 2], self.t0 + (c / 2) * TOKENS);
+                // As the VNNI kernels store: acc + macc, macc the minimum terms in block order
+                // (zero for a kind without them). They need no tiles, so they run here, in
+                // registers, rather than through memory with the sums.
+                let mut macc = [_mm512_setzero_ps(); TOKENS];
+                if min_kind {
+                    for b in 0..nb {
+                        let (_, mw) = self.scale_min(g, b);
+                        for (m, macc) in macc.iter_mut().enumerate() {
+                            let sx = *self.a.s.get_unchecked((t0 + m) * nb + b);
+                            *macc = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx), *macc);
+                        }
+                    }
                 }
+                // A last group's rows past the matrix are padding, and another task's columns.
+                let valid = GROUP.min(self.w.rows - g * GROUP);
+                let keep: __mmask16 = if valid >= GROUP { !0 } else { (1u16 << valid) - 1 };
+                let out = self.out.add(t0 * self.stride + g * GROUP);
+                for (m, (acc, macc)) in acc.0[c].iter().zip(macc).enumerate() {
+                    _mm512_mask_storeu_ps(out.add(m * self.stride), keep, _mm512_add_ps(*acc, macc));
+                }
+            }
+        }
+    }
+
+    /// The 16 rows' scales and minimums of block `b` of group `g`, computed as the VNNI
+    /// kernels compute them (the minimum is zero for the kinds without one).
+    #[inline(always)]
+    unsafe fn scale_min(&self, g: usize, b: usize) -> (__m512, __m512) {
+        let w = self.w;
+        match w.kind {
+            QKind::Q4_1 => Q4_1Scales::scale_min(w, g, b),
+            QKind::Q4K => Q4kScales::scale_min(w, g, b),
+            QKind::U8Min => U8MinScales::scale_min(w, g, b),
+            _ => {
+                let d = w.d.as_ptr().add((g * w.blocks() + b) * GROUP);
+                (_mm512_cvtph_ps(_mm256_loadu_si256(d as *const __m256i)), _mm512_setzero_ps())
             }
         }
     }
@@ -263,7 +342,7 @@ impl Pass<'_> {
         let nb = w.blocks();
         let g = self.groups[c % 2];
         let t0 = self.t0 + (c / 2) * TOKENS;
-        let dw = _mm512_cvtph_ps(_mm256_loadu_si256(w.d.as_ptr().add((g * nb + b) * GROUP) as *const __m256i));
+        let (dw, _) = self.scale_min(g, b);
         for (m, acc) in acc.iter_mut().enumerate() {
             let isum = _mm512_loadu_si512(sums.add(m * GROUP) as *const _);
             let scale = _mm512_mul_ps(dw, _mm512_set1_ps(*a.d.get_unchecked((t0 + m) * nb + b)));

@@ -115,11 +115,11 @@ unsafe fn u8min_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usi
 /// Where a min kind keeps its scales and minimums: those of the 16 rows of block `b` of group
 /// `g`. (Methods, not closures: a closure does not inherit the caller's target features unless
 /// it is inlined, and an outlined one is slower than the whole kernel.)
-trait ScaleMin {
+pub(super) trait ScaleMin {
     unsafe fn scale_min(w: &QMatrix, g: usize, b: usize) -> (__m512, __m512);
 }
 
-struct Q4_1Scales;
+pub(super) struct Q4_1Scales;
 impl ScaleMin for Q4_1Scales {
     #[inline(always)]
     unsafe fn scale_min(w: &QMatrix, g: usize, b: usize) -> (__m512, __m512) {
@@ -128,7 +128,7 @@ impl ScaleMin for Q4_1Scales {
     }
 }
 
-struct Q4kScales;
+pub(super) struct Q4kScales;
 impl ScaleMin for Q4kScales {
     #[inline(always)]
     unsafe fn scale_min(w: &QMatrix, g: usize, b: usize) -> (__m512, __m512) {
@@ -144,7 +144,7 @@ impl ScaleMin for Q4kScales {
     }
 }
 
-struct U8MinScales;
+pub(super) struct U8MinScales;
 impl ScaleMin for U8MinScales {
     #[inline(always)]
     unsafe fn scale_min(w: &QMatrix, g: usize, b: usize) -> (__m512, __m512) {
