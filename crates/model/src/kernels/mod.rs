@@ -27,7 +27,7 @@ pub enum Isa {
     Scalar,
     Avx2,
     Avx512,
-    /// AVX-512 VNNI, with AMX tiles for the signed kinds' products of 32 tokens or more.
+    /// AVX-512 VNNI, with AMX tiles for products of 16 tokens or more (every kind but Q6_K).
     Amx,
 }
 
