@@ -23,7 +23,7 @@ pub fn matmul(pool: &ComputePool, isa: Isa, w: &QMatrix, a: &QuantActs, out: &mu
         if tiled > 0 {
             for g in task_groups.clone().step_by(2) {
                 let pair: &[usize] = if g + 1 < task_groups.end { &[g, g + 1] } else { &[g] };
-                // SAFETY: `amx_tiles` checked the CPU and the kind; rows 0..tiled*16 and the
+                // SAFETY: `amx_plan` checked the CPU and the kind; rows 0..tiled*16 and the
                 // groups' valid columns lie inside `out` and belong to this task.
                 #[cfg(target_arch = "x86_64")]
                 unsafe {
@@ -75,11 +75,9 @@ const AMX_MIN_TOKENS_KEPT: usize = AMX_TOKENS;
 /// where one is kept.
 fn amx_plan(isa: Isa, w: &QMatrix, t: usize) -> (usize, Option<&[u8]>) {
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Amx && t >= AMX_MIN_TOKENS_KEPT.min(AMX_MIN_TOKENS) {
-        // None too where the tiles cannot take this matrix.
+    if isa == Isa::Amx && t >= AMX_MIN_TOKENS_KEPT && kernels::amx::handles(w.kind) && kernels::amx::available() {
         let signed = kernels::amx::signed_weights(w);
-        let min = if signed.is_some() { AMX_MIN_TOKENS_KEPT } else { AMX_MIN_TOKENS };
-        if t >= min && kernels::amx::handles(w.kind) && kernels::amx::available() {
+        if t >= if signed.is_some() { AMX_MIN_TOKENS_KEPT } else { AMX_MIN_TOKENS } {
             return (t / AMX_TOKENS, signed);
         }
     }
