@@ -13,6 +13,9 @@ use crate::threads::ComputePool;
 
 pub const QK: usize = 32;
 
+/// Rows of a tile of tokens: the unit [`QuantActs`] pads its buffers to.
+pub const TILE_ROWS: usize = 16;
+
 /// f16 round trip: llama.cpp stores block scales as f16, so every scale we use must be too.
 #[inline]
 pub fn round_f16(x: f32) -> f32 {
@@ -30,6 +33,11 @@ pub use crate::dequant::{dequant_q4_0, dequant_q4_1, dequant_q8_0};
 /// signed values, the integer sums of each half block (elements 0..16 and 16..32: weights fed
 /// as value + offset to an unsigned x signed instruction are corrected by offset x these), the
 /// block scale `d` and, for Q8_1, `s = d * sum(q)`.
+///
+/// The buffers hold `rows` rounded up to whole [`TILE_ROWS`]: a tile load reads sixteen rows,
+/// so a last, partial tile of tokens can go through the tiles with the rest rather than through
+/// a kernel that streams the weights once more for a few tokens. Rows past `rows` are padding
+/// (zeros, or what an earlier call left): read, multiplied, never stored.
 #[derive(Default)]
 pub struct QuantActs {
     pub rows: usize,
@@ -167,10 +175,11 @@ impl QuantActs {
         let nb = k / QK;
         self.rows = rows;
         self.blocks_per_row = nb;
-        self.qs.resize(rows * k, 0);
-        self.xsum16.resize(2 * rows * nb, 0);
-        self.d.resize(rows * nb, 0.0);
-        self.s.resize(rows * nb, 0.0);
+        let padded = rows.next_multiple_of(TILE_ROWS);
+        self.qs.resize(padded * k, 0);
+        self.xsum16.resize(2 * padded * nb, 0);
+        self.d.resize(padded * nb, 0.0);
+        self.s.resize(padded * nb, 0.0);
     }
 
     /// The definition the SIMD path is tested against.
@@ -333,10 +342,15 @@ mod tests {
                 split.quantize(&vec![3.0; 40 * 1536], 40, 1536, fmt);
                 split.quantize_on(&pool, &x, rows, k, fmt);
                 assert_eq!((split.rows, split.blocks_per_row), (rows, k / QK), "{rows}x{k} {fmt:?}");
-                assert_eq!(one.qs, split.qs, "{rows}x{k} {fmt:?}");
-                assert_eq!(one.xsum16, split.xsum16, "{rows}x{k} {fmt:?}");
-                assert_eq!(one.d, split.d, "{rows}x{k} {fmt:?}");
-                assert_eq!(one.s, split.s, "{rows}x{k} {fmt:?}");
+                // The rows' blocks; past them is padding, which may keep the stale result.
+                let nb = rows * k / QK;
+                assert_eq!(one.qs[..rows * k], split.qs[..rows * k], "{rows}x{k} {fmt:?}");
+                assert_eq!(one.xsum16[..2 * nb], split.xsum16[..2 * nb], "{rows}x{k} {fmt:?}");
+                assert_eq!(one.d[..nb], split.d[..nb], "{rows}x{k} {fmt:?}");
+                assert_eq!(one.s[..nb], split.s[..nb], "{rows}x{k} {fmt:?}");
+                // And the buffers hold whole tiles of rows, for the tile loads.
+                let padded = rows.next_multiple_of(TILE_ROWS);
+                assert!(split.qs.len() >= padded * k && split.d.len() >= padded * k / QK, "{rows}x{k} {fmt:?}");
             }
         }
     }

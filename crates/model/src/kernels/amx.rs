@@ -28,8 +28,8 @@ use crate::quant::{QuantActs, QK};
 /// +4-8% measured).
 const PREFETCH: usize = 6;
 
-/// Tokens per tile (the A tile's rows and the C tile's rows).
-pub const TOKENS: usize = 16;
+/// Tokens per tile (the A tile's rows and the C tile's rows): the rows [`QuantActs`] pads to.
+pub const TOKENS: usize = crate::quant::TILE_ROWS;
 
 /// Whether this CPU has AMX-INT8 and the kernel let this process use it (asked once).
 pub fn available() -> bool {
@@ -117,11 +117,12 @@ fn budget() -> usize {
 
 /// `*out.add(t * stride + g * 16 + r)` = dot(row `g*16 + r` of `w`, token `t` of `a`) for the
 /// groups `g` of `groups` (one or two), their rows that exist (a last group may have fewer
-/// than 16), and the first `tiles * 16` tokens of `a`. `signed`: `w`'s [`signed_weights`], if
-/// kept; otherwise the groups are unpacked here.
+/// than 16), and the tokens of the first `tiles` tiles that exist (a last tile may have fewer
+/// than 16: its padding rows of `a` are multiplied, not stored). `signed`: `w`'s
+/// [`signed_weights`], if kept; otherwise the groups are unpacked here.
 ///
 /// # Safety
-/// [`available`] must be true and `handles(w.kind)`; `tiles * 16 <= a.rows`, every group
+/// [`available`] must be true and `handles(w.kind)`; `(tiles - 1) * 16 < a.rows`, every group
 /// `< w.groups()`, and `out` valid for writes at every index above, which no other thread
 /// touches during the call.
 #[target_feature(enable = "avx512f,avx512bw,f16c")]
@@ -135,6 +136,11 @@ pub unsafe fn group_tiles(
     stride: usize,
 ) {
     let nb = w.blocks();
+    // The tile loads read whole tiles of tokens, padding included.
+    assert!(tiles * TOKENS <= a.rows.next_multiple_of(TOKENS));
+    assert!(
+        a.qs.len() >= tiles * TOKENS * nb * QK && a.d.len() >= tiles * TOKENS * nb && a.s.len() >= tiles * TOKENS * nb
+    );
     // Configured once per thread and never released: `ldtilecfg` waits for the tile unit to
     // drain and zeroes every tile, which cost 5% of a batch-16 decode step when done per call.
     // Every tile is loaded or zeroed before it is read, so what an earlier call left in them
@@ -147,11 +153,18 @@ pub unsafe fn group_tiles(
         let mut tile = 0;
         while tile < tiles {
             let pass = Pass { w, groups, ws, a, t0: tile * TOKENS, out, stride };
-            match (tiles - tile >= 2, groups.len() == 2) {
-                (true, true) => pass.run::<2, 2>(),
-                (true, false) => pass.run::<2, 1>(),
-                (false, true) => pass.run::<1, 2>(),
-                (false, false) => pass.run::<1, 1>(),
+            // Whether this pass's last token tile is a partial one: a variant of its own, so
+            // the passes over whole tiles keep their fixed-count loops.
+            let partial = (tile + 2).min(tiles) * TOKENS > a.rows;
+            match (tiles - tile >= 2, groups.len() == 2, partial) {
+                (true, true, false) => pass.run::<2, 2, false>(),
+                (true, false, false) => pass.run::<2, 1, false>(),
+                (false, true, false) => pass.run::<1, 2, false>(),
+                (false, false, false) => pass.run::<1, 1, false>(),
+                (true, true, true) => pass.run::<2, 2, true>(),
+                (true, false, true) => pass.run::<2, 1, true>(),
+                (false, true, true) => pass.run::<1, 2, true>(),
+                (false, false, true) => pass.run::<1, 1, true>(),
             }
             tile += 2;
         }
@@ -252,7 +265,7 @@ macro_rules! tile_op {
 
 impl Pass<'_> {
     #[target_feature(enable = "avx512f,avx512bw,f16c")]
-    unsafe fn run<const NT: usize, const NG: usize>(&self) {
+    unsafe fn run<const NT: usize, const NG: usize, const PARTIAL: bool>(&self) {
         let nb = self.w.blocks();
         let row_bytes = nb * QK;
         let xq = self.a.qs.as_ptr().add(self.t0 * row_bytes) as *const u8;
@@ -263,6 +276,11 @@ impl Pass<'_> {
         // Block b's sums of C tile c.
         let slot = |b: usize, c: usize| base.add(((b % 2) * 4 + c) * TOKENS * GROUP);
         let mut acc = Acc([[_mm512_setzero_ps(); TOKENS]; 4]);
+        // Tokens of each token tile that exist: a last tile's padding gets its products (the
+        // tile unit does sixteen rows at no extra cost) but none of the vector unit's work,
+        // which is what a pass spends its time on.
+        let last = self.a.rows - (self.t0 + (NT - 1) * TOKENS);
+        let tokens = |c: usize| if PARTIAL && c / 2 == NT - 1 { last } else { TOKENS };
         for b in 0..=nb {
             if b < nb {
                 if b + PREFETCH < nb {
@@ -307,7 +325,12 @@ impl Pass<'_> {
             if b > 0 {
                 for c in 0..4 {
                     if c / 2 < NT && c % 2 < NG {
-                        self.scale_add(b - 1, c, slot(b - 1, c), &mut acc.0[c]);
+                        let acc = &mut acc.0[c];
+                        if PARTIAL && c / 2 == NT - 1 {
+                            self.scale_add(b - 1, c, slot(b - 1, c), &mut acc[..last]);
+                        } else {
+                            self.scale_add(b - 1, c, slot(b - 1, c), acc);
+                        }
                     }
                 }
             }
@@ -320,10 +343,11 @@ impl Pass<'_> {
                 // (zero for a kind without them). They need no tiles, so they run here, in
                 // registers, rather than through memory with the sums.
                 let mut macc = [_mm512_setzero_ps(); TOKENS];
+                let tokens = tokens(c);
                 if min_kind {
                     for b in 0..nb {
                         let (_, mw) = self.scale_min(g, b);
-                        for (m, macc) in macc.iter_mut().enumerate() {
+                        for (m, macc) in macc.iter_mut().enumerate().take(tokens) {
                             let sx = *self.a.s.get_unchecked((t0 + m) * nb + b);
                             *macc = _mm512_fmadd_ps(mw, _mm512_set1_ps(sx), *macc);
                         }
@@ -333,7 +357,8 @@ impl Pass<'_> {
                 let valid = GROUP.min(self.w.rows - g * GROUP);
                 let keep: __mmask16 = if valid >= GROUP { !0 } else { (1u16 << valid) - 1 };
                 let out = self.out.add(t0 * self.stride + g * GROUP);
-                for (m, (acc, macc)) in acc.0[c].iter().zip(macc).enumerate() {
+                // A last tile's padding tokens are not stored.
+                for (m, (acc, macc)) in acc.0[c].iter().zip(macc).enumerate().take(tokens) {
                     _mm512_mask_storeu_ps(out.add(m * self.stride), keep, _mm512_add_ps(*acc, macc));
                 }
             }
@@ -358,7 +383,7 @@ impl Pass<'_> {
 
     /// `acc[m] = fma(isum[m], d_w * d_x[m], acc[m])` for block `b`'s sums `sums` of C tile `c`.
     #[inline(always)]
-    unsafe fn scale_add(&self, b: usize, c: usize, sums: *const i32, acc: &mut [__m512; TOKENS]) {
+    unsafe fn scale_add(&self, b: usize, c: usize, sums: *const i32, acc: &mut [__m512]) {
         let (w, a) = (self.w, self.a);
         let nb = w.blocks();
         let g = self.groups[c % 2];
