@@ -71,12 +71,17 @@ for round in $(seq "$rounds"); do
 done
 
 # The engine alone (`bench model`, no HTTP, no router, no sampling) doing the same work at the
-# same batch: each client's prompt (as the server counted it) prefilled, then its answer
-# decoded. Served / engine is what the serving path keeps of the engine's speed.
+# same batch: each client's prompt (as the server counted it) prefilled past the part its
+# prefix cache served (already in the KV cache: `--depth`), then its answer decoded.
+# Served / engine is what the serving path keeps of the engine's speed.
 for c in ${clients//,/ }; do
-  prompt=$(python3 -c 'import json,sys; print(round(json.load(open(sys.argv[1]))["levels"][0]["mean_prompt_tokens"] or 0))' "$work/pw-$c-1.json")
-  "$pw" bench model --model "$model" --threads "$threads" --batch "$c" --prompt "$prompt" --decode "$max_tokens" \
-    --reps 2 --json >"$work/engine-$c.json"
+  read -r cached uncached < <(python3 -c 'import json,sys
+l = json.load(open(sys.argv[1]))["levels"][0]
+p, k = round(l["mean_prompt_tokens"] or 1), round(l.get("mean_cached_tokens") or 0)
+k = min(k, p - 1)
+print(k, p - k)' "$work/pw-$c-1.json")
+  "$pw" bench model --model "$model" --threads "$threads" --batch "$c" --depth "$cached" --prompt "$uncached" \
+    --decode "$max_tokens" --reps 2 --json >"$work/engine-$c.json"
 done
 
 python3 - "$work" "$clients" "$rounds" <<'EOF'
@@ -111,14 +116,15 @@ for c in clients:
     print(f"| {c} | {' '.join(f'x{v:.2f}' for v in tr)} | x{statistics.median(tr):.2f} "
           f"| {' '.join(f'{v:.2f}' for v in fr)} | {statistics.median(fr):.2f} |")
 print()
-print("| clients | prompt tokens | engine prefill tok/s | engine decode tok/s | engine, same work, output tok/s | served (median round) / same work | served / decode only |")
+print("| clients | prompt tokens to prefill (cached) | engine prefill tok/s | engine decode tok/s | engine, same work, output tok/s | served (median round) / same work | served / decode only |")
 print("|---|---|---|---|---|---|---|")
 for c in clients:
     e = json.load(open(f"{work}/engine-{c}.json"))
     row, served = e["rows"][0], level("pw", c, median_round(c))["output_tokens_per_s"]
     p, d = e["prompt_tokens"], e["decode_tokens"]
     pf, dc = row["prefill_tokens_per_s"], row["decode_tokens_per_s"]
-    # Per request: its prompt at the batch's prefill rate, then its answer at the decode rate.
+    # Per request: its uncached prompt at the batch's prefill rate, then its answer at the
+    # decode rate.
     same = d / (p / pf + d / dc)
-    print(f"| {c} | {p} | {pf:.1f} | {dc:.1f} | {same:.1f} | {served / same:.0%} | {served / dc:.0%} |")
+    print(f"| {c} | {p} ({row.get('depth', 0)}) | {pf:.1f} | {dc:.1f} | {same:.1f} | {served / same:.0%} | {served / dc:.0%} |")
 EOF

@@ -55,6 +55,9 @@ struct Level {
     /// Prompt tokens per request as the server counted them (its usage chunk), when it said:
     /// what an engine-only comparison needs to do the same work.
     mean_prompt_tokens: Option<f64>,
+    /// Of those, the ones its prefix cache served (`prompt_tokens_details.cached_tokens`), when
+    /// it said: the engine-only comparison has them in the KV cache already, not to prefill.
+    mean_cached_tokens: Option<f64>,
     wall_s: f64,
     output_tokens_per_s: f64,
     ttft_p50_ms: f64,
@@ -78,6 +81,7 @@ struct Sample {
     gaps: Vec<Duration>,
     tokens: usize,
     prompt_tokens: Option<usize>,
+    cached_tokens: Option<usize>,
 }
 
 use launch::agent;
@@ -128,7 +132,8 @@ fn one(agent: &ureq::Agent, b: &ServeBench, model: &str, prompt: &str) -> Result
     }
     let reader = BufReader::new(resp.into_body().into_reader());
     let (mut first, mut last) = (None, t0);
-    let (mut gaps, mut chunks, mut usage, mut prompt_tokens) = (Vec::new(), 0usize, None, None);
+    let (mut gaps, mut chunks, mut usage, mut prompt_tokens, mut cached_tokens) =
+        (Vec::new(), 0usize, None, None, None);
     for line in reader.lines() {
         let line = line?;
         let Some(data) = line.strip_prefix("data: ") else { continue };
@@ -145,6 +150,9 @@ fn one(agent: &ureq::Agent, b: &ServeBench, model: &str, prompt: &str) -> Result
         if let Some(n) = v["usage"]["prompt_tokens"].as_u64() {
             prompt_tokens = Some(n as usize);
         }
+        if let Some(n) = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() {
+            cached_tokens = Some(n as usize);
+        }
         let has_content = v["choices"][0]["delta"]["content"].as_str().is_some_and(|c| !c.is_empty());
         if has_content {
             let now = Instant::now();
@@ -157,7 +165,7 @@ fn one(agent: &ureq::Agent, b: &ServeBench, model: &str, prompt: &str) -> Result
         }
     }
     let ttft = first.context("no content in the stream")?;
-    Ok(Sample { ttft, gaps, tokens: usage.unwrap_or(chunks), prompt_tokens })
+    Ok(Sample { ttft, gaps, tokens: usage.unwrap_or(chunks), prompt_tokens, cached_tokens })
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
@@ -192,8 +200,12 @@ fn level(b: &ServeBench, model: &str, c: usize) -> Level {
     let wall = t0.elapsed().as_secs_f64();
     let samples = samples.into_inner().unwrap_or_else(|e| e.into_inner());
     let tokens: usize = samples.iter().map(|s| s.tokens).sum();
-    let prompts: Option<Vec<usize>> = samples.iter().map(|s| s.prompt_tokens).collect();
-    let mean_prompt_tokens = prompts.filter(|p| !p.is_empty()).map(|p| p.iter().sum::<usize>() as f64 / p.len() as f64);
+    // Over every request, or none where one went unreported.
+    let mean = |n: &dyn Fn(&Sample) -> Option<usize>| {
+        let all: Option<Vec<usize>> = samples.iter().map(n).collect();
+        all.filter(|v| !v.is_empty()).map(|v| v.iter().sum::<usize>() as f64 / v.len() as f64)
+    };
+    let (mean_prompt_tokens, mean_cached_tokens) = (mean(&|s| s.prompt_tokens), mean(&|s| s.cached_tokens));
     let mut ttft: Vec<f64> = samples.iter().map(|s| s.ttft.as_secs_f64() * 1e3).collect();
     let mut itl: Vec<f64> = samples.iter().flat_map(|s| s.gaps.iter().map(|g| g.as_secs_f64() * 1e3)).collect();
     Level {
@@ -202,6 +214,7 @@ fn level(b: &ServeBench, model: &str, c: usize) -> Level {
         errors: errors.into_inner().unwrap_or_else(|e| e.into_inner()),
         output_tokens: tokens,
         mean_prompt_tokens,
+        mean_cached_tokens,
         wall_s: wall,
         output_tokens_per_s: tokens as f64 / wall,
         ttft_mean_ms: ttft.iter().sum::<f64>() / ttft.len().max(1) as f64,

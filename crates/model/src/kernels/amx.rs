@@ -277,9 +277,9 @@ impl Pass<'_> {
         let slot = |b: usize, c: usize| base.add(((b % 2) * 4 + c) * TOKENS * GROUP);
         let mut acc = Acc([[_mm512_setzero_ps(); TOKENS]; 4]);
         // Tokens of each token tile that exist: a last tile's padding gets its products (the
-        // tile unit does sixteen rows at no extra cost) but none of the vector unit's work,
-        // which is what a pass spends its time on.
-        let last = self.a.rows - (self.t0 + (NT - 1) * TOKENS);
+        // tile unit multiplies sixteen rows either way) but none of the vector unit's work,
+        // which is most of what a pass spends its time on.
+        let last = if PARTIAL { self.a.rows - (self.t0 + (NT - 1) * TOKENS) } else { TOKENS };
         let tokens = |c: usize| if PARTIAL && c / 2 == NT - 1 { last } else { TOKENS };
         for b in 0..=nb {
             if b < nb {
