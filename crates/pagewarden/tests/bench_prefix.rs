@@ -1,7 +1,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! `pagewarden bench prefix-cache` as a user runs it: the real binary starting two `serve`
-//! children (prefix cache on and off) with the real default model. Speed is never asserted,
-//! only that the cache was used and changed no reply.
+//! children (prefix cache on and off) with the real default model; and `bench serve`'s report
+//! of what the cache served, which the serving comparison's engine run is sized by. Speed is
+//! never asserted, only that the cache was used, changed no reply and was reported.
+
+mod common;
 
 use std::process::Command;
 
@@ -29,4 +32,28 @@ fn prefix_cache_bench_hits_the_cache_and_changes_no_reply() {
     assert_eq!(r["per_turn"].as_array().map(Vec::len), Some(2));
     assert!(r["overall"]["ttft_on_median_ms"].as_f64().unwrap() > 0.0);
     assert!(r["command"].as_str().unwrap().starts_with("pagewarden bench prefix-cache --conversations 2 --turns 2"));
+}
+
+#[test]
+fn bench_serve_reports_the_prompt_tokens_the_prefix_cache_served() {
+    let server = common::Server::start(&[]);
+    let bench = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_pagewarden"))
+            .args(["bench", "serve", "--url", &server.url, "--key", &server.key])
+            .args(["--concurrency", "2", "--requests", "2", "--max-tokens", "4", "--json"])
+            .output()
+            .expect("run pagewarden");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "bench failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+        let r: Value = serde_json::from_str(&stdout).expect("one JSON object");
+        r["levels"][0].clone()
+    };
+    // The second run sends the prompts the first one did: all but the last token of each is
+    // in the cache (the tokens that produce the first output token are always computed).
+    let _ = bench();
+    let level = bench();
+    assert_eq!(level["errors"], 0, "{level}");
+    let prompt = level["mean_prompt_tokens"].as_f64().expect("prompt tokens reported");
+    let cached = level["mean_cached_tokens"].as_f64().expect("cached tokens reported");
+    assert!(prompt > 1.0 && cached >= 1.0 && cached < prompt, "prompt {prompt}, cached {cached}: {level}");
 }
