@@ -77,7 +77,7 @@ const AMX_MIN_TOKENS_KEPT: usize = AMX_TOKENS;
 /// a whole tile in a pass it adds only products, and even on its own it beat the vector
 /// kernels, which stream the weights once for every four tokens (with one token left to them,
 /// a 17-token decode step gave 15-20% fewer tokens per second than a 16-token one; on its own,
-/// the partial tile was +2-3% at 33 tokens and +7-9% at 40).
+/// the partial tile was +2-3% at 33 tokens and +7-10% at 40).
 fn amx_plan(isa: Isa, w: &QMatrix, t: usize) -> (usize, Option<&[u8]>) {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Amx && t >= AMX_MIN_TOKENS_KEPT && kernels::amx::handles(w.kind) && kernels::amx::available() {
