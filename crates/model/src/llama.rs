@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use gguf::GgufFile;
 use kv::BlockTable;
 
-use crate::attention::{self, attend_heads, AttnInput, AttnShape};
+use crate::attention::{self, attend_heads_into, AttnInput, AttnShape};
 use crate::config::{Arch, LlamaConfig};
 use crate::error::ModelError;
 use crate::kernels::Isa;
@@ -250,7 +250,24 @@ impl Llama {
         let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
         let t: usize = batch.iter().map(|s| s.tokens.len()).sum();
         let mut offsets = Vec::with_capacity(batch.len());
-        let Workspace { x, xn, qkv, q, k, v, attn, proj, normed, gate_up, hidden, sel, sel_normed, logits, acts } = ws;
+        let Workspace {
+            x,
+            xn,
+            qkv,
+            q,
+            k,
+            v,
+            attn,
+            proj,
+            normed,
+            gate_up,
+            hidden,
+            sel,
+            sel_normed,
+            logits,
+            acts,
+            attn_parts,
+        } = ws;
         let x = zeroed(x, t * d);
         let mut positions = Vec::with_capacity(t);
         let mut row = 0;
@@ -355,12 +372,17 @@ impl Llama {
                             .map(move |g0| (si, h, rows.clone(), g0..(g0 + per_part).min(group)))
                     })
                     .collect();
-                let mut results: Vec<Vec<f32>> = vec![Vec::new(); tasks.len()];
-                self.pool.for_each_chunk_mut(&mut results, 1, &|i, slot| {
+                // Kept from step to step, filled in place: fresh ones were allocated on one
+                // compute thread and freed on the other (a contended allocator lock).
+                if attn_parts.len() < tasks.len() {
+                    attn_parts.resize_with(tasks.len(), Vec::new);
+                }
+                let results = &mut attn_parts[..tasks.len()];
+                self.pool.for_each_chunk_mut(results, 1, &|i, slot| {
                     let (si, h, ref rows, ref heads) = tasks[i];
-                    slot[0] = attend_heads(&inputs[si], &shape, h, heads.clone(), rows.clone());
+                    attend_heads_into(&inputs[si], &shape, h, heads.clone(), rows.clone(), &mut slot[0]);
                 });
-                for ((si, h, rows, heads), res) in tasks.iter().zip(&results) {
+                for ((si, h, rows, heads), res) in tasks.iter().zip(results.iter()) {
                     let off = offsets[*si];
                     let width = heads.len() * hd;
                     for (k, i) in rows.clone().enumerate() {

@@ -31,6 +31,8 @@ pub(crate) struct Workspace {
     pub sel_normed: Vec<f32>,
     pub logits: Vec<f32>,
     pub acts: QuantActs,
+    /// Each attention task's output rows (a task per sequence, KV head and block of rows).
+    pub attn_parts: Vec<Vec<f32>>,
 }
 
 impl Workspace {
@@ -58,6 +60,9 @@ impl Workspace {
         }
         if self.acts.qs.capacity() > KEEP_AT_MOST {
             self.acts = QuantActs::default();
+        }
+        if self.attn_parts.iter().map(|p| p.capacity() * size_of::<f32>()).sum::<usize>() > KEEP_AT_MOST {
+            self.attn_parts = Vec::new();
         }
     }
 }

@@ -12,6 +12,7 @@
 
 use std::arch::x86_64::{_mm512_fmadd_ps, _mm512_mul_ps, _mm512_set1_ps, _mm512_setzero_ps, _mm512_storeu_ps};
 
+use std::cell::RefCell;
 use std::ops::Range;
 
 use half::f16;
@@ -36,6 +37,25 @@ struct Page<'a> {
     v: &'a [f16],
 }
 
+thread_local! {
+    /// Per compute thread, reused from row to row: a short page's K tile and the scores. A
+    /// step calls here once per (row, KV head, layer); fresh zeroed buffers each time went to
+    /// `calloc`, which takes glibc's arena lock, and in `serve` (where other threads allocate
+    /// and free too) the engine thread slept on that lock about 2,000 times a second, its
+    /// core idle meanwhile.
+    static SCRATCH: RefCell<(Vec<f16>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// The thread's scratch, taken out of its slot (the functions using it enable target features
+/// a closure would not inherit); [`give_back`] puts it back.
+fn take_scratch() -> (Vec<f16>, Vec<f32>) {
+    SCRATCH.with(|cell| std::mem::take(&mut *cell.borrow_mut()))
+}
+
+fn give_back(scratch: (Vec<f16>, Vec<f32>)) {
+    SCRATCH.with(|cell| *cell.borrow_mut() = scratch);
+}
+
 /// The pages of KV head `kvh` that a decode row at keys `from..upto` reads.
 pub(super) struct RowPages<'a> {
     pages: Vec<Page<'a>>,
@@ -52,20 +72,22 @@ pub(super) struct RowPages<'a> {
 impl<'a> RowPages<'a> {
     /// `None` when the view is not f16 in pages of sixteen, does not hold the keys up to
     /// `upto`, or the head size is not one whose general path accumulates values in even/odd
-    /// pairs (64, 128, 256): the general path serves those.
+    /// pairs (64, 128, 256): the general path serves those. `partial` is the buffer (its
+    /// contents do not matter) a short page's tile is copied into; [`Self::into_partial`] gives
+    /// it back.
     pub(super) fn new(
         view: &LayerView<'a>,
         hd: usize,
         kvh: usize,
         row_len: usize,
-        from: usize,
-        upto: usize,
+        (from, upto): (usize, usize),
+        mut partial: Vec<f16>,
     ) -> Option<Self> {
         if !matches!(hd, 64 | 128 | 256) || view.len() < upto || from >= upto {
             return None;
         }
         let mut pages = Vec::with_capacity((upto - from / LANES * LANES).div_ceil(LANES));
-        let mut partial = Vec::new();
+        partial.clear();
         for ch in view.chunks_from(from / LANES * LANES).take_while(|ch| ch.start < upto) {
             let KvSlice::F16(v) = ch.v else { return None };
             if ch.start % LANES != 0 || ch.len > LANES || !partial.is_empty() {
@@ -75,7 +97,7 @@ impl<'a> RowPages<'a> {
                 Some(KvSlice::F16(k)) => Some(k),
                 Some(KvSlice::F32(_)) => return None,
                 None => {
-                    partial = vec![f16::ZERO; hd * LANES];
+                    partial.resize(hd * LANES, f16::ZERO);
                     for d in 0..hd {
                         let KvSlice::F16(run) = ch.k_run(kvh * hd + d) else { return None };
                         partial[d * LANES..d * LANES + run.len()].copy_from_slice(run);
@@ -88,6 +110,11 @@ impl<'a> RowPages<'a> {
         Some(RowPages { pages, partial, hd, row_len, kvh, from, upto })
     }
 
+    /// The buffer given to [`Self::new`], for the next row.
+    pub(super) fn into_partial(self) -> Vec<f16> {
+        self.partial
+    }
+
     /// Pages of the row's context (sixteen scores each).
     pub(super) fn len(&self) -> usize {
         self.pages.len()
@@ -98,10 +125,19 @@ impl<'a> RowPages<'a> {
     /// whichever part holds it.
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(super) fn scores(&self, q: &[f32], scale: f32, part: Range<usize>) -> Vec<f32> {
+        let mut scores = Vec::new();
+        self.scores_into(q, scale, part, &mut scores);
+        scores
+    }
+
+    /// As [`Self::scores`], into `scores` (its contents replaced).
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub(super) fn scores_into(&self, q: &[f32], scale: f32, part: Range<usize>, scores: &mut Vec<f32>) {
         let (hd, group) = (self.hd, q.len() / self.hd);
         let tiles: Vec<&[f16]> = self.pages[part].iter().map(|p| p.k.unwrap_or(&self.partial)).collect();
         let stride = tiles.len() * LANES;
-        let mut scores = vec![0f32; group * stride];
+        scores.clear();
+        scores.resize(group * stride, 0.0);
         let mut g0 = 0;
         while g0 < group {
             let heads = (group - g0).min(SCORE_HEADS);
@@ -117,7 +153,6 @@ impl<'a> RowPages<'a> {
             }
             g0 += heads;
         }
-        scores
     }
 
     /// The output elements `dims` of each head (rows of `dims.len()`), from `scores` (one row of
@@ -126,14 +161,16 @@ impl<'a> RowPages<'a> {
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(super) fn weigh(&self, scores: &mut [f32], dims: Range<usize>) -> Vec<f32> {
         let group = scores.len() / (self.pages.len() * LANES);
-        self.weigh_upto(scores, self.pages.len(), &vec![self.upto; group], dims)
+        let mut out = vec![0f32; group * dims.len()];
+        self.weigh_upto(scores, self.pages.len(), &vec![self.upto; group], dims, &mut out);
+        out
     }
 
     /// As [`Self::weigh`], for queries that see keys `from..uptos[g]` (each at most the row's
     /// `upto`), scored against the first `pages` pages (`scores`: one row of `pages * 16` per
-    /// query).
+    /// query), into `out` (`uptos.len()` rows of `dims.len()`, every element written).
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    fn weigh_upto(&self, scores: &mut [f32], pages: usize, uptos: &[usize], dims: Range<usize>) -> Vec<f32> {
+    fn weigh_upto(&self, scores: &mut [f32], pages: usize, uptos: &[usize], dims: Range<usize>, out: &mut [f32]) {
         let (from, row_len) = (self.from, self.row_len);
         let upto = uptos.iter().copied().max().unwrap_or(from);
         let stride = pages * LANES;
@@ -143,63 +180,64 @@ impl<'a> RowPages<'a> {
         for (g, &u) in uptos.iter().enumerate() {
             inv.push(1.0 / softmax_exps(&mut scores[g * stride + lo..g * stride + u - tile_from]));
         }
-        let runs: Vec<Run<'_, f16>> = self.pages[..pages]
-            .iter()
-            .filter_map(|page| {
-                let (lo, hi) = (from.max(page.start), upto.min(page.start + page.v.len() / row_len));
-                (lo < hi).then(|| Run {
-                    first: lo - from,
-                    rows: &page.v[(lo - page.start) * row_len..],
-                    count: hi - lo,
-                })
-            })
-            .collect();
+        // Sized up front: growing it went through `realloc`, which takes the allocator's lock.
+        let mut runs: Vec<Run<'_, f16>> = Vec::with_capacity(pages);
+        for page in &self.pages[..pages] {
+            let (lo, hi) = (from.max(page.start), upto.min(page.start + page.v.len() / row_len));
+            if lo < hi {
+                runs.push(Run { first: lo - from, rows: &page.v[(lo - page.start) * row_len..], count: hi - lo });
+            }
+        }
         let weights: Vec<&[f32]> =
             uptos.iter().enumerate().map(|(g, &u)| &scores[g * stride + lo..g * stride + u - tile_from]).collect();
-        let mut out = vec![0f32; uptos.len() * dims.len()];
-        weighted_sums(&runs, row_len, self.kvh * self.hd, &weights, &inv, dims, &mut out);
-        out
+        weighted_sums(&runs, row_len, self.kvh * self.hd, &weights, &inv, dims, out);
     }
 }
 
 /// Attention of consecutive query rows of KV head `kvh` (a prefill block: `qs` holds each
 /// row's `group` queries of `hd`, rounded to f16; the first row at position `start`, each row
-/// seeing every key up to its own position): rows of `group * hd`. Several rows' queries are
-/// scored in one pass over the keys and weigh each value row in one load, read straight from
-/// the pages: the general path widened the whole context into f32 scratch and read it back
-/// once per row, and at long contexts that traffic was most of a prefill's time. Each query's
-/// scores, softmax and sums are the general path's operations, so are its bits (tested).
-/// `None` where [`RowPages::new`] is.
+/// seeing every key up to its own position), into `out` (its contents replaced): rows of
+/// `group * hd`. Several rows' queries are scored in one pass over the keys and weigh each
+/// value row in one load, read straight from the pages: the general path widened the whole
+/// context into f32 scratch and read it back once per row, and at long contexts that traffic
+/// was most of a prefill's time. Each query's scores, softmax and sums are the general path's
+/// operations, so are its bits (tested). False, `out` untouched, where [`RowPages::new`] is
+/// `None`.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attend_rows(
     view: &LayerView<'_>,
     qs: &[f32],
-    group: usize,
-    hd: usize,
+    (group, hd): (usize, usize),
     kvh: usize,
     row_len: usize,
     start: usize,
     scale: f32,
-) -> Option<Vec<f32>> {
+    out: &mut Vec<f32>,
+) -> bool {
     let rows = qs.len() / (group * hd);
-    let pages = RowPages::new(view, hd, kvh, row_len, 0, start + rows)?;
+    let (partial, mut scores) = take_scratch();
+    let Some(pages) = RowPages::new(view, hd, kvh, row_len, (0, start + rows), partial) else { return false };
     let per_pass = (SCORE_HEADS / group).max(1);
-    let mut out = Vec::with_capacity(qs.len());
+    out.clear();
+    out.resize(qs.len(), 0.0);
     let mut r0 = 0;
     while r0 < rows {
         let r1 = (r0 + per_pass).min(rows);
         let uptos: Vec<usize> = (r0..r1).flat_map(|r| std::iter::repeat_n(start + r + 1, group)).collect();
         let n = (start + r1).div_ceil(LANES);
-        let mut scores = pages.scores(&qs[r0 * group * hd..r1 * group * hd], scale, 0..n);
-        out.extend(pages.weigh_upto(&mut scores, n, &uptos, 0..hd));
+        let span = r0 * group * hd..r1 * group * hd;
+        pages.scores_into(&qs[span.clone()], scale, 0..n, &mut scores);
+        pages.weigh_upto(&mut scores, n, &uptos, 0..hd, &mut out[span]);
         r0 = r1;
     }
-    Some(out)
+    give_back((pages.into_partial(), scores));
+    true
 }
 
 /// Attention of the query heads `q` (rows of `hd`, already rounded to f16) of KV head `kvh`
-/// at the keys `from..upto`: one row of `hd` per head. `None` where [`RowPages::new`] is.
+/// at the keys `from..upto`, into `out` (its contents replaced): one row of `hd` per head.
+/// False, `out` untouched, where [`RowPages::new`] is `None`.
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attend_row(
@@ -208,13 +246,19 @@ pub(super) fn attend_row(
     hd: usize,
     kvh: usize,
     row_len: usize,
-    from: usize,
-    upto: usize,
+    keys: (usize, usize),
     scale: f32,
-) -> Option<Vec<f32>> {
-    let pages = RowPages::new(view, hd, kvh, row_len, from, upto)?;
-    let mut scores = pages.scores(q, scale, 0..pages.len());
-    Some(pages.weigh(&mut scores, 0..hd))
+    out: &mut Vec<f32>,
+) -> bool {
+    let (partial, mut scores) = take_scratch();
+    let Some(pages) = RowPages::new(view, hd, kvh, row_len, keys, partial) else { return false };
+    pages.scores_into(q, scale, 0..pages.len(), &mut scores);
+    let group = q.len() / hd;
+    out.clear();
+    out.resize(group * hd, 0.0);
+    pages.weigh_upto(&mut scores, pages.len(), &vec![pages.upto; group], 0..hd, out);
+    give_back((pages.into_partial(), scores));
+    true
 }
 
 /// Scores of the `G` heads of `q` against every page's keys, `scale`d, into `out` (`G` rows

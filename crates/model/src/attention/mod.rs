@@ -66,18 +66,33 @@ pub fn attend_heads(
     heads: Range<usize>,
     rows: Range<usize>,
 ) -> Vec<f32> {
+    let mut out = Vec::new();
+    attend_heads_into(inp, shape, kvh, heads, rows, &mut out);
+    out
+}
+
+/// As [`attend_heads`], into `out` (its contents replaced; a step keeps one per task, so the
+/// rows read from the pages allocate nothing).
+pub fn attend_heads_into(
+    inp: &AttnInput<'_>,
+    shape: &AttnShape,
+    kvh: usize,
+    heads: Range<usize>,
+    rows: Range<usize>,
+    out: &mut Vec<f32>,
+) {
     #[cfg(target_arch = "x86_64")]
     {
         if avx512_detected() {
             // SAFETY: the features were just detected on this CPU.
-            return unsafe { attend_avx512(inp, shape, kvh, heads, rows) };
+            return unsafe { attend_avx512(inp, shape, kvh, heads, rows, out) };
         }
         if avx2_detected() {
             // SAFETY: as above.
-            return unsafe { attend_avx2(inp, shape, kvh, heads, rows) };
+            return unsafe { attend_avx2(inp, shape, kvh, heads, rows, out) };
         }
     }
-    attend_impl::<Portable>(inp, shape, kvh, heads, rows)
+    attend_impl::<Portable>(inp, shape, kvh, heads, rows, out)
 }
 
 /// AVX2 with FMA and F16C: what [`attend_avx2`] enables.
@@ -100,8 +115,9 @@ unsafe fn attend_avx512(
     kvh: usize,
     heads: Range<usize>,
     rows: Range<usize>,
-) -> Vec<f32> {
-    attend_impl::<F16c512>(inp, shape, kvh, heads, rows)
+    out: &mut Vec<f32>,
+) {
+    attend_impl::<F16c512>(inp, shape, kvh, heads, rows, out)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -112,8 +128,9 @@ unsafe fn attend_avx2(
     kvh: usize,
     heads: Range<usize>,
     rows: Range<usize>,
-) -> Vec<f32> {
-    attend_impl::<F16c>(inp, shape, kvh, heads, rows)
+    out: &mut Vec<f32>,
+) {
+    attend_impl::<F16c>(inp, shape, kvh, heads, rows, out)
 }
 
 /// f16 to f32 for runs of elements, as wide as the CPU allows. Inlined into the
@@ -357,10 +374,11 @@ fn attend_impl<W: Widen>(
     kvh: usize,
     heads: Range<usize>,
     rows: Range<usize>,
-) -> Vec<f32> {
+    out: &mut Vec<f32>,
+) {
     let hd = shape.head_dim;
     if rows.len() == 1 {
-        return attend_row_streamed::<W>(inp, shape, kvh, heads, rows.start);
+        return attend_row_streamed::<W>(inp, shape, kvh, heads, rows.start, out);
     }
     // Rows that see their whole causal context (no window cuts it) read the pages directly.
     #[cfg(target_arch = "x86_64")]
@@ -376,8 +394,8 @@ fn attend_impl<W: Widen>(
         let (row_len, scale) = (shape.n_kv_heads * hd, 1.0 / (hd as f32).sqrt());
         let start = inp.start + rows.start;
         // SAFETY: `W::AVX512` holds only for `F16c512`, used after the features were detected.
-        if let Some(out) = unsafe { direct::attend_rows(&inp.view, &qs, heads.len(), hd, kvh, row_len, start, scale) } {
-            return out;
+        if unsafe { direct::attend_rows(&inp.view, &qs, (heads.len(), hd), kvh, row_len, start, scale, out) } {
+            return;
         }
     }
     // Keys up to the last query of these rows are all that is needed, and from the first key
@@ -402,9 +420,8 @@ fn attend_impl<W: Widen>(
             kt[at..at + stride - span].fill(0.0);
         }
     }
-    let out = attend_gathered::<W>(inp, shape, kvh, heads, rows, (base, len, stride, row_len), &mut kt, &mut v);
+    *out = attend_gathered::<W>(inp, shape, kvh, heads, rows, (base, len, stride, row_len), &mut kt, &mut v);
     SCRATCH.with(|cell| *cell.borrow_mut() = (kt, v));
-    out
 }
 
 thread_local! {
@@ -511,7 +528,8 @@ fn attend_row_streamed<W: Widen>(
     kvh: usize,
     heads: Range<usize>,
     i: usize,
-) -> Vec<f32> {
+    out: &mut Vec<f32>,
+) {
     let hd = shape.head_dim;
     let group = heads.len();
     let first_head = kvh * (shape.n_heads / shape.n_kv_heads) + heads.start;
@@ -528,8 +546,8 @@ fn attend_row_streamed<W: Widen>(
     #[cfg(target_arch = "x86_64")]
     if W::AVX512 {
         // SAFETY: `W::AVX512` holds only for `F16c512`, used after the features were detected.
-        if let Some(out) = unsafe { direct::attend_row(&inp.view, &q, hd, kvh, row_len, from, upto, scale) } {
-            return out;
+        if unsafe { direct::attend_row(&inp.view, &q, hd, kvh, row_len, (from, upto), scale, out) } {
+            return;
         }
     }
     let (mut kt, mut v) = SCRATCH.with(|cell| std::mem::take(&mut *cell.borrow_mut()));
@@ -591,7 +609,7 @@ fn attend_row_streamed<W: Widen>(
             *e *= inv;
         }
     }
-    even
+    *out = even;
 }
 
 #[cfg(test)]
@@ -599,6 +617,29 @@ mod tests {
     use super::softmax::exp_nonpositive;
     use super::*;
     use kv::{Capacity, KvDtype, KvLayout, KvPool, Owner, PoolConfig, RequestId, ScrubPolicy, TenantId};
+
+    /// The portable kernel's rows, as a value.
+    fn portable(
+        inp: &AttnInput<'_>,
+        shape: &AttnShape,
+        kvh: usize,
+        heads: Range<usize>,
+        rows: Range<usize>,
+    ) -> Vec<f32> {
+        let mut out = Vec::new();
+        attend_impl::<Portable>(inp, shape, kvh, heads, rows, &mut out);
+        out
+    }
+
+    /// The AVX2 kernel's rows; only where `avx2_detected()`.
+    #[cfg(target_arch = "x86_64")]
+    fn avx2(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, heads: Range<usize>, rows: Range<usize>) -> Vec<f32> {
+        assert!(avx2_detected());
+        let mut out = Vec::new();
+        // SAFETY: the features were just checked.
+        unsafe { attend_avx2(inp, shape, kvh, heads, rows, &mut out) };
+        out
+    }
 
     /// The vector exp is within 2 ulp of libm's over the range softmax feeds it, and exact at 0.
     #[test]
@@ -657,13 +698,12 @@ mod tests {
         let shape = AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd, window: None };
         for kvh in 0..n_kv {
             let group = 0..shape.n_heads / shape.n_kv_heads;
-            let want = attend_impl::<Portable>(&inp, &shape, kvh, group.clone(), 0..3);
+            let want = portable(&inp, &shape, kvh, group.clone(), 0..3);
             let got = attend_group(&inp, &shape, kvh, 0..3);
             assert_eq!(want, got);
             #[cfg(target_arch = "x86_64")]
             if avx2_detected() {
-                // SAFETY: the features were just detected.
-                assert_eq!(want, unsafe { attend_avx2(&inp, &shape, kvh, group.clone(), 0..3) });
+                assert_eq!(want, avx2(&inp, &shape, kvh, group.clone(), 0..3));
             }
             assert!(want.iter().all(|x| x.is_finite()));
         }
@@ -762,7 +802,7 @@ mod tests {
                     let shape = AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd, window };
                     for kvh in 0..n_kv {
                         for heads in [0..4, 0..1, 1..3, 3..4, 0..3] {
-                            let want = attend_impl::<Portable>(&inp, &shape, kvh, heads.clone(), 0..1);
+                            let want = portable(&inp, &shape, kvh, heads.clone(), 0..1);
                             let got = attend_heads(&inp, &shape, kvh, heads.clone(), 0..1);
                             assert_eq!(
                                 bits(&got),
@@ -773,7 +813,7 @@ mod tests {
                         // And the context's prompt rows together (the weighted sums of a group's
                         // heads in one pass over the values).
                         let prompt = AttnInput { q: &qs[..ctx * n_heads * hd], start: 0, n: ctx, view: inp.view };
-                        let want = attend_impl::<Portable>(&prompt, &shape, kvh, 0..4, 0..ctx);
+                        let want = portable(&prompt, &shape, kvh, 0..4, 0..ctx);
                         let got = attend_group(&prompt, &shape, kvh, 0..ctx);
                         assert_eq!(
                             bits(&got),
@@ -805,7 +845,7 @@ mod tests {
                     for kvh in 0..n_kv {
                         for heads in [0..6, 0..1, 1..3, 3..6, 2..6, 0..5] {
                             for rows in [0..n, n / 3..n, 0..n.div_ceil(2)] {
-                                let want = attend_impl::<Portable>(&inp, &shape, kvh, heads.clone(), rows.clone());
+                                let want = portable(&inp, &shape, kvh, heads.clone(), rows.clone());
                                 let got = attend_heads(&inp, &shape, kvh, heads.clone(), rows.clone());
                                 assert_eq!(
                                     bits(&got),

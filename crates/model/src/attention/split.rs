@@ -20,7 +20,7 @@ fn row<'a>(inp: &AttnInput<'a>, shape: &AttnShape, kvh: usize) -> Option<RowPage
     let hd = shape.head_dim;
     let upto = inp.start + 1;
     let from = shape.window.map_or(0, |w| upto.saturating_sub(w));
-    RowPages::new(&inp.view, hd, kvh, shape.n_kv_heads * hd, from, upto)
+    RowPages::new(&inp.view, hd, kvh, shape.n_kv_heads * hd, (from, upto), Vec::new())
 }
 
 /// The pages of part `part` of `parts` of `n` pages.
