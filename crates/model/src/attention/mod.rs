@@ -861,6 +861,28 @@ mod tests {
         }
     }
 
+    /// The page-reading rows reuse a per-thread scratch and the caller's output buffer: after
+    /// longer and shorter contexts, a short last page and whole ones, decode rows and prompt
+    /// blocks, on one thread into one buffer holding the previous call's values, every call
+    /// gives the bits of the same call on a thread of its own into a fresh buffer.
+    #[test]
+    fn reused_scratch_and_output_buffers_give_the_bits_of_fresh_ones() {
+        let (n_heads, n_kv, hd, len) = (6, 2, 64, 90);
+        let (_pool, t) = filled_pages(n_kv, hd, len);
+        let qs: Vec<f32> = (0..len * n_heads * hd).map(|i| pattern(i + 57) / 4.0).collect();
+        let shape = AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd, window: None };
+        let mut out = vec![f32::NAN; 7];
+        for (start, end) in [(88, 89), (0, 33), (15, 16), (40, 90), (16, 17), (0, 5), (63, 64), (20, 70)] {
+            let n = end - start;
+            let inp = AttnInput { q: &qs[..n * n_heads * hd], start, n, view: t.layer(0, end).unwrap() };
+            for kvh in 0..n_kv {
+                attend_heads_into(&inp, &shape, kvh, 0..3, 0..n, &mut out);
+                let fresh = std::thread::scope(|s| s.spawn(|| attend_heads(&inp, &shape, kvh, 0..3, 0..n)).join());
+                assert_eq!(bits(&out), bits(&fresh.unwrap()), "rows {start}..{end} kv head {kvh}");
+            }
+        }
+    }
+
     /// A sliding window of w: each query attends to exactly its last w positions, as a direct
     /// softmax over those keys computes (windows smaller than, equal to and spanning tiles).
     #[test]
