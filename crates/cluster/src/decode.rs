@@ -223,7 +223,20 @@ async fn kv_connection(ctx: Arc<Ctx>, io: BoxIo, permit: tokio::sync::OwnedSemap
     let idle = ctx.cfg.transfer_timeout;
     loop {
         let mut prefix = [0u8; 4];
-        match tokio::time::timeout(idle, io.read_exact(&mut prefix)).await {
+        if bound.is_none() {
+            // Before its first frame a link carries nothing of any ticket: a prefill worker
+            // dials while it computes the prompt, and closes the link unused when that
+            // request fails or is cancelled. Not a violation; a byte of a frame and then
+            // nothing still is one (below).
+            match tokio::time::timeout(idle, io.read(&mut prefix[..1])).await {
+                Ok(Ok(1)) => {}
+                Ok(Ok(_)) => return ctx.metrics.links.failure("closed_unused"),
+                Ok(Err(_)) => return broken(&bound, WireError::Truncated { needed: 4, had: 0 }),
+                Err(_) => return ctx.metrics.links.failure("idle"),
+            }
+        }
+        let at = usize::from(bound.is_none());
+        match tokio::time::timeout(idle, io.read_exact(&mut prefix[at..])).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 // A clean end is fine after the close (the route no longer listens); before

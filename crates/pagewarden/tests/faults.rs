@@ -183,6 +183,35 @@ fn every_network_fault_on_the_kv_path_fails_its_request_loudly_and_the_next_one_
     }
 }
 
+/// A prefill worker dials the decode worker while it computes the prompt, so a request that
+/// fails or is cancelled meanwhile closes an authenticated KV link before its first frame.
+/// Nothing of any ticket crossed it: it is counted as a link closed unused, not as a
+/// truncated transfer, and the next request is served as before.
+#[test]
+fn a_kv_link_closed_before_its_first_frame_counts_as_unused_not_as_a_violation() {
+    let mut c = Cluster::start("");
+    c.add_worker("prefill", "prefill-a", None);
+    let d = c.add_worker("decode", "decode-a", None);
+    c.wait_workers(1, 1);
+    let want = ok_text(&c);
+    let unused = |c: &Cluster| c.worker_metric(d, "pagewarden_link_failures_total", "reason=\"closed_unused\"");
+    let (violations_before, unused_before) = (violations(&c, d, "truncated"), unused(&c));
+    let kv_addr = c.workers[d].kv_addr.clone().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let io = Net::default().dial(&kv_addr).await.unwrap();
+        let link = Link::connect(io, &node_identity(Role::Prefill), Duration::from_secs(10)).await.unwrap();
+        drop(link);
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while unused(&c) < unused_before + 1.0 {
+        assert!(Instant::now() < deadline, "the unused link was not counted");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(violations(&c, d, "truncated"), violations_before);
+    assert_eq!(ok_text(&c), want);
+}
+
 /// A prefill worker that knows the cluster secret but lies about what it computed.
 #[derive(Clone, Copy, Debug)]
 enum Lie {
