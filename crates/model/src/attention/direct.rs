@@ -160,10 +160,18 @@ impl<'a> RowPages<'a> {
     /// exponentials in place).
     #[target_feature(enable = "avx512f,avx2,fma,f16c")]
     pub(super) fn weigh(&self, scores: &mut [f32], dims: Range<usize>) -> Vec<f32> {
-        let group = scores.len() / (self.pages.len() * LANES);
-        let mut out = vec![0f32; group * dims.len()];
-        self.weigh_upto(scores, self.pages.len(), &vec![self.upto; group], dims, &mut out);
+        let mut out = Vec::new();
+        self.weigh_into(scores, dims, &mut out);
         out
+    }
+
+    /// As [`Self::weigh`], into `out` (its contents replaced).
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    fn weigh_into(&self, scores: &mut [f32], dims: Range<usize>, out: &mut Vec<f32>) {
+        let group = scores.len() / (self.pages.len() * LANES);
+        out.clear();
+        out.resize(group * dims.len(), 0.0);
+        self.weigh_upto(scores, self.pages.len(), &vec![self.upto; group], dims, out);
     }
 
     /// As [`Self::weigh`], for queries that see keys `from..uptos[g]` (each at most the row's
@@ -253,10 +261,7 @@ pub(super) fn attend_row(
     let (partial, mut scores) = take_scratch();
     let Some(pages) = RowPages::new(view, hd, kvh, row_len, keys, partial) else { return false };
     pages.scores_into(q, scale, 0..pages.len(), &mut scores);
-    let group = q.len() / hd;
-    out.clear();
-    out.resize(group * hd, 0.0);
-    pages.weigh_upto(&mut scores, pages.len(), &vec![pages.upto; group], 0..hd, out);
+    pages.weigh_into(&mut scores, 0..hd, out);
     give_back((pages.into_partial(), scores));
     true
 }
