@@ -6,8 +6,9 @@
 //! scheduler admits round-robin across tenants while the pool can hold a request's whole
 //! sequence (reserved up front, all or nothing, so a running request can never run out of
 //! pages), then runs one forward pass over every running sequence: one token for each decoding
-//! sequence plus prefill chunks, within a token budget. A dropped [`RequestStream`] cancels its
-//! request, whose pages are freed before the next step.
+//! sequence plus prefill chunks, within a token budget (before it, prompts that can finish in a
+//! short step of their own may run ahead of a long decode step: `pacing`). A dropped
+//! [`RequestStream`] cancels its request, whose pages are freed before the next step.
 //!
 //! For the disaggregated roles the same loop also runs the two halves of a request: a prefill
 //! worker's [`EngineHandle::prefill`] (reserve the prompt, compute its KV, sample the first
@@ -20,6 +21,7 @@
 mod error;
 mod handle;
 mod inbox;
+mod pacing;
 mod request;
 mod scheduler;
 mod settings;

@@ -11,11 +11,22 @@ use sampling::Sampler;
 use tokio::sync::mpsc as tmpsc;
 
 use crate::inbox::{Kind, Msg, Pending, Resume, Shared};
+use crate::pacing::StepClock;
 use crate::settings::{EngineConfig, EngineStats, Revoke, TenantPolicy};
 use crate::{EngineError, Event, FinishReason, GenRequest, TokenEvent, Usage, ViolationKind};
 
 /// A queue: (is it the prefill lane, tenant).
 type QueueKey = (bool, TenantId);
+
+/// Which running sequences a step takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rows {
+    /// One token of every decoding sequence, then prompt chunks within the step's budget.
+    All,
+    /// Only prompts that finish within this many tokens, ahead of the decode step
+    /// ([`crate::pacing`]).
+    PromptsAhead(usize),
+}
 
 /// How a step's sampling ends a request.
 enum End {
@@ -67,6 +78,8 @@ pub(crate) struct Loop {
     running: Vec<Running>,
     prefill_cursor: usize,
     stats: EngineStats,
+    /// Measured steps: whether waiting prompts run ahead of the decode step.
+    clock: StepClock,
 }
 
 impl Loop {
@@ -90,6 +103,7 @@ impl Loop {
             running: Vec::new(),
             prefill_cursor: 0,
             stats: EngineStats::default(),
+            clock: StepClock::default(),
         }
     }
 
@@ -100,6 +114,7 @@ impl Loop {
             }
             self.expire();
             self.admit();
+            self.prompts_ahead();
             if !self.running.is_empty() {
                 self.step();
             }
@@ -322,35 +337,31 @@ impl Loop {
         self.rotation.retain(|t| self.queues.get(t).is_some_and(|q| !q.is_empty()));
     }
 
+    /// Runs the prompts that can finish in a step of their own before the decode step, when
+    /// the clock says that is worth it: their first tokens then do not wait for it.
+    fn prompts_ahead(&mut self) {
+        if self.running.iter().all(Running::decoding) {
+            return;
+        }
+        let decoding = self.running.iter().filter(|r| r.decoding()).count();
+        if let Some(budget) = self.clock.ahead_budget(decoding) {
+            self.run_step(Rows::PromptsAhead(budget));
+        }
+    }
+
     /// One forward pass over every running sequence, then sampling.
     fn step(&mut self) {
-        // Which sequences take part, with how many tokens, in running order.
-        let mut plan: Vec<(usize, usize)> = Vec::new();
-        let mut budget = self.cfg.max_batch_tokens.max(1);
-        for (i, r) in self.running.iter().enumerate() {
-            if r.decoding() {
-                plan.push((i, 1));
-                budget = budget.saturating_sub(1);
-            }
-        }
-        let n = self.running.len();
-        for k in 0..n {
-            if budget == 0 {
-                break;
-            }
-            let i = (self.prefill_cursor + k) % n;
-            let r = &self.running[i];
-            if !r.decoding() {
-                let take = budget.min(r.req.prompt.len() - r.prefilled);
-                plan.push((i, take));
-                budget -= take;
-            }
-        }
-        self.prefill_cursor = self.prefill_cursor.wrapping_add(1);
+        self.run_step(Rows::All);
+    }
+
+    fn run_step(&mut self, rows: Rows) {
+        let began = Instant::now();
+        let plan = self.plan(rows);
         if plan.is_empty() {
             return;
         }
-        plan.sort_unstable();
+        let decoding = plan.iter().filter(|&&(i, _)| self.running[i].decoding()).count();
+        let prompt_tokens = plan.iter().map(|&(_, take)| take).sum::<usize>() - decoding;
         // Each sequence's logits buffer goes into the step and comes back filled: kept across
         // steps, it is not a fresh vocabulary-sized allocation per sequence per step.
         let mut outputs: Vec<Vec<f32>> =
@@ -441,6 +452,55 @@ impl Loop {
                 }
             }
         }
+        match rows {
+            Rows::All => self.clock.record_step(decoding, prompt_tokens, began.elapsed()),
+            Rows::PromptsAhead(_) => self.clock.record_ahead(prompt_tokens, began.elapsed()),
+        }
+    }
+
+    /// Which sequences take part in a step, with how many tokens, in running order.
+    fn plan(&mut self, rows: Rows) -> Vec<(usize, usize)> {
+        let mut plan: Vec<(usize, usize)> = Vec::new();
+        let n = self.running.len();
+        match rows {
+            Rows::All => {
+                let mut budget = self.cfg.max_batch_tokens.max(1);
+                for (i, r) in self.running.iter().enumerate() {
+                    if r.decoding() {
+                        plan.push((i, 1));
+                        budget = budget.saturating_sub(1);
+                    }
+                }
+                for k in 0..n {
+                    if budget == 0 {
+                        break;
+                    }
+                    let i = (self.prefill_cursor + k) % n;
+                    let r = &self.running[i];
+                    if !r.decoding() {
+                        let take = budget.min(r.req.prompt.len() - r.prefilled);
+                        plan.push((i, take));
+                        budget -= take;
+                    }
+                }
+                self.prefill_cursor = self.prefill_cursor.wrapping_add(1);
+            }
+            Rows::PromptsAhead(mut budget) => {
+                // Whole remainders only: a prompt that cannot finish here gains nothing from
+                // running ahead, and keeps its turn in the chunked decode steps.
+                for k in 0..n {
+                    let i = (self.prefill_cursor + k) % n;
+                    let r = &self.running[i];
+                    let left = r.req.prompt.len() - r.prefilled;
+                    if !r.decoding() && left <= budget {
+                        plan.push((i, left));
+                        budget -= left;
+                    }
+                }
+            }
+        }
+        plan.sort_unstable();
+        plan
     }
 
     /// Starts decoding from transferred KV, after checking that the pages are this request's
@@ -649,6 +709,91 @@ mod tests {
         }
         assert!(matches!(events.last(), Some(Event::Finished { .. })), "{events:?}");
         tokens(&events)
+    }
+
+    /// Requests and their event streams.
+    type Streams = Vec<(GenRequest, tmpsc::UnboundedReceiver<Event>)>;
+
+    /// A loop with `n` requests decoding (their prompts computed in one step) and the streams.
+    fn decoding(n: u64) -> (Loop, mpsc::Sender<Msg>, Streams) {
+        let (mut lp, tx) = new_loop();
+        let mut streams = Vec::new();
+        for id in 1..=n {
+            let r = req(id, id, 10, 12);
+            streams.push((r.clone(), submit(&mut lp, &tx, r)));
+        }
+        lp.admit();
+        lp.step();
+        assert!(lp.running.iter().all(Running::decoding));
+        (lp, tx, streams)
+    }
+
+    /// Runs the loop dry; every stream's tokens must equal its request's tokens alone.
+    fn finish_alike(lp: &mut Loop, mut streams: Streams, mut seen: Vec<Vec<Event>>) {
+        seen.resize_with(streams.len(), Vec::new);
+        while !lp.running.is_empty() {
+            lp.step();
+        }
+        for ((r, rx), mut events) in streams.iter_mut().zip(seen) {
+            events.extend(drain(rx));
+            assert!(matches!(events.last(), Some(Event::Finished { .. })), "{events:?}");
+            assert_eq!(tokens(&events), alone(r.clone()), "request {} equals its output alone", r.id.0);
+        }
+    }
+
+    #[test]
+    fn a_short_prompt_gets_its_first_token_in_a_step_of_its_own_before_a_long_decode_step() {
+        let (mut lp, tx, mut streams) = decoding(6);
+        let mut seen: Vec<Vec<Event>> = streams.iter_mut().map(|(_, rx)| drain(rx)).collect();
+        let new = req(7, 7, 3, 5);
+        streams.push((new.clone(), submit(&mut lp, &tx, new)));
+        lp.admit();
+        // Measured: a decode row costs 1 ms, a step's fixed part 0.1 ms: 3 prompt tokens may run
+        // ahead of 6 decode rows.
+        lp.clock = StepClock::measured(Duration::from_millis(1), Duration::from_micros(100));
+        let steps = lp.stats.steps;
+        lp.prompts_ahead();
+        assert_eq!(lp.stats.steps, steps + 1, "one extra step ran");
+        let (_, new_rx) = streams.last_mut().unwrap();
+        let first = drain(new_rx);
+        assert_eq!(tokens(&first).len(), 1, "the new prompt's first token: {first:?}");
+        for (i, (_, rx)) in streams.iter_mut().enumerate().take(6) {
+            let events = drain(rx);
+            assert!(tokens(&events).is_empty(), "the decodes waited for their step: {events:?}");
+            seen[i].extend(events);
+        }
+        seen.push(first);
+        finish_alike(&mut lp, streams, seen);
+    }
+
+    #[test]
+    fn a_prompt_that_cannot_finish_within_the_budget_does_not_run_ahead() {
+        let (mut lp, tx, mut streams) = decoding(6);
+        let seen: Vec<Vec<Event>> = streams.iter_mut().map(|(_, rx)| drain(rx)).collect();
+        let long = req(7, 7, 4, 5);
+        streams.push((long.clone(), submit(&mut lp, &tx, long)));
+        lp.admit();
+        lp.clock = StepClock::measured(Duration::from_millis(1), Duration::from_micros(100));
+        let steps = lp.stats.steps;
+        lp.prompts_ahead();
+        assert_eq!(lp.stats.steps, steps, "4 prompt tokens do not fit in 3: no extra step");
+        assert!(lp.running.iter().any(|r| !r.decoding()), "it is prefilled with the decodes");
+        finish_alike(&mut lp, streams, seen);
+    }
+
+    #[test]
+    fn no_prompt_runs_ahead_of_a_decode_step_whose_fixed_part_it_would_repeat_at_too_high_a_cost() {
+        let (mut lp, tx, mut streams) = decoding(6);
+        let seen: Vec<Vec<Event>> = streams.iter_mut().map(|(_, rx)| drain(rx)).collect();
+        let new = req(7, 7, 1, 5);
+        streams.push((new.clone(), submit(&mut lp, &tx, new)));
+        lp.admit();
+        // A 2 ms fixed part against a 6 ms decode step.
+        lp.clock = StepClock::measured(Duration::from_millis(1), Duration::from_millis(2));
+        let steps = lp.stats.steps;
+        lp.prompts_ahead();
+        assert_eq!(lp.stats.steps, steps);
+        finish_alike(&mut lp, streams, seen);
     }
 
     #[test]
