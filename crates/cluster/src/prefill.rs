@@ -91,8 +91,9 @@ async fn route_inner(
         None => Dialing::start(ctx, decode_addr).finish().await,
     }?;
     let (io, sealer) = link.into_kv_sealer();
-    let unreachable = |e: ClusterError| Failure::Unreachable(format!("decode worker at {decode_addr}: {e}"));
-    let frames = send_kv(ctx, io, sealer, &table, &ticket, &req.prompt, first.token).await.map_err(unreachable)?;
+    let frames = send_kv(ctx, io, sealer, &table, &ticket, &req.prompt, first.token)
+        .await
+        .map_err(|e| unreachable(decode_addr, e))?;
     drop(table);
     let _ = out.send(ToGateway::Sent { route: spec.route, frames });
     Ok(())
@@ -133,19 +134,24 @@ async fn connect(
     metrics: Arc<WorkerMetrics>,
     decode_addr: String,
 ) -> Result<Link, Failure> {
-    let unreachable = |e: ClusterError| Failure::Unreachable(format!("decode worker at {decode_addr}: {e}"));
+    let fail = |e| unreachable(&decode_addr, e);
     let io = tokio::time::timeout(timeout, net.dial(&decode_addr))
         .await
-        .map_err(|_| unreachable(ClusterError::Timeout("connecting")))?
-        .map_err(unreachable)?;
+        .map_err(|_| fail(ClusterError::Timeout("connecting")))?
+        .map_err(fail)?;
     // The handshake is part of what encryption costs a transfer: counted with the sealing.
     let t0 = Instant::now();
-    let link = Link::connect(io, &me, timeout).await.map_err(unreachable)?;
+    let link = Link::connect(io, &me, timeout).await.map_err(fail)?;
     metrics.kv_crypto_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
     if link.peer != Role::Decode {
-        return Err(unreachable(ClusterError::WrongRole { got: link.peer, want: vec![Role::Decode] }));
+        return Err(fail(ClusterError::WrongRole { got: link.peer, want: vec![Role::Decode] }));
     }
     Ok(link)
+}
+
+/// The decode worker at `addr` could not be reached, or the link to it failed.
+fn unreachable(addr: &str, e: ClusterError) -> Failure {
+    Failure::Unreachable(format!("decode worker at {addr}: {e}"))
 }
 
 /// Sealed frames that may wait for the writer: a short prompt's whole transfer, so its sealing

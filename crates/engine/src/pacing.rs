@@ -76,15 +76,11 @@ impl StepClock {
             return None;
         }
         let tokens = ((decoding as f64 * AHEAD_SHARE) as usize).max(1);
-        let first_try = Some(tokens.min(FIRST_TRY_TOKENS));
+        let first_try = tokens.min(FIRST_TRY_TOKENS);
         match self.fixed {
-            None => first_try,
+            None => Some(first_try),
             Some(f) if f > per_row * decoding as f64 * FIXED_SHARE => {
-                if self.since_ahead >= RETRY_AFTER_STEPS {
-                    first_try
-                } else {
-                    None
-                }
+                (self.since_ahead >= RETRY_AFTER_STEPS).then_some(first_try)
             }
             Some(_) => Some(tokens),
         }

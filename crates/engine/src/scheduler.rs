@@ -340,10 +340,10 @@ impl Loop {
     /// Runs the prompts that can finish in a step of their own before the decode step, when
     /// the clock says that is worth it: their first tokens then do not wait for it.
     fn prompts_ahead(&mut self) {
-        if self.running.iter().all(Running::decoding) {
+        let decoding = self.running.iter().filter(|r| r.decoding()).count();
+        if decoding == self.running.len() {
             return;
         }
-        let decoding = self.running.iter().filter(|r| r.decoding()).count();
         if let Some(budget) = self.clock.ahead_budget(decoding) {
             self.run_step(Rows::PromptsAhead(budget));
         }
