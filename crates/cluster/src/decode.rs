@@ -14,6 +14,7 @@ use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc::{self, UnboundedSender};
 use wire::{FrameRef, Geometry, PageWrite, Received, Role, Ticket, TicketNonce, Transfer, WireError};
 
+use crate::constraints::constrain;
 use crate::link::{refusal_reason, refuse_busy, HandshakeGate};
 use crate::net::{BoxIo, Listener};
 use crate::proto::{Failure, Spec, ToGateway};
@@ -45,7 +46,10 @@ pub(crate) async fn reserve(ctx: Arc<Ctx>, spec: Spec, out: UnboundedSender<ToGa
 }
 
 async fn route_inner(ctx: &Ctx, spec: &Spec, out: &UnboundedSender<ToGateway>) -> Result<(), Failure> {
-    let req = spec.to_request(ctx.engine.grammars()).map_err(|m| Failure::Internal(format!("invalid request: {m}")))?;
+    let mut req = spec.to_request().map_err(|m| Failure::Internal(format!("invalid request: {m}")))?;
+    // Our own door before the grammar is compiled: a request we refuse costs us nothing.
+    ctx.engine.check(&req.prompt, req.max_tokens).map_err(Failure::Refused)?;
+    constrain(&ctx.constraints, ctx.engine.grammars(), spec.output.as_ref(), &mut req).await?;
     let mut stream = ctx.engine.reserve(req.clone()).map_err(Failure::Refused)?;
     let mut table = match stream.next().await {
         Some(Event::Reserved(kv)) => kv,

@@ -21,6 +21,7 @@
 
 #![forbid(unsafe_code)]
 
+mod constraints;
 mod decode;
 mod error;
 pub mod exposition;

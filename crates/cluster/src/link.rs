@@ -308,6 +308,15 @@ pub struct LinkWriter {
     sealer: RecordSealer,
 }
 
+/// A message that opened under the link's keys (so its peer sent it, whole and in order) but
+/// does not decode as one: the route it names, if any, fails; the link and every other route on
+/// it go on. One request's content must never end a link that other tenants' routes share.
+#[derive(Debug)]
+pub struct Undecodable {
+    pub route: Option<u64>,
+    pub reason: String,
+}
+
 impl LinkReader {
     /// The next message; `None` when the peer closed the link cleanly between messages.
     pub async fn recv<T: DeserializeOwned>(&mut self) -> Result<Option<T>, ClusterError> {
@@ -315,6 +324,16 @@ impl LinkReader {
             None => Ok(None),
             Some(body) => serde_json::from_slice(&body).map(Some).map_err(|e| ClusterError::Message(e.to_string())),
         }
+    }
+
+    /// The next message of an established session, or the [`Undecodable`] one it turned out to
+    /// be; `Err` only when the link itself failed (a record that does not open, a lost stream).
+    pub async fn recv_routed<T: DeserializeOwned>(&mut self) -> Result<Option<Result<T, Undecodable>>, ClusterError> {
+        let Some(body) = read_record(&mut self.rd, &mut self.opener).await? else { return Ok(None) };
+        Ok(Some(
+            serde_json::from_slice(&body)
+                .map_err(|e| Undecodable { route: crate::proto::route_of(&body), reason: e.to_string() }),
+        ))
     }
 }
 

@@ -12,6 +12,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc::{self, UnboundedSender};
 use wire::{CloseFrame, KvFrameMut, KvSealer, PromptDigest, Role, SealedParts, Ticket};
 
+use crate::constraints::constrain;
 use crate::net::{BoxIo, Net};
 use crate::proto::{Failure, Spec, ToGateway};
 use crate::state::Ctx;
@@ -42,13 +43,13 @@ async fn route_inner(
     decode_addr: &str,
     out: &UnboundedSender<ToGateway>,
 ) -> Result<(), Failure> {
-    let req = spec.to_request(ctx.engine.grammars()).map_err(|m| Failure::Internal(format!("invalid request: {m}")))?;
+    let mut req = spec.to_request().map_err(|m| Failure::Internal(format!("invalid request: {m}")))?;
     // Our own door first: nothing is computed or sent for a request that fails it.
     #[cfg(not(feature = "incident-replay"))]
     ctx.engine.check(&req.prompt, req.max_tokens).map_err(Failure::Refused)?;
     // The incident: a prompt our pool cannot hold becomes a one-token placeholder.
     #[cfg(feature = "incident-replay")]
-    let (req, ticket) = {
+    let (mut req, ticket) = {
         let mut req = req;
         let mut ticket = ticket;
         if ctx.engine.check(&req.prompt, req.max_tokens).is_err() {
@@ -62,6 +63,7 @@ async fn route_inner(
     if ticket.request != req.id || ticket.tenant != req.tenant || ticket.tokens as usize != req.prompt.len() {
         return Err(Failure::Violation(engine::ViolationKind::WrongTicket));
     }
+    constrain(&ctx.constraints, ctx.engine.grammars(), spec.output.as_ref(), &mut req).await?;
     let mut stream = ctx.engine.prefill(req.clone()).map_err(Failure::Refused)?;
     let mut cached_tokens = None;
     // The link to the decode worker is opened while the prompt is computed, once the engine

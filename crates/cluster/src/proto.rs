@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant};
 
 use engine::{AdmissionError, EngineError, FinishReason, GenRequest, TokenEvent, Usage, ViolationKind};
+use grammar::EncodedFormat;
 use kv::{RequestId, TenantId};
 use sampling::{RawSamplingParams, SamplingParams, StopTokens};
 use serde::{Deserialize, Serialize};
@@ -66,14 +67,19 @@ pub struct Spec {
     /// first, so the salt only narrows.
     #[serde(default)]
     pub cache_salt: Option<String>,
-    /// The shape the output must have; the worker compiles its own constraint from it.
+    /// The shape the output must have, as an opaque bounded string: whatever a tenant's schema
+    /// holds, this message stays shallow, and a format that does not decode fails this route
+    /// alone ([`Spec::output_format`]).
     #[serde(default)]
-    pub output: Option<grammar::OutputFormat>,
+    pub output: Option<EncodedFormat>,
 }
 
 impl Spec {
-    pub fn of(route: u64, req: &GenRequest) -> Spec {
-        Spec {
+    /// The route's spec; `Err` when the request's output format cannot travel (the gateway's
+    /// validation refuses such a format first, so this is that request's error alone).
+    pub fn of(route: u64, req: &GenRequest) -> Result<Spec, grammar::GrammarError> {
+        let output = req.constraint.as_ref().map(|c| EncodedFormat::encode(c.format())).transpose()?;
+        Ok(Spec {
             route,
             request: req.id.0,
             tenant: req.tenant.0,
@@ -83,19 +89,14 @@ impl Spec {
             stop_tokens: req.stop_tokens.iter().collect(),
             deadline_ms: req.deadline.map(|d| d.saturating_duration_since(Instant::now()).as_millis() as u64),
             cache_salt: req.cache_salt.clone(),
-            output: req.constraint.as_ref().map(|c| c.format().clone()),
-        }
+            output,
+        })
     }
 
-    /// The worker's own request; sampling parameters are validated again here, and the output
-    /// format compiled with this worker's `grammars`.
-    pub fn to_request(&self, grammars: Option<&grammar::Grammars>) -> Result<GenRequest, String> {
+    /// The worker's own request, without its constraint (compiled after the worker's door
+    /// check: `crate::constraints`); sampling parameters are validated again here.
+    pub fn to_request(&self) -> Result<GenRequest, String> {
         let sampling = SamplingParams::new(self.sampling.clone()).map_err(|e| e.to_string())?;
-        let constraint = match (&self.output, grammars) {
-            (None, _) => None,
-            (Some(f), Some(g)) => Some(g.compile(f).map_err(|e| e.to_string())?),
-            (Some(_), None) => return Err("this worker cannot constrain outputs (no grammar compiler)".into()),
-        };
         Ok(GenRequest {
             id: RequestId(self.request),
             tenant: TenantId(self.tenant),
@@ -105,7 +106,7 @@ impl Spec {
             stop_tokens: StopTokens::new(self.stop_tokens.iter().copied()),
             deadline: self.deadline_ms.map(after_ms),
             cache_salt: self.cache_salt.clone(),
-            constraint,
+            constraint: None,
         })
     }
 
@@ -312,6 +313,33 @@ impl ToGateway {
     }
 }
 
+/// The route a control message names, read without decoding the rest of it: when a message
+/// opens but does not decode (a peer's bug, or a value no bound caught), only that route
+/// fails and the link goes on. serde_json skips the fields it ignores without recursion, so
+/// no nesting inside them can stop this.
+pub fn route_of(body: &[u8]) -> Option<u64> {
+    #[derive(Deserialize)]
+    struct Probe {
+        #[serde(default)]
+        route: Option<u64>,
+        #[serde(default)]
+        spec: Option<SpecProbe>,
+    }
+    #[derive(Deserialize)]
+    struct SpecProbe {
+        route: u64,
+    }
+    // Every message about a route is a one-key object (its variant) holding `route` or a
+    // `spec` that does.
+    let m: std::collections::HashMap<String, Probe> = serde_json::from_slice(body).ok()?;
+    let mut it = m.into_values();
+    let p = it.next()?;
+    if it.next().is_some() {
+        return None;
+    }
+    p.route.or(p.spec.map(|s| s.route))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -334,10 +362,42 @@ mod tests {
     #[test]
     fn a_deadline_past_what_an_instant_holds_is_far_away_instead_of_a_panic() {
         let s = spec(Some(u64::MAX));
-        let req = s.to_request(None).expect("valid sampling");
+        let req = s.to_request().expect("valid sampling");
         let far = Instant::now() + Duration::from_secs(300 * 24 * 3600);
         assert!(req.deadline.expect("has a deadline") > far);
         assert!(s.deadline() > far);
+    }
+
+    #[test]
+    fn the_route_of_a_message_that_does_not_decode_is_still_read() {
+        let deep = format!("{}0{}", "[".repeat(5000), "]".repeat(5000));
+        let body = format!("{{\"Prefill\":{{\"spec\":{{\"route\":7,\"output\":{deep}}},\"ticket\":1}}}}");
+        assert!(serde_json::from_str::<ToWorker>(&body).is_err());
+        assert_eq!(route_of(body.as_bytes()), Some(7));
+        let reserve = format!("{{\"Reserve\":{{\"output\":{deep},\"route\":9}}}}");
+        assert_eq!(route_of(reserve.as_bytes()), Some(9));
+        let token = serde_json::to_vec(&ToGateway::Sent { route: 11, frames: 2 }).unwrap();
+        assert_eq!(route_of(&token), Some(11));
+        assert_eq!(route_of(br#""Draining""#), None);
+        assert_eq!(route_of(b"garbage"), None);
+    }
+
+    #[test]
+    fn a_spec_carries_its_output_format_as_one_opaque_string() {
+        let mut s = spec(None);
+        let deep = (0..grammar::MAX_SCHEMA_DEPTH - 1).fold(serde_json::json!(0), |v, _| serde_json::json!([v]));
+        let format =
+            grammar::OutputFormat::JsonSchema { schema: serde_json::json!({"type": "string", "default": deep}) };
+        s.output = Some(EncodedFormat::encode(&format).unwrap());
+        let msg = serde_json::to_vec(&ToWorker::Prefill {
+            spec: s,
+            ticket: TicketWire { request: 2, tenant: 3, nonce: [0; 16], pages: 1, tokens: 3 },
+            decode_addr: "mem:x".into(),
+        })
+        .unwrap();
+        let back: ToWorker = serde_json::from_slice(&msg).unwrap();
+        let ToWorker::Prefill { spec, .. } = back else { panic!("a prefill message") };
+        assert_eq!(spec.output.unwrap().decode().unwrap(), format);
     }
 
     #[test]

@@ -220,8 +220,23 @@ impl Router {
         });
         let result = loop {
             let msg = tokio::select! {
-                m = rd.recv::<ToGateway>() => m,
+                m = rd.recv_routed::<ToGateway>() => m,
                 () = w.evict.notified() => break Err(ClusterError::Message("the worker left the membership".into())),
+            };
+            let msg = match msg {
+                Ok(Some(Err(u))) => {
+                    self.inner.links.failure("undecodable_message");
+                    tracing::warn!(role = role.name(), worker = %w.name, route = ?u.route, reason = %u.reason, "a worker's message did not decode; only its route fails");
+                    if let Some((route, t)) = u.route.and_then(|r| Some((r, w.routes().get(&r).cloned()?))) {
+                        let failure =
+                            Failure::Internal(format!("the {} worker's message could not be read", role.name()));
+                        let _ = t.send((role, RouteMsg::Msg(ToGateway::Failed { route, failure })));
+                    }
+                    continue;
+                }
+                Ok(Some(Ok(m))) => Ok(Some(m)),
+                Ok(None) => Ok(None),
+                Err(e) => Err(e),
             };
             if matches!(msg, Ok(Some(_))) {
                 w.received.fetch_add(1, Ordering::Relaxed);
@@ -436,6 +451,12 @@ impl Router {
             return Outcome::Fail(EngineError::Unavailable("no prefill worker is registered".into()));
         };
         let route = self.inner.next_route.fetch_add(1, Ordering::Relaxed);
+        // The gateway's validation refused any format that cannot travel; were one to reach
+        // here, it fails this request alone, before any worker hears of it.
+        let spec = match Spec::of(route, req) {
+            Ok(s) => s,
+            Err(e) => return Outcome::Fail(EngineError::Internal(format!("the output format cannot be sent: {e}"))),
+        };
         tracing::debug!(route, decode = %decode.name, prefill = %prefill.name, "route");
         let (tx, mut rx) = mpsc::unbounded_channel();
         let guard =
@@ -447,7 +468,6 @@ impl Router {
         }
         drop(tx);
         let mut guard = guard;
-        let spec = Spec::of(route, req);
         let _ = decode.tx.send(ToWorker::Reserve(spec.clone()));
         let deadline = req.deadline.unwrap_or_else(|| Instant::now() + crate::proto::DEFAULT_DEADLINE);
         let mut gate = FirstTokenGate::default();

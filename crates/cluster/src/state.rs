@@ -9,6 +9,7 @@ use engine::EngineHandle;
 use tokio::sync::mpsc;
 use wire::Role;
 
+use crate::constraints::ConstraintCache;
 use crate::link::Identity;
 use crate::metrics::WorkerMetrics;
 use crate::net::Net;
@@ -63,6 +64,8 @@ pub(crate) struct Ctx {
     pub draining: AtomicBool,
     /// Routes running on any link (a drain waits for zero).
     pub active_routes: Arc<AtomicUsize>,
+    /// Output formats compiled for recent routes, per tenant.
+    pub constraints: Arc<ConstraintCache>,
 }
 
 impl Ctx {

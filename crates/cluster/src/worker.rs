@@ -69,6 +69,7 @@ impl Worker {
             links: Mutex::default(),
             draining: AtomicBool::new(false),
             active_routes: Arc::new(AtomicUsize::new(0)),
+            constraints: Arc::default(),
         });
         if let Some(listener) = kv {
             tokio::spawn(decode::accept_kv(ctx.clone(), listener));
@@ -277,8 +278,17 @@ async fn session(ctx: &Arc<Ctx>, addr: &str) -> Result<(), ClusterError> {
     };
     let routes = Routes::default();
     let result = loop {
-        let msg = match rd.recv::<ToWorker>().await {
-            Ok(Some(m)) => m,
+        let msg = match rd.recv_routed::<ToWorker>().await {
+            Ok(Some(Ok(m))) => m,
+            Ok(Some(Err(u))) => {
+                ctx.metrics.links.failure("undecodable_message");
+                tracing::warn!(worker = %ctx.cfg.name, route = ?u.route, reason = %u.reason, "a control message did not decode; only its route fails");
+                if let Some(route) = u.route {
+                    let failure = Failure::Internal("the worker could not read this route's request".into());
+                    let _ = out.send(ToGateway::Failed { route, failure });
+                }
+                continue;
+            }
             Ok(None) => break Ok(()),
             Err(e) => break Err(e),
         };
@@ -337,6 +347,10 @@ fn scoped(ctx: &Ctx, link: u64, mut spec: Spec, out: &mpsc::UnboundedSender<ToGa
 fn apply_tenants(ctx: &Ctx, link: u64, table: &TenantTable) {
     let (policy, revoked) = ctx.tenancy.lock().unwrap_or_else(|e| e.into_inner()).update(link, table);
     let tenants = policy.live.as_ref().map_or(0, |l| l.len());
+    match &policy.revoke {
+        engine::Revoke::These(ts) => ts.iter().for_each(|t| ctx.constraints.forget(*t)),
+        engine::Revoke::AllCaches => ctx.constraints.clear(),
+    }
     ctx.engine.apply_tenants(policy);
     tracing::info!(worker = %ctx.cfg.name, tenants, revoked, "tenant table applied");
 }

@@ -177,7 +177,7 @@ impl Limiter {
         }
         s.running += 1;
         s.queued += 1;
-        Ok(Permit { limiter: self.clone(), tenant, queued: true, charged: 0.0 })
+        Ok(Permit { limiter: self.clone(), tenant, slots: 1, queued: 1, charged: 0.0 })
     }
 }
 
@@ -186,11 +186,64 @@ impl Limiter {
 pub struct Permit {
     limiter: Limiter,
     tenant: TenantId,
-    queued: bool,
+    /// Concurrency slots held: one per sequence the request runs (its `n` choices).
+    slots: usize,
+    /// Of those, the sequences the engine has not started yet.
+    queued: usize,
     charged: f64,
 }
 
 impl Permit {
+    /// Takes a slot for each of a request's `n` sequences (one is held already): the `n`
+    /// choices of one request run as `n` sequences, so they count as `n` requests against the
+    /// tenant's concurrency and queue limits. `n` beyond the limit itself can never run: a 400
+    /// naming `n`; beyond the slots free now: a 429 naming `n`, as for `n` requests.
+    pub fn widen(&mut self, n: usize) -> Result<(), ApiError> {
+        let more = n.saturating_sub(self.slots);
+        if more == 0 {
+            return Ok(());
+        }
+        let mut map = self.limiter.lock();
+        let Some(s) = map.get_mut(&self.tenant) else { return Ok(()) };
+        if n > s.max_concurrent || n > s.max_queued {
+            let limit = s.max_concurrent.min(s.max_queued);
+            return Err(ApiError::invalid_param(
+                "n",
+                format!(
+                    "n = {n} runs {n} sequences, more than this key may run at once on this gateway ({limit}); \
+                     lower n"
+                ),
+            ));
+        }
+        if s.running + more > s.max_concurrent {
+            return Err(ApiError::rate_limited(
+                "tenant_concurrency",
+                format!(
+                    "n = {n} needs {n} of this key's {} concurrent sequences; {} are free",
+                    s.max_concurrent,
+                    s.max_concurrent.saturating_sub(s.running) + self.slots
+                ),
+                1,
+            ));
+        }
+        if s.queued + more > s.max_queued {
+            return Err(ApiError::rate_limited(
+                "tenant_queue",
+                format!(
+                    "n = {n} needs {n} of this key's {} queued places; {} are free",
+                    s.max_queued,
+                    s.max_queued.saturating_sub(s.queued) + self.queued
+                ),
+                1,
+            ));
+        }
+        s.running += more;
+        s.queued += more;
+        self.slots += more;
+        self.queued += more;
+        Ok(())
+    }
+
     /// Charges the request's `tokens` (prompt + max_tokens) to the tenant's per-minute bucket,
     /// or says why not (429 with Retry-After). Called once validation knows the count.
     pub fn charge(&mut self, tokens: usize) -> Result<(), ApiError> {
@@ -228,9 +281,10 @@ impl Permit {
         Ok(())
     }
 
-    /// The engine started the request: it no longer counts as queued.
+    /// The engine started one of the request's sequences: it no longer counts as queued.
     pub fn started(&mut self) {
-        if std::mem::take(&mut self.queued) {
+        if self.queued > 0 {
+            self.queued -= 1;
             if let Some(s) = self.limiter.lock().get_mut(&self.tenant) {
                 s.queued = s.queued.saturating_sub(1);
             }
@@ -250,8 +304,8 @@ impl Permit {
     }
 }
 
-/// The permit the choices of one request share (`n` > 1): one concurrency slot and one
-/// charge; each choice refunds what it did not generate.
+/// The permit the choices of one request share (`n` > 1): a concurrency slot per choice
+/// ([`Permit::widen`]) and one charge; each choice refunds what it did not generate.
 #[derive(Debug, Clone)]
 pub struct SharedPermit(Arc<Mutex<Permit>>);
 
@@ -276,10 +330,8 @@ impl SharedPermit {
 impl Drop for Permit {
     fn drop(&mut self) {
         if let Some(s) = self.limiter.lock().get_mut(&self.tenant) {
-            s.running = s.running.saturating_sub(1);
-            if self.queued {
-                s.queued = s.queued.saturating_sub(1);
-            }
+            s.running = s.running.saturating_sub(self.slots);
+            s.queued = s.queued.saturating_sub(self.queued);
         }
     }
 }
@@ -349,6 +401,38 @@ mod tests {
         assert_eq!(l.acquire(TenantId(1)).unwrap_err().reason, "tenant_queue");
         p.started();
         let _q = l.acquire(TenantId(1)).unwrap();
+    }
+
+    #[test]
+    fn n_choices_take_n_slots_and_give_them_back_one_start_and_one_drop_at_a_time() {
+        let c = cfg(8, 8, 0);
+        let l = Limiter::new([(TenantId(1), &c)]);
+        let mut p = l.acquire(TenantId(1)).unwrap();
+        p.widen(6).unwrap();
+        assert_eq!(running(&l, 1), Some((6, 6)));
+        // Six of eight slots are taken: a request of n = 3 is over by one, and says so.
+        let mut q = l.acquire(TenantId(1)).unwrap();
+        let e = q.widen(3).unwrap_err();
+        assert_eq!((e.status.as_u16(), e.reason), (429, "tenant_concurrency"));
+        assert!(e.message.contains("n = 3"), "{}", e.message);
+        drop(q);
+        assert_eq!(running(&l, 1), Some((6, 6)), "a refused widening holds nothing");
+        p.started();
+        p.started();
+        assert_eq!(running(&l, 1), Some((6, 4)));
+        drop(p);
+        assert_eq!(running(&l, 1), Some((0, 0)));
+    }
+
+    #[test]
+    fn n_above_the_limit_itself_is_a_400_naming_n() {
+        let c = cfg(4, 8, 0);
+        let l = Limiter::new([(TenantId(1), &c)]);
+        let mut p = l.acquire(TenantId(1)).unwrap();
+        let e = p.widen(5).unwrap_err();
+        assert_eq!((e.status.as_u16(), e.param.as_deref()), (400, Some("n")));
+        p.widen(4).unwrap();
+        assert_eq!(running(&l, 1), Some((4, 4)));
     }
 
     #[test]

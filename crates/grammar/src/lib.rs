@@ -9,6 +9,8 @@
 
 #![forbid(unsafe_code)]
 
+mod encoded;
+
 use std::sync::Arc;
 
 use llguidance::api::TopLevelGrammar;
@@ -17,6 +19,8 @@ use llguidance::{Matcher, ParserFactory};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use text::Tokenizer;
+
+pub use encoded::{check_schema_depth, depth, EncodedFormat, MAX_FORMAT_BYTES, MAX_SCHEMA_DEPTH};
 
 /// What constrained decoding refused.
 #[derive(Debug, thiserror::Error)]
@@ -27,6 +31,8 @@ pub enum GrammarError {
     Compile(String),
     #[error("the grammar engine failed: {0}")]
     Matcher(String),
+    #[error("{0}")]
+    TooLarge(String),
 }
 
 /// The shape a request's output must have.
@@ -122,6 +128,7 @@ impl Grammars {
         .map_err(|e| GrammarError::Vocabulary(e.to_string()))?;
         // Its diagnostics go nowhere: they can quote the output.
         factory.quiet();
+        *factory.limits_mut() = limits();
         Ok(Grammars { factory: Arc::new(factory), vocab: n })
     }
 
@@ -140,6 +147,30 @@ impl Grammars {
             return Err(GrammarError::Compile(e));
         }
         Ok(Constraint { matcher, format: Arc::new(format.clone()), vocab: self.vocab })
+    }
+}
+
+/// The grammar engine's budgets, set here rather than left to its defaults: a tenant's schema
+/// is compiled on every worker and its masks are computed on the engine thread that every
+/// tenant's sequences share, so what one grammar may cost is part of the isolation contract.
+/// A grammar over a budget fails its own request (a 400 at the gateway's compile, an error
+/// for a mask mid-answer), never another's.
+fn limits() -> llguidance::api::ParserLimits {
+    llguidance::api::ParserLimits {
+        // Compile: regexes' lexer nodes (50k/ms, so about 20 ms) and grammar symbols.
+        initial_lexer_fuel: 1_000_000,
+        max_grammar_size: 200_000,
+        // Per mask, on the engine thread: lexer work (14k/ms) and Earley items (20k/ms), each
+        // a few ms at most. Lexer states are cached, so a grammar pays this while its lexer
+        // is new and far less once warm.
+        step_lexer_fuel: 100_000,
+        step_max_items: 20_000,
+        max_items_in_row: 2_000,
+        // Memory: 1-2 kB a state, so at most about 100 MB for one grammar.
+        max_lexer_states: 50_000,
+        precompute_large_lexemes: true,
+        // Errors must not carry the parser's state: it holds the output so far.
+        verbose_errors: false,
     }
 }
 

@@ -8,9 +8,8 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use cluster::proto::{Failure, Register, Registered, Spec, Stats, TicketWire, ToGateway, ToWorker};
-use cluster::{Link, Net};
-use common::cluster::{metric, Cluster};
+use cluster::proto::{Failure, Spec, Stats, TicketWire, ToGateway, ToWorker};
+use common::cluster::{metric, Cluster, DirectGateway};
 use common::{chat, generate_cli, PROMPTS};
 use serde_json::Value;
 use wire::Role;
@@ -139,23 +138,7 @@ fn a_worker_with_another_page_size_or_secret_is_refused_and_exits_naming_the_rea
 /// sends a real worker process an over-long request directly. Returns what the worker answered
 /// and its last reported counters.
 async fn direct(role: Role, config: &std::path::Path) -> (Vec<ToGateway>, Stats) {
-    let (mut listener, addr) = Net::default().listen("127.0.0.1:0").await.unwrap();
-    let me = common::cluster::node_identity(Role::Gateway);
-    let role_arg = if role == Role::Prefill { "prefill" } else { "decode" };
-    let mut child = Command::new(common::bin())
-        .args([role_arg, "--config", config.to_str().unwrap(), "--gateway", &addr, "--name", "direct"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let io = tokio::time::timeout(Duration::from_secs(120), listener.accept()).await.unwrap().unwrap();
-    let link = Link::accept(io, &me, Duration::from_secs(10)).await.unwrap();
-    assert_eq!(link.peer, role);
-    let (mut rd, mut wr) = link.split();
-    let reg: Register = rd.recv().await.unwrap().unwrap();
-    assert_eq!(reg.context, 8192);
-    let tenants = vec![cluster::proto::TenantEntry { id: 1, epoch: [0; 16] }];
-    wr.send(&Registered::Accepted(cluster::proto::TenantTable { tenants, max_share: 1.0 })).await.unwrap();
+    let mut g = DirectGateway::start(role, config).await;
     let spec = Spec {
         route: 1,
         request: 1,
@@ -174,18 +157,9 @@ async fn direct(role: Role, config: &std::path::Path) -> (Vec<ToGateway>, Stats)
     } else {
         ToWorker::Reserve(spec)
     };
-    wr.send(&msg).await.unwrap();
-    let (mut got, mut stats) = (Vec::new(), None);
+    g.wr.send(&msg).await.unwrap();
     // Long enough for a refusal and several stats reports after it.
-    let until = tokio::time::Instant::now() + Duration::from_secs(3);
-    while let Ok(Ok(Some(m))) = tokio::time::timeout_at(until, rd.recv::<ToGateway>()).await {
-        match m {
-            ToGateway::Stats(s) => stats = Some(*s),
-            other => got.push(other),
-        }
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+    let (got, stats) = g.answers(Duration::from_secs(3)).await;
     (got, stats.expect("the worker reports its stats"))
 }
 

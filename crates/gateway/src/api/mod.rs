@@ -294,7 +294,9 @@ async fn generate_inner(
     let model = v.model.clone();
     let mark = st.models.iter().position(|m| Arc::ptr_eq(m, &model)).and_then(|i| marks.get(i).copied()).unwrap_or(0);
 
-    // Every choice computes its prompt and may generate max_tokens.
+    // Every choice is a sequence of its own: it takes a concurrency slot, computes its prompt
+    // and may generate max_tokens.
+    permit.widen(v.choices)?;
     permit.charge(v.choices * (v.prompt.len() + v.max_tokens))?;
     let permit = SharedPermit::new(permit);
     let prompt_param = match endpoint {

@@ -94,7 +94,11 @@ pub fn parse(o: &Map<String, Value>) -> Result<Option<Tools>, ApiError> {
         }
         let parameters = match f.get("parameters") {
             None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
-            Some(p @ Value::Object(_)) => p.clone(),
+            Some(p @ Value::Object(_)) => {
+                grammar::check_schema_depth(p)
+                    .map_err(|e| ApiError::invalid_param(&at("function.parameters"), e.to_string()))?;
+                p.clone()
+            }
             Some(_) => return Err(ApiError::invalid_param(&at("function.parameters"), "must be a JSON schema object")),
         };
         let description = f.get("description").and_then(Value::as_str).map(str::to_string);

@@ -151,7 +151,11 @@ fn output_format(o: &Obj) -> Result<Option<OutputFormat>, ApiError> {
         Some("json_schema") => {
             let Some(Value::Object(js)) = rf.get("json_schema") else { return Err(bad()) };
             match js.get("schema") {
-                Some(schema @ Value::Object(_)) => Ok(Some(OutputFormat::JsonSchema { schema: schema.clone() })),
+                Some(schema @ Value::Object(_)) => {
+                    grammar::check_schema_depth(schema)
+                        .map_err(|e| ApiError::invalid_param("response_format.json_schema.schema", e.to_string()))?;
+                    Ok(Some(OutputFormat::JsonSchema { schema: schema.clone() }))
+                }
                 None | Some(Value::Null) => Ok(Some(OutputFormat::JsonObject)),
                 Some(_) => Err(bad()),
             }
@@ -384,9 +388,11 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState, tenant: &TenantC
             "`ignore_eos` cannot be combined with `response_format`",
         ));
     }
-    let constraint = output.map(|f| m.grammars.compile(&f)).transpose().map_err(|e| {
-        ApiError::invalid_param(if tools.is_some() { "tools" } else { "response_format" }, e.to_string())
-    })?;
+    // The format must also fit the control message that carries it to the workers.
+    let constraint =
+        output.map(|f| grammar::EncodedFormat::encode(&f).and_then(|_| m.grammars.compile(&f))).transpose().map_err(
+            |e| ApiError::invalid_param(if tools.is_some() { "tools" } else { "response_format" }, e.to_string()),
+        )?;
     let cache_salt = match get_str(&o, "cache_salt")? {
         Some(s) if s.is_empty() || s.len() > MAX_CACHE_SALT_BYTES => {
             return Err(ApiError::invalid_param(

@@ -330,6 +330,63 @@ pub fn node_identity(role: wire::Role) -> cluster::Identity {
     }
 }
 
+/// A gateway played by the test (it holds the cluster secret, so it is as trusted as a real
+/// one): a real worker process of `role` registers with it and takes tenant 1; the test then
+/// sends it whatever control messages it likes. The worker is killed on drop.
+pub struct DirectGateway {
+    pub rd: cluster::link::LinkReader,
+    pub wr: cluster::link::LinkWriter,
+    child: Child,
+}
+
+impl DirectGateway {
+    pub async fn start(role: wire::Role, config: &std::path::Path) -> DirectGateway {
+        let (mut listener, addr) = cluster::Net::default().listen("127.0.0.1:0").await.unwrap();
+        let me = node_identity(wire::Role::Gateway);
+        let role_arg = if role == wire::Role::Prefill { "prefill" } else { "decode" };
+        let mut cmd = Command::new(bin());
+        cmd.args([role_arg, "--config", config.to_str().unwrap(), "--gateway", &addr, "--name", "direct"]);
+        if role == wire::Role::Decode {
+            cmd.args(["--kv-listen", "127.0.0.1:0"]);
+        }
+        let child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        let io = tokio::time::timeout(Duration::from_secs(120), listener.accept()).await.unwrap().unwrap();
+        let link = cluster::Link::accept(io, &me, Duration::from_secs(10)).await.unwrap();
+        assert_eq!(link.peer, role);
+        let (mut rd, mut wr) = link.split();
+        let reg: cluster::proto::Register = rd.recv().await.unwrap().unwrap();
+        assert_eq!(reg.context, 8192);
+        let tenants = vec![cluster::proto::TenantEntry { id: 1, epoch: [0; 16] }];
+        let table = cluster::proto::TenantTable { tenants, max_share: 1.0 };
+        wr.send(&cluster::proto::Registered::Accepted(table)).await.unwrap();
+        DirectGateway { rd, wr, child }
+    }
+
+    /// What the worker sent until `within` passed (its stats reports apart: the last one is
+    /// returned beside).
+    pub async fn answers(
+        &mut self,
+        within: Duration,
+    ) -> (Vec<cluster::proto::ToGateway>, Option<cluster::proto::Stats>) {
+        let (mut got, mut stats) = (Vec::new(), None);
+        let until = tokio::time::Instant::now() + within;
+        while let Ok(Ok(Some(m))) = tokio::time::timeout_at(until, self.rd.recv::<cluster::proto::ToGateway>()).await {
+            match m {
+                cluster::proto::ToGateway::Stats(s) => stats = Some(*s),
+                other => got.push(other),
+            }
+        }
+        (got, stats)
+    }
+}
+
+impl Drop for DirectGateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 /// A streaming chat request in its own thread: each content delta is sent on the channel as it
 /// arrives; the thread returns the whole text after `[DONE]`, or the error event's object.
 pub fn stream_chat(
