@@ -34,6 +34,7 @@ mod prefill;
 pub mod proto;
 mod router;
 pub mod secrets;
+mod session;
 mod state;
 mod tenancy;
 mod tickets;

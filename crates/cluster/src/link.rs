@@ -11,8 +11,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use wire::{
-    Exporter, HandshakeMsg, Initiator, KvOpener, KvSealer, PairingInfo, RecordOpener, RecordSealer, RefusalCode,
-    Responder, Role, WireError, AEAD_TAG_LEN, DEFAULT_MAX_FRAME, MAX_HANDSHAKE_MSG,
+    ClusterSecret, Exporter, HandshakeMsg, Initiator, KvOpener, KvSealer, PairingInfo, RecordOpener, RecordSealer,
+    RefusalCode, Responder, Role, WireError, AEAD_TAG_LEN, DEFAULT_MAX_FRAME, MAX_HANDSHAKE_MSG,
 };
 
 use crate::net::BoxIo;
@@ -37,6 +37,8 @@ pub struct Link {
     opener: RecordOpener,
     exporter: Exporter,
     pub peer: Role,
+    /// The cluster secret the handshake proved: the link lives only while it is accepted.
+    secret: ClusterSecret,
 }
 
 async fn read_clear(io: &mut BoxIo) -> Result<HandshakeMsg, ClusterError> {
@@ -100,6 +102,23 @@ async fn read_record<R: tokio::io::AsyncRead + Unpin>(
     Ok(Some(buf))
 }
 
+/// [`Responder::on_hello`] with each accepted secret in turn, so the link knows which one the
+/// peer proved (the same tries, in the same order, as handing it the whole list).
+fn answer_hello(
+    accepted: &[ClusterSecret],
+    role: Role,
+    hello: &HandshakeMsg,
+) -> Result<(HandshakeMsg, wire::SessionKeys, Role, ClusterSecret), WireError> {
+    for secret in accepted {
+        match Responder::on_hello(std::slice::from_ref(secret), role, hello) {
+            Ok((reply, keys, peer)) => return Ok((reply, keys, peer, secret.clone())),
+            Err(WireError::BadProof) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(WireError::BadProof)
+}
+
 /// The refusal code to tell a peer for a handshake error, if it may be told.
 fn refusal(e: &WireError) -> Option<RefusalCode> {
     match e {
@@ -120,7 +139,8 @@ impl Link {
     }
 
     async fn connect_inner(mut io: BoxIo, me: &Identity) -> Result<Link, ClusterError> {
-        let (init, hello) = Initiator::start(&me.secrets.current(), me.role)?;
+        let secret = me.secrets.current();
+        let (init, hello) = Initiator::start(&secret, me.role)?;
         write_clear(&mut io, &hello).await?;
         let reply = read_clear(&mut io).await?;
         // A failed key exchange leaves no key to tell the peer anything under: just close.
@@ -142,7 +162,7 @@ impl Link {
             }
             return Err(e.into());
         }
-        Ok(Link { io, sealer, opener, exporter, peer })
+        Ok(Link { io, sealer, opener, exporter, peer, secret })
     }
 
     /// Listening side of the handshake, for a peer of any role but ours.
@@ -185,11 +205,11 @@ impl Link {
         roles: &[Role],
     ) -> Result<(Link, usize), ClusterError> {
         let answered = match read_clear(&mut io).await {
-            Ok(hello) => Responder::on_hello(&me.secrets.accepted(), me.role, &hello),
+            Ok(hello) => answer_hello(&me.secrets.accepted(), me.role, &hello),
             Err(ClusterError::Wire(e)) => Err(e),
             Err(e) => return Err(e),
         };
-        let (reply, keys, peer) = match answered {
+        let (reply, keys, peer, secret) = match answered {
             Ok(x) => x,
             Err(e) => {
                 // In clear: there is no shared key. It tells a misconfigured node why, and
@@ -235,7 +255,12 @@ impl Link {
         }
         write_record(&mut io, &mut sealer, HandshakeMsg::Pairing { role: me.role, info: pairings[index] }.encode())
             .await?;
-        Ok((Link { io, sealer, opener, exporter, peer }, index))
+        Ok((Link { io, sealer, opener, exporter, peer, secret }, index))
+    }
+
+    /// The cluster secret this link was made with.
+    pub fn secret(&self) -> &ClusterSecret {
+        &self.secret
     }
 
     /// Control-message halves.

@@ -156,6 +156,9 @@ impl Router {
     pub(crate) async fn register(&self, link: Link) -> Result<(), ClusterError> {
         let cfg = &self.inner.cfg;
         let role = link.peer;
+        let secret = link.secret().clone();
+        let ring = cfg.identity.secrets.clone();
+        let mut rotated = ring.changed();
         let (mut rd, mut wr) = link.split();
         let reg = match tokio::time::timeout(cfg.handshake_timeout, rd.recv::<Register>()).await {
             Ok(Ok(Some(r))) => r,
@@ -222,6 +225,16 @@ impl Router {
             let msg = tokio::select! {
                 m = rd.recv_routed::<ToGateway>() => m,
                 () = w.evict.notified() => break Err(ClusterError::Message("the worker left the membership".into())),
+                Ok(()) = rotated.changed() => {
+                    if ring.accepts(&secret) {
+                        continue;
+                    }
+                    // The routes on this link end as lost: those before their first token run
+                    // again on other workers.
+                    self.inner.links.failure("secret_withdrawn");
+                    tracing::warn!(role = role.name(), worker = %w.name, "the worker's link was made with a cluster secret no longer accepted: closed");
+                    break Err(ClusterError::Message("the link's cluster secret is no longer accepted".into()));
+                }
             };
             let msg = match msg {
                 Ok(Some(Err(u))) => {

@@ -1,10 +1,14 @@
 //! The cluster secrets a node holds: the one it dials with, and every one it accepts. Shared
 //! by every link of a node and replaceable while it runs, so an operator can rotate the secret
 //! without downtime (docs/cluster.md): accept old and new, then dial with the new, then drop
-//! the old; links already up keep their session keys throughout.
+//! the old. Each change is announced ([`SecretRing::changed`]): a link made with a secret that
+//! is no longer accepted closes, and a worker whose dialling secret changed opens a link with
+//! the new one before it retires the old (make-before-break), so a node that only holds a
+//! withdrawn secret is out within seconds while the others lose nothing.
 
 use std::sync::{Arc, RwLock};
 
+use tokio::sync::watch;
 use wire::ClusterSecret;
 
 #[derive(Clone)]
@@ -15,12 +19,30 @@ struct Ring {
 
 /// Cheap to clone; every clone sees a [`SecretRing::replace`].
 #[derive(Clone)]
-pub struct SecretRing(Arc<RwLock<Ring>>);
+pub struct SecretRing {
+    ring: Arc<RwLock<Ring>>,
+    /// Bumped by every replace.
+    version: Arc<watch::Sender<u64>>,
+}
 
 impl SecretRing {
     /// Dial with `current`; accept it and each of `also_accepted`.
     pub fn new(current: ClusterSecret, also_accepted: Vec<ClusterSecret>) -> Self {
-        SecretRing(Arc::new(RwLock::new(Ring { current, also_accepted })))
+        SecretRing {
+            ring: Arc::new(RwLock::new(Ring { current, also_accepted })),
+            version: Arc::new(watch::channel(0).0),
+        }
+    }
+
+    /// Wakes on every [`SecretRing::replace`] after this call.
+    pub fn changed(&self) -> watch::Receiver<u64> {
+        self.version.subscribe()
+    }
+
+    /// Whether a link made with `secret` may stay up.
+    pub fn accepts(&self, secret: &ClusterSecret) -> bool {
+        let r = self.read();
+        &r.current == secret || r.also_accepted.iter().any(|s| s == secret)
     }
 
     /// One secret, dialled and accepted.
@@ -29,7 +51,7 @@ impl SecretRing {
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Ring> {
-        self.0.read().unwrap_or_else(|e| e.into_inner())
+        self.ring.read().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The secret new connections are dialled with.
@@ -43,9 +65,11 @@ impl SecretRing {
         std::iter::once(r.current.clone()).chain(r.also_accepted.iter().cloned()).collect()
     }
 
-    /// Swaps in a new set (a reload); links already established are not touched.
+    /// Swaps in a new set (a reload) and announces it: links whose secret left the set close,
+    /// links dialled with a secret that is no longer the current one are replaced.
     pub fn replace(&self, current: ClusterSecret, also_accepted: Vec<ClusterSecret>) {
-        *self.0.write().unwrap_or_else(|e| e.into_inner()) = Ring { current, also_accepted };
+        *self.ring.write().unwrap_or_else(|e| e.into_inner()) = Ring { current, also_accepted };
+        self.version.send_modify(|v| *v += 1);
     }
 
     /// Public fingerprints of the dialled and the other accepted secrets, for logs.

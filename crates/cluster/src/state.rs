@@ -46,6 +46,9 @@ pub struct WorkerConfig {
     pub max_pending_handshakes: usize,
     /// On drain: how long the routes in flight may take to finish before the worker stops anyway.
     pub drain_timeout: Duration,
+    /// How long a gateway link lives before it is replaced (make-before-break) by one with a
+    /// fresh handshake.
+    pub link_lifetime: Duration,
 }
 
 /// What every route task of a worker shares.

@@ -45,6 +45,7 @@ fn worker_config(name: &str, me: Identity) -> WorkerConfig {
         transfer_timeout: T,
         max_pending_handshakes: 8,
         drain_timeout: Duration::from_secs(5),
+        link_lifetime: Duration::from_secs(3600),
     }
 }
 

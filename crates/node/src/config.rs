@@ -115,6 +115,7 @@ struct RawCluster {
     transfer_timeout_ms: Option<u64>,
     handshake_timeout_ms: Option<u64>,
     max_pending_handshakes: Option<usize>,
+    link_lifetime_s: Option<u64>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -205,6 +206,9 @@ pub struct ClusterSettings {
     pub metrics_listen: Option<String>,
     pub transfer_timeout: Duration,
     pub handshake_timeout: Duration,
+    /// Workers: a gateway link is replaced by a freshly handshaken one (new link first) after
+    /// this long.
+    pub link_lifetime: Duration,
 }
 
 impl ClusterSettings {
@@ -398,6 +402,7 @@ fn builtin_defaults() -> Config {
             metrics_listen: None,
             transfer_timeout: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(10),
+            link_lifetime: Duration::from_secs(3600),
         },
         metrics: MetricsSettings::default(),
         usage: None,
@@ -602,6 +607,7 @@ impl Config {
                 c.handshake_timeout_ms,
                 10_000,
             )?),
+            link_lifetime: Duration::from_secs(positive_u64("cluster.link_lifetime_s", c.link_lifetime_s, 3600)?),
         };
 
         let models = if raw.models.is_empty() {

@@ -100,6 +100,7 @@ async fn start_model(
             max_pending_handshakes: cfg.cluster.max_pending_handshakes,
             // In one process the gateway's own drain (`[limits] drain_timeout_s`) comes first.
             drain_timeout: cfg.limits.drain_timeout,
+            link_lifetime: cfg.cluster.link_lifetime,
         };
         let (h, net) = (engine.handle(), net.clone());
         let metrics = Arc::new(WorkerMetrics::default());

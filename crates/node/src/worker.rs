@@ -103,6 +103,7 @@ pub fn run(role: Role, overrides: &WorkerOverrides) -> Result<(), ServeError> {
             transfer_timeout: config.cluster.transfer_timeout,
             max_pending_handshakes: config.cluster.max_pending_handshakes,
             drain_timeout: config.limits.drain_timeout,
+            link_lifetime: config.cluster.link_lifetime,
         };
         if let Some(addr) = &config.cluster.metrics_listen {
             let l = tokio::net::TcpListener::bind(addr)

@@ -62,6 +62,16 @@ impl ClusterSecret {
     }
 }
 
+/// Which secret a link was made with, against the ones a node accepts now (rotation closes the
+/// links of a secret no longer accepted): compared in constant time, as secrets are.
+impl PartialEq for ClusterSecret {
+    fn eq(&self, other: &Self) -> bool {
+        crate::ct::ct_eq32(&self.0, &other.0)
+    }
+}
+
+impl Eq for ClusterSecret {}
+
 impl std::fmt::Debug for ClusterSecret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("ClusterSecret(<redacted>)")
