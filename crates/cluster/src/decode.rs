@@ -12,10 +12,10 @@ use engine::{Event, ViolationKind};
 use kv::BlockTable;
 use tokio::io::AsyncReadExt;
 use tokio::sync::mpsc::{self, UnboundedSender};
-use wire::{FrameRef, Geometry, PageWrite, Received, Role, Ticket, TicketNonce, Transfer, WireError};
+use wire::{FrameRef, Geometry, PageWrite, Received, Role, Ticket, TicketNonce, Transfer, WireError, HEADER_LEN};
 
 use crate::constraints::constrain;
-use crate::link::{refusal_reason, refuse_busy, HandshakeGate};
+use crate::link::{refusal_reason, refuse_busy, HandshakeGate, HandshakePermit};
 use crate::net::{BoxIo, Listener};
 use crate::proto::{Failure, Spec, ToGateway};
 use crate::state::Ctx;
@@ -177,28 +177,32 @@ fn write(table: &mut BlockTable, w: &PageWrite<'_>) -> Result<(), Failure> {
 }
 
 /// Accepts KV connections: each must complete the handshake as a prefill worker, or it gets
-/// nothing; at most `max_pending_handshakes` handshakes run at once.
+/// nothing; at most `max_pending_handshakes` handshakes run at once, and
+/// `max_pending_handshakes_per_source` from one address.
 pub(crate) async fn accept_kv(ctx: Arc<Ctx>, mut listener: Listener) {
-    let gate = HandshakeGate::new(ctx.cfg.max_pending_handshakes);
+    let gate = HandshakeGate::new(ctx.cfg.max_pending_handshakes, ctx.cfg.max_pending_handshakes_per_source);
     loop {
-        let io = match listener.accept().await {
-            Ok(io) => io,
+        let (io, source) = match listener.accept_with_source().await {
+            Ok(x) => x,
             Err(e) => {
                 tracing::error!(worker = %ctx.cfg.name, error = %e, "KV listener: accept failed");
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
         };
-        let Some(permit) = gate.try_enter() else {
-            ctx.metrics.links.failure("busy");
-            tokio::spawn(refuse_busy(io));
-            continue;
+        let permit = match gate.try_enter(source) {
+            Ok(p) => p,
+            Err(full) => {
+                ctx.metrics.links.failure(full.reason());
+                tokio::spawn(refuse_busy(io));
+                continue;
+            }
         };
         tokio::spawn(kv_connection(ctx.clone(), io, permit));
     }
 }
 
-async fn kv_connection(ctx: Arc<Ctx>, io: BoxIo, permit: tokio::sync::OwnedSemaphorePermit) {
+async fn kv_connection(ctx: Arc<Ctx>, io: BoxIo, permit: HandshakePermit) {
     // A KV link must come from a prefill worker: any other role is refused inside the
     // handshake (`WrongRole`, counted as `role`), before a frame is read.
     let link = match Link::accept_from(io, &ctx.cfg.identity, &[Role::Prefill], ctx.cfg.handshake_timeout).await {
@@ -225,14 +229,15 @@ async fn kv_connection(ctx: Arc<Ctx>, io: BoxIo, permit: tokio::sync::OwnedSemap
     // A sender that stalls holds a connection, not pages: the route's own deadline frees
     // those; this bounds how long the connection itself may sit idle.
     let idle = ctx.cfg.transfer_timeout;
+    let holds = |n: &TicketNonce| ctx.tickets.holds(n);
     loop {
-        let mut prefix = [0u8; 4];
+        let mut head = [0u8; HEADER_LEN];
         if bound.is_none() {
             // Before its first frame a link carries nothing of any ticket: a prefill worker
             // dials while it computes the prompt, and closes the link unused when that
             // request fails or is cancelled. Not a violation; a byte of a frame and then
             // nothing still is one (below).
-            match tokio::time::timeout(idle, io.read(&mut prefix[..1])).await {
+            match tokio::time::timeout(idle, io.read(&mut head[..1])).await {
                 Ok(Ok(1)) => {}
                 Ok(Ok(_)) => return ctx.metrics.links.failure("closed_unused"),
                 Ok(Err(_)) => return broken(&bound, WireError::Truncated { needed: 4, had: 0 }),
@@ -240,7 +245,7 @@ async fn kv_connection(ctx: Arc<Ctx>, io: BoxIo, permit: tokio::sync::OwnedSemap
             }
         }
         let at = usize::from(bound.is_none());
-        match tokio::time::timeout(idle, io.read_exact(&mut prefix[at..])).await {
+        match tokio::time::timeout(idle, io.read_exact(&mut head[at..4])).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
                 // A clean end is fine after the close (the route no longer listens); before
@@ -249,18 +254,30 @@ async fn kv_connection(ctx: Arc<Ctx>, io: BoxIo, permit: tokio::sync::OwnedSemap
             }
             Ok(Err(_)) | Err(_) => return broken(&bound, WireError::Truncated { needed: 4, had: 0 }),
         }
-        let total = match opener.frame_len(&prefix) {
+        let total = match opener.frame_len(&head[..4]) {
             Ok(t) => t,
             Err(e) => return broken(&bound, e),
         };
-        buf.clear();
-        buf.extend_from_slice(&prefix);
-        buf.resize(total, 0);
-        if !matches!(tokio::time::timeout(idle, io.read_exact(&mut buf[4..])).await, Ok(Ok(_))) {
+        // The header is read at its fixed size and opened before any room is made for the
+        // body: the length is only a claim until the link key authenticates it, and a claim
+        // of the maximum frame followed by nothing must not cost the maximum frame.
+        if !matches!(tokio::time::timeout(idle, io.read_exact(&mut head[4..])).await, Ok(Ok(_))) {
             return broken(&bound, WireError::Truncated { needed: total, had: 4 });
         }
         let t0 = Instant::now();
-        let opened = opener.open(&mut buf, &|n: &TicketNonce| ctx.tickets.holds(n)).map(FrameRef::into_owned);
+        let header = opener.open_header(&mut head, &holds);
+        ctx.metrics.kv_crypto_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        let header = match header {
+            Ok(h) => h,
+            Err(e) => return broken(&bound, e),
+        };
+        buf.clear();
+        buf.resize(header.rest_len(), 0);
+        if !matches!(tokio::time::timeout(idle, io.read_exact(&mut buf)).await, Ok(Ok(_))) {
+            return broken(&bound, WireError::Truncated { needed: total, had: HEADER_LEN });
+        }
+        let t0 = Instant::now();
+        let opened = opener.open_body(header, &mut buf).map(FrameRef::into_owned);
         ctx.metrics.kv_crypto_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let frame = match opened {
             Ok(f) => f,

@@ -11,6 +11,8 @@ pub enum ClusterError {
     Wire(#[from] WireError),
     #[error("timed out while {0}")]
     Timeout(&'static str),
+    #[error("the peer did not authenticate within {0:?}")]
+    PreauthTimeout(std::time::Duration),
     #[error("bad control message: {0}")]
     Message(String),
     #[error("the peer is a {} node, expected {}", got.name(), role_list(want))]

@@ -41,7 +41,10 @@ mod tickets;
 mod worker;
 
 pub use error::{random, ClusterError};
-pub use link::{HandshakeGate, Identity, Link, MAX_PENDING_HANDSHAKES};
+pub use link::{
+    GateFull, HandshakeGate, HandshakePermit, Identity, Link, MAX_PENDING_HANDSHAKES,
+    MAX_PENDING_HANDSHAKES_PER_SOURCE, PREAUTH_TIMEOUT,
+};
 pub use metrics::WorkerMetrics;
 pub use models::serve_models;
 pub use net::{BoxIo, Listener, Net};

@@ -5,6 +5,9 @@
 //! after the first two handshake messages is readable on the network, and nothing can be
 //! forged, replayed, reordered, dropped or reflected without failing the link.
 
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
@@ -21,6 +24,17 @@ use crate::ClusterError;
 
 /// The most a control message may take (a prompt of a full context window is ~100 KB).
 pub const MAX_CONTROL_MSG: usize = 8 << 20;
+
+/// The most a record of the handshake (a pairing or a refusal) may take: read before the
+/// peer is authenticated, its length is only a claim, so it gets room for a handshake
+/// message and no more.
+const MAX_HANDSHAKE_RECORD: usize = MAX_HANDSHAKE_MSG + AEAD_TAG_LEN;
+
+/// How long a listener waits for a connection to authenticate (its pairing record opening
+/// under the session key: it is live and holds the secret), when the handshake timeout is
+/// longer. A real node needs one round trip and two Diffie-Hellmans; a connection that sends
+/// nothing frees its slot after this.
+pub const PREAUTH_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Who this node is, as its peers check it.
 #[derive(Clone, Debug)]
@@ -84,6 +98,16 @@ async fn read_record<R: tokio::io::AsyncRead + Unpin>(
     r: &mut R,
     opener: &mut RecordOpener,
 ) -> Result<Option<Vec<u8>>, ClusterError> {
+    read_record_within(r, opener, MAX_CONTROL_MSG).await
+}
+
+/// [`read_record`] of a record of at most `max` bytes: a longer claim is refused before
+/// anything is allocated or read.
+async fn read_record_within<R: tokio::io::AsyncRead + Unpin>(
+    r: &mut R,
+    opener: &mut RecordOpener,
+    max: usize,
+) -> Result<Option<Vec<u8>>, ClusterError> {
     let mut prefix = [0u8; 4];
     match r.read_exact(&mut prefix).await {
         Ok(_) => {}
@@ -91,8 +115,8 @@ async fn read_record<R: tokio::io::AsyncRead + Unpin>(
         Err(e) => return Err(e.into()),
     }
     let len = u32::from_le_bytes(prefix) as usize;
-    if !(AEAD_TAG_LEN..=MAX_CONTROL_MSG).contains(&len) {
-        return Err(WireError::Oversized { len, max: MAX_CONTROL_MSG }.into());
+    if !(AEAD_TAG_LEN..=max).contains(&len) {
+        return Err(WireError::Oversized { len, max }.into());
     }
     let mut buf = vec![0u8; len];
     r.read_exact(&mut buf).await?;
@@ -148,7 +172,7 @@ impl Link {
         let (mut sealer, mut opener, exporter) = keys.into_parts()?;
         // Our pairing record proves to the responder that we are live and hold the secret.
         write_record(&mut io, &mut sealer, HandshakeMsg::Pairing { role: me.role, info: me.pairing }.encode()).await?;
-        let theirs = read_record(&mut io, &mut opener)
+        let theirs = read_record_within(&mut io, &mut opener, MAX_HANDSHAKE_RECORD)
             .await?
             .ok_or(ClusterError::Message("the peer closed the link during the handshake".into()))?;
         let checked = match HandshakeMsg::decode(&theirs)? {
@@ -193,7 +217,8 @@ impl Link {
         roles: &[Role],
         timeout: Duration,
     ) -> Result<(Link, usize), ClusterError> {
-        tokio::time::timeout(timeout, Self::accept_inner(io, me, pairings, roles))
+        let preauth = timeout.min(PREAUTH_TIMEOUT);
+        tokio::time::timeout(timeout, Self::accept_inner(io, me, pairings, roles, preauth))
             .await
             .map_err(|_| ClusterError::Timeout("handshaking with a peer"))?
     }
@@ -203,29 +228,14 @@ impl Link {
         me: &Identity,
         pairings: &[PairingInfo],
         roles: &[Role],
+        preauth: Duration,
     ) -> Result<(Link, usize), ClusterError> {
-        let answered = match read_clear(&mut io).await {
-            Ok(hello) => answer_hello(&me.secrets.accepted(), me.role, &hello),
-            Err(ClusterError::Wire(e)) => Err(e),
-            Err(e) => return Err(e),
-        };
-        let (reply, keys, peer, secret) = match answered {
-            Ok(x) => x,
-            Err(e) => {
-                // In clear: there is no shared key. It tells a misconfigured node why, and
-                // tells an attacker nothing it did not know.
-                if let Some(code) = refusal(&e) {
-                    let _ = write_clear(&mut io, &HandshakeMsg::Refused(code)).await;
-                }
-                return Err(e.into());
-            }
-        };
-        write_clear(&mut io, &reply).await?;
-        let (mut sealer, mut opener, exporter) = keys.into_parts()?;
-        // Only this record proves the initiator live: a replayed hello gets no further.
-        let theirs = read_record(&mut io, &mut opener)
-            .await?
-            .ok_or(ClusterError::Message("the peer closed the link during the handshake".into()))?;
+        // Until its first record opens the peer is anyone who reached the port: it gets a
+        // shorter deadline than the whole handshake, and room for handshake messages only.
+        let (mut sealer, opener, exporter, peer, secret, theirs) =
+            tokio::time::timeout(preauth, Self::unauthenticated(&mut io, me))
+                .await
+                .map_err(|_| ClusterError::PreauthTimeout(preauth))??;
         let checked = match HandshakeMsg::decode(&theirs)? {
             HandshakeMsg::Pairing { role, info } if role == peer => {
                 // The pairing of the same model file decides; with none, the first one's
@@ -263,6 +273,39 @@ impl Link {
         &self.secret
     }
 
+    /// The responder's steps before the peer is authenticated: the hello, our reply, and the
+    /// initiator's first record (bounded to a handshake message), which only a live holder of
+    /// the secret can seal. Returns the session's halves, the peer's role and that record.
+    async fn unauthenticated(
+        io: &mut BoxIo,
+        me: &Identity,
+    ) -> Result<(RecordSealer, RecordOpener, Exporter, Role, ClusterSecret, Vec<u8>), ClusterError> {
+        let answered = match read_clear(io).await {
+            Ok(hello) => answer_hello(&me.secrets.accepted(), me.role, &hello),
+            Err(ClusterError::Wire(e)) => Err(e),
+            Err(e) => return Err(e),
+        };
+        let (reply, keys, peer, secret) = match answered {
+            Ok(x) => x,
+            Err(e) => {
+                // In clear: there is no shared key. It tells a misconfigured node why, and
+                // tells an attacker nothing it did not know.
+                if let Some(code) = refusal(&e) {
+                    let _ = write_clear(io, &HandshakeMsg::Refused(code)).await;
+                }
+                return Err(e.into());
+            }
+        };
+        write_clear(io, &reply).await?;
+        let (sealer, mut opener, exporter) = keys.into_parts()?;
+        // Only this record proves the initiator live: a replayed hello gets no further, and
+        // whatever length it claims gets no more room than a pairing record needs.
+        let theirs = read_record_within(io, &mut opener, MAX_HANDSHAKE_RECORD)
+            .await?
+            .ok_or(ClusterError::Message("the peer closed the link during the handshake".into()))?;
+        Ok((sealer, opener, exporter, peer, secret, theirs))
+    }
+
     /// Control-message halves.
     pub fn split(self) -> (LinkReader, LinkWriter) {
         let (rd, wr) = tokio::io::split(self.io);
@@ -280,23 +323,107 @@ impl Link {
     }
 }
 
-/// Caps the handshakes in progress on one listener: an unauthenticated peer can hold a
-/// connection only until the handshake timeout, and only this many at once, so a flood of
-/// idle or slow connections cannot starve a node of memory or tasks.
+/// Caps the handshakes in progress on one listener, in all and from any one source address:
+/// an unauthenticated peer holds a slot only until [`PREAUTH_TIMEOUT`], and one address (one
+/// host: an IPv6 /64) only `per_source` of them, so a flood of idle or slow connections from
+/// a few hosts can neither starve a node of memory or tasks nor keep other hosts' nodes out.
+/// Connections of the in-process transport have no address and meet only the overall cap.
 #[derive(Clone, Debug)]
-pub struct HandshakeGate(std::sync::Arc<tokio::sync::Semaphore>);
+pub struct HandshakeGate(Arc<Gate>);
 
-/// Handshakes one listener runs at once by default.
-pub const MAX_PENDING_HANDSHAKES: usize = 64;
+#[derive(Debug)]
+struct Gate {
+    max: usize,
+    per_source: usize,
+    /// Slots held in all, and by source; a source leaves the map with its last slot, so the
+    /// map never holds more than `max` entries.
+    held: Mutex<(usize, HashMap<IpAddr, usize>)>,
+}
+
+/// Handshakes one listener runs at once by default: four sources at their cap.
+pub const MAX_PENDING_HANDSHAKES: usize = 4 * MAX_PENDING_HANDSHAKES_PER_SOURCE;
+
+/// Handshakes one source address may have in progress on a listener by default: twice the
+/// routes a prefill worker runs at once (the engine's `max_running`, 64), each of which dials
+/// the decode worker's KV port, so a real node never meets it.
+pub const MAX_PENDING_HANDSHAKES_PER_SOURCE: usize = 128;
+
+/// Why a connection found no handshake slot; both are told `Refused(Busy)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateFull {
+    /// The listener's overall cap.
+    Listener,
+    /// The cap of the connection's source address.
+    Source,
+}
+
+impl GateFull {
+    /// The label for `pagewarden_link_failures_total{reason}`.
+    pub fn reason(self) -> &'static str {
+        match self {
+            GateFull::Listener => "busy",
+            GateFull::Source => "busy_source",
+        }
+    }
+}
+
+/// One handshake slot, given back when dropped.
+#[derive(Debug)]
+pub struct HandshakePermit {
+    gate: Arc<Gate>,
+    source: Option<IpAddr>,
+}
+
+/// The address a source is counted under: an IPv4 address, or the /64 of an IPv6 one (what
+/// one host is normally given); an IPv4-mapped IPv6 address counts as its IPv4 address.
+fn source_key(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from(u128::from(v6) & !((1u128 << 64) - 1))),
+        v4 => v4,
+    }
+}
 
 impl HandshakeGate {
-    pub fn new(max: usize) -> Self {
-        HandshakeGate(std::sync::Arc::new(tokio::sync::Semaphore::new(max.max(1))))
+    /// A gate of `max` slots, at most `per_source` of them for any one source address.
+    pub fn new(max: usize, per_source: usize) -> Self {
+        let gate = Gate { max: max.max(1), per_source: per_source.max(1), held: Mutex::default() };
+        HandshakeGate(Arc::new(gate))
     }
 
-    /// A place for one more handshake, held until the permit drops; `None` when full.
-    pub fn try_enter(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        self.0.clone().try_acquire_owned().ok()
+    /// A slot for one more handshake from `source` (`None`: the in-process transport), held
+    /// until the permit drops.
+    pub fn try_enter(&self, source: Option<IpAddr>) -> Result<HandshakePermit, GateFull> {
+        let source = source.map(source_key);
+        let mut held = self.0.held.lock().unwrap_or_else(|e| e.into_inner());
+        let (total, by_source) = &mut *held;
+        if *total >= self.0.max {
+            return Err(GateFull::Listener);
+        }
+        if let Some(ip) = source {
+            let n = by_source.entry(ip).or_insert(0);
+            if *n >= self.0.per_source {
+                return Err(GateFull::Source);
+            }
+            *n += 1;
+        }
+        *total += 1;
+        Ok(HandshakePermit { gate: self.0.clone(), source })
+    }
+}
+
+impl Drop for HandshakePermit {
+    fn drop(&mut self) {
+        let mut held = self.gate.held.lock().unwrap_or_else(|e| e.into_inner());
+        let (total, by_source) = &mut *held;
+        *total = total.saturating_sub(1);
+        if let Some(ip) = self.source {
+            if let Some(n) = by_source.get_mut(&ip) {
+                *n = n.saturating_sub(1);
+                if *n == 0 {
+                    by_source.remove(&ip);
+                }
+            }
+        }
     }
 }
 
@@ -307,7 +434,7 @@ pub async fn refuse_busy(mut io: BoxIo) {
             .await;
 }
 
-/// The label of a failed handshake or link, for `pagewarden_link_refusals_total{reason}`.
+/// The label of a failed handshake or link, for `pagewarden_link_failures_total{reason}`.
 pub fn refusal_reason(e: &ClusterError) -> &'static str {
     match e {
         ClusterError::Wire(WireError::BadProof | WireError::Refused(RefusalCode::BadProof)) => "bad_proof",
@@ -317,6 +444,8 @@ pub fn refusal_reason(e: &ClusterError) -> &'static str {
         ClusterError::Wire(WireError::BadMac) => "bad_mac",
         ClusterError::WrongRole { .. } | ClusterError::Wire(WireError::Refused(RefusalCode::Role)) => "role",
         ClusterError::Wire(WireError::Refused(_)) => "refused",
+        ClusterError::PreauthTimeout(_) => "preauth_timeout",
+        ClusterError::Wire(WireError::Oversized { .. }) => "oversized",
         ClusterError::Timeout(_) => "timeout",
         ClusterError::Io(_) => "io",
         _ => "malformed",
@@ -366,5 +495,47 @@ impl LinkWriter {
     pub async fn send<T: Serialize>(&mut self, msg: &T) -> Result<(), ClusterError> {
         let body = serde_json::to_vec(msg).map_err(|e| ClusterError::Message(e.to_string()))?;
         write_record(&mut self.wr, &mut self.sealer, body).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> Option<IpAddr> {
+        Some(s.parse().unwrap_or_else(|e| panic!("{s}: {e}")))
+    }
+
+    #[test]
+    fn one_source_holds_at_most_its_share_and_never_the_slots_of_another() {
+        let gate = HandshakeGate::new(6, 2);
+        let a: Vec<_> = (0..2).map(|_| gate.try_enter(ip("10.0.0.1")).unwrap_or_else(|e| panic!("{e:?}"))).collect();
+        assert_eq!(gate.try_enter(ip("10.0.0.1")).err(), Some(GateFull::Source));
+        // The same host over IPv6-mapped IPv4 is the same source.
+        assert_eq!(gate.try_enter(ip("::ffff:10.0.0.1")).err(), Some(GateFull::Source));
+        let b = gate.try_enter(ip("10.0.0.2")).unwrap_or_else(|e| panic!("{e:?}"));
+        // One IPv6 host is its /64: another address in it is the same source.
+        let c = gate.try_enter(ip("2001:db8:1:2::1")).unwrap_or_else(|e| panic!("{e:?}"));
+        let _c2 = gate.try_enter(ip("2001:db8:1:2::ffff")).unwrap_or_else(|e| panic!("{e:?}"));
+        assert_eq!(gate.try_enter(ip("2001:db8:1:2:abcd::")).err(), Some(GateFull::Source));
+        let d = gate.try_enter(ip("10.0.0.3")).unwrap_or_else(|e| panic!("{e:?}"));
+        // The listener's cap holds for every source, the in-process transport included.
+        assert_eq!(gate.try_enter(ip("10.0.0.4")).err(), Some(GateFull::Listener));
+        assert_eq!(gate.try_enter(None).err(), Some(GateFull::Listener));
+        drop(c);
+        let in_process = gate.try_enter(None).unwrap_or_else(|e| panic!("{e:?}"));
+        drop((a, b, d, in_process));
+        // Every slot came back: a source may use its whole share again.
+        let again: Vec<_> = (0..2).map(|_| gate.try_enter(ip("10.0.0.1"))).collect();
+        assert!(again.iter().all(Result::is_ok));
+        assert_eq!((GateFull::Listener.reason(), GateFull::Source.reason()), ("busy", "busy_source"));
+    }
+
+    #[test]
+    fn the_in_process_transport_meets_only_the_listener_cap() {
+        let gate = HandshakeGate::new(3, 1);
+        let held: Vec<_> = (0..3).map(|_| gate.try_enter(None)).collect();
+        assert!(held.iter().all(Result::is_ok));
+        assert_eq!(gate.try_enter(None).err(), Some(GateFull::Listener));
     }
 }

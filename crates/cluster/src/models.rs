@@ -16,12 +16,15 @@ pub async fn serve_models(routers: Vec<Router>, mut listener: Listener) {
     let Some(first) = routers.first().cloned() else { return };
     let pairings: Vec<wire::PairingInfo> = routers.iter().map(|r| r.identity().pairing).collect();
     loop {
-        match listener.accept().await {
-            Ok(io) => {
-                let Some(permit) = first.gate().try_enter() else {
-                    first.link_failure("busy");
-                    tokio::spawn(refuse_busy(io));
-                    continue;
+        match listener.accept_with_source().await {
+            Ok((io, source)) => {
+                let permit = match first.gate().try_enter(source) {
+                    Ok(p) => p,
+                    Err(full) => {
+                        first.link_failure(full.reason());
+                        tokio::spawn(refuse_busy(io));
+                        continue;
+                    }
                 };
                 let (routers, pairings, first) = (routers.clone(), pairings.clone(), first.clone());
                 tokio::spawn(async move {

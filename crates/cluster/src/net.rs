@@ -2,6 +2,7 @@
 //! address syntax so every role runs the same protocol code over either.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncRead, AsyncWrite};
@@ -63,13 +64,22 @@ impl Net {
 
 impl Listener {
     pub async fn accept(&mut self) -> Result<BoxIo, ClusterError> {
+        Ok(self.accept_with_source().await?.0)
+    }
+
+    /// The next connection and the address it came from (`None` for an in-memory pipe, which
+    /// only nodes of this process can dial).
+    pub async fn accept_with_source(&mut self) -> Result<(BoxIo, Option<IpAddr>), ClusterError> {
         match self {
             Listener::Tcp(l) => {
-                let (s, _) = l.accept().await?;
+                let (s, peer) = l.accept().await?;
                 s.set_nodelay(true)?;
-                Ok(Box::new(s))
+                Ok((Box::new(s), Some(peer.ip())))
             }
-            Listener::Mem(rx) => rx.recv().await.ok_or(ClusterError::NoSuchAddress("mem listener closed".into())),
+            Listener::Mem(rx) => {
+                let io = rx.recv().await.ok_or(ClusterError::NoSuchAddress("mem listener closed".into()))?;
+                Ok((io, None))
+            }
         }
     }
 }

@@ -30,6 +30,8 @@ pub struct RouterConfig {
     pub transfer_timeout: Duration,
     /// Handshakes the cluster listener runs at once; more connections are turned away.
     pub max_pending_handshakes: usize,
+    /// Handshakes the cluster listener runs at once for one source address.
+    pub max_pending_handshakes_per_source: usize,
 }
 
 /// A registered worker, as the dashboards see it.
@@ -115,7 +117,7 @@ impl Router {
     pub fn new(cfg: RouterConfig) -> Router {
         Router {
             inner: Arc::new(Inner {
-                gate: HandshakeGate::new(cfg.max_pending_handshakes),
+                gate: HandshakeGate::new(cfg.max_pending_handshakes, cfg.max_pending_handshakes_per_source),
                 links: LinkMetrics::default(),
                 cfg,
                 workers: Mutex::new(Vec::new()),

@@ -44,6 +44,8 @@ pub struct WorkerConfig {
     pub transfer_timeout: Duration,
     /// Decode: handshakes the KV listener runs at once; more connections are turned away.
     pub max_pending_handshakes: usize,
+    /// Decode: handshakes the KV listener runs at once for one source address.
+    pub max_pending_handshakes_per_source: usize,
     /// On drain: how long the routes in flight may take to finish before the worker stops anyway.
     pub drain_timeout: Duration,
     /// How long a gateway link lives before it is replaced (make-before-break) by one with a

@@ -1,13 +1,16 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Authenticated links over in-memory pipes: the wrong secret or a mismatched pairing gets
-//! nothing; a control message changed, replayed or dropped on the way fails the link.
+//! nothing; a control message changed, replayed or dropped on the way fails the link. Over
+//! loopback TCP: what a connection that never authenticates can make a listener hold.
 
 use std::time::Duration;
 
-use cluster::{BoxIo, ClusterError, Identity, Link, SecretRing};
+use cluster::{BoxIo, ClusterError, Identity, Link, Net, SecretRing};
 use kv::{KvDtype, KvLayout};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use wire::{ClusterSecret, HandshakeMsg, PairingInfo, RefusalCode, Role, WireError, AEAD_TAG_LEN, NOISE_MSG_LEN};
+use wire::{
+    ClusterSecret, HandshakeMsg, Initiator, PairingInfo, RefusalCode, Role, WireError, AEAD_TAG_LEN, NOISE_MSG_LEN,
+};
 
 fn identity(secret: &str, role: Role, page_size: usize) -> Identity {
     let layout = KvLayout { n_layers: 2, n_kv_heads: 2, head_dim: 4, page_size, dtype: KvDtype::F16 };
@@ -138,4 +141,68 @@ async fn a_replayed_control_message_fails_the_link() {
     })
     .await;
     assert!(matches!(r, Err(ClusterError::Wire(WireError::BadMac))), "{r:?}");
+}
+
+/// A listener on loopback TCP whose one accepted connection runs `Link::accept` with the
+/// handshake timeout `timeout`; returns its address and the handshake's result.
+async fn accept_one_over_tcp(
+    me: Identity,
+    timeout: Duration,
+) -> (String, tokio::task::JoinHandle<(Result<Link, ClusterError>, Duration)>) {
+    let (mut listener, addr) = Net::default().listen("127.0.0.1:0").await.unwrap();
+    let h = tokio::spawn(async move {
+        let io = listener.accept().await.unwrap();
+        let t0 = std::time::Instant::now();
+        let r = Link::accept(io, &me, timeout).await;
+        (r, t0.elapsed())
+    });
+    (addr, h)
+}
+
+#[tokio::test]
+async fn a_replayed_hello_then_a_huge_first_record_length_is_refused_at_once_without_reading_it() {
+    let me = identity("s-0123456789", Role::Gateway, 16);
+    let (addr, accepted) = accept_one_over_tcp(me, T).await;
+    // A genuine hello, as one recorded on the network and replayed: the responder answers it.
+    let sender = identity("s-0123456789", Role::Prefill, 16);
+    let (_, hello) = Initiator::start(&sender.secrets.current(), Role::Prefill).unwrap();
+    let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    s.write_all(&hello.encode()).await.unwrap();
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).await.unwrap();
+    let mut reply = vec![0u8; u32::from_le_bytes(len) as usize];
+    s.read_exact(&mut reply).await.unwrap();
+    // The replayer cannot seal the first record; it claims 8 MiB for it and sends a few bytes.
+    let claim = 8u32 << 20;
+    s.write_all(&claim.to_le_bytes()).await.unwrap();
+    s.write_all(&[0x5a; 32]).await.unwrap();
+    let (r, took) = tokio::time::timeout(Duration::from_secs(2), accepted).await.expect("refused at once").unwrap();
+    match &r {
+        Err(e @ ClusterError::Wire(WireError::Oversized { len, max })) => {
+            assert_eq!(*len, claim as usize);
+            assert!(*max <= 512, "room for a handshake message, not {max} bytes");
+            assert_eq!(cluster::link::refusal_reason(e), "oversized");
+        }
+        other => panic!("expected Oversized, got {:?}", other.as_ref().err()),
+    }
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    // The responder closed the connection: it waits for nothing of the claimed record.
+    let mut rest = Vec::new();
+    let n = tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut rest)).await.expect("closed").unwrap_or(0);
+    assert_eq!(n, 0, "nothing more is said to a replayer");
+}
+
+#[tokio::test]
+async fn a_connection_that_sends_nothing_is_dropped_at_the_preauth_deadline_not_the_handshake_timeout() {
+    let me = identity("s-0123456789", Role::Gateway, 16);
+    let handshake_timeout = Duration::from_secs(30);
+    let (addr, accepted) = accept_one_over_tcp(me, handshake_timeout).await;
+    let mut idle = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    let (r, took) = tokio::time::timeout(handshake_timeout, accepted).await.expect("dropped").unwrap();
+    let e = r.err().expect("an idle connection is not a link");
+    assert!(matches!(e, ClusterError::PreauthTimeout(d) if d == cluster::PREAUTH_TIMEOUT), "{e}");
+    assert_eq!(cluster::link::refusal_reason(&e), "preauth_timeout");
+    assert!(took >= cluster::PREAUTH_TIMEOUT && took < cluster::PREAUTH_TIMEOUT + Duration::from_secs(2), "{took:?}");
+    let mut rest = Vec::new();
+    assert_eq!(idle.read_to_end(&mut rest).await.unwrap_or(0), 0, "the listener closed it");
 }

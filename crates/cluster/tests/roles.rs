@@ -44,6 +44,7 @@ fn worker_config(name: &str, me: Identity) -> WorkerConfig {
         handshake_timeout: T,
         transfer_timeout: T,
         max_pending_handshakes: 8,
+        max_pending_handshakes_per_source: 8,
         drain_timeout: Duration::from_secs(5),
         link_lifetime: Duration::from_secs(3600),
     }

@@ -68,6 +68,7 @@ async fn a_verification_that_overtakes_the_prefill_workers_sent_neither_times_ou
         handshake_timeout: T,
         transfer_timeout: TRANSFER_TIMEOUT,
         max_pending_handshakes: 8,
+        max_pending_handshakes_per_source: 8,
     });
     tokio::spawn(cluster::serve_models(vec![router.clone()], listener));
     let (mut d_rd, mut d_wr) = worker(&net, &addr, Role::Decode).await;

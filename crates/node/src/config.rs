@@ -116,6 +116,7 @@ struct RawCluster {
     handshake_timeout_ms: Option<u64>,
     max_pending_handshakes: Option<usize>,
     link_lifetime_s: Option<u64>,
+    max_pending_handshakes_per_source: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -196,6 +197,9 @@ pub struct ClusterSettings {
     /// Handshakes a listener (the gateway's cluster port, a decode worker's KV port) runs at
     /// once; further connections are refused and counted.
     pub max_pending_handshakes: usize,
+    /// Of those, how many one source address (an IPv6 /64) may hold; further connections from
+    /// it are refused and counted.
+    pub max_pending_handshakes_per_source: usize,
     /// Decode: where prefill workers connect to send KV.
     pub kv_listen: String,
     /// Decode: the address prefill workers are given (default: the bound `kv_listen`).
@@ -396,6 +400,7 @@ fn builtin_defaults() -> Config {
             secret_file: None,
             accept_secret_files: Vec::new(),
             max_pending_handshakes: cluster::MAX_PENDING_HANDSHAKES,
+            max_pending_handshakes_per_source: cluster::MAX_PENDING_HANDSHAKES_PER_SOURCE,
             kv_listen: "127.0.0.1:0".into(),
             kv_advertise: None,
             name: None,
@@ -592,6 +597,11 @@ impl Config {
                 "cluster.max_pending_handshakes",
                 c.max_pending_handshakes,
                 cluster::MAX_PENDING_HANDSHAKES,
+            )?,
+            max_pending_handshakes_per_source: positive(
+                "cluster.max_pending_handshakes_per_source",
+                c.max_pending_handshakes_per_source,
+                cluster::MAX_PENDING_HANDSHAKES_PER_SOURCE,
             )?,
             kv_listen: c.kv_listen.unwrap_or(d.kv_listen),
             kv_advertise: c.kv_advertise,
@@ -831,5 +841,12 @@ mod tests {
         assert_eq!(c.cluster.max_pending_handshakes, 8);
         assert_eq!(Config::default().cluster.max_pending_handshakes, cluster::MAX_PENDING_HANDSHAKES);
         assert!(Config::from_toml_str("[cluster]\nmax_pending_handshakes = 0\n").is_err());
+        let c = Config::from_toml_str("[cluster]\nmax_pending_handshakes_per_source = 4\n").unwrap();
+        assert_eq!(c.cluster.max_pending_handshakes_per_source, 4);
+        assert_eq!(
+            Config::default().cluster.max_pending_handshakes_per_source,
+            cluster::MAX_PENDING_HANDSHAKES_PER_SOURCE
+        );
+        assert!(Config::from_toml_str("[cluster]\nmax_pending_handshakes_per_source = 0\n").is_err());
     }
 }

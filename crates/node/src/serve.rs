@@ -98,6 +98,7 @@ async fn start_model(
             handshake_timeout: cfg.cluster.handshake_timeout,
             transfer_timeout: cfg.cluster.transfer_timeout,
             max_pending_handshakes: cfg.cluster.max_pending_handshakes,
+            max_pending_handshakes_per_source: cfg.cluster.max_pending_handshakes_per_source,
             // In one process the gateway's own drain (`[limits] drain_timeout_s`) comes first.
             drain_timeout: cfg.limits.drain_timeout,
             link_lifetime: cfg.cluster.link_lifetime,

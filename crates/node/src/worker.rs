@@ -102,6 +102,7 @@ pub fn run(role: Role, overrides: &WorkerOverrides) -> Result<(), ServeError> {
             handshake_timeout: config.cluster.handshake_timeout,
             transfer_timeout: config.cluster.transfer_timeout,
             max_pending_handshakes: config.cluster.max_pending_handshakes,
+            max_pending_handshakes_per_source: config.cluster.max_pending_handshakes_per_source,
             drain_timeout: config.limits.drain_timeout,
             link_lifetime: config.cluster.link_lifetime,
         };

@@ -317,3 +317,212 @@ fn the_cluster_secret_rotates_without_a_restart_and_the_old_one_is_then_refused(
     assert!(link_failures(&c.gateway_metrics(), "bad_proof") >= 1.0);
     c.wait_pools_empty(&[p, d]);
 }
+
+/// Resident memory of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// Lets this process hold `n` sockets at once.
+fn raise_open_files(n: u64) {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit only read and write the struct given.
+    unsafe {
+        assert_eq!(libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim), 0);
+        if lim.rlim_cur < n {
+            lim.rlim_cur = n.min(lim.rlim_max);
+            assert_eq!(libc::setrlimit(libc::RLIMIT_NOFILE, &lim), 0);
+        }
+        assert!(lim.rlim_cur >= n, "the hard limit on open files is {}", lim.rlim_max);
+    }
+}
+
+fn registered(c: &Cluster, role: &str) -> f64 {
+    metric(&c.gateway_metrics(), "pagewarden_cluster_workers", &format!("role=\"{role}\""))
+}
+
+/// `per_addr` connections from 127.0.0.2 (every node of the cluster is on 127.0.0.1) to each
+/// of `addrs` that never send a byte; each is dialled again a second after the listener
+/// closes it, until the flood is dropped.
+struct Flood {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    dialled: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Flood {
+    fn start(addrs: &[&str], per_addr: usize) -> Flood {
+        let addrs: Vec<std::net::SocketAddr> = addrs.iter().map(|a| a.parse().unwrap()).collect();
+        let dialled = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let counter = dialled.clone();
+        let thread = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async move {
+                for addr in addrs {
+                    for _ in 0..per_addr {
+                        let counter = counter.clone();
+                        tokio::spawn(async move {
+                            loop {
+                                let socket = tokio::net::TcpSocket::new_v4().unwrap();
+                                socket.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+                                if let Ok(mut s) = socket.connect(addr).await {
+                                    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                    let mut sink = [0u8; 64];
+                                    while let Ok(n) = tokio::io::AsyncReadExt::read(&mut s, &mut sink).await {
+                                        if n == 0 {
+                                            break;
+                                        }
+                                    }
+                                }
+                                tokio::time::sleep(Duration::from_secs(1)).await;
+                            }
+                        });
+                    }
+                }
+                let _ = stopped.await;
+            });
+        });
+        Flood { stop: Some(stop), thread: Some(thread), dialled }
+    }
+
+    fn dialled(&self) -> usize {
+        self.dialled.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for Flood {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+#[test]
+fn a_flood_of_idle_connections_from_one_address_holds_a_few_mib_and_keeps_no_node_out() {
+    raise_open_files(4096);
+    let mut c = Cluster::start("");
+    let p = c.add_worker("prefill", "prefill-a", None);
+    let d = c.add_worker("decode", "decode-a", None);
+    c.wait_workers(1, 1);
+    let kv_addr = c.workers[d].kv_addr.clone().unwrap();
+    let want = generate_cli(LONG, 12)["text"].as_str().unwrap().to_string();
+    let ok = |c: &Cluster| {
+        let (status, body) = c.post("/v1/chat/completions", &chat(LONG, 12));
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(content(&body), want);
+    };
+    // Whatever a first request allocates for good is not the flood's.
+    ok(&c);
+    std::thread::sleep(Duration::from_millis(500));
+    let (gateway, decode) = (c.gateway_pid(), c.workers[d].pid);
+    let before = (rss_kib(gateway), rss_kib(decode));
+
+    // 1,000 idle connections from one address to the gateway's cluster port and as many to
+    // the decode worker's KV port, held (and redialled) throughout.
+    let flood = Flood::start(&[&c.cluster_addr, &kv_addr], 1000);
+    let mut peak = before;
+    let sample = |peak: &mut (u64, u64)| {
+        *peak = (peak.0.max(rss_kib(gateway)), peak.1.max(rss_kib(decode)));
+    };
+    wait_for("the flood to be refused past its address's share", || {
+        sample(&mut peak);
+        flood.dialled() >= 2000
+            && link_failures(&c.gateway_metrics(), "busy_source") >= 800.0
+            && link_failures(&c.worker_metrics(d), "busy_source") >= 800.0
+    });
+
+    // A new worker, from another address than the flood's, registers at once.
+    let refused_before = link_failures(&c.gateway_metrics(), "busy_source");
+    let q = c.add_worker("prefill", "prefill-b", None);
+    let t0 = Instant::now();
+    while registered(&c, "prefill") < 2.0 {
+        sample(&mut peak);
+        assert!(t0.elapsed() < Duration::from_secs(2), "a worker took over 2 s to register under the flood");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = t0.elapsed();
+    assert!(link_failures(&c.gateway_metrics(), "busy_source") > refused_before, "the flood went on meanwhile");
+    // Connections that send nothing are dropped at the pre-authentication deadline.
+    wait_for("the held flood connections to time out", || {
+        sample(&mut peak);
+        link_failures(&c.gateway_metrics(), "preauth_timeout") >= 100.0
+            && link_failures(&c.worker_metrics(d), "preauth_timeout") >= 100.0
+    });
+    sample(&mut peak);
+    let rise = (peak.0.saturating_sub(before.0), peak.1.saturating_sub(before.1));
+    eprintln!(
+        "under a flood of {} connections: registered in {took:?}; resident memory rose {} KiB (gateway), {} KiB (decode)",
+        flood.dialled(),
+        rise.0,
+        rise.1
+    );
+    assert!(rise.0 <= 4096 && rise.1 <= 4096, "resident memory rose {rise:?} KiB (gateway, decode)");
+    // Routes still cross the flooded KV port (a prefill worker dials it for each).
+    ok(&c);
+    ok(&c);
+    drop(flood);
+    ok(&c);
+    c.wait_pools_empty(&[p, q, d]);
+}
+
+#[test]
+fn a_kv_frame_claiming_16_mib_with_only_its_header_sent_is_refused_from_the_header_and_allocates_nothing() {
+    let mut c = Cluster::start("");
+    let d = c.add_worker("decode", "decode-a", None);
+    wait_for("the decode worker to register", || registered(&c, "decode") == 1.0);
+    let kv_addr = c.workers[d].kv_addr.clone().unwrap();
+    let before = rss_kib(c.workers[d].pid);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let largest = wire::DEFAULT_MAX_FRAME;
+    // A node holding the secret (a compromised prefill worker) sends a frame's length and its
+    // header, then nothing: the decode worker must not wait for, or make room for, the rest.
+    let send_head = |head: &dyn Fn(&mut wire::KvSealer) -> Vec<u8>| {
+        rt.block_on(async {
+            let io = Net::default().dial(&kv_addr).await.unwrap();
+            let link = Link::connect(io, &common::cluster::node_identity(Role::Prefill), Duration::from_secs(10))
+                .await
+                .unwrap();
+            let (mut io, mut sealer) = link.into_kv_sealer();
+            let bytes = head(&mut sealer);
+            assert_eq!(bytes.len(), wire::HEADER_LEN);
+            let t0 = Instant::now();
+            tokio::io::AsyncWriteExt::write_all(&mut io, &bytes).await.unwrap();
+            let mut rest = Vec::new();
+            let closed =
+                tokio::time::timeout(Duration::from_secs(3), tokio::io::AsyncReadExt::read_to_end(&mut io, &mut rest))
+                    .await;
+            assert!(closed.is_ok(), "the decode worker waited for the claimed 16 MiB");
+            t0.elapsed()
+        })
+    };
+    // A forged header: fails to open under the link key.
+    let forged = send_head(&|_| {
+        let mut b = vec![0x5a; wire::HEADER_LEN];
+        b[..4].copy_from_slice(&((largest - 4) as u32).to_le_bytes());
+        b
+    });
+    // An authentic header for a ticket the decode worker does not hold.
+    let unknown = send_head(&|sealer| {
+        let ticket = wire::TicketId {
+            nonce: wire::TicketNonce([9; 16]),
+            request: wire::RequestId(1),
+            tenant: wire::TenantId(1),
+        };
+        let mut payload = vec![0u8; largest - wire::FRAME_OVERHEAD];
+        let kv = wire::KvFrameMut { page_index: 0, layers: 0..1, tokens: 0..1, payload: &mut payload };
+        sealer.seal_kv(&ticket, 0, kv).unwrap().head.to_vec()
+    });
+    let m = c.worker_metrics(d);
+    assert_eq!(metric(&m, "pagewarden_isolation_violations_total", "kind=\"bad_mac\""), 1.0, "{m}");
+    assert_eq!(metric(&m, "pagewarden_isolation_violations_total", "kind=\"unknown_ticket\""), 1.0, "{m}");
+    let rise = rss_kib(c.workers[d].pid).saturating_sub(before);
+    eprintln!("closed after {forged:?} (forged) and {unknown:?} (unknown ticket); resident memory rose {rise} KiB");
+    assert!(rise < 4096, "the decode worker's resident memory rose {rise} KiB");
+}

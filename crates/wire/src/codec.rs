@@ -21,6 +21,9 @@
 //!
 //! Opening never panics, allocates nothing, and authenticates every byte before it trusts
 //! any field other than the length (checked against the maximum before anything is read).
+//! A stream reader opens the fixed-size header first ([`KvOpener::open_header`]) and only
+//! then makes room for the body: what a peer's length field makes it allocate is a length
+//! the link key authenticated, for a ticket the receiver holds, never a claim.
 //! The body is decrypted where it lies: the decode worker writes KV into its pages from its
 //! read buffer, and the sender encrypts the payload it exported in place.
 
@@ -97,12 +100,36 @@ impl SealedParts {
     }
 }
 
+/// A frame header that opened under the link key ([`KvOpener::open_header`]): every field
+/// authentic, the body not read yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenedHeader {
+    plain: [u8; HEADER_PLAIN_LEN],
+    kind: u8,
+    ticket: TicketId,
+    seq: u32,
+    page_index: u32,
+    layers: Range<u32>,
+    tokens: Range<u32>,
+    body_len: usize,
+}
+
+impl OpenedHeader {
+    /// Bytes of the frame after the header: the body and its tag.
+    pub fn rest_len(&self) -> usize {
+        self.body_len + AEAD_TAG_LEN
+    }
+}
+
 fn frame_len(max_frame: usize, prefix: &[u8]) -> Result<usize, WireError> {
     let mut r = Reader::new(prefix);
     let len = r.u32()? as usize;
     let total = len.checked_add(4).ok_or(WireError::Oversized { len, max: max_frame })?;
     if total > max_frame {
         return Err(WireError::Oversized { len: total, max: max_frame });
+    }
+    if total < FRAME_OVERHEAD {
+        return Err(WireError::Truncated { needed: FRAME_OVERHEAD, had: total });
     }
     Ok(total)
 }
@@ -335,10 +362,23 @@ impl KvOpener {
         if bytes.len() > total {
             return Err(WireError::TrailingBytes { extra: bytes.len() - total });
         }
-        if total < FRAME_OVERHEAD {
-            return Err(WireError::Truncated { needed: FRAME_OVERHEAD, had: total });
-        }
         let (head, rest) = bytes.split_at_mut(HEADER_LEN);
+        let head: &mut [u8; HEADER_LEN] = head.try_into().map_err(|_| WireError::Malformed("internal length"))?;
+        let header = self.open_header(head, tickets)?;
+        self.open_body(header, rest)
+    }
+
+    /// Authenticates and decrypts the first [`HEADER_LEN`] bytes of a frame (length prefix,
+    /// sealed header, tag) in place. A stream reader reads these, a fixed size, before it
+    /// reads or makes room for the body: the length it then trusts is one the link key
+    /// authenticated, for a ticket this node holds. Every error but the length checks leaves
+    /// the link unusable: drop it.
+    pub fn open_header(
+        &mut self,
+        head: &mut [u8; HEADER_LEN],
+        tickets: &impl TicketLookup,
+    ) -> Result<OpenedHeader, WireError> {
+        let total = self.frame_len(head)?;
         let (len, sealed) = head.split_at_mut(4);
         let (hdr, hdr_tag) = sealed.split_at_mut(HEADER_PLAIN_LEN);
         self.link.open(len, hdr, hdr_tag)?;
@@ -365,18 +405,38 @@ impl KvOpener {
         let tokens = r.u32()?..r.u32()?;
         let body_len = r.u32()? as usize;
         r.finish()?;
-        if body_len != rest.len() - AEAD_TAG_LEN {
+        if body_len != total - FRAME_OVERHEAD {
             return Err(WireError::Malformed("body length disagrees with frame length"));
         }
-        let key = match &self.ticket {
-            Some(k) if k.ticket() == &ticket => k,
+        match &self.ticket {
+            Some(k) if k.ticket() == &ticket => {}
             Some(_) => return Err(WireError::WrongTicket),
             None => {
                 if !tickets.holds(&nonce) {
                     return Err(WireError::UnknownTicket);
                 }
-                &*self.ticket.insert(self.exporter.ticket_key(&ticket)?)
+                self.ticket = Some(self.exporter.ticket_key(&ticket)?);
             }
+        }
+        Ok(OpenedHeader { plain, kind, ticket, seq, page_index, layers, tokens, body_len })
+    }
+
+    /// Authenticates and decrypts the rest of the frame whose header `header` is (the body
+    /// and its tag, exactly [`OpenedHeader::rest_len`] bytes) in place; the result borrows
+    /// `rest`. Every error leaves the link unusable: drop it.
+    pub fn open_body<'a>(&mut self, header: OpenedHeader, rest: &'a mut [u8]) -> Result<FrameRef<'a>, WireError> {
+        let OpenedHeader { plain, kind, ticket, seq, page_index, layers, tokens, body_len } = header;
+        let want = body_len + AEAD_TAG_LEN;
+        if rest.len() < want {
+            return Err(WireError::Truncated { needed: want, had: rest.len() });
+        }
+        if rest.len() > want {
+            return Err(WireError::TrailingBytes { extra: rest.len() - want });
+        }
+        // Opening the header bound the link to its ticket's key.
+        let key = match &self.ticket {
+            Some(k) if k.ticket() == &ticket => k,
+            _ => return Err(WireError::WrongTicket),
         };
         let (body, body_tag) = rest.split_at_mut(body_len);
         key.open(seq, &plain, body, body_tag)?;
@@ -572,6 +632,54 @@ mod tests {
         let mut tiny = KvSealer::new(session(true, [3; 32]), 64).unwrap_or_else(|e| panic!("{e}"));
         assert!(matches!(tiny.seal(&huge), Err(WireError::Oversized { .. })));
         assert!(s.seal(&huge).is_ok());
+    }
+
+    #[test]
+    fn a_stream_reader_opening_the_header_then_the_body_gets_what_opening_the_whole_frame_gives() {
+        let frames = honest_frames(&ticket());
+        let (_, mut o) = link();
+        for (bytes, want) in seal_all(&frames).iter().zip(&frames) {
+            let mut head: [u8; HEADER_LEN] = bytes[..HEADER_LEN].try_into().unwrap_or_else(|e| panic!("{e}"));
+            let header = o.open_header(&mut head, &tickets()).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(HEADER_LEN + header.rest_len(), bytes.len());
+            let mut rest = bytes[HEADER_LEN..].to_vec();
+            assert_eq!(o.open_body(header, &mut rest).map(FrameRef::into_owned).as_ref(), Ok(want));
+        }
+    }
+
+    #[test]
+    fn a_header_claiming_a_large_frame_is_refused_from_its_fixed_size_head_alone() {
+        // Forged: anything after a length of the largest frame.
+        let mut head = [0x5a; HEADER_LEN];
+        head[..4].copy_from_slice(&((DEFAULT_MAX_FRAME - 4) as u32).to_le_bytes());
+        assert_eq!(link().1.open_header(&mut head, &tickets()), Err(WireError::BadMac));
+        // Authentic, for a ticket the receiver does not hold: refused before any body byte.
+        let (mut s, mut o) = link();
+        let mut payload = vec![0u8; 64 << 10];
+        let kv = KvFrameMut { page_index: 0, layers: 0..1, tokens: 0..1, payload: &mut payload };
+        let mut head = s.seal_kv(&ticket().id(), 0, kv).unwrap_or_else(|e| panic!("{e}")).head;
+        assert_eq!(o.open_header(&mut head, &|_: &TicketNonce| false), Err(WireError::UnknownTicket));
+        // Past the largest frame: refused from the length.
+        let mut head = [0; HEADER_LEN];
+        head[..4].copy_from_slice(&((DEFAULT_MAX_FRAME - 3) as u32).to_le_bytes());
+        assert!(matches!(link().1.open_header(&mut head, &tickets()), Err(WireError::Oversized { .. })));
+    }
+
+    #[test]
+    fn a_body_of_another_length_than_its_header_says_is_refused() {
+        let bytes = seal_all(&[kv(&ticket(), 0, 0, 0..3, 0..4)]).remove(0);
+        for cut in [1usize, 0] {
+            let (_, mut o) = link();
+            let mut head: [u8; HEADER_LEN] = bytes[..HEADER_LEN].try_into().unwrap_or_else(|e| panic!("{e}"));
+            let header = o.open_header(&mut head, &tickets()).unwrap_or_else(|e| panic!("{e}"));
+            let mut rest = bytes[HEADER_LEN..bytes.len() - cut].to_vec();
+            if cut == 0 {
+                rest.push(0);
+                assert_eq!(o.open_body(header, &mut rest).err(), Some(WireError::TrailingBytes { extra: 1 }));
+            } else {
+                assert!(matches!(o.open_body(header, &mut rest), Err(WireError::Truncated { .. })));
+            }
+        }
     }
 
     #[test]

@@ -49,8 +49,8 @@ mod record;
 mod transfer;
 
 pub use codec::{
-    KvFrameMut, KvOpener, KvSealer, SealedParts, TicketLookup, DEFAULT_MAX_FRAME, FRAME_MAGIC, FRAME_OVERHEAD,
-    HEADER_LEN, HEADER_PLAIN_LEN,
+    KvFrameMut, KvOpener, KvSealer, OpenedHeader, SealedParts, TicketLookup, DEFAULT_MAX_FRAME, FRAME_MAGIC,
+    FRAME_OVERHEAD, HEADER_LEN, HEADER_PLAIN_LEN,
 };
 pub use error::WireError;
 pub use frame::{

@@ -5,7 +5,7 @@
 use proptest::prelude::*;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use wire::{HandshakeMsg, KvOpener, KvSealer, SessionKeys, TicketNonce, DEFAULT_MAX_FRAME};
+use wire::{HandshakeMsg, KvFrameMut, KvOpener, KvSealer, SessionKeys, TicketNonce, DEFAULT_MAX_FRAME, HEADER_LEN};
 
 struct Counting;
 
@@ -73,6 +73,27 @@ fn huge_length_fields_allocate_nothing() {
     let small = KvOpener::new(session(false), 64).unwrap_or_else(|e| panic!("{e}"));
     let (largest, _) = measure(|| small.frame_len(&prefix));
     assert_eq!(largest, 0);
+}
+
+#[test]
+fn opening_a_header_that_claims_a_large_frame_allocates_nothing() {
+    // Forged: refused, nothing allocated.
+    let mut forged = [0x5a; HEADER_LEN];
+    forged[..4].copy_from_slice(&((DEFAULT_MAX_FRAME - 4) as u32).to_le_bytes());
+    let mut o = opener();
+    let (largest, _) = measure(|| o.open_header(&mut forged, &any_ticket).is_err());
+    assert_eq!(largest, 0);
+    // Authentic: the length a stream reader then makes room for is one the link key vouched for.
+    let ticket = wire::TicketId { nonce: TicketNonce([0; 16]), request: wire::RequestId(1), tenant: wire::TenantId(2) };
+    let mut payload = vec![7u8; 1 << 20];
+    let mut sealer = KvSealer::new(session(true), DEFAULT_MAX_FRAME).unwrap_or_else(|e| panic!("{e}"));
+    let kv = KvFrameMut { page_index: 0, layers: 0..1, tokens: 0..1, payload: &mut payload };
+    let mut head = sealer.seal_kv(&ticket, 0, kv).unwrap_or_else(|e| panic!("{e}")).head;
+    let mut o = opener();
+    let mut rest_len = 0;
+    let (largest, _) = measure(|| rest_len = o.open_header(&mut head, &any_ticket).map_or(0, |h| h.rest_len()));
+    assert_eq!(largest, 0);
+    assert_eq!(rest_len, (1 << 20) + wire::AEAD_TAG_LEN);
 }
 
 proptest! {
