@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use gateway::listener::{self, ConnLimits};
 use gateway::settings::{Limits, TenantConfig};
 use gateway::usage::UsageSettings;
 use kv::{KvDtype, ScrubPolicy};
@@ -146,6 +147,8 @@ struct RawLimits {
     max_tokens_ceiling: Option<usize>,
     tenant_pool_share: Option<f64>,
     body_timeout_ms: Option<u64>,
+    header_timeout_ms: Option<u64>,
+    max_connections_per_address: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -385,6 +388,7 @@ fn builtin_defaults() -> Config {
             max_tokens_ceiling: DEFAULT_MAX_TOKENS_CEILING,
             tenant_pool_share: DEFAULT_TENANT_POOL_SHARE,
             body_timeout: Duration::from_millis(30_000),
+            connections: ConnLimits::default(),
         },
         cluster: ClusterSettings {
             listen: "127.0.0.1:7100".into(),
@@ -534,6 +538,18 @@ impl Config {
                 Some(s) => return Err(invalid("limits.tenant_pool_share", format!("must be in (0, 1], got {s}"))),
             },
             body_timeout: Duration::from_millis(positive_u64("limits.body_timeout_ms", l.body_timeout_ms, 30_000)?),
+            connections: ConnLimits {
+                header_timeout: Duration::from_millis(positive_u64(
+                    "limits.header_timeout_ms",
+                    l.header_timeout_ms,
+                    listener::DEFAULT_HEADER_TIMEOUT.as_millis() as u64,
+                )?),
+                max_per_address: positive(
+                    "limits.max_connections_per_address",
+                    l.max_connections_per_address,
+                    listener::DEFAULT_MAX_PER_ADDRESS,
+                )?,
+            },
         };
 
         let m = raw.metrics;
