@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use gateway::settings::TenantConfig;
 use gateway::tenants::{hex, sha256};
 use kv::TenantId;
+use zeroize::Zeroizing;
 
 use crate::config::{valid_tenant_name, Config, ConfigError};
 
@@ -32,9 +33,17 @@ fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Erro
     move |source| TenantError::Io { action, path: path.display().to_string(), source }
 }
 
-/// A new random API key: `pw-` and 64 hex digits (256 bits from the OS).
-pub fn generate_key() -> Result<String, TenantError> {
-    Ok(format!("pw-{}", hex(&random_bytes::<32>()?)))
+/// A new random API key: `pw-` and 64 hex digits (256 bits from the OS), wiped when dropped.
+pub fn generate_key() -> Result<Zeroizing<String>, TenantError> {
+    use std::fmt::Write as _;
+    let bytes = Zeroizing::new(random_bytes::<32>()?);
+    // Sized up front: a growing string would leave copies of the key behind.
+    let mut key = Zeroizing::new(String::with_capacity(3 + 64));
+    key.push_str("pw-");
+    for b in bytes.iter() {
+        let _ = write!(key, "{b:02x}");
+    }
+    Ok(key)
 }
 
 /// The config file as an editable document (comments and layout kept), empty if missing.
@@ -115,7 +124,7 @@ fn key_digest_value(key: &str) -> toml_edit::Item {
 /// digest only) to the config file (created if missing), and returns the id and the key,
 /// which is shown once and stored nowhere. The id is one above every id ever given out
 /// (`last_tenant_id`, which it raises), so a removed tenant's id is never reused.
-pub fn add_tenant(config_path: &Path, name: &str) -> Result<(TenantId, String), TenantError> {
+pub fn add_tenant(config_path: &Path, name: &str) -> Result<(TenantId, Zeroizing<String>), TenantError> {
     if !valid_tenant_name(name) {
         return Err(TenantError::BadName(name.to_string()));
     }
@@ -164,7 +173,7 @@ pub fn remove_tenant(config_path: &Path, name: &str) -> Result<TenantId, TenantE
 
 /// `pagewarden tenant rotate-key NAME`: gives the tenant a new key (same id, limits and
 /// name) and returns it; the old key stops working when the gateway reloads.
-pub fn rotate_key(config_path: &Path, name: &str) -> Result<String, TenantError> {
+pub fn rotate_key(config_path: &Path, name: &str) -> Result<Zeroizing<String>, TenantError> {
     let (_, mut doc) = read_document(config_path)?;
     let at = find_tenant(&mut doc, name)?;
     let key = generate_key()?;
@@ -183,8 +192,8 @@ pub fn dev_key_path() -> PathBuf {
 /// and kept in [`dev_key_path`] with mode 0600.
 pub fn dev_tenant() -> Result<TenantConfig, TenantError> {
     let path = dev_key_path();
-    let key = match std::fs::read_to_string(&path) {
-        Ok(k) if !k.trim().is_empty() => k.trim().to_string(),
+    let key = match std::fs::read_to_string(&path).map(Zeroizing::new) {
+        Ok(k) if !k.trim().is_empty() => Zeroizing::new(k.trim().to_string()),
         Ok(_) | Err(_) => {
             let key = generate_key()?;
             if let Some(dir) = path.parent() {
@@ -250,7 +259,7 @@ mod tests {
         assert_eq!((id, id2), (TenantId(1), TenantId(2)));
         assert_ne!(key, key2);
         let text = std::fs::read_to_string(&path).unwrap();
-        assert!(!text.contains(&key), "the key itself must not be stored");
+        assert!(!text.contains(key.as_str()), "the key itself must not be stored");
         assert!(text.contains(&hex(&sha256(key.as_bytes()))));
         let cfg = Config::load(&path).unwrap();
         let ts = Tenants::new(cfg.tenants);
