@@ -73,6 +73,19 @@ async fn trickle_headers(mut s: TcpStream, t0: Instant) -> Duration {
     unreachable!()
 }
 
+/// Makes one request and then keeps the connection idle; returns how long after the response
+/// the server closed it.
+async fn idle_after_one_request(to: SocketAddr) -> Duration {
+    let mut s = TcpStream::connect(to).await.unwrap();
+    s.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await.unwrap();
+    let mut buf = [0u8; 512];
+    let n = s.read(&mut buf).await.unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&buf[..n]));
+    let answered = Instant::now();
+    while s.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+    answered.elapsed()
+}
+
 /// Sends nothing; returns how long after `t0` the server closed the connection.
 async fn stay_silent(mut s: TcpStream, t0: Instant) -> Duration {
     let mut buf = [0u8; 512];
@@ -95,6 +108,7 @@ fn a_thousand_clients_trickling_headers_from_one_address_are_capped_and_closed_a
     let server = common::Server::start(&[]);
     let addr: SocketAddr = server.url.trim_start_matches("http://").parse().unwrap();
     let rt = runtime();
+    let kept_alive = rt.spawn(idle_after_one_request(addr));
     let t0 = Instant::now();
     let hostile: Vec<_> = rt.block_on(async {
         let mut tasks = Vec::new();
@@ -141,6 +155,13 @@ fn a_thousand_clients_trickling_headers_from_one_address_are_capped_and_closed_a
     assert!(
         last >= HEADER_TIMEOUT - Duration::from_secs(1) && last < HEADER_TIMEOUT + BYTE_EVERY * 3,
         "the last slow client was closed after {last:?}"
+    );
+    // The same deadline ends a kept-alive connection left idle after its response.
+    let idle = rt.block_on(kept_alive).unwrap();
+    println!("an idle kept-alive connection was closed {idle:?} after its response");
+    assert!(
+        idle >= HEADER_TIMEOUT - Duration::from_secs(1) && idle < HEADER_TIMEOUT + Duration::from_secs(3),
+        "{idle:?}"
     );
 
     // Once they are gone the address may connect again.
