@@ -21,12 +21,13 @@ use tokio::sync::mpsc;
 use crate::api;
 use crate::error::ApiError;
 use crate::limits::Limiter;
+use crate::listener::{self, ConnLimits, Transport};
 use crate::metrics::Metrics;
 use crate::served::Models;
 use crate::settings::ApiSettings;
 use crate::state::AppState;
 use crate::tenants::{bearer_matches, TenantDirectory, Tenants};
-use crate::tls::{ServerCertificate, TlsListener};
+use crate::tls::{Handshakes, ServerCertificate};
 use crate::usage::{UsageLog, UsageSettings};
 use cluster::exposition::{self, Exposition};
 
@@ -42,6 +43,8 @@ pub enum HttpError {
     },
     #[error("the HTTP server failed: {0}")]
     Server(#[source] std::io::Error),
+    #[error("the HTTP server stopped: {0}")]
+    Stopped(#[source] tokio::task::JoinError),
     #[error(transparent)]
     Usage(#[from] crate::usage::UsageError),
     #[error("HTTPS: {0}")]
@@ -149,8 +152,9 @@ fn metrics_router(st: Arc<AppState>) -> Router {
 }
 
 /// A worker's own `/metrics` (no authentication: `--metrics-listen` is for a private network)
-/// and `/health`, on the same HTTP stack as the API; `body` renders the exposition at each scrape.
-pub async fn serve_worker_metrics<F>(listener: tokio::net::TcpListener, body: F) -> std::io::Result<()>
+/// and `/health`, on the same HTTP stack and connection limits as the API; `body` renders the
+/// exposition at each scrape.
+pub async fn serve_worker_metrics<F>(listener: tokio::net::TcpListener, limits: ConnLimits, body: F)
 where
     F: Fn() -> String + Send + Sync + 'static,
 {
@@ -168,7 +172,7 @@ where
         .method_not_allowed_fallback(|req: Request| async move {
             ApiError::method_not_allowed(req.method().as_str(), req.uri().path()).response()
         });
-    axum::serve(listener, app).await
+    listener::serve(listener, Transport::Plain, app, limits, std::future::pending()).await
 }
 
 /// Waits until no API request is in flight, or `deadline`.
@@ -254,6 +258,7 @@ where
     let started_at =
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or_default();
     let drain_timeout = settings.limits.drain_timeout;
+    let conn_limits = settings.limits.connections;
     let st = Arc::new(AppState {
         models,
         tenants: TenantDirectory::new(tenants),
@@ -300,7 +305,7 @@ where
             let bound = l.local_addr().map_err(HttpError::Server)?;
             println!("metrics listening on http://{bound}");
             let app = metrics_router(st.clone());
-            Some(tokio::spawn(async move { axum::serve(l, app).await }))
+            Some(tokio::spawn(listener::serve(l, Transport::Plain, app, conn_limits, std::future::pending())))
         }
         None => None,
     };
@@ -316,17 +321,11 @@ where
         let _ = stop_rx.await;
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
-    let mut server_task = match tls {
-        Some(cert) => {
-            let listener = TlsListener::new(listener, cert.server_config()?).map_err(HttpError::Server)?;
-            let server = axum::serve(listener, router(st.clone())).with_graceful_shutdown(stopped);
-            tokio::spawn(async move { server.await })
-        }
-        None => {
-            let server = axum::serve(listener, router(st.clone())).with_graceful_shutdown(stopped);
-            tokio::spawn(async move { server.await })
-        }
+    let transport = match tls {
+        Some(cert) => Transport::Tls(Handshakes::new(cert.server_config()?)),
+        None => Transport::Plain,
     };
+    let mut server_task = tokio::spawn(listener::serve(listener, transport, router(st.clone()), conn_limits, stopped));
     println!("listening on {scheme}://{addr}");
     if let Some(path) = dev_key {
         println!(
@@ -343,12 +342,8 @@ where
     tokio::select! {
         _ = shutdown => {}
         r = &mut server_task => {
-            // The server stopped on its own: an I/O failure.
-            return match r {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(HttpError::Server(e)),
-                Err(e) => Err(HttpError::Server(std::io::Error::other(e))),
-            };
+            // The accept loop ends only when told to: it panicked.
+            return r.map_err(HttpError::Stopped);
         }
     }
 

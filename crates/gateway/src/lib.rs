@@ -21,6 +21,7 @@ pub mod api;
 pub mod error;
 pub mod http;
 pub mod limits;
+pub mod listener;
 pub mod metrics;
 pub mod served;
 pub mod settings;

@@ -25,6 +25,9 @@ pub struct Limits {
     pub tenant_pool_share: f64,
     /// The whole request body must arrive within this (a slow upload holds a tenant's slot).
     pub body_timeout: Duration,
+    /// What every HTTP listener allows a connection: its request head's deadline and the
+    /// connections one address may hold open.
+    pub connections: crate::listener::ConnLimits,
 }
 
 /// One tenant: its id (what keys caches, limits, metrics and logs; given once and never

@@ -1,9 +1,9 @@
 //! HTTPS on the API listener: rustls (ring), HTTP/1.1 by ALPN, and a certificate that can be
 //! replaced while the server runs (a SIGHUP after a renewal) without dropping a connection.
 //!
-//! Handshakes run on tasks of their own, each with a deadline, so a client that opens a
-//! connection and sends nothing holds neither the accept loop nor a worker; only finished
-//! handshakes reach the HTTP server through [`TlsListener`].
+//! Handshakes run on each connection's own task with a deadline, after the connection passed
+//! its source address's cap, so a client that opens connections and sends nothing holds
+//! neither the accept loop nor the handshakes of other clients ([`Handshakes`]).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
@@ -13,15 +13,17 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 pub use rustls::sign::CertifiedKey;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, Semaphore};
+use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
 /// How long a client has to finish its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Handshakes in progress at once; connections beyond wait in the kernel's backlog.
-pub const MAX_PENDING_HANDSHAKES: usize = 256;
+/// Handshakes in progress at once; connections beyond wait for a slot (within their deadline).
+/// Four times the default per-address connection cap, so that one address's idle connections
+/// cannot take every slot.
+pub const MAX_PENDING_HANDSHAKES: usize = 1024;
 
 /// Why a certificate or key was refused.
 #[derive(Debug, thiserror::Error)]
@@ -88,73 +90,40 @@ impl ResolvesServerCert for ServerCertificate {
     }
 }
 
-/// A listener that hands the HTTP server only connections whose handshake finished.
-pub struct TlsListener {
-    ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-    local: SocketAddr,
-    accept_task: tokio::task::JoinHandle<()>,
+/// The TLS handshakes of an HTTPS listener: each runs on its connection's own task (started by
+/// [`crate::listener::serve`] once the connection passed its address's cap), within
+/// [`HANDSHAKE_TIMEOUT`] (a wait for one of the [`MAX_PENDING_HANDSHAKES`] slots included).
+#[derive(Clone)]
+pub struct Handshakes {
+    acceptor: TlsAcceptor,
+    slots: Arc<Semaphore>,
 }
 
-impl TlsListener {
-    pub fn new(tcp: TcpListener, config: Arc<rustls::ServerConfig>) -> std::io::Result<Self> {
-        let local = tcp.local_addr()?;
-        let (tx, ready) = mpsc::channel(64);
-        let acceptor = TlsAcceptor::from(config);
-        let accept_task = tokio::spawn(accept_loop(tcp, acceptor, tx));
-        Ok(TlsListener { ready, local, accept_task })
+impl Handshakes {
+    pub fn new(config: Arc<rustls::ServerConfig>) -> Self {
+        Handshakes { acceptor: TlsAcceptor::from(config), slots: Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES)) }
     }
-}
 
-impl Drop for TlsListener {
-    fn drop(&mut self) {
-        self.accept_task.abort();
-    }
-}
-
-async fn accept_loop(tcp: TcpListener, acceptor: TlsAcceptor, tx: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>) {
-    let slots = Arc::new(Semaphore::new(MAX_PENDING_HANDSHAKES));
-    loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else { return };
-        let (stream, peer) = match tcp.accept().await {
-            Ok(c) => c,
-            Err(e) => {
-                // Out of descriptors and the like: back off rather than spin.
-                tracing::warn!(error = %e, "https: accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
+    /// The connection over TLS, or `None` when its handshake failed or ran out of time.
+    pub async fn accept(&self, stream: TcpStream, peer: SocketAddr) -> Option<TlsStream<TcpStream>> {
+        let handshake = async {
+            let _slot = self.slots.acquire().await.ok()?;
+            Some(self.acceptor.accept(stream).await)
         };
-        let _ = stream.set_nodelay(true);
-        let (acceptor, tx) = (acceptor.clone(), tx.clone());
-        tokio::spawn(async move {
-            let _slot = slot;
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => {
-                    let _ = tx.send((tls, peer)).await;
-                }
-                // A refused handshake is the client's business (a wrong CA, plain HTTP): a debug
-                // line, with the peer, and nothing else.
-                Ok(Err(e)) => tracing::debug!(%peer, error = %e, "https: handshake failed"),
-                Err(_) => tracing::debug!(%peer, "https: handshake timed out"),
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
+            Ok(Some(Ok(tls))) => Some(tls),
+            // A refused handshake is the client's business (a wrong CA, plain HTTP): a debug
+            // line, with the peer, and nothing else.
+            Ok(Some(Err(e))) => {
+                tracing::debug!(%peer, error = %e, "https: handshake failed");
+                None
             }
-        });
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.ready.recv().await {
-            Some(c) => c,
-            // The accept loop only ends with the listener; wait for the server to stop.
-            None => std::future::pending().await,
+            Ok(None) => None,
+            Err(_) => {
+                tracing::debug!(%peer, "https: handshake timed out");
+                None
+            }
         }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
     }
 }
 

@@ -92,6 +92,11 @@ impl UsageLog {
     /// start-up, not at the first request.
     pub fn open(settings: UsageSettings) -> Result<UsageLog, UsageError> {
         let file = open_append(&settings.path)?;
+        for older in (1..=settings.keep.max(1)).map(|i| rotated(&settings.path, i)) {
+            if let Ok(f) = File::open(&older) {
+                make_private(&f, &older)?;
+            }
+        }
         let (tx, rx) = mpsc::channel();
         let path = settings.path.clone();
         std::thread::Builder::new()
@@ -119,12 +124,32 @@ impl UsageLog {
     }
 }
 
+/// Opens the log for appending, created owner-only (it names tenants and what each used); a
+/// file left readable by group or others by an earlier version is made owner-only too.
 fn open_append(path: &Path) -> Result<File, UsageError> {
-    OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(|source| UsageError::Open { path: path.to_path_buf(), source })
+    let mut options = OpenOptions::new();
+    options.create(true).append(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+    let file = options.open(path).map_err(|source| UsageError::Open { path: path.to_path_buf(), source })?;
+    make_private(&file, path)?;
+    Ok(file)
+}
+
+/// Takes group and other permissions off an open file (never adds any).
+fn make_private(file: &File, path: &Path) -> Result<(), UsageError> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let open = |source| UsageError::Open { path: path.to_path_buf(), source };
+        let mode = file.metadata().map_err(open)?.permissions().mode() & 0o7777;
+        if mode & 0o077 != 0 {
+            file.set_permissions(std::fs::Permissions::from_mode(mode & !0o077)).map_err(open)?;
+            tracing::warn!(target: "pagewarden::usage", path = %path.display(), "usage log was readable by group or others: made owner-only");
+        }
+    }
+    let _ = (file, path);
+    Ok(())
 }
 
 fn write_loop(settings: UsageSettings, mut file: File, rx: mpsc::Receiver<Msg>) {
@@ -311,6 +336,30 @@ mod tests {
         assert!(rotated(&path, 2).exists() && !rotated(&path, 3).exists());
         let (all, _) = read_all(&path).expect("read");
         assert_eq!(all.iter().map(|r| r.request).collect::<Vec<_>>(), [3, 4]);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_log_and_its_rotated_files_are_owner_only_and_a_loose_old_log_is_tightened() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).expect("meta").permissions().mode() & 0o777;
+        let dir = scratch("mode");
+        let path = dir.join("usage.jsonl");
+        let log = UsageLog::open(UsageSettings { path: path.clone(), max_bytes: 1, keep: 2 }).expect("open");
+        for i in 0..3 {
+            log.record(record(i, 1, "alice"));
+        }
+        assert!(log.flush(Duration::from_secs(10)));
+        drop(log);
+        assert_eq!(mode(&path), 0o600);
+        assert_eq!(mode(&rotated(&path, 1)), 0o600);
+        // Logs an older version left world-readable; an owner-only one stays as it is.
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        std::fs::set_permissions(rotated(&path, 2), std::fs::Permissions::from_mode(0o640)).expect("chmod");
+        std::fs::set_permissions(rotated(&path, 1), std::fs::Permissions::from_mode(0o400)).expect("chmod");
+        let _log = UsageLog::open(UsageSettings { path: path.clone(), max_bytes: 1 << 20, keep: 2 }).expect("reopen");
+        assert_eq!((mode(&path), mode(&rotated(&path, 2)), mode(&rotated(&path, 1))), (0o600, 0o600, 0o400));
         let _ = std::fs::remove_dir_all(dir);
     }
 

@@ -61,7 +61,7 @@ pub const DEFAULT_CONFIG_FILE: &str = "pagewarden.toml";
 pub fn run_tenant_add_cli(config_path: Option<&Path>, name: &str) -> Result<(), TenantError> {
     let path = config_path.unwrap_or(Path::new(DEFAULT_CONFIG_FILE));
     let (id, key) = add_tenant(path, name)?;
-    println!("{key}");
+    println!("{}", key.as_str());
     eprintln!(
         "tenant `{name}` (id {}) added to {}; the key above is shown only this once (only its SHA-256 digest is \
          stored). Start the server with `pagewarden serve --config {}`, or {}",
@@ -120,7 +120,7 @@ pub fn run_tenant_remove_cli(config_path: Option<&Path>, name: &str) -> Result<(
 pub fn run_tenant_rotate_key_cli(config_path: Option<&Path>, name: &str) -> Result<(), TenantError> {
     let path = config_path.unwrap_or(Path::new(DEFAULT_CONFIG_FILE));
     let key = rotate_key(path, name)?;
-    println!("{key}");
+    println!("{}", key.as_str());
     eprintln!(
         "tenant `{name}` has a new key (shown only this once) in {}. Once applied the old key is refused, \
          requests made with it end and the tenant's cached prefixes are dropped: {}.",

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use gateway::listener::{self, ConnLimits};
 use gateway::settings::{Limits, TenantConfig};
 use gateway::usage::UsageSettings;
 use kv::{KvDtype, ScrubPolicy};
@@ -148,6 +149,8 @@ struct RawLimits {
     max_tokens_ceiling: Option<usize>,
     tenant_pool_share: Option<f64>,
     body_timeout_ms: Option<u64>,
+    header_timeout_ms: Option<u64>,
+    max_connections_per_address: Option<usize>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -188,7 +191,7 @@ pub struct ClusterSettings {
     pub listen: String,
     /// Workers: the gateway's `listen` address.
     pub gateway: String,
-    /// A file holding the shared cluster secret (at least 32 characters); required by the
+    /// A file holding the shared cluster secret (32+ random bytes in hex or base64); required by the
     /// gateway, prefill and decode roles. `serve` uses a random in-memory secret.
     pub secret_file: Option<PathBuf>,
     /// Secrets accepted from peers besides `secret_file`, never dialled with: set during a
@@ -220,7 +223,7 @@ impl ClusterSettings {
     /// accept (`accept_secret_files`).
     pub fn secrets(&self) -> Result<(wire::ClusterSecret, Vec<wire::ClusterSecret>), ConfigError> {
         let path = self.secret_file.as_ref().ok_or_else(|| {
-            invalid("cluster.secret_file", "is required for the gateway, prefill and decode roles (a file with a random secret of 32+ characters, the same on every node)")
+            invalid("cluster.secret_file", "is required for the gateway, prefill and decode roles (a file with 32+ random bytes in hex or base64, the same on every node: `(umask 077; head -c 48 /dev/urandom | base64 > FILE)`)")
         })?;
         let current = read_secret_file("cluster.secret_file", path)?;
         let others = self
@@ -247,7 +250,7 @@ pub struct MetricsSettings {
 impl MetricsSettings {
     /// Reads the token file, if one is configured (mode 600, 32+ characters, like a cluster
     /// secret: whoever holds it sees every tenant's load).
-    pub fn token(&self) -> Result<Option<String>, ConfigError> {
+    pub fn token(&self) -> Result<Option<zeroize::Zeroizing<String>>, ConfigError> {
         self.token_file.as_deref().map(|p| read_private_text("metrics.token_file", p)).transpose()
     }
 }
@@ -393,6 +396,7 @@ fn builtin_defaults() -> Config {
             max_tokens_ceiling: DEFAULT_MAX_TOKENS_CEILING,
             tenant_pool_share: DEFAULT_TENANT_POOL_SHARE,
             body_timeout: Duration::from_millis(30_000),
+            connections: ConnLimits::default(),
         },
         cluster: ClusterSettings {
             listen: "127.0.0.1:7100".into(),
@@ -544,6 +548,18 @@ impl Config {
                 Some(s) => return Err(invalid("limits.tenant_pool_share", format!("must be in (0, 1], got {s}"))),
             },
             body_timeout: Duration::from_millis(positive_u64("limits.body_timeout_ms", l.body_timeout_ms, 30_000)?),
+            connections: ConnLimits {
+                header_timeout: Duration::from_millis(positive_u64(
+                    "limits.header_timeout_ms",
+                    l.header_timeout_ms,
+                    listener::DEFAULT_HEADER_TIMEOUT.as_millis() as u64,
+                )?),
+                max_per_address: positive(
+                    "limits.max_connections_per_address",
+                    l.max_connections_per_address,
+                    listener::DEFAULT_MAX_PER_ADDRESS,
+                )?,
+            },
         };
 
         let m = raw.metrics;
@@ -816,7 +832,7 @@ mod tests {
     #[test]
     fn a_secret_file_readable_by_group_or_others_is_refused_naming_the_file_and_the_fix() {
         let dir = scratch("loose");
-        let long = "s".repeat(40);
+        let long = "5e".repeat(32);
         for mode in [0o644, 0o640, 0o604] {
             let c = cluster_with(&dir, &[("secret", &long, mode)]);
             let e = c.secrets().err().unwrap().to_string();
@@ -824,12 +840,39 @@ mod tests {
         }
         let c = cluster_with(&dir, &[("secret", &long, 0o600), ("next", &long, 0o644)]);
         assert!(c.secrets().err().unwrap().to_string().contains("accept_secret_files"));
-        let c = cluster_with(&dir, &[("secret", &long, 0o600), ("next", &"t".repeat(40), 0o400)]);
+        let c = cluster_with(&dir, &[("secret", &long, 0o600), ("next", &"7f".repeat(32), 0o400)]);
         let (current, others) = c.secrets().unwrap();
         assert_eq!(others.len(), 1);
         assert_ne!(current.fingerprint(), others[0].fingerprint());
         let c = cluster_with(&dir, &[("secret", "short", 0o600)]);
         assert!(c.secrets().err().unwrap().to_string().contains("at least 32"));
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_secret_file_must_be_32_random_bytes_in_hex_or_base64_and_a_refusal_names_file_rule_and_generator() {
+        let dir = scratch("format");
+        let generated = "q83vEjRWeJCrze8SNFZ4kKvN7xI0VniQq83vEjRWeJCrze8SNFZ4kKvN7xI0VniQ\n";
+        for good in [generated, &"c0".repeat(32)] {
+            assert!(cluster_with(&dir, &[("secret", good, 0o600)]).secrets().is_ok(), "{good}");
+        }
+        // A long passphrase, a 24-byte hex secret, a 31-byte base64 one.
+        for bad in [
+            "correct horse battery staple and then some more words",
+            &"c0".repeat(24),
+            "q83vEjRWeJCrze8SNFZ4kKvN7xI0VniQq83vEjRWeA",
+        ] {
+            let e = cluster_with(&dir, &[("secret", bad, 0o600)]).secrets().err().unwrap().to_string();
+            for words in [
+                "cluster.secret_file",
+                &dir.join("secret").display().to_string(),
+                "at least 32 random bytes",
+                "hex or base64",
+                "head -c 48 /dev/urandom | base64",
+            ] {
+                assert!(e.contains(words), "{bad:?}: {e} does not say {words:?}");
+            }
+        }
         std::fs::remove_dir_all(dir).unwrap();
     }
 

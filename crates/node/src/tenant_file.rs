@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use gateway::settings::TenantConfig;
 use gateway::tenants::{hex, sha256};
 use kv::TenantId;
+use zeroize::Zeroizing;
 
 use crate::config::{valid_tenant_name, Config, ConfigError};
 
@@ -32,12 +33,17 @@ fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Erro
     move |source| TenantError::Io { action, path: path.display().to_string(), source }
 }
 
-/// A new random API key: `pw-` and 64 hex digits (256 bits from the OS).
-pub fn generate_key() -> Result<String, TenantError> {
-    let path = Path::new("/dev/urandom");
-    let mut buf = [0u8; 32];
-    std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut buf)).map_err(io_err("reading", path))?;
-    Ok(format!("pw-{}", hex(&buf)))
+/// A new random API key: `pw-` and 64 hex digits (256 bits from the OS), wiped when dropped.
+pub fn generate_key() -> Result<Zeroizing<String>, TenantError> {
+    use std::fmt::Write as _;
+    let bytes = Zeroizing::new(random_bytes::<32>()?);
+    // Sized up front: a growing string would leave copies of the key behind.
+    let mut key = Zeroizing::new(String::with_capacity(3 + 64));
+    key.push_str("pw-");
+    for b in bytes.iter() {
+        let _ = write!(key, "{b:02x}");
+    }
+    Ok(key)
 }
 
 /// The config file as an editable document (comments and layout kept), empty if missing.
@@ -60,24 +66,46 @@ fn write_document(path: &Path, doc: &toml_edit::DocumentMut) -> Result<(), Tenan
     let text = doc.to_string();
     Config::from_toml_str(&text)?;
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    // A name nobody can guess or have left behind (a crashed run leaves its own, never ours),
+    // created new (O_EXCL: never a file or link someone put there) and owner-only until
+    // it is whole.
     let tmp = dir.join(format!(
-        ".{}.tmp-{}",
+        ".{}.tmp-{}-{}",
         path.file_name().and_then(|n| n.to_str()).unwrap_or("config"),
-        std::process::id()
+        std::process::id(),
+        hex(&random_bytes::<8>()?)
     ));
     let mut opts = std::fs::OpenOptions::new();
-    opts.write(true).create(true).truncate(true);
+    opts.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+    let mut f = opts.open(&tmp).map_err(io_err("creating", &tmp))?;
+    let written = fill_and_replace(&mut f, &tmp, path, text.as_bytes());
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
+fn fill_and_replace(f: &mut std::fs::File, tmp: &Path, path: &Path, text: &[u8]) -> Result<(), TenantError> {
+    f.write_all(text).map_err(io_err("writing", tmp))?;
+    // The old file's permissions when there is one (the operator chose them); a new file is
+    // owner-only: it names every tenant.
     #[cfg(unix)]
     {
-        use std::os::unix::fs::OpenOptionsExt;
-        // Keep the old file's permissions when there is one.
-        let mode = std::fs::metadata(path).map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()));
-        opts.mode(mode.unwrap_or(0o644) & 0o777);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(path).map(|m| m.permissions().mode() & 0o7777).unwrap_or(0o600);
+        f.set_permissions(std::fs::Permissions::from_mode(mode)).map_err(io_err("writing", tmp))?;
     }
-    let mut f = opts.open(&tmp).map_err(io_err("creating", &tmp))?;
-    f.write_all(text.as_bytes()).map_err(io_err("writing", &tmp))?;
-    f.sync_all().map_err(io_err("writing", &tmp))?;
-    std::fs::rename(&tmp, path).map_err(io_err("replacing", path))
+    f.sync_all().map_err(io_err("writing", tmp))?;
+    std::fs::rename(tmp, path).map_err(io_err("replacing", path))
+}
+
+fn random_bytes<const N: usize>() -> Result<[u8; N], TenantError> {
+    let path = Path::new("/dev/urandom");
+    let mut buf = [0u8; N];
+    std::fs::File::open(path).and_then(|mut f| f.read_exact(&mut buf)).map_err(io_err("reading", path))?;
+    Ok(buf)
 }
 
 /// The `[[tenants]]` array of `doc`, created if missing.
@@ -96,7 +124,7 @@ fn key_digest_value(key: &str) -> toml_edit::Item {
 /// digest only) to the config file (created if missing), and returns the id and the key,
 /// which is shown once and stored nowhere. The id is one above every id ever given out
 /// (`last_tenant_id`, which it raises), so a removed tenant's id is never reused.
-pub fn add_tenant(config_path: &Path, name: &str) -> Result<(TenantId, String), TenantError> {
+pub fn add_tenant(config_path: &Path, name: &str) -> Result<(TenantId, Zeroizing<String>), TenantError> {
     if !valid_tenant_name(name) {
         return Err(TenantError::BadName(name.to_string()));
     }
@@ -145,7 +173,7 @@ pub fn remove_tenant(config_path: &Path, name: &str) -> Result<TenantId, TenantE
 
 /// `pagewarden tenant rotate-key NAME`: gives the tenant a new key (same id, limits and
 /// name) and returns it; the old key stops working when the gateway reloads.
-pub fn rotate_key(config_path: &Path, name: &str) -> Result<String, TenantError> {
+pub fn rotate_key(config_path: &Path, name: &str) -> Result<Zeroizing<String>, TenantError> {
     let (_, mut doc) = read_document(config_path)?;
     let at = find_tenant(&mut doc, name)?;
     let key = generate_key()?;
@@ -164,8 +192,8 @@ pub fn dev_key_path() -> PathBuf {
 /// and kept in [`dev_key_path`] with mode 0600.
 pub fn dev_tenant() -> Result<TenantConfig, TenantError> {
     let path = dev_key_path();
-    let key = match std::fs::read_to_string(&path) {
-        Ok(k) if !k.trim().is_empty() => k.trim().to_string(),
+    let key = match std::fs::read_to_string(&path).map(Zeroizing::new) {
+        Ok(k) if !k.trim().is_empty() => Zeroizing::new(k.trim().to_string()),
         Ok(_) | Err(_) => {
             let key = generate_key()?;
             if let Some(dir) = path.parent() {
@@ -231,7 +259,7 @@ mod tests {
         assert_eq!((id, id2), (TenantId(1), TenantId(2)));
         assert_ne!(key, key2);
         let text = std::fs::read_to_string(&path).unwrap();
-        assert!(!text.contains(&key), "the key itself must not be stored");
+        assert!(!text.contains(key.as_str()), "the key itself must not be stored");
         assert!(text.contains(&hex(&sha256(key.as_bytes()))));
         let cfg = Config::load(&path).unwrap();
         let ts = Tenants::new(cfg.tenants);
@@ -269,6 +297,45 @@ mod tests {
         assert_ne!(next.by_id(alice).unwrap().config.key_sha256, old_alice_key_digest);
         let dir_ = TenantDirectory::new(old);
         assert_eq!(dir_.replace(next), vec![alice], "a rotated key revokes its tenant's state");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_config_is_rewritten_through_a_fresh_owner_only_temp_file_and_keeps_the_mode_it_had() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("pw-gw-tenant-tmp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("pagewarden.toml");
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        add_tenant(&path, "alice").unwrap();
+        assert_eq!(mode(&path), 0o600, "a new config file names tenants: owner-only");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        add_tenant(&path, "bob").unwrap();
+        assert_eq!(mode(&path), 0o640, "the operator's mode is kept");
+
+        // A link planted at the temporary name earlier versions used, pointing at a file of
+        // the victim's, and a crashed run's leftover: neither is written nor in the way.
+        let victim = dir.join("victim");
+        std::fs::write(&victim, "untouched").unwrap();
+        let planted = dir.join(format!(".pagewarden.toml.tmp-{}", std::process::id()));
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        let stale = dir.join(".pagewarden.toml.tmp-1-0011223344556677");
+        std::fs::write(&stale, "half a config").unwrap();
+        add_tenant(&path, "carol").unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "untouched");
+        assert_eq!(Config::load(&path).unwrap().tenants.len(), 3);
+        let mut left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        left.sort();
+        let mut expected = vec![
+            planted.file_name().unwrap(),
+            stale.file_name().unwrap(),
+            "pagewarden.toml".as_ref(),
+            "victim".as_ref(),
+        ];
+        expected.sort();
+        assert_eq!(left, expected, "no temporary file of ours is left behind");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

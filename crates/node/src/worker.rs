@@ -113,7 +113,7 @@ pub fn run(role: Role, overrides: &WorkerOverrides) -> Result<(), ServeError> {
             let bound = l.local_addr().map_err(|e| ServeError::Io(e.to_string()))?;
             println!("metrics on http://{bound}/metrics");
             let (m, h) = (metrics.clone(), handle.clone());
-            tokio::spawn(gateway::http::serve_worker_metrics(l, move || {
+            tokio::spawn(gateway::http::serve_worker_metrics(l, config.limits.connections, move || {
                 cluster::metrics::render(role_name, &m.snapshot(&h))
             }));
         }

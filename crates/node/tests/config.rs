@@ -30,6 +30,8 @@ fn config_validation_errors_name_the_field() {
         ("[pool]\ntokenz = 5", "tokenz"),
         ("threads = \"many\"", "threads"),
         ("[limits]\nbody_timeout_ms = 0", "limits.body_timeout_ms"),
+        ("[limits]\nheader_timeout_ms = 0", "limits.header_timeout_ms"),
+        ("[limits]\nmax_connections_per_address = 0", "limits.max_connections_per_address"),
         ("[metrics]\nlisten = \"nowhere\"", "metrics.listen"),
         ("[metrics]\ntenant_name = true", "tenant_name"),
     ];
@@ -65,7 +67,19 @@ fn example_config_file_is_valid_and_matches_the_defaults() {
     assert_eq!(c.listen, d.listen);
     assert_eq!(c.engine.max_batch_tokens, d.engine.max_batch_tokens);
     assert_eq!(c.limits.max_body_bytes, d.limits.max_body_bytes);
+    assert_eq!(c.limits.connections.header_timeout, d.limits.connections.header_timeout);
+    assert_eq!(c.limits.connections.max_per_address, d.limits.connections.max_per_address);
     assert_eq!(c.pool.page_size, d.pool.page_size);
+}
+
+#[test]
+fn connection_limits_default_short_and_parse() {
+    let d = Config::default();
+    assert_eq!(d.limits.connections.header_timeout, std::time::Duration::from_secs(20));
+    assert_eq!(d.limits.connections.max_per_address, 256);
+    let c = Config::from_toml_str("[limits]\nheader_timeout_ms = 2500\nmax_connections_per_address = 8\n").unwrap();
+    assert_eq!(c.limits.connections.header_timeout, std::time::Duration::from_millis(2500));
+    assert_eq!(c.limits.connections.max_per_address, 8);
 }
 
 #[test]

@@ -118,7 +118,7 @@ fn a_worker_with_another_page_size_or_secret_is_refused_and_exits_naming_the_rea
     let text = std::fs::read_to_string(&c.config).unwrap().replace("[pool]\n", "[pool]\npage_size = 32\n");
     std::fs::write(&page, text).unwrap();
     let secret = c.dir.join("other-secret.toml");
-    common::write_secret(&c.dir.join("other-secret"), "another-secret-of-enough-length-0123456789");
+    common::write_secret(&c.dir.join("other-secret"), &"a5".repeat(32));
     let text = std::fs::read_to_string(&c.config).unwrap().replace("/secret\"", "/other-secret\"");
     std::fs::write(&secret, text).unwrap();
     for (config, why) in [(&page, "PageSize"), (&secret, "cluster secret")] {

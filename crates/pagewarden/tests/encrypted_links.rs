@@ -272,13 +272,14 @@ fn a_decode_worker_dialling_its_own_kv_port_refuses_the_reflection_and_exits_nam
 
 #[test]
 fn the_cluster_secret_rotates_without_a_restart_and_the_old_one_is_then_refused() {
+    const NEXT_SECRET: &str = "4e3a7c1a55e7e57c1a55e7e57c1a55e7e57c1a55e7e57c1a55e7e57c1a550002";
     let mut c = Cluster::start("");
     let (old, new) = (c.dir.join("secret"), c.dir.join("new-secret"));
-    common::write_secret(&new, "the-next-cluster-secret-0123456789abcdef-xyz");
+    common::write_secret(&new, NEXT_SECRET);
     let hup = |c: &Cluster| {
         assert!(Command::new("kill").args(["-HUP", &c.gateway_pid().to_string()]).status().unwrap().success());
     };
-    let new_id = identity("the-next-cluster-secret-0123456789abcdef-xyz", Role::Prefill);
+    let new_id = identity(NEXT_SECRET, Role::Prefill);
     let cluster_addr = c.cluster_addr.clone();
     let accepts = |id: &Identity| dial(&cluster_addr, id).is_ok();
 

@@ -41,9 +41,15 @@ pub const NOISE_MSG_LEN: usize = 32 + 1 + 16;
 
 const CTX_PASSPHRASE: &str = "pagewarden wire v1 cluster secret";
 
-/// A shared cluster secret: the Noise PSK. Never printed.
+/// A shared cluster secret: the Noise PSK. Never printed; wiped from memory when dropped.
 #[derive(Clone)]
 pub struct ClusterSecret([u8; 32]);
+
+impl Drop for ClusterSecret {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.0);
+    }
+}
 
 impl ClusterSecret {
     pub fn from_bytes(bytes: [u8; 32]) -> Self {

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use super::bin;
 
-pub const SECRET: &str = "test-cluster-secret-0123456789abcdef-0123456789";
+/// 32 bytes in hex, as a cluster secret file must hold (not random: the tests' own).
+pub const SECRET: &str = "7e57c1a55e7e57c1a55e7e57c1a55e7e57c1a55e7e57c1a55e7e57c1a55e0001";
 
 pub struct Worker {
     pub name: String,
