@@ -555,7 +555,11 @@ impl Router {
                     // A worker that could not reach its peer, or is draining, before the
                     // first token: another pair may serve it.
                     if matches!(failure, Failure::Unreachable(_) | Failure::ShuttingDown) && !gate.released {
-                        avoid.push(worker.id);
+                        // A prefill worker that could not reach its decode worker names the
+                        // decode worker as the one to pass over (after a rotation it may hold
+                        // only the old secret); a draining worker names itself.
+                        let unreachable = matches!(failure, Failure::Unreachable(_)) && from == Role::Prefill;
+                        avoid.push(if unreachable { decode.id } else { worker.id });
                         return Outcome::Retry(failure.to_engine());
                     }
                     return Outcome::Fail(failure.to_engine());

@@ -93,28 +93,11 @@ fn hostile_requests() -> Vec<(&'static str, Value, u16, Option<&'static str>)> {
     ]
 }
 
-/// Another tenant streams requests until `stop`; returns (answered, failed) and the failures.
-fn bystander(url: String, key: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandle<(usize, Vec<String>)> {
-    std::thread::spawn(move || {
-        let (mut ok, mut failed) = (0, Vec::new());
-        while !stop.load(Ordering::SeqCst) {
-            let body = chat(json!({"max_tokens": 24, "ignore_eos": true, "stream": true}));
-            let (_, h) = common::cluster::stream_chat(&url, &key, body);
-            match h.join() {
-                Ok(Ok(_)) => ok += 1,
-                Ok(Err(e)) => failed.push(e.to_string()),
-                Err(_) => failed.push("the stream's thread panicked (a non-200 status)".into()),
-            }
-        }
-        (ok, failed)
-    })
-}
-
 /// Sends every hostile request while another tenant's requests run; checks each answer and
 /// that the bystander lost nothing.
 fn hostile_beside_a_bystander(post: impl Fn(&Value) -> (u16, String), url: &str, bystander_key: &str) {
     let stop = Arc::new(AtomicBool::new(false));
-    let other = bystander(url.to_string(), bystander_key.to_string(), stop.clone());
+    let other = common::cluster::bystander(url, bystander_key, stop.clone());
     for (what, body, status, param) in hostile_requests() {
         let (got, text) = post(&body);
         assert_eq!(got, status, "{what}: {text}");

@@ -426,6 +426,41 @@ pub fn stream_chat(
     (rx, h)
 }
 
+/// Another tenant's traffic for a test that attacks or reconfigures the cluster: streamed
+/// chat requests one after another until `stop`. Returns how many completed, and each failure
+/// (an error event, or a status other than 200).
+pub fn bystander(
+    url: &str,
+    key: &str,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<(usize, Vec<String>)> {
+    let (url, key) = (url.to_string(), key.to_string());
+    std::thread::spawn(move || {
+        let (mut ok, mut failed) = (0, Vec::new());
+        while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+            let body = serde_json::json!({
+                "model": super::MODEL_NAME,
+                "messages": [{"role": "user", "content": "Say something."}],
+                "max_tokens": 24, "ignore_eos": true, "stream": true,
+            });
+            let (status, text) = launch::post_json(
+                &format!("{url}/v1/chat/completions"),
+                &key,
+                &body.to_string(),
+                Duration::from_secs(120),
+            )
+            .unwrap();
+            let done = text.lines().any(|l| l == "data: [DONE]");
+            match (status, done) {
+                (200, true) => ok += 1,
+                (200, false) => failed.push(format!("a stream without [DONE]: {text}")),
+                (s, _) => failed.push(format!("status {s}: {text}")),
+            }
+        }
+        (ok, failed)
+    })
+}
+
 /// `pagewarden tenant add NAME --config FILE` with generous limits; returns the key.
 pub fn add_tenant(config: &std::path::Path, name: &str) -> String {
     let key = launch::tenant_add(bin().as_ref(), config, name).unwrap();
