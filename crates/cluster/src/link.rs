@@ -1,7 +1,8 @@
 //! An authenticated, encrypted link between two nodes: the `wire` crate's Noise key exchange
 //! and pairing check over a byte stream, then AES-256-GCM records whose nonces are counters
 //! kept by both ends. On a control link the records carry JSON control messages; on a KV link
-//! they carry `wire` KV frames ([`Link::into_kv_sealer`], [`Link::into_kv_opener`]). Nothing
+//! they carry `wire` KV frames, whose bodies are sealed again under the ticket's AEGIS-128X2
+//! key ([`Link::into_kv_sealer`], [`Link::into_kv_opener`]). Nothing
 //! after the first two handshake messages is readable on the network, and nothing can be
 //! forged, replayed, reordered, dropped or reflected without failing the link.
 

@@ -136,6 +136,9 @@ impl Worker {
     }
 }
 
+/// The longest pause between two tries of a listed gateway that keeps failing.
+const LISTED_MAX_PAUSE: Duration = Duration::from_secs(60);
+
 /// Registers with the gateway at `addr` again and again (with a growing pause) while it is
 /// listed (always, for a fixed gateway) and the worker is not draining. A link whose dialling
 /// secret is no longer the current one, or that reached its maximum age, is replaced
@@ -147,6 +150,10 @@ async fn dial(
     listed: Option<watch::Receiver<BTreeSet<String>>>,
 ) -> Result<(), ClusterError> {
     let mut pause = Duration::from_millis(100);
+    // A listed address may be anyone's entry in the membership store: one that keeps failing
+    // is tried less and less often, down to once a minute. A configured gateway is retried
+    // every 2 s at most, so a restart is noticed at once.
+    let max_pause = if listed.is_some() { LISTED_MAX_PAUSE } else { Duration::from_secs(2) };
     let mut next: Option<session::Opened> = None;
     loop {
         if ctx.draining.load(Ordering::SeqCst) || listed.as_ref().is_some_and(|l| !l.borrow().contains(&addr)) {
@@ -159,7 +166,7 @@ async fn dial(
                 Err(e) => {
                     retry_or_stop(&ctx, &addr, e, pause)?;
                     tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(2));
+                    pause = (pause * 2).min(max_pause);
                     continue;
                 }
             },
@@ -199,7 +206,7 @@ async fn dial(
             Err(e) => retry_or_stop(&ctx, &addr, e, pause)?,
         }
         tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_secs(2));
+        pause = (pause * 2).min(max_pause);
     }
 }
 
