@@ -13,11 +13,12 @@
 //! strings, keys and values as base64 (read leniently: see `json`).
 //!
 //! What is published is never a secret: addresses, role, model digest, sizes (`GatewayRecord`, `WorkerRecord`).
-//! Trust between nodes comes only from the authenticated handshake of every link, so a rogue
-//! or stale entry can at worst make a node dial an address that then fails that handshake.
-//! That is also why plain HTTP to etcd is tolerable for now (https:// endpoints are refused:
-//! TLS to etcd is not supported yet): etcd should still sit on a trusted network, since
-//! whoever can write to it can make members dial elsewhere.
+//! Members seal their records ([`seal`]: a MAC under a key derived from the cluster secret,
+//! bound to the etcd key and the time, refreshed at every renewal), and readers count only
+//! entries that open: whoever can write to etcd without a member's key can delete entries but
+//! not add, move or replay one that counts. Trust between nodes still comes from the
+//! authenticated handshake of every link. Plain HTTP to etcd (https:// endpoints are refused:
+//! TLS to etcd is not supported yet) exposes the records, which hold no secret.
 //!
 //! Every call has a deadline; failures are [`MembershipError`]s naming the endpoints.
 #![forbid(unsafe_code)]
@@ -29,13 +30,14 @@ mod json;
 mod members;
 mod publish;
 mod records;
+pub mod seal;
 mod transport;
 mod watch;
 
 pub use client::{EtcdClient, LeaseId};
 pub use error::{Cause, MembershipError};
 pub use members::{watch_members, Members};
-pub use publish::{publish, Publication};
+pub use publish::{publish, publish_sealed, Publication};
 pub use records::{
     gateways_prefix, tenants_prefix, workers_prefix, GatewayRecord, TenantsRecord, WorkerRecord, TENANTS_CHANGED,
 };

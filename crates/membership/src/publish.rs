@@ -40,6 +40,21 @@ impl std::fmt::Debug for Publication {
 /// capped backoff. Logs name the key and sizes, never the value. Spawns on the current tokio
 /// runtime.
 pub fn publish(client: EtcdClient, key: String, value: Vec<u8>, ttl: Duration) -> Publication {
+    start(client, key, Value::Fixed(value), ttl)
+}
+
+/// [`publish`] for a value made afresh by `make` at every put and at every renewal (a sealed
+/// record: [`crate::seal`]), so the entry in etcd is never older than a renewal period.
+pub fn publish_sealed(
+    client: EtcdClient,
+    key: String,
+    make: impl Fn() -> Vec<u8> + Send + Sync + 'static,
+    ttl: Duration,
+) -> Publication {
+    start(client, key, Value::Fresh(Box::new(make)), ttl)
+}
+
+fn start(client: EtcdClient, key: String, value: Value, ttl: Duration) -> Publication {
     let (tx, _) = watch::channel(false);
     let published = Arc::new(tx);
     let lease = Arc::new(AtomicI64::new(0));
@@ -87,10 +102,26 @@ impl Drop for Publication {
     }
 }
 
+/// What a publication puts.
+enum Value {
+    Fixed(Vec<u8>),
+    /// Made again for every put; put again at every renewal.
+    Fresh(Box<dyn Fn() -> Vec<u8> + Send + Sync>),
+}
+
+impl Value {
+    fn bytes(&self) -> Vec<u8> {
+        match self {
+            Value::Fixed(v) => v.clone(),
+            Value::Fresh(make) => make(),
+        }
+    }
+}
+
 struct Keeper {
     client: EtcdClient,
     key: String,
-    value: Vec<u8>,
+    value: Value,
     ttl: Duration,
     published: Arc<watch::Sender<bool>>,
     lease: Arc<AtomicI64>,
@@ -114,9 +145,9 @@ impl Keeper {
             backoff.reset();
             self.set(true);
             if failing {
-                tracing::info!(key = %self.key, bytes = self.value.len(), "membership: published again");
+                tracing::info!(key = %self.key, "membership: published again");
             } else {
-                tracing::debug!(key = %self.key, bytes = self.value.len(), "membership: published");
+                tracing::debug!(key = %self.key, "membership: published");
             }
             failing = false;
             self.renew(lease, period, &mut backoff, &mut failing).await;
@@ -130,7 +161,7 @@ impl Keeper {
         // Recorded before the put: `withdraw` revokes whatever lease the key may be under.
         self.lease.store(lease, Ordering::Release);
         // A failed put leaves this lease with no key; it expires on its own.
-        self.client.put(&self.key, &self.value, Some(lease)).await?;
+        self.client.put(&self.key, &self.value.bytes(), Some(lease)).await?;
         Ok(lease)
     }
 
@@ -142,9 +173,9 @@ impl Keeper {
             match self.client.keep_alive(lease).await {
                 Ok(Some(_)) if *failing => {
                     // Back after a failure: put again, in case the key went while we were away.
-                    match self.client.put(&self.key, &self.value, Some(lease)).await {
+                    match self.client.put(&self.key, &self.value.bytes(), Some(lease)).await {
                         Ok(()) => {
-                            tracing::info!(key = %self.key, bytes = self.value.len(), "membership: renewing again");
+                            tracing::info!(key = %self.key, "membership: renewing again");
                             *failing = false;
                             backoff.reset();
                             self.set(true);
@@ -153,7 +184,15 @@ impl Keeper {
                         Err(e) => self.failed(failing, "renewing", &e),
                     }
                 }
-                Ok(Some(_)) => {}
+                Ok(Some(_)) => {
+                    if let Value::Fresh(make) = &self.value {
+                        match self.client.put(&self.key, &make(), Some(lease)).await {
+                            Ok(()) => {}
+                            Err(e) if e.is_lease_not_found() => return,
+                            Err(e) => self.failed(failing, "refreshing", &e),
+                        }
+                    }
+                }
                 Ok(None) => {
                     tracing::warn!(key = %self.key, "membership: lease lost (expired or revoked); publishing again");
                     *failing = true;

@@ -74,7 +74,7 @@ where
             };
             let record = membership::GatewayRecord { id: id.clone(), cluster_addr };
             println!("membership: gateway {id} published at {}", m.prefix);
-            let (publication, count) = member::join_as_gateway(m, &record, routers.clone())?;
+            let (publication, count) = member::join_as_gateway(m, &record, routers.clone(), &secrets)?;
             Some((publication, id, count, member::tenant_announcements(m)?))
         }
     };

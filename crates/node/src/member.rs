@@ -1,13 +1,18 @@
 //! A node's part in the membership (`[membership]`, etcd): what it publishes about itself,
 //! and what it does with what the others publish. Entries are public facts (addresses, role,
-//! model digest, pool size), never a secret: trust comes only from the authenticated
-//! handshake every link runs, so a rogue or stale entry can at worst make a node dial an
-//! address that then fails that handshake (see SECURITY.md).
+//! model digest, pool size), never a secret, sealed under a key derived from the cluster
+//! secret (`membership::seal`): a node counts and dials only the entries that open under a
+//! secret it accepts, so whoever writes to etcd without one cannot add a gateway (to be
+//! dialled, or to divide every tenant's limits) or replay one that left. Trust between nodes
+//! still comes from the authenticated handshake every link runs (see SECURITY.md).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
+use cluster::SecretRing;
+use membership::seal::{self, RecordKey};
 use membership::{
-    gateways_prefix, publish, tenants_prefix, watch_members, workers_prefix, EtcdClient, GatewayRecord, Members,
+    gateways_prefix, publish_sealed, tenants_prefix, watch_members, workers_prefix, EtcdClient, GatewayRecord, Members,
     Publication, TenantsRecord, WorkerRecord, TENANTS_CHANGED,
 };
 use tokio::sync::watch;
@@ -23,21 +28,66 @@ fn key(prefix: &str, name: &str) -> String {
     format!("{prefix}{name}")
 }
 
+/// The purpose a record key is derived for from a cluster secret.
+const RECORD_KEY_CONTEXT: &str = "pagewarden 2026-12 membership record key";
+
+/// Sealed records age; readers look again this often even when etcd says nothing new.
+const RECHECK: Duration = Duration::from_secs(2);
+
+fn record_key(secret: &wire::ClusterSecret) -> RecordKey {
+    RecordKey::new(secret.derive_key(RECORD_KEY_CONTEXT))
+}
+
+/// Publishes `record` under `etcd_key`, sealed afresh (with the secret dialled with at the
+/// time) at every put and renewal.
+fn publish_record(c: EtcdClient, etcd_key: String, record: String, secrets: &SecretRing, ttl: Duration) -> Publication {
+    let (secrets, sealed_key) = (secrets.clone(), etcd_key.clone());
+    publish_sealed(
+        c,
+        etcd_key,
+        move || seal::seal(&record_key(&secrets.current()), &sealed_key, &record, seal::now_ms()),
+        ttl,
+    )
+}
+
+/// The entries under `prefix` that open under a secret this node accepts now, as their
+/// records' JSON text by name; the others are logged by key (never their content) and skipped.
+fn opened(members: &Members, prefix: &str, secrets: &SecretRing) -> BTreeMap<String, String> {
+    let keys: Vec<RecordKey> = secrets.accepted().iter().map(record_key).collect();
+    let now = seal::now_ms();
+    members
+        .entries
+        .iter()
+        .filter_map(|(name, value)| match seal::open(&keys, &key(prefix, name), value, now) {
+            Ok(record) => Some((name.clone(), record)),
+            Err(why) => {
+                tracing::warn!(key = %name, prefix = %prefix, reason = why.label(), "membership: an entry that does not open under our cluster secret; ignored");
+                None
+            }
+        })
+        .collect()
+}
+
 /// A worker joins: publishes its record under a lease (kept while the returned publication
 /// lives) and watches the gateways. The set stays empty until etcd answered once: a worker
 /// started while etcd is away waits.
 pub fn join_as_worker(
     m: &MembershipSettings,
     record: &WorkerRecord,
+    secrets: &SecretRing,
 ) -> Result<(Publication, watch::Receiver<BTreeSet<String>>), ServeError> {
     let c = client(m)?;
-    let value = serde_json::to_vec(record).map_err(|e| ServeError::Io(e.to_string()))?;
-    let publication = publish(c.clone(), key(&workers_prefix(&m.prefix), &record.name), value, m.lease_ttl);
-    let mut members = watch_members(c, gateways_prefix(&m.prefix));
+    let value = serde_json::to_string(record).map_err(|e| ServeError::Io(e.to_string()))?;
+    let publication =
+        publish_record(c.clone(), key(&workers_prefix(&m.prefix), &record.name), value, secrets, m.lease_ttl);
+    let prefix = gateways_prefix(&m.prefix);
+    let mut members = watch_members(c, prefix.clone());
     let (tx, rx) = watch::channel(BTreeSet::new());
+    let secrets = secrets.clone();
     tokio::spawn(async move {
+        let mut recheck = tokio::time::interval(RECHECK);
         loop {
-            let addrs = gateway_addrs(&members.borrow_and_update());
+            let addrs = gateway_addrs(&opened(&members.borrow_and_update(), &prefix, &secrets));
             tx.send_if_modified(|now| {
                 let changed = *now != addrs;
                 *now = addrs;
@@ -46,6 +96,7 @@ pub fn join_as_worker(
             // Ends when the worker drops the receiver or the watch task stops.
             tokio::select! {
                 r = members.changed() => if r.is_err() { return },
+                _ = recheck.tick() => {}
                 () = tx.closed() => return,
             }
         }
@@ -55,11 +106,10 @@ pub fn join_as_worker(
 
 /// The cluster addresses of the listed gateways; an entry that is not a gateway record is
 /// skipped (and logged by its key, never dialled).
-fn gateway_addrs(members: &Members) -> BTreeSet<String> {
-    members
-        .entries
+fn gateway_addrs(records: &BTreeMap<String, String>) -> BTreeSet<String> {
+    records
         .iter()
-        .filter_map(|(k, v)| match serde_json::from_slice::<GatewayRecord>(v) {
+        .filter_map(|(k, v)| match serde_json::from_str::<GatewayRecord>(v) {
             Ok(g) => Some(g.cluster_addr),
             Err(e) => {
                 tracing::warn!(key = %k, error = %e, "membership: not a gateway record; skipped");
@@ -77,24 +127,30 @@ pub fn join_as_gateway(
     m: &MembershipSettings,
     record: &GatewayRecord,
     routers: Vec<cluster::Router>,
+    secrets: &SecretRing,
 ) -> Result<(Publication, watch::Receiver<usize>), ServeError> {
     let c = client(m)?;
-    let value = serde_json::to_vec(record).map_err(|e| ServeError::Io(e.to_string()))?;
-    let publication = publish(c.clone(), key(&gateways_prefix(&m.prefix), &record.id), value, m.lease_ttl);
-    let mut gateways = watch_members(c.clone(), gateways_prefix(&m.prefix));
+    let value = serde_json::to_string(record).map_err(|e| ServeError::Io(e.to_string()))?;
+    let prefix = gateways_prefix(&m.prefix);
+    let publication = publish_record(c.clone(), key(&prefix, &record.id), value, secrets, m.lease_ttl);
+    let mut gateways = watch_members(c.clone(), prefix.clone());
     let (count_tx, count) = watch::channel(1usize);
+    let ring = secrets.clone();
     tokio::spawn(async move {
+        let mut recheck = tokio::time::interval(RECHECK);
         loop {
             let n = {
                 let g = gateways.borrow_and_update();
-                // Itself included even before its own entry shows (never a share of zero).
-                g.synced.then(|| g.entries.len().max(1))
+                // Only sealed gateway entries share the limits; itself included even before its
+                // own entry shows (never a share of zero).
+                g.synced.then(|| opened(&g, &prefix, &ring).len().max(1))
             };
             if let Some(n) = n {
                 count_tx.send_if_modified(|c| std::mem::replace(c, n) != n);
             }
             tokio::select! {
                 r = gateways.changed() => if r.is_err() { return },
+                _ = recheck.tick() => {}
                 () = count_tx.closed() => return,
             }
         }

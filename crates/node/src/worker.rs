@@ -134,7 +134,7 @@ pub fn run(role: Role, overrides: &WorkerOverrides) -> Result<(), ServeError> {
                     capacity_tokens: handle.pool().capacity_tokens(),
                     context,
                 };
-                let (publication, listed) = member::join_as_worker(m, &record)?;
+                let (publication, listed) = member::join_as_worker(m, &record, &secrets)?;
                 println!("{name}: {role_name} worker, registering with the gateways listed under {}", m.prefix);
                 (Gateways::Listed(listed), Some(publication))
             }

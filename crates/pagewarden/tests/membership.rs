@@ -4,7 +4,8 @@
 //! the streams it carried, a worker that joins takes load without a restart, one that drains
 //! (SIGTERM) finishes its streams and leaves, one whose lease expires (stopped, its link still
 //! open) is dropped and comes back when it resumes, etcd going away stops nothing that runs
-//! (a worker started meanwhile waits for it), and live gateways share each tenant's limits.
+//! (a worker started meanwhile waits for it), and live gateways share each tenant's limits;
+//! entries written by anyone without the cluster secret neither count nor get dialled.
 
 mod common;
 
@@ -324,4 +325,48 @@ fn a_tenant_change_announced_through_etcd_reaches_every_gateway_without_a_signal
     assert_eq!(models_status(&c.url, &new_key), 200, "nothing applied the removal yet");
     c.reload();
     until(Duration::from_secs(20), "the removal applied on SIGHUP", || models_status(&c.url, &new_key) == 401);
+}
+
+/// The membership prefix a [`Cluster::start_with_etcd`] config names.
+fn prefix_of(c: &Cluster) -> String {
+    let text = std::fs::read_to_string(&c.config).unwrap();
+    let line = text.lines().find(|l| l.starts_with("prefix = ")).unwrap();
+    line.trim_start_matches("prefix = ").trim_matches('"').to_string()
+}
+
+#[test]
+fn entries_written_without_the_cluster_secret_neither_share_limits_nor_get_dialled() {
+    let etcd = EtcdServer::start().unwrap();
+    let mut c = Cluster::start_with_etcd(&etcd.endpoint(), "");
+    c.add_worker("prefill", "prefill-0", None);
+    c.add_worker("decode", "decode-0", None);
+    c.wait_workers(1, 1);
+    until(Duration::from_secs(30), "the gateway counting itself", || {
+        metric(&c.gateway_metrics(), "pagewarden_gateways_live", "") == 1.0
+    });
+    // An address of ours: any node that dials an entry pointing here is seen.
+    let trap = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    trap.set_nonblocking(true).unwrap();
+    let trap_addr = trap.local_addr().unwrap().to_string();
+    let gateways = format!("{}/gateways/", prefix_of(&c));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let etcd_client = membership::EtcdClient::new(&[etcd.endpoint()], Duration::from_secs(5)).unwrap();
+        let (_, live) = etcd_client.range_prefix(&gateways).await.unwrap();
+        assert_eq!(live.len(), 1, "the real gateway's entry");
+        let junk = serde_json::json!({"id": "junk", "cluster_addr": trap_addr}).to_string();
+        for i in 0..50 {
+            // Plain records, as the code before sealing wrote them, and garbage.
+            let value = if i % 2 == 0 { junk.clone().into_bytes() } else { format!("junk {i}").into_bytes() };
+            etcd_client.put(&format!("{gateways}junk-{i}"), &value, None).await.unwrap();
+        }
+        // The real gateway's sealed entry, copied under another name: bound to its own key.
+        etcd_client.put(&format!("{gateways}copy"), &live[0].1, None).await.unwrap();
+    });
+    // Long enough for every reader to see the entries and look at them again.
+    std::thread::sleep(Duration::from_secs(6));
+    assert_eq!(metric(&c.gateway_metrics(), "pagewarden_gateways_live", ""), 1.0, "junk divided the limits");
+    assert!(trap.accept().is_err(), "a worker dialled an unauthenticated entry");
+    let (status, body) = c.post("/v1/chat/completions", &chat(PROMPTS[0], 4));
+    assert_eq!(status, 200, "{body}");
 }

@@ -61,6 +61,12 @@ impl ClusterSecret {
         ClusterSecret(blake3::derive_key(CTX_PASSPHRASE, passphrase))
     }
 
+    /// A 32-byte key for `context` derived from this secret (BLAKE3's key derivation): a
+    /// purpose other than the handshake's gets its own key, and the secret never leaves here.
+    pub fn derive_key(&self, context: &str) -> [u8; 32] {
+        blake3::derive_key(context, &self.0)
+    }
+
     /// A short public fingerprint, for logs ("which secret is this node using?").
     pub fn fingerprint(&self) -> String {
         let d = blake3::derive_key("pagewarden wire v2 secret fingerprint", &self.0);
