@@ -42,6 +42,10 @@ pub struct ServeBench {
     /// unconstrained ones do with `ignore_eos`, and the two runs compare token for token.
     #[arg(long)]
     structured: bool,
+    /// Hold every answer to the JSON schema in this file (`response_format: json_schema`), as
+    /// `--structured` does with its own; for the noisy-neighbour benchmark's expensive schema.
+    #[arg(long, value_name = "FILE", conflicts_with = "structured")]
+    schema: Option<std::path::PathBuf>,
     #[arg(long)]
     json: bool,
 }
@@ -110,14 +114,7 @@ fn one(agent: &ureq::Agent, b: &ServeBench, model: &str, prompt: &str) -> Result
         "stream_options": {"include_usage": true},
         "ignore_eos": true,
     });
-    if b.structured {
-        let record = json!({
-            "type": "object",
-            "properties": {"name": {"type": "string", "maxLength": 16}, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-            "required": ["name", "age"],
-            "additionalProperties": false,
-        });
-        let schema = json!({"type": "array", "items": record, "minItems": 1000});
+    if let Some(schema) = schema_of(b)? {
         body["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "records", "schema": schema}});
         body["ignore_eos"] = json!(false);
     }
@@ -166,6 +163,24 @@ fn one(agent: &ureq::Agent, b: &ServeBench, model: &str, prompt: &str) -> Result
     }
     let ttft = first.context("no content in the stream")?;
     Ok(Sample { ttft, gaps, tokens: usage.unwrap_or(chunks), prompt_tokens, cached_tokens })
+}
+
+/// The schema every answer is held to, if any: `--schema FILE`, or `--structured`'s own.
+fn schema_of(b: &ServeBench) -> Result<Option<Value>> {
+    if let Some(path) = &b.schema {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        return Ok(Some(serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?));
+    }
+    if !b.structured {
+        return Ok(None);
+    }
+    let record = json!({
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 16}, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+        "required": ["name", "age"],
+        "additionalProperties": false,
+    });
+    Ok(Some(json!({"type": "array", "items": record, "minItems": 1000})))
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
