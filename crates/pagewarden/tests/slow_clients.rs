@@ -97,6 +97,16 @@ async fn stay_silent(mut s: TcpStream, t0: Instant) -> Duration {
     }
 }
 
+/// When each of the clients' connections was closed; fails for one still open after 60 s.
+async fn closed_within_a_minute(clients: Vec<tokio::task::JoinHandle<Duration>>, what: &str) -> Vec<Duration> {
+    let mut out = Vec::new();
+    for t in clients {
+        let closed = tokio::time::timeout(Duration::from_secs(60), t).await;
+        out.push(closed.unwrap_or_else(|_| panic!("a {what} client still connected after 60 s")).unwrap());
+    }
+    out
+}
+
 fn summary(closed: &[Duration]) -> (usize, Duration) {
     let at_once = closed.iter().filter(|d| **d < Duration::from_secs(1)).count();
     (at_once, closed.iter().copied().max().unwrap_or_default())
@@ -137,18 +147,7 @@ fn a_thousand_clients_trickling_headers_from_one_address_are_capped_and_closed_a
     println!("under the flood: GET /v1/models in {models_took:?}, a 4-token chat completion in {:?}", t.elapsed());
     assert_eq!(status, 200, "{body}");
 
-    let closed: Vec<Duration> = rt.block_on(async {
-        let mut out = Vec::new();
-        for t in hostile {
-            out.push(
-                tokio::time::timeout(Duration::from_secs(60), t)
-                    .await
-                    .expect("a slow client still connected after 60 s")
-                    .unwrap(),
-            );
-        }
-        out
-    });
+    let closed = rt.block_on(closed_within_a_minute(hostile, "slow"));
     let (at_once, last) = summary(&closed);
     println!("slow clients: {at_once} closed at once (over the cap), the last of the others after {last:?}");
     assert!(at_once >= HOSTILE - CAP, "only {at_once} of {HOSTILE} were refused over the cap of {CAP}");
@@ -241,18 +240,7 @@ fn a_thousand_silent_connections_from_one_address_hold_no_tls_handshake_of_anoth
     assert!(response.starts_with("HTTP/1.1 200"), "{response}");
     assert!(took < Duration::from_secs(1), "the handshake and request took {took:?}");
 
-    let closed: Vec<Duration> = rt.block_on(async {
-        let mut out = Vec::new();
-        for t in hostile {
-            out.push(
-                tokio::time::timeout(Duration::from_secs(60), t)
-                    .await
-                    .expect("a silent client still connected after 60 s")
-                    .unwrap(),
-            );
-        }
-        out
-    });
+    let closed = rt.block_on(closed_within_a_minute(hostile, "silent"));
     let (at_once, last) = summary(&closed);
     println!("silent clients: {at_once} closed at once (over the cap), the last of the others after {last:?}");
     assert!(at_once >= HOSTILE - CAP, "only {at_once} of {HOSTILE} were refused over the cap of {CAP}");
