@@ -75,7 +75,11 @@ fn identity(secret: &str, role: Role) -> Identity {
     let model = fetch::ensure_default_model().unwrap();
     let layout = kv::KvLayout { n_layers: 30, n_kv_heads: 3, head_dim: 64, page_size: 16, dtype: kv::KvDtype::F16 };
     Identity {
-        secrets: SecretRing::single(ClusterSecret::from_passphrase(secret.as_bytes())),
+        secrets: SecretRing::single(
+            ClusterSecret::from_passphrase(secret.as_bytes()),
+            common::cluster::harness_key(),
+            common::cluster::harness_trusted(),
+        ),
         role,
         pairing: PairingInfo::new(cluster::model_digest(&model).unwrap(), &layout).unwrap(),
     }
