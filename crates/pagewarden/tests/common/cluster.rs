@@ -578,7 +578,7 @@ fn base64_of(bytes: &[u8]) -> String {
             out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
         }
     }
-    while out.len() % 4 != 0 {
+    while !out.len().is_multiple_of(4) {
         out.push('=');
     }
     out
