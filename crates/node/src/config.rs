@@ -911,6 +911,24 @@ mod tests {
     }
 
     #[test]
+    fn trusted_nodes_take_hex_or_base64_keys_with_an_optional_name_and_an_empty_list_is_refused() {
+        let hex = "ab".repeat(32);
+        let b64 = "q6urq6urq6urq6urq6urq6urq6urq6urq6urq6urq6s=";
+        let c = Config::from_toml_str(&format!("[cluster]\ntrusted_nodes = [\"gw-1:{hex}\", \"{b64}\"]\n")).unwrap();
+        let t = &c.cluster.trusted_nodes;
+        assert_eq!((t[0].name.as_deref(), t[1].name.as_deref()), (Some("gw-1"), None));
+        assert_eq!(t[0].key, t[1].key, "the same key in hex and base64");
+        assert_eq!(c.cluster.trusted_keys().unwrap().len(), 2);
+        for bad in ["abcd", "gw 1:00", &"zz".repeat(32)] {
+            let e = Config::from_toml_str(&format!("[cluster]\ntrusted_nodes = [\"{bad}\"]\n")).err().unwrap();
+            assert!(e.to_string().contains("cluster.trusted_nodes"), "{e}");
+        }
+        let none = Config::from_toml_str("[cluster]\ntrusted_nodes = []\n").unwrap();
+        assert!(none.cluster.trusted_keys().err().unwrap().to_string().contains("is empty"));
+        assert!(Config::default().cluster.node_key().err().unwrap().to_string().contains("node keygen"));
+    }
+
+    #[test]
     fn a_secret_file_readable_by_group_or_others_is_refused_naming_the_file_and_the_fix() {
         let dir = scratch("loose");
         let long = "5e".repeat(32);
