@@ -19,11 +19,14 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 
 key=$("$pw" tenant add bench --config "$work/pw.toml" | head -1)
 (umask 077; head -c 48 /dev/urandom | base64 >"$work/secret")
-{ printf 'threads = 1\n[metrics]\nlisten = "127.0.0.1:18284"\n[cluster]\nsecret_file = "%s"\nlisten = "127.0.0.1:18290"\ngateway = "127.0.0.1:18290"\n' "$work/secret"
+# Each node its own key, all pinned.
+trusted=""
+for n in gateway prefill-a decode-a; do trusted="$trusted\"$n:$("$pw" node keygen --out "$work/$n.key")\", "; done
+{ printf 'threads = 1\n[metrics]\nlisten = "127.0.0.1:18284"\n[cluster]\nsecret_file = "%s"\nlisten = "127.0.0.1:18290"\ngateway = "127.0.0.1:18290"\ntrusted_nodes = [%s]\n' "$work/secret" "${trusted%, }"
   cat "$work/pw.toml"; } >"$work/disagg.toml"
-"$pw" gateway --config "$work/disagg.toml" --listen 127.0.0.1:18283 >"$work/gw.log" 2>&1 &
-"$pw" prefill --config "$work/disagg.toml" --name prefill-a --metrics-listen 127.0.0.1:18291 >"$work/prefill.log" 2>&1 &
-"$pw" decode --config "$work/disagg.toml" --name decode-a --metrics-listen 127.0.0.1:18292 >"$work/decode.log" 2>&1 &
+"$pw" gateway --config "$work/disagg.toml" --node-key "$work/gateway.key" --listen 127.0.0.1:18283 >"$work/gw.log" 2>&1 &
+"$pw" prefill --config "$work/disagg.toml" --node-key "$work/prefill-a.key" --name prefill-a --metrics-listen 127.0.0.1:18291 >"$work/prefill.log" 2>&1 &
+"$pw" decode --config "$work/disagg.toml" --node-key "$work/decode-a.key" --name decode-a --metrics-listen 127.0.0.1:18292 >"$work/decode.log" 2>&1 &
 until curl -sf http://127.0.0.1:18283/ready >/dev/null; do sleep 0.5; done
 
 metric() { # url name -> sum of its samples

@@ -19,10 +19,13 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$work"' EXIT
 key=$("$pw" tenant add bench --config "$work/pw.toml" | head -1)
 printf 'max_concurrent = 64\nmax_queued = 64\n' >>"$work/pw.toml"
 (umask 077; head -c 48 /dev/urandom | base64 >"$work/secret")
+# Each node its own key, all pinned.
+trusted=""
+for n in gateway prefill-a decode-a; do trusted="$trusted\"$n:$("$pw" node keygen --out "$work/$n.key")\", "; done
 # Top-level keys first (the tenant file's own included), then its tenant tables, then [cluster].
 { printf 'threads = 1\n'
   cat "$work/pw.toml"
-  printf '\n[cluster]\nsecret_file = "%s"\nlisten = "127.0.0.1:18190"\ngateway = "127.0.0.1:18190"\n' "$work/secret"
+  printf '\n[cluster]\nsecret_file = "%s"\nlisten = "127.0.0.1:18190"\ngateway = "127.0.0.1:18190"\ntrusted_nodes = [%s]\n' "$work/secret" "${trusted%, }"
 } >"$work/disagg.toml"
 
 ready() { # URL "PID..." LOG...: until the URL answers; fail with the logs if one of the
@@ -50,11 +53,11 @@ run_serve() { # binary label
 if [ -n "${BASELINE:-}" ]; then run_serve "$BASELINE" "baseline serve ($BASELINE)"; fi
 run_serve "$pw" "serve (one process, in-memory links)"
 
-"$pw" gateway --config "$work/disagg.toml" --listen 127.0.0.1:18183 >"$work/gw.log" 2>&1 &
+"$pw" gateway --config "$work/disagg.toml" --node-key "$work/gateway.key" --listen 127.0.0.1:18183 >"$work/gw.log" 2>&1 &
 pids=$!
-"$pw" prefill --config "$work/disagg.toml" --name prefill-a >"$work/prefill.log" 2>&1 &
+"$pw" prefill --config "$work/disagg.toml" --node-key "$work/prefill-a.key" --name prefill-a >"$work/prefill.log" 2>&1 &
 pids="$pids $!"
-"$pw" decode --config "$work/disagg.toml" --name decode-a >"$work/decode.log" 2>&1 &
+"$pw" decode --config "$work/disagg.toml" --node-key "$work/decode-a.key" --name decode-a >"$work/decode.log" 2>&1 &
 pids="$pids $!"
 ready http://127.0.0.1:18183/ready "$pids" "$work/gw.log" "$work/prefill.log" "$work/decode.log"
 echo "== gateway + prefill + decode (three processes, loopback TCP, 1 thread per worker)"

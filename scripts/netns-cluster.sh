@@ -128,9 +128,14 @@ printf 'max_concurrent = 64\nmax_queued = 256\n' >>"$work/pw.toml"
 key_b=$("$pw" tenant add bob --config "$work/pw.toml" | head -1)
 printf 'max_concurrent = 64\nmax_queued = 256\n' >>"$work/pw.toml"
 (umask 077; head -c 48 /dev/urandom | base64 >"$work/secret"; head -c 48 /dev/urandom | base64 >"$work/metrics-token")
+# Each node its own key, all pinned (prefill-9 and decode-9 join under CHURN=1).
+trusted=""
+for n in gw1 gw2 $(seq -f 'prefill-%g' 1 "$prefill") $(seq -f 'decode-%g' 1 "$decode") prefill-9 decode-9; do
+  trusted="$trusted\"$n:$("$pw" node keygen --out "$work/$n.key")\", "
+done
 { printf 'threads = 1\n'
   cat "$work/pw.toml"  # top-level keys and [[tenants]]: before the other tables
-  printf '[pool]\ntokens = 32768\n[cluster]\nsecret_file = "%s"\n' "$work/secret"
+  printf '[pool]\ntokens = 32768\n[cluster]\nsecret_file = "%s"\ntrusted_nodes = [%s]\n' "$work/secret" "${trusted%, }"
   printf '[metrics]\ntoken_file = "%s"\n' "$work/metrics-token"
   # A drained worker finishes what it carries: long audit answers on one shared CPU can take
   # minutes, more than the 30 s default.
@@ -141,7 +146,7 @@ printf '[[tenants]]\nname = "alice"\nkey = "%s"\n[[tenants]]\nname = "bob"\nkey 
 
 gateways=()
 for i in 1 2; do
-  spawn "gw$i" "$pw" gateway --config "$work/cluster.toml" --listen "10.77.0.$((10 + i)):8080" \
+  spawn "gw$i" "$pw" gateway --config "$work/cluster.toml" --node-key "$work/gw$i.key" --listen "10.77.0.$((10 + i)):8080" \
     --cluster-listen "10.77.0.$((10 + i)):7100" >"$work/gw$i.log" 2>&1 &
   gateways+=("http://10.77.0.$((10 + i)):8080")
 done
@@ -151,7 +156,7 @@ start_worker() {
   local role=$1 i=$2 ns octet kv=()
   if [ "$role" = prefill ]; then ns=p$i octet=$((20 + i)); else ns=d$i octet=$((30 + i)); fi
   [ "$role" = decode ] && kv=(--kv-listen "10.77.0.$octet:7200")
-  spawn "$ns" "$pw" "$role" --config "$work/cluster.toml" --name "$role-$i" "${kv[@]}" \
+  spawn "$ns" "$pw" "$role" --config "$work/cluster.toml" --node-key "$work/$role-$i.key" --name "$role-$i" "${kv[@]}" \
     --metrics-listen "10.77.0.$octet:9100" >>"$work/$ns.log" 2>&1 &
   pid[$ns]=$!
 }

@@ -36,16 +36,21 @@ etcd --data-dir "$work/etcd" --listen-client-urls "http://$ep" --advertise-clien
 key=$("$pw" tenant add bench --config "$work/pw.toml" | head -1)
 printf 'max_concurrent = 512\nmax_queued = 1024\n' >>"$work/pw.toml"
 (umask 077; head -c 48 /dev/urandom | base64 >"$work/secret"; head -c 48 /dev/urandom | base64 >"$work/token")
+# Each node its own key, all pinned.
+trusted=""
+for n in gateway $(seq -f 'prefill-%g' 1 "$np") $(seq -f 'decode-%g' 1 "$nd"); do
+  trusted="$trusted\"$n:$("$pw" node keygen --out "$work/$n.key")\", "
+done
 { printf 'threads = 1\ncontext_window = 1024\n'
   cat "$work/pw.toml"
-  printf '[pool]\ntokens = 2048\n[engine]\nmax_running = 64\n[cluster]\nsecret_file = "%s"\n' "$work/secret"
+  printf '[pool]\ntokens = 2048\n[engine]\nmax_running = 64\n[cluster]\nsecret_file = "%s"\ntrusted_nodes = [%s]\n' "$work/secret" "${trusted%, }"
   printf '[metrics]\ntoken_file = "%s"\n[membership]\netcd = ["%s"]\nprefix = "/pagewarden/scale"\n' "$work/token" "$ep"
 } >"$work/cluster.toml"
 gw_port=$(free_port)
-"$pw" gateway --config "$work/cluster.toml" --listen "127.0.0.1:$gw_port" --cluster-listen 127.0.0.1:0 >"$work/gw.log" 2>&1 &
+"$pw" gateway --config "$work/cluster.toml" --node-key "$work/gateway.key" --listen "127.0.0.1:$gw_port" --cluster-listen 127.0.0.1:0 >"$work/gw.log" 2>&1 &
 gw_pid=$!
-for i in $(seq 1 "$np"); do "$pw" prefill --config "$work/cluster.toml" --name "prefill-$i" >"$work/p$i.log" 2>&1 & done
-for i in $(seq 1 "$nd"); do "$pw" decode --config "$work/cluster.toml" --name "decode-$i" >"$work/d$i.log" 2>&1 & done
+for i in $(seq 1 "$np"); do "$pw" prefill --config "$work/cluster.toml" --node-key "$work/prefill-$i.key" --name "prefill-$i" >"$work/p$i.log" 2>&1 & done
+for i in $(seq 1 "$nd"); do "$pw" decode --config "$work/cluster.toml" --node-key "$work/decode-$i.key" --name "decode-$i" >"$work/d$i.log" 2>&1 & done
 url=http://127.0.0.1:$gw_port
 scrape() { curl -sf -H "Authorization: Bearer $(cat "$work/token")" "$url/metrics"; }
 for _ in $(seq 1200); do

@@ -61,6 +61,16 @@ enum Msg {
     Refused(u8),
 }
 
+/// One node key for both ends, trusted by itself: the target drives the messages, not the
+/// allow-list.
+fn key() -> wire::NodeKey {
+    wire::NodeKey::from_private([0x42; 32]).expect("node key")
+}
+
+fn trusts(k: &wire::NodePublicKey) -> bool {
+    *k == key().public()
+}
+
 fn role(r: u8) -> Role {
     [Role::Gateway, Role::Prefill, Role::Decode][r as usize % 3]
 }
@@ -68,11 +78,11 @@ fn role(r: u8) -> Role {
 impl Msg {
     fn build(&self) -> HandshakeMsg {
         match self {
-            Msg::Hello(r, None) => Initiator::start(&secret(), role(*r)).expect("hello").1,
+            Msg::Hello(r, None) => Initiator::start(&secret(), &key(), role(*r)).expect("hello").1,
             Msg::Hello(_, Some(b)) => HandshakeMsg::Hello(*b),
             Msg::Reply(None) => {
-                let (_, hello) = Initiator::start(&secret(), Role::Prefill).expect("hello");
-                Responder::on_hello(&[secret()], Role::Decode, &hello).expect("genuine hello").0
+                let (_, hello) = Initiator::start(&secret(), &key(), Role::Prefill).expect("hello");
+                Responder::on_hello(&[secret()], &key(), Role::Decode, &hello, &trusts).expect("genuine hello").0
             }
             Msg::Reply(Some(b)) => HandshakeMsg::Reply(*b),
             Msg::Pairing { role: r, info: (digest, page_size, f32, l) } => HandshakeMsg::Pairing {
@@ -139,15 +149,15 @@ fn parse(bytes: &[u8]) -> Option<HandshakeMsg> {
 /// Offers `msg` to a responder of every role and to a fresh initiator.
 fn drive(msg: &HandshakeMsg, genuine: bool) {
     for me in [Role::Gateway, Role::Prefill, Role::Decode] {
-        match Responder::on_hello(&[secret()], me, msg) {
-            Ok((_, _, peer)) => {
+        match Responder::on_hello(&[secret()], &key(), me, msg, &trusts) {
+            Ok((_, _, peer, _)) => {
                 assert!(genuine, "the responder took a forged hello");
                 assert_ne!(peer, me, "the responder paired with its own role");
             }
             Err(_) => {}
         }
     }
-    let (init, _) = Initiator::start(&secret(), Role::Prefill).expect("hello");
+    let (init, _) = Initiator::start(&secret(), &key(), Role::Prefill).expect("hello");
     // A fresh initiator's ephemeral is new: no reply, genuine or not, was made for it.
-    assert!(init.on_reply(msg).is_err(), "the initiator took a reply made for another hello");
+    assert!(init.on_reply(msg, &trusts).is_err(), "the initiator took a reply made for another hello");
 }

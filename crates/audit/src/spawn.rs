@@ -92,13 +92,19 @@ impl Deployment {
         launch::write_private(&dir.join("secret"), secret.as_bytes())?;
         let metrics_token: String = cluster::random::<24>()?.iter().map(|b| format!("{b:02x}")).collect();
         launch::write_private(&dir.join(METRICS_TOKEN_FILE), metrics_token.as_bytes())?;
+        // Every node its own key, all pinned: the audit runs the cluster as an operator would.
+        let mut pinned = Vec::new();
+        for name in NODES {
+            pinned.push(format!("\"{name}:{}\"", node_keygen(&node_key_file(&dir, name))?));
+        }
         let config = dir.join("pagewarden.toml");
         let text = format!(
             "threads = 1\ncontext_window = {CONTEXT}\n[pool]\ntokens = {}\n[engine]\nqueue_timeout_ms = 20000\n\
-             [limits]\nrequest_timeout_s = 120\n[cluster]\nsecret_file = \"{}\"\ntransfer_timeout_ms = 5000\n\
-             handshake_timeout_ms = 5000\n[metrics]\ntoken_file = \"{}\"\n",
+             [limits]\nrequest_timeout_s = 120\n[cluster]\nsecret_file = \"{}\"\ntrusted_nodes = [{}]\n\
+             transfer_timeout_ms = 5000\nhandshake_timeout_ms = 5000\n[metrics]\ntoken_file = \"{}\"\n",
             2 * CONTEXT,
             dir.join("secret").display(),
+            pinned.join(", "),
             dir.join(METRICS_TOKEN_FILE).display()
         );
         std::fs::write(&config, text)?;
@@ -118,8 +124,19 @@ impl Deployment {
         std::fs::write(&tenants_file, t)?;
 
         let cfg = config.to_string_lossy().to_string();
+        let gw_key = node_key_file(&dir, "gateway").to_string_lossy().to_string();
         let (gateway, got) = spawn(
-            &["gateway", "--config", &cfg, "--listen", "127.0.0.1:0", "--cluster-listen", "127.0.0.1:0"],
+            &[
+                "gateway",
+                "--config",
+                &cfg,
+                "--listen",
+                "127.0.0.1:0",
+                "--cluster-listen",
+                "127.0.0.1:0",
+                "--node-key",
+                &gw_key,
+            ],
             &["listening on http://", "cluster listening on "],
         )?;
         let url = format!("http://{}", got[0]);
@@ -267,6 +284,23 @@ impl Deployment {
     }
 }
 
+/// The nodes of an audit deployment, each with its own key (a restarted worker keeps its name,
+/// so its key).
+const NODES: [&str; 5] = ["gateway", "prefill-0", "prefill-1", "decode-0", "decode-1"];
+
+fn node_key_file(dir: &Path, name: &str) -> std::path::PathBuf {
+    dir.join(format!("{name}.key"))
+}
+
+/// `pagewarden node keygen --out FILE` (a fresh file: one left by an earlier run of the same
+/// seed goes first); the public key it printed.
+fn node_keygen(file: &Path) -> anyhow::Result<String> {
+    let _ = std::fs::remove_file(file);
+    let out = Command::new(exe()?).args(["node", "keygen", "--out"]).arg(file).output()?;
+    anyhow::ensure!(out.status.success(), "node keygen failed: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
 fn start_worker(
     config: &Path,
     cluster: &str,
@@ -275,11 +309,23 @@ fn start_worker(
     proxy: Option<Proxy>,
 ) -> anyhow::Result<Proc> {
     let cfg = config.to_string_lossy().to_string();
-    let mut args: Vec<String> =
-        [role, "--config", &cfg, "--gateway", cluster, "--name", name, "--metrics-listen", "127.0.0.1:0"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
+    let key = node_key_file(config.parent().unwrap_or(Path::new(".")), name).to_string_lossy().to_string();
+    let mut args: Vec<String> = [
+        role,
+        "--config",
+        &cfg,
+        "--gateway",
+        cluster,
+        "--name",
+        name,
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--node-key",
+        &key,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     if role == "prefill" && INCIDENT {
         args.extend(["--pool-tokens".into(), INCIDENT_PREFILL_POOL.to_string()]);
     }

@@ -15,8 +15,8 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use wire::{
-    ClusterSecret, Exporter, HandshakeMsg, Initiator, KvOpener, KvSealer, PairingInfo, RecordOpener, RecordSealer,
-    RefusalCode, Responder, Role, WireError, AEAD_TAG_LEN, DEFAULT_MAX_FRAME, MAX_HANDSHAKE_MSG,
+    ClusterSecret, Exporter, HandshakeMsg, Initiator, KvOpener, KvSealer, NodePublicKey, PairingInfo, RecordOpener,
+    RecordSealer, RefusalCode, Responder, Role, WireError, AEAD_TAG_LEN, DEFAULT_MAX_FRAME, MAX_HANDSHAKE_MSG,
 };
 
 use crate::net::BoxIo;
@@ -54,6 +54,8 @@ pub struct Link {
     pub peer: Role,
     /// The cluster secret the handshake proved: the link lives only while it is accepted.
     secret: ClusterSecret,
+    /// The peer's static key the handshake proved: the link lives only while it is trusted.
+    peer_key: NodePublicKey,
 }
 
 async fn read_clear(io: &mut BoxIo) -> Result<HandshakeMsg, ClusterError> {
@@ -127,16 +129,18 @@ async fn read_record_within<R: tokio::io::AsyncRead + Unpin>(
     Ok(Some(buf))
 }
 
+/// The handshake's outcome on the responder: reply, keys, the peer's role and static key, and
+/// the secret it proved.
+type Answered = (HandshakeMsg, wire::SessionKeys, Role, NodePublicKey, ClusterSecret);
+
 /// [`Responder::on_hello`] with each accepted secret in turn, so the link knows which one the
 /// peer proved (the same tries, in the same order, as handing it the whole list).
-fn answer_hello(
-    accepted: &[ClusterSecret],
-    role: Role,
-    hello: &HandshakeMsg,
-) -> Result<(HandshakeMsg, wire::SessionKeys, Role, ClusterSecret), WireError> {
-    for secret in accepted {
-        match Responder::on_hello(std::slice::from_ref(secret), role, hello) {
-            Ok((reply, keys, peer)) => return Ok((reply, keys, peer, secret.clone())),
+fn answer_hello(me: &Identity, hello: &HandshakeMsg) -> Result<Answered, WireError> {
+    let ring = &me.secrets;
+    let trusts = |k: &NodePublicKey| ring.trusts(k);
+    for secret in ring.accepted() {
+        match Responder::on_hello(std::slice::from_ref(&secret), ring.node_key(), me.role, hello, &trusts) {
+            Ok((reply, keys, peer, key)) => return Ok((reply, keys, peer, key, secret)),
             Err(WireError::BadProof) => continue,
             Err(e) => return Err(e),
         }
@@ -151,6 +155,7 @@ fn refusal(e: &WireError) -> Option<RefusalCode> {
         WireError::BadProof => Some(RefusalCode::BadProof),
         WireError::BadVersion { .. } => Some(RefusalCode::Version),
         WireError::Reflection { .. } => Some(RefusalCode::Reflection),
+        WireError::UntrustedNode(_) => Some(RefusalCode::Untrusted),
         _ => None,
     }
 }
@@ -164,12 +169,14 @@ impl Link {
     }
 
     async fn connect_inner(mut io: BoxIo, me: &Identity) -> Result<Link, ClusterError> {
-        let secret = me.secrets.current();
-        let (init, hello) = Initiator::start(&secret, me.role)?;
+        let ring = &me.secrets;
+        let secret = ring.current();
+        let (init, hello) = Initiator::start(&secret, ring.node_key(), me.role)?;
         write_clear(&mut io, &hello).await?;
         let reply = read_clear(&mut io).await?;
-        // A failed key exchange leaves no key to tell the peer anything under: just close.
-        let (keys, peer) = init.on_reply(&reply)?;
+        // A failed key exchange (or an untrusted responder) leaves no key to tell the peer
+        // anything under: just close.
+        let (keys, peer, peer_key) = init.on_reply(&reply, &|k: &NodePublicKey| ring.trusts(k))?;
         let (mut sealer, mut opener, exporter) = keys.into_parts()?;
         // Our pairing record proves to the responder that we are live and hold the secret.
         write_record(&mut io, &mut sealer, HandshakeMsg::Pairing { role: me.role, info: me.pairing }.encode()).await?;
@@ -187,7 +194,7 @@ impl Link {
             }
             return Err(e.into());
         }
-        Ok(Link { io, sealer, opener, exporter, peer, secret })
+        Ok(Link { io, sealer, opener, exporter, peer, secret, peer_key })
     }
 
     /// Listening side of the handshake, for a peer of any role but ours.
@@ -233,7 +240,7 @@ impl Link {
     ) -> Result<(Link, usize), ClusterError> {
         // Until its first record opens the peer is anyone who reached the port: it gets a
         // shorter deadline than the whole handshake, and room for handshake messages only.
-        let (mut sealer, opener, exporter, peer, secret, theirs) =
+        let (mut sealer, opener, exporter, peer, secret, peer_key, theirs) =
             tokio::time::timeout(preauth, Self::unauthenticated(&mut io, me))
                 .await
                 .map_err(|_| ClusterError::PreauthTimeout(preauth))??;
@@ -266,12 +273,17 @@ impl Link {
         }
         write_record(&mut io, &mut sealer, HandshakeMsg::Pairing { role: me.role, info: pairings[index] }.encode())
             .await?;
-        Ok((Link { io, sealer, opener, exporter, peer, secret }, index))
+        Ok((Link { io, sealer, opener, exporter, peer, secret, peer_key }, index))
     }
 
     /// The cluster secret this link was made with.
     pub fn secret(&self) -> &ClusterSecret {
         &self.secret
+    }
+
+    /// The peer's node key, as its handshake proved it.
+    pub fn peer_key(&self) -> NodePublicKey {
+        self.peer_key
     }
 
     /// The responder's steps before the peer is authenticated: the hello, our reply, and the
@@ -280,13 +292,13 @@ impl Link {
     async fn unauthenticated(
         io: &mut BoxIo,
         me: &Identity,
-    ) -> Result<(RecordSealer, RecordOpener, Exporter, Role, ClusterSecret, Vec<u8>), ClusterError> {
+    ) -> Result<(RecordSealer, RecordOpener, Exporter, Role, ClusterSecret, NodePublicKey, Vec<u8>), ClusterError> {
         let answered = match read_clear(io).await {
-            Ok(hello) => answer_hello(&me.secrets.accepted(), me.role, &hello),
+            Ok(hello) => answer_hello(me, &hello),
             Err(ClusterError::Wire(e)) => Err(e),
             Err(e) => return Err(e),
         };
-        let (reply, keys, peer, secret) = match answered {
+        let (reply, keys, peer, peer_key, secret) = match answered {
             Ok(x) => x,
             Err(e) => {
                 // In clear: there is no shared key. It tells a misconfigured node why, and
@@ -304,7 +316,7 @@ impl Link {
         let theirs = read_record_within(io, &mut opener, MAX_HANDSHAKE_RECORD)
             .await?
             .ok_or(ClusterError::Message("the peer closed the link during the handshake".into()))?;
-        Ok((sealer, opener, exporter, peer, secret, theirs))
+        Ok((sealer, opener, exporter, peer, secret, peer_key, theirs))
     }
 
     /// Control-message halves.
@@ -440,6 +452,9 @@ pub fn refusal_reason(e: &ClusterError) -> &'static str {
     match e {
         ClusterError::Wire(WireError::BadProof | WireError::Refused(RefusalCode::BadProof)) => "bad_proof",
         ClusterError::Wire(WireError::Reflection { .. }) => "reflection",
+        ClusterError::Wire(WireError::UntrustedNode(_) | WireError::Refused(RefusalCode::Untrusted)) => {
+            "untrusted_node"
+        }
         ClusterError::Wire(WireError::BadVersion { .. } | WireError::Refused(RefusalCode::Version)) => "version",
         ClusterError::Wire(WireError::Pairing(_)) => "pairing",
         ClusterError::Wire(WireError::BadMac) => "bad_mac",

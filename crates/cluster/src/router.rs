@@ -158,7 +158,7 @@ impl Router {
     pub(crate) async fn register(&self, link: Link) -> Result<(), ClusterError> {
         let cfg = &self.inner.cfg;
         let role = link.peer;
-        let secret = link.secret().clone();
+        let (secret, peer_key) = (link.secret().clone(), link.peer_key());
         let ring = cfg.identity.secrets.clone();
         let mut rotated = ring.changed();
         let (mut rd, mut wr) = link.split();
@@ -212,7 +212,7 @@ impl Router {
             sent: Arc::new(AtomicU64::new(0)),
             received: AtomicU64::new(0),
         });
-        tracing::info!(role = role.name(), worker = %w.name, "worker registered");
+        tracing::info!(role = role.name(), worker = %w.name, node_key = %peer_key.fingerprint(), "worker registered");
         self.workers().push(w.clone());
         let sent = w.sent.clone();
         let writer = tokio::spawn(async move {
@@ -228,14 +228,12 @@ impl Router {
                 m = rd.recv_routed::<ToGateway>() => m,
                 () = w.evict.notified() => break Err(ClusterError::Message("the worker left the membership".into())),
                 Ok(()) = rotated.changed() => {
-                    if ring.accepts(&secret) {
-                        continue;
-                    }
+                    let Err(reason) = ring.admits(&secret, &peer_key) else { continue };
                     // The routes on this link end as lost: those before their first token run
                     // again on other workers.
-                    self.inner.links.failure("secret_withdrawn");
-                    tracing::warn!(role = role.name(), worker = %w.name, "the worker's link was made with a cluster secret no longer accepted: closed");
-                    break Err(ClusterError::Message("the link's cluster secret is no longer accepted".into()));
+                    self.inner.links.failure(reason);
+                    tracing::warn!(role = role.name(), worker = %w.name, node_key = %peer_key.fingerprint(), reason, "the worker's cluster secret is no longer accepted, or its node key no longer trusted: link closed");
+                    break Err(ClusterError::Message(format!("the link is no longer admitted ({reason})")));
                 }
             };
             let msg = match msg {

@@ -1,36 +1,72 @@
-//! The cluster secrets a node holds: the one it dials with, and every one it accepts. Shared
-//! by every link of a node and replaceable while it runs, so an operator can rotate the secret
-//! without downtime (docs/cluster.md): accept old and new, then dial with the new, then drop
-//! the old. Each change is announced ([`SecretRing::changed`]): a link made with a secret that
-//! is no longer accepted closes, and a worker whose dialling secret changed opens a link with
-//! the new one before it retires the old (make-before-break), so a node that only holds a
-//! withdrawn secret is out within seconds while the others lose nothing.
+//! What a node trusts, in one versioned state shared by all its links: the cluster secret it
+//! dials with and every one it accepts, its own node key, and the node keys it trusts (the
+//! operator's allow-list, `[cluster] trusted_nodes`). Secrets and allow-list are replaceable
+//! while the node runs, so an operator can rotate the secret without downtime (docs/cluster.md:
+//! accept old and new, then dial with the new, then drop the old) and revoke one node. Each
+//! change is announced ([`SecretRing::changed`]): a link made with a secret that is no longer
+//! accepted, or with a peer whose node key is no longer trusted, closes, and a worker whose
+//! dialling secret changed opens a link with the new one before it retires the old
+//! (make-before-break), so a node that only holds a withdrawn secret, or whose key was
+//! revoked, is out within seconds while the others lose nothing.
 
 use std::sync::{Arc, RwLock};
 
 use tokio::sync::watch;
-use wire::ClusterSecret;
+use wire::{ClusterSecret, NodeKey, NodePublicKey};
 
 #[derive(Clone)]
 struct Ring {
     current: ClusterSecret,
     also_accepted: Vec<ClusterSecret>,
+    /// An empty list trusts nobody: the config refuses to start a node without one.
+    trusted: Vec<NodePublicKey>,
 }
 
 /// Cheap to clone; every clone sees a [`SecretRing::replace`].
 #[derive(Clone)]
 pub struct SecretRing {
     ring: Arc<RwLock<Ring>>,
+    /// This node's own static key: fixed for the life of the process (a new key is a restart,
+    /// pinned by the others first).
+    key: Arc<NodeKey>,
     /// Bumped by every replace.
     version: Arc<watch::Sender<u64>>,
 }
 
 impl SecretRing {
-    /// Dial with `current`; accept it and each of `also_accepted`.
-    pub fn new(current: ClusterSecret, also_accepted: Vec<ClusterSecret>) -> Self {
+    /// Dial with `current`; accept it and each of `also_accepted`; be the node of `key`, and
+    /// link only with the nodes of `trusted`.
+    pub fn new(
+        current: ClusterSecret,
+        also_accepted: Vec<ClusterSecret>,
+        key: NodeKey,
+        trusted: Vec<NodePublicKey>,
+    ) -> Self {
         SecretRing {
-            ring: Arc::new(RwLock::new(Ring { current, also_accepted })),
+            ring: Arc::new(RwLock::new(Ring { current, also_accepted, trusted })),
+            key: Arc::new(key),
             version: Arc::new(watch::channel(0).0),
+        }
+    }
+
+    /// This node's static key.
+    pub fn node_key(&self) -> &NodeKey {
+        &self.key
+    }
+
+    /// Whether the node of `key` may link with us (now: a revocation makes it false).
+    pub fn trusts(&self, key: &NodePublicKey) -> bool {
+        self.read().trusted.contains(key)
+    }
+
+    /// Whether a link made with `secret` to the node of `peer` may stay up.
+    pub fn admits(&self, secret: &ClusterSecret, peer: &NodePublicKey) -> Result<(), &'static str> {
+        if !self.accepts(secret) {
+            Err("secret_withdrawn")
+        } else if !self.trusts(peer) {
+            Err("untrusted_node")
+        } else {
+            Ok(())
         }
     }
 
@@ -46,8 +82,8 @@ impl SecretRing {
     }
 
     /// One secret, dialled and accepted.
-    pub fn single(secret: ClusterSecret) -> Self {
-        Self::new(secret, Vec::new())
+    pub fn single(secret: ClusterSecret, key: NodeKey, trusted: Vec<NodePublicKey>) -> Self {
+        Self::new(secret, Vec::new(), key, trusted)
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, Ring> {
@@ -65,10 +101,11 @@ impl SecretRing {
         std::iter::once(r.current.clone()).chain(r.also_accepted.iter().cloned()).collect()
     }
 
-    /// Swaps in a new set (a reload) and announces it: links whose secret left the set close,
-    /// links dialled with a secret that is no longer the current one are replaced.
-    pub fn replace(&self, current: ClusterSecret, also_accepted: Vec<ClusterSecret>) {
-        *self.ring.write().unwrap_or_else(|e| e.into_inner()) = Ring { current, also_accepted };
+    /// Swaps in new secrets and a new allow-list (a reload) and announces them: links whose
+    /// secret left the set, or whose peer's key left the allow-list, close; links dialled with
+    /// a secret that is no longer the current one are replaced.
+    pub fn replace(&self, current: ClusterSecret, also_accepted: Vec<ClusterSecret>, trusted: Vec<NodePublicKey>) {
+        *self.ring.write().unwrap_or_else(|e| e.into_inner()) = Ring { current, also_accepted, trusted };
         self.version.send_modify(|v| *v += 1);
     }
 
@@ -76,11 +113,12 @@ impl SecretRing {
     pub fn describe(&self) -> String {
         let r = self.read();
         let others: Vec<String> = r.also_accepted.iter().map(ClusterSecret::fingerprint).collect();
-        if others.is_empty() {
+        let secrets = if others.is_empty() {
             format!("cluster secret {}", r.current.fingerprint())
         } else {
             format!("cluster secret {} (also accepting {})", r.current.fingerprint(), others.join(", "))
-        }
+        };
+        format!("{secrets}; node key {}; {} trusted node keys", self.key.public(), r.trusted.len())
     }
 }
 

@@ -3,7 +3,8 @@
 //! A link retires when its worker opened a replacement (the dialling secret rotated, or the
 //! link reached its maximum age): it says `Draining`, so the gateway sends its new routes to
 //! the new link, refuses any that were already on their way (retryable), and closes once its
-//! routes are over. A link whose secret this node no longer accepts closes at once.
+//! routes are over. A link whose secret this node no longer accepts, or whose gateway's node
+//! key it no longer trusts, closes at once.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -12,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, Notify};
 use tokio::task::AbortHandle;
-use wire::{ClusterSecret, Role};
+use wire::{ClusterSecret, NodePublicKey, Role};
 
 use crate::link::{LinkReader, LinkWriter};
 use crate::proto::{Failure, Register, Registered, Spec, TenantTable, ToGateway, ToWorker};
@@ -55,6 +56,8 @@ pub(crate) struct Opened {
     wr: LinkWriter,
     /// The secret its handshake proved.
     pub secret: ClusterSecret,
+    /// The gateway's node key its handshake proved.
+    peer_key: NodePublicKey,
     pub at: Instant,
     id: u64,
 }
@@ -70,7 +73,7 @@ pub(crate) async fn open(ctx: &Arc<Ctx>, addr: &str) -> Result<Opened, ClusterEr
     if link.peer != Role::Gateway {
         return Err(ClusterError::WrongRole { got: link.peer, want: vec![Role::Gateway] });
     }
-    let secret = link.secret().clone();
+    let (secret, peer_key) = (link.secret().clone(), link.peer_key());
     let (mut rd, mut wr) = link.split();
     let reg = Register {
         name: ctx.cfg.name.clone(),
@@ -88,13 +91,13 @@ pub(crate) async fn open(ctx: &Arc<Ctx>, addr: &str) -> Result<Opened, ClusterEr
         Err(_) => return Err(ClusterError::Timeout("registering with the gateway")),
     }
     tracing::info!(worker = %ctx.cfg.name, gateway = %addr, "registered with the gateway");
-    Ok(Opened { rd, wr, secret, at: Instant::now(), id })
+    Ok(Opened { rd, wr, secret, peer_key, at: Instant::now(), id })
 }
 
 /// Serves an opened link until it ends, its secret is withdrawn, or (after `retire` fires) its
 /// last route is over.
 pub(crate) async fn serve(ctx: Arc<Ctx>, link: Opened, retire: Arc<Notify>) -> Result<(), ClusterError> {
-    let Opened { mut rd, mut wr, secret, id, .. } = link;
+    let Opened { mut rd, mut wr, secret, peer_key, id, .. } = link;
     let (out, mut out_rx) = mpsc::unbounded_channel::<ToGateway>();
     ctx.links.lock().unwrap_or_else(|e| e.into_inner()).insert(id, out.clone());
     if ctx.draining.load(Ordering::SeqCst) {
@@ -128,12 +131,10 @@ pub(crate) async fn serve(ctx: Arc<Ctx>, link: Opened, retire: Arc<Notify>) -> R
         let msg = tokio::select! {
             m = rd.recv_routed::<ToWorker>() => m,
             Ok(()) = rotated.changed() => {
-                if ring.accepts(&secret) {
-                    continue;
-                }
-                ctx.metrics.links.failure("secret_withdrawn");
-                tracing::warn!(worker = %ctx.cfg.name, "this link's cluster secret is no longer accepted: closed");
-                break Err(ClusterError::Message("the link's cluster secret is no longer accepted".into()));
+                let Err(reason) = ring.admits(&secret, &peer_key) else { continue };
+                ctx.metrics.links.failure(reason);
+                tracing::warn!(worker = %ctx.cfg.name, gateway_key = %peer_key.fingerprint(), reason, "this link's cluster secret is no longer accepted, or the gateway's node key no longer trusted: closed");
+                break Err(ClusterError::Message(format!("the link is no longer admitted ({reason})")));
             }
             () = retire.notified(), if retiring.is_none() => {
                 retiring = Some(Instant::now() + ctx.cfg.drain_timeout);

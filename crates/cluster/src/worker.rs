@@ -237,12 +237,17 @@ fn retry_or_stop(ctx: &Ctx, addr: &str, e: ClusterError, pause: Duration) -> Res
             tracing::warn!(worker = %ctx.cfg.name, gateway = %addr, error = %e, retry_ms = pause.as_millis() as u64, "gateway link ended; retrying");
             Ok(())
         }
-        // Misconfiguration (another secret, role, model or KV layout; a refused registration)
-        // or not a gateway at all: retrying cannot fix it.
+        // Misconfiguration (another secret, role, model or KV layout; a refused registration;
+        // a node key either side does not trust, or revoked) or not a gateway at all:
+        // retrying cannot fix it.
         e @ (ClusterError::Rejected(_)
         | ClusterError::WrongRole { .. }
         | ClusterError::Wire(
-            WireError::Pairing(_) | WireError::Refused(_) | WireError::BadProof | WireError::Reflection { .. },
+            WireError::Pairing(_)
+            | WireError::Refused(_)
+            | WireError::BadProof
+            | WireError::Reflection { .. }
+            | WireError::UntrustedNode(_),
         )) => Err(e),
         e => {
             tracing::warn!(worker = %ctx.cfg.name, gateway = %addr, error = %e, retry_ms = pause.as_millis() as u64, "gateway link ended; retrying");

@@ -15,7 +15,11 @@ use wire::{
 fn identity(secret: &str, role: Role, page_size: usize) -> Identity {
     let layout = KvLayout { n_layers: 2, n_kv_heads: 2, head_dim: 4, page_size, dtype: KvDtype::F16 };
     Identity {
-        secrets: SecretRing::single(ClusterSecret::from_passphrase(secret.as_bytes())),
+        secrets: SecretRing::single(
+            ClusterSecret::from_passphrase(secret.as_bytes()),
+            test_key(),
+            vec![test_key().public()],
+        ),
         role,
         pairing: PairingInfo::new([7; 32], &layout).unwrap(),
     }
@@ -165,7 +169,7 @@ async fn a_replayed_hello_then_a_huge_first_record_length_is_refused_at_once_wit
     let (addr, accepted) = accept_one_over_tcp(me, T).await;
     // A genuine hello, as one recorded on the network and replayed: the responder answers it.
     let sender = identity("s-0123456789", Role::Prefill, 16);
-    let (_, hello) = Initiator::start(&sender.secrets.current(), Role::Prefill).unwrap();
+    let (_, hello) = Initiator::start(&sender.secrets.current(), &test_key(), Role::Prefill).unwrap();
     let mut s = tokio::net::TcpStream::connect(&addr).await.unwrap();
     s.write_all(&hello.encode()).await.unwrap();
     let mut len = [0u8; 4];
@@ -205,4 +209,10 @@ async fn a_connection_that_sends_nothing_is_dropped_at_the_preauth_deadline_not_
     assert!(took >= cluster::PREAUTH_TIMEOUT && took < cluster::PREAUTH_TIMEOUT + Duration::from_secs(2), "{took:?}");
     let mut rest = Vec::new();
     assert_eq!(idle.read_to_end(&mut rest).await.unwrap_or(0), 0, "the listener closed it");
+}
+
+/// The node key of every node in these tests (one key, trusted by itself): what they check is
+/// the link, not which node is which.
+fn test_key() -> wire::NodeKey {
+    wire::NodeKey::from_private([0x42; 32]).unwrap()
 }

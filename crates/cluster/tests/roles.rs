@@ -31,7 +31,11 @@ fn engine() -> (Engine, PairingInfo) {
 }
 
 fn identity(role: Role, pairing: PairingInfo) -> Identity {
-    Identity { secrets: SecretRing::single(ClusterSecret::from_passphrase(SECRET)), role, pairing }
+    Identity {
+        secrets: SecretRing::single(ClusterSecret::from_passphrase(SECRET), test_key(), vec![test_key().public()]),
+        role,
+        pairing,
+    }
 }
 
 fn worker_config(name: &str, me: Identity) -> WorkerConfig {
@@ -213,4 +217,10 @@ async fn a_listed_address_that_is_no_gateway_gets_nothing_and_the_worker_registe
     let stats = metrics.snapshot(&engine.handle());
     assert_eq!((stats.reservations, stats.pages_used), (0, 0));
     worker.abort();
+}
+
+/// The node key of every node in these tests (one key, trusted by itself): what they check is
+/// the link, not which node is which.
+fn test_key() -> wire::NodeKey {
+    wire::NodeKey::from_private([0x42; 32]).unwrap()
 }

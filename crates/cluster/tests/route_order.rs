@@ -22,7 +22,11 @@ const TRANSFER_TIMEOUT: Duration = Duration::from_millis(300);
 fn identity(role: Role) -> Identity {
     let layout = KvLayout { n_layers: 2, n_kv_heads: 2, head_dim: 16, page_size: 16, dtype: KvDtype::F16 };
     Identity {
-        secrets: SecretRing::single(ClusterSecret::from_passphrase(b"route-order-test-secret-0123456789abcdef")),
+        secrets: SecretRing::single(
+            ClusterSecret::from_passphrase(b"route-order-test-secret-0123456789abcdef"),
+            test_key(),
+            vec![test_key().public()],
+        ),
         role,
         pairing: PairingInfo::new([3; 32], &layout).unwrap(),
     }
@@ -123,4 +127,10 @@ async fn a_verification_that_overtakes_the_prefill_workers_sent_neither_times_ou
         }
     }
     assert_eq!(got, [40, 41, 42]);
+}
+
+/// The node key of every node in these tests (one key, trusted by itself): what they check is
+/// the link, not which node is which.
+fn test_key() -> wire::NodeKey {
+    wire::NodeKey::from_private([0x42; 32]).unwrap()
 }

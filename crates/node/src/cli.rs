@@ -39,17 +39,49 @@ pub fn run_serve_cli(config_path: Option<&Path>, listen: Option<&str>) -> Result
     runtime()?.block_on(serve(config, shutdown_signal(), |_| {}))
 }
 
-/// `pagewarden gateway [--config FILE] [--listen ADDR] [--cluster-listen ADDR]`.
+/// `pagewarden gateway [--config FILE] [--listen ADDR] [--cluster-listen ADDR] [--node-key FILE]`.
 pub fn run_gateway_cli(
     config_path: Option<&Path>,
     listen: Option<&str>,
     cluster_listen: Option<&str>,
+    node_key: Option<&Path>,
 ) -> Result<(), ServeError> {
     let mut config = cli_config(config_path, listen)?;
     if let Some(c) = cluster_listen {
         config.cluster.listen = c.to_string();
     }
+    if let Some(k) = node_key {
+        config.cluster.node_key_file = Some(k.to_path_buf());
+    }
     runtime()?.block_on(serve_gateway(config, shutdown_signal(), |_| {}))
+}
+
+/// `pagewarden node keygen --out FILE`: writes a new node key (owner-only) and prints its public
+/// key, the line to pin in every node's `cluster.trusted_nodes`.
+pub fn run_node_keygen_cli(out: &Path) -> Result<(), TenantError> {
+    let public = crate::node_keys::keygen(out)?;
+    println!("{public}");
+    eprintln!(
+        "node key written to {} (owner-only; point this node's cluster.node_key_file at it). Pin the public key above \
+         in cluster.trusted_nodes on every node of the cluster, then SIGHUP them.",
+        out.display()
+    );
+    Ok(())
+}
+
+/// `pagewarden node revoke PUBKEY [--config FILE]`: removes the key from `cluster.trusted_nodes`.
+pub fn run_node_revoke_cli(config_path: Option<&Path>, key: &str) -> Result<(), TenantError> {
+    let path = config_path.unwrap_or(Path::new(DEFAULT_CONFIG_FILE));
+    let removed = crate::node_keys::revoke(path, key)?;
+    let names: Vec<String> = removed.iter().map(|t| t.name.clone().unwrap_or_else(|| t.key.fingerprint())).collect();
+    eprintln!(
+        "node key {key} ({}) removed from cluster.trusted_nodes in {}. Send SIGHUP to every node reading this file \
+         (`kill -HUP PID`; copy it to other hosts first): each closes its links with that node within seconds and \
+         refuses it from then on.",
+        names.join(", "),
+        path.display()
+    );
+    Ok(())
 }
 
 /// The config file `pagewarden tenant add` writes when `--config` is not given.

@@ -21,7 +21,7 @@ pub use crate::membership_settings::MembershipSettings;
 use crate::membership_settings::RawMembership;
 use crate::model_list::RawModel;
 pub use crate::model_list::{ModelSettings, ModelSource, PoolSize};
-use crate::private_file::{read_private_text, read_secret_file};
+use crate::private_file::{read_node_key_file, read_private_text, read_secret_file};
 pub use crate::tls_files::TlsSettings;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -109,6 +109,8 @@ struct RawCluster {
     gateway: Option<String>,
     secret_file: Option<PathBuf>,
     accept_secret_files: Option<Vec<PathBuf>>,
+    node_key_file: Option<PathBuf>,
+    trusted_nodes: Option<Vec<String>>,
     kv_listen: Option<String>,
     kv_advertise: Option<String>,
     name: Option<String>,
@@ -197,6 +199,13 @@ pub struct ClusterSettings {
     /// Secrets accepted from peers besides `secret_file`, never dialled with: set during a
     /// rotation (docs/cluster.md), reloaded on SIGHUP.
     pub accept_secret_files: Vec<PathBuf>,
+    /// This node's own static key (written by `pagewarden node keygen`, owner-only); required
+    /// by the gateway, prefill and decode roles. `serve` uses a random in-memory key.
+    pub node_key_file: Option<PathBuf>,
+    /// The node keys this node links with (every node's, its own may be among them); required
+    /// and non-empty for the gateway, prefill and decode roles: a node with no pinned key would
+    /// refuse every peer. Reloaded on SIGHUP: a key removed here is revoked.
+    pub trusted_nodes: Vec<TrustedNode>,
     /// Handshakes a listener (the gateway's cluster port, a decode worker's KV port) runs at
     /// once; further connections are refused and counted.
     pub max_pending_handshakes: usize,
@@ -232,6 +241,69 @@ impl ClusterSettings {
             .map(|p| read_secret_file("cluster.accept_secret_files", p))
             .collect::<Result<_, _>>()?;
         Ok((current, others))
+    }
+
+    /// Reads this node's key file (`node_key_file`).
+    pub fn node_key(&self) -> Result<wire::NodeKey, ConfigError> {
+        let path = self.node_key_file.as_ref().ok_or_else(|| {
+            invalid(
+                "cluster.node_key_file",
+                "is required for the gateway, prefill and decode roles: make one per node with \
+                 `pagewarden node keygen --out FILE` and pin its public key in every node's cluster.trusted_nodes",
+            )
+        })?;
+        read_node_key_file("cluster.node_key_file", path)
+    }
+
+    /// The pinned node keys, refused when there are none (such a node could link with nobody).
+    pub fn trusted_keys(&self) -> Result<Vec<wire::NodePublicKey>, ConfigError> {
+        if self.trusted_nodes.is_empty() {
+            return Err(invalid(
+                "cluster.trusted_nodes",
+                "is empty: list the public key of every node of the cluster (`pagewarden node keygen` prints it); \
+                 a node trusting no key would refuse every peer",
+            ));
+        }
+        Ok(self.trusted_nodes.iter().map(|t| t.key).collect())
+    }
+}
+
+/// One entry of `cluster.trusted_nodes`: `"KEY"` or `"NAME:KEY"`, the key as 64 hex digits or
+/// standard base64; the name only labels it for operators.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrustedNode {
+    pub name: Option<String>,
+    pub key: wire::NodePublicKey,
+}
+
+/// A node public key written as 64 hex digits or standard base64 (padding optional).
+pub fn parse_node_public_key(text: &str) -> Option<wire::NodePublicKey> {
+    use base64::Engine;
+    let text = text.trim();
+    let bytes = if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        (0..32).map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()).collect::<Option<Vec<u8>>>()?
+    } else {
+        base64::engine::general_purpose::STANDARD_PAD_INDIFFERENT.decode(text.as_bytes()).ok()?
+    };
+    Some(wire::NodePublicKey(bytes.try_into().ok()?))
+}
+
+impl std::str::FromStr for TrustedNode {
+    type Err = ConfigError;
+
+    fn from_str(entry: &str) -> Result<Self, ConfigError> {
+        let (name, key) = match entry.rsplit_once(':') {
+            Some((n, k)) => (Some(n.trim().to_string()), k),
+            None => (None, entry),
+        };
+        let bad = |why: &str| invalid("cluster.trusted_nodes", format!("entry `{entry}`: {why}"));
+        if name.as_deref().is_some_and(|n| !valid_tenant_name(n)) {
+            return Err(bad("a name must be 1-64 characters of A-Z a-z 0-9 - _ ."));
+        }
+        let key = parse_node_public_key(key).ok_or_else(|| {
+            bad("not a node public key (64 hex digits or base64, as `pagewarden node keygen` prints)")
+        })?;
+        Ok(TrustedNode { name, key })
     }
 }
 
@@ -403,6 +475,8 @@ fn builtin_defaults() -> Config {
             gateway: "127.0.0.1:7100".into(),
             secret_file: None,
             accept_secret_files: Vec::new(),
+            node_key_file: None,
+            trusted_nodes: Vec::new(),
             max_pending_handshakes: cluster::MAX_PENDING_HANDSHAKES,
             max_pending_handshakes_per_source: cluster::MAX_PENDING_HANDSHAKES_PER_SOURCE,
             kv_listen: "127.0.0.1:0".into(),
@@ -609,6 +683,13 @@ impl Config {
             gateway: c.gateway.unwrap_or(d.gateway),
             secret_file: c.secret_file,
             accept_secret_files: c.accept_secret_files.unwrap_or_default(),
+            node_key_file: c.node_key_file,
+            trusted_nodes: c
+                .trusted_nodes
+                .unwrap_or_default()
+                .iter()
+                .map(|e| e.parse())
+                .collect::<Result<Vec<TrustedNode>, ConfigError>>()?,
             max_pending_handshakes: positive(
                 "cluster.max_pending_handshakes",
                 c.max_pending_handshakes,
@@ -827,6 +908,24 @@ mod tests {
         let d = std::env::temp_dir().join(format!("pw-config-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
         d
+    }
+
+    #[test]
+    fn trusted_nodes_take_hex_or_base64_keys_with_an_optional_name_and_an_empty_list_is_refused() {
+        let hex = "ab".repeat(32);
+        let b64 = "q6urq6urq6urq6urq6urq6urq6urq6urq6urq6urq6s=";
+        let c = Config::from_toml_str(&format!("[cluster]\ntrusted_nodes = [\"gw-1:{hex}\", \"{b64}\"]\n")).unwrap();
+        let t = &c.cluster.trusted_nodes;
+        assert_eq!((t[0].name.as_deref(), t[1].name.as_deref()), (Some("gw-1"), None));
+        assert_eq!(t[0].key, t[1].key, "the same key in hex and base64");
+        assert_eq!(c.cluster.trusted_keys().unwrap().len(), 2);
+        for bad in ["abcd", "gw 1:00", &"zz".repeat(32)] {
+            let e = Config::from_toml_str(&format!("[cluster]\ntrusted_nodes = [\"{bad}\"]\n")).err().unwrap();
+            assert!(e.to_string().contains("cluster.trusted_nodes"), "{e}");
+        }
+        let none = Config::from_toml_str("[cluster]\ntrusted_nodes = []\n").unwrap();
+        assert!(none.cluster.trusted_keys().err().unwrap().to_string().contains("is empty"));
+        assert!(Config::default().cluster.node_key().err().unwrap().to_string().contains("node keygen"));
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod member;
 mod membership_settings;
 pub mod model;
 mod model_list;
+pub mod node_keys;
 mod private_file;
 pub mod secrets;
 pub mod serve;
@@ -32,7 +33,10 @@ pub mod tls_files;
 pub mod usage_cli;
 pub mod worker;
 
-pub use cli::{run_gateway_cli, run_serve_cli, run_tenant_add_cli, run_tenant_remove_cli, run_tenant_rotate_key_cli};
+pub use cli::{
+    run_gateway_cli, run_node_keygen_cli, run_node_revoke_cli, run_serve_cli, run_tenant_add_cli,
+    run_tenant_remove_cli, run_tenant_rotate_key_cli,
+};
 pub use config::{Config, ConfigError};
 pub use error::ServeError;
 pub use gateway_role::serve_gateway;

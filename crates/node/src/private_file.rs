@@ -37,6 +37,29 @@ pub(crate) fn read_secret_file(field: &'static str, path: &Path) -> Result<wire:
     }
 }
 
+/// A node's key file (`pagewarden node keygen` writes it): readable by its owner only (whoever
+/// reads it can pose as this node), holding the 32-byte X25519 private key in base64.
+pub(crate) fn read_node_key_file(field: &'static str, path: &Path) -> Result<wire::NodeKey, ConfigError> {
+    check_private(field, path)?;
+    let text = Zeroizing::new(
+        std::fs::read_to_string(path).map_err(|e| invalid(field, format!("cannot read {}: {e}", path.display())))?,
+    );
+    let rule =
+        "a node key file holds a 32-byte private key in base64; make one with `pagewarden node keygen --out FILE`";
+    let decoded = Zeroizing::new(
+        base64::engine::general_purpose::STANDARD_PAD_INDIFFERENT
+            .decode(text.trim().as_bytes())
+            .map_err(|_| invalid(field, format!("{} is not base64; {rule}", path.display())))?,
+    );
+    let private: Zeroizing<[u8; wire::NODE_KEY_LEN]> = Zeroizing::new(
+        decoded
+            .as_slice()
+            .try_into()
+            .map_err(|_| invalid(field, format!("{} holds {} bytes; {rule}", path.display(), decoded.len())))?,
+    );
+    wire::NodeKey::from_private(*private).map_err(|e| invalid(field, format!("{}: {e}", path.display())))
+}
+
 /// How many bytes `text` encodes: as hex when every character is a hex digit (so a short hex
 /// string never counts as more bytes read as base64), else as standard base64, padding
 /// optional, lines allowed (`base64` wraps long output); `None` when it is neither.

@@ -13,7 +13,7 @@ use engine::Engine;
 use gateway::served::ServedModel;
 use gateway::tenants::Tenants;
 use tokio::task::JoinHandle;
-use wire::{ClusterSecret, Role};
+use wire::{ClusterSecret, NodeKey, Role};
 
 use crate::config::Config;
 use crate::error::ServeError;
@@ -79,20 +79,32 @@ async fn start_model(
     let engine = Engine::start_with_prefill_pool(llama, pool, prefill_pool, engine_config(&cfg, &grammars));
 
     // In one process the links are in-memory pipes; they run the same handshake and
-    // encryption under a secret that never leaves the process.
-    let secrets =
-        SecretRing::single(ClusterSecret::from_bytes(cluster::random().map_err(|e| ServeError::Io(e.to_string()))?));
-    let router = cluster::Router::new(router_config(&cfg, &info, secrets.clone())?);
+    // encryption under a secret and node keys that never leave the process, each role its own
+    // key, the three trusting each other only.
+    let io_err = |e: wire::WireError| ServeError::Io(e.to_string());
+    let secret = ClusterSecret::from_bytes(cluster::random().map_err(|e| ServeError::Io(e.to_string()))?);
+    let keys = [
+        NodeKey::generate().map_err(io_err)?,
+        NodeKey::generate().map_err(io_err)?,
+        NodeKey::generate().map_err(io_err)?,
+    ];
+    let trusted: Vec<_> = keys.iter().map(NodeKey::public).collect();
+    let [gateway_key, prefill_key, decode_key] = keys;
+    let ring = |key| SecretRing::single(secret.clone(), key, trusted.clone());
+    let router = cluster::Router::new(router_config(&cfg, &info, ring(gateway_key))?);
     router.set_tenants(tenants.table(cfg.limits.tenant_pool_share), &[]);
     let gateway_addr = format!("mem:gateway-{index}");
     let (listener, _) = net.listen(&gateway_addr).await.map_err(|e| ServeError::Io(e.to_string()))?;
     tokio::spawn(cluster::serve_models(vec![router.clone()], listener));
     let pairing = info.pairing()?;
     let mut workers = Vec::new();
-    for (role, name) in [(Role::Prefill, format!("prefill-{index}")), (Role::Decode, format!("decode-{index}"))] {
+    for (role, name, key) in [
+        (Role::Prefill, format!("prefill-{index}"), prefill_key),
+        (Role::Decode, format!("decode-{index}"), decode_key),
+    ] {
         let wcfg = WorkerConfig {
             name: name.clone(),
-            identity: Identity { secrets: secrets.clone(), role, pairing },
+            identity: Identity { secrets: ring(key), role, pairing },
             kv_listen: Some(format!("mem:{name}")),
             kv_advertise: None,
             handshake_timeout: cfg.cluster.handshake_timeout,

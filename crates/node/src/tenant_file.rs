@@ -25,11 +25,19 @@ pub enum TenantError {
     Toml(String),
     #[error(transparent)]
     Config(#[from] ConfigError),
+    #[error("`{0}` is not a node public key (64 hex digits or base64, as `pagewarden node keygen` prints)")]
+    BadNodeKey(String),
+    #[error("node key {0} is not in cluster.trusted_nodes of the config file")]
+    NodeKeyNotTrusted(String),
+    #[error("node key {0} is the last one in cluster.trusted_nodes: an empty allow-list would refuse every peer")]
+    LastNodeKey(String),
+    #[error("cannot make a node key: {0}")]
+    NodeKey(String),
     #[error("{action} {path}: {source}")]
     Io { action: &'static str, path: String, source: std::io::Error },
 }
 
-fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> TenantError + 'a {
+pub(crate) fn io_err<'a>(action: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> TenantError + 'a {
     move |source| TenantError::Io { action, path: path.display().to_string(), source }
 }
 
@@ -47,7 +55,7 @@ pub fn generate_key() -> Result<Zeroizing<String>, TenantError> {
 }
 
 /// The config file as an editable document (comments and layout kept), empty if missing.
-fn read_document(path: &Path) -> Result<(String, toml_edit::DocumentMut), TenantError> {
+pub(crate) fn read_document(path: &Path) -> Result<(String, toml_edit::DocumentMut), TenantError> {
     let text = match std::fs::read_to_string(path) {
         Ok(s) => s,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => String::new(),
@@ -62,7 +70,7 @@ fn read_document(path: &Path) -> Result<(String, toml_edit::DocumentMut), Tenant
 /// Writes `doc` back after checking the result is a valid config. Written to a temporary file
 /// in the same directory and renamed over the old one, so a running gateway reloading on
 /// SIGHUP reads either the old file or the new one, never half of one.
-fn write_document(path: &Path, doc: &toml_edit::DocumentMut) -> Result<(), TenantError> {
+pub(crate) fn write_document(path: &Path, doc: &toml_edit::DocumentMut) -> Result<(), TenantError> {
     let text = doc.to_string();
     Config::from_toml_str(&text)?;
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));

@@ -38,6 +38,8 @@ pub struct WorkerOverrides {
     pub pool_tokens: Option<usize>,
     /// The `[[models]]` entry to load (required when there are several).
     pub model: Option<String>,
+    /// `cluster.node_key_file`: one config file can serve every node, each with its own key.
+    pub node_key: Option<PathBuf>,
 }
 
 impl WorkerOverrides {
@@ -66,6 +68,9 @@ impl WorkerOverrides {
         }
         if self.metrics_listen.is_some() {
             c.metrics_listen.clone_from(&self.metrics_listen);
+        }
+        if self.node_key.is_some() {
+            c.node_key_file.clone_from(&self.node_key);
         }
         if let Some(t) = self.pool_tokens {
             config.pool.size = Some(PoolSize::Tokens(t));

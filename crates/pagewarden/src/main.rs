@@ -46,6 +46,9 @@ enum Cmd {
         /// Where workers register, overriding `cluster.listen`.
         #[arg(long)]
         cluster_listen: Option<String>,
+        /// This node's key file, overriding `cluster.node_key_file`.
+        #[arg(long)]
+        node_key: Option<PathBuf>,
     },
     /// A prefill worker: computes prompts' KV and sends it to decode workers.
     Prefill(WorkerArgs),
@@ -55,6 +58,11 @@ enum Cmd {
     Tenant {
         #[command(subcommand)]
         what: TenantCmd,
+    },
+    /// Node identities: each node's own key, and the allow-list of keys every node pins.
+    Node {
+        #[command(subcommand)]
+        what: NodeCmd,
     },
     /// Totals per tenant from the usage log (`[usage] log`): requests by outcome and prompt,
     /// cached and completion tokens.
@@ -140,6 +148,10 @@ struct WorkerArgs {
     /// Which `[[models]]` entry to load (by name); needed when the config lists several.
     #[arg(long = "model")]
     model: Option<String>,
+    /// This node's key file, overriding `cluster.node_key_file` (one shared config file, a
+    /// key per node).
+    #[arg(long)]
+    node_key: Option<PathBuf>,
 }
 
 impl From<WorkerArgs> for node::worker::WorkerOverrides {
@@ -153,6 +165,7 @@ impl From<WorkerArgs> for node::worker::WorkerOverrides {
             metrics_listen: a.metrics_listen,
             pool_tokens: a.pool_tokens,
             model: a.model,
+            node_key: a.node_key,
         }
     }
 }
@@ -177,6 +190,24 @@ enum TenantCmd {
     /// running server: the old key is refused and the tenant's cached prefixes are dropped.
     RotateKey {
         name: String,
+        #[arg(long)]
+        config: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum NodeCmd {
+    /// Make this node's key: writes the private key to FILE (owner-only, never over an existing
+    /// file) and prints the public key to pin in every node's `cluster.trusted_nodes`.
+    Keygen {
+        #[arg(long)]
+        out: PathBuf,
+    },
+    /// Remove a node's public key from `cluster.trusted_nodes`. SIGHUP applies it to running
+    /// nodes: their links with that node close within seconds and it cannot link again.
+    Revoke {
+        /// The node's public key, as `node keygen` printed it.
+        key: String,
         #[arg(long)]
         config: Option<PathBuf>,
     },
@@ -219,8 +250,13 @@ fn main() {
     }
     let result = match cli.cmd {
         Cmd::Serve { config, listen } => node::run_serve_cli(config.as_deref(), listen.as_deref()).map_err(Into::into),
-        Cmd::Gateway { config, listen, cluster_listen } => {
-            node::run_gateway_cli(config.as_deref(), listen.as_deref(), cluster_listen.as_deref()).map_err(Into::into)
+        Cmd::Gateway { config, listen, cluster_listen, node_key } => {
+            node::run_gateway_cli(config.as_deref(), listen.as_deref(), cluster_listen.as_deref(), node_key.as_deref())
+                .map_err(Into::into)
+        }
+        Cmd::Node { what: NodeCmd::Keygen { out } } => node::run_node_keygen_cli(&out).map_err(Into::into),
+        Cmd::Node { what: NodeCmd::Revoke { key, config } } => {
+            node::run_node_revoke_cli(config.as_deref(), &key).map_err(Into::into)
         }
         Cmd::Prefill(args) => node::worker::run(wire::Role::Prefill, &args.into()).map_err(Into::into),
         Cmd::Decode(args) => node::worker::run(wire::Role::Decode, &args.into()).map_err(Into::into),

@@ -75,7 +75,11 @@ fn identity(secret: &str, role: Role) -> Identity {
     let model = fetch::ensure_default_model().unwrap();
     let layout = kv::KvLayout { n_layers: 30, n_kv_heads: 3, head_dim: 64, page_size: 16, dtype: kv::KvDtype::F16 };
     Identity {
-        secrets: SecretRing::single(ClusterSecret::from_passphrase(secret.as_bytes())),
+        secrets: SecretRing::single(
+            ClusterSecret::from_passphrase(secret.as_bytes()),
+            common::cluster::harness_key(),
+            common::cluster::harness_trusted(),
+        ),
         role,
         pairing: PairingInfo::new(cluster::model_digest(&model).unwrap(), &layout).unwrap(),
     }
@@ -477,4 +481,150 @@ fn a_kv_frame_claiming_16_mib_with_only_its_header_sent_is_refused_from_the_head
     let rise = rss_kib(c.workers[d].pid).saturating_sub(before);
     eprintln!("closed after {forged:?} (forged) and {unknown:?} (unknown ticket); resident memory rose {rise} KiB");
     assert!(rise < 4096, "the decode worker's resident memory rose {rise} KiB");
+}
+
+/// One request of the load a revocation runs under: whether a token had arrived, and how it
+/// ended.
+struct Outcome {
+    streaming: bool,
+    result: Result<String, Value>,
+}
+
+/// Streaming requests, two at a time, until `stop` is set.
+fn load(
+    c: &Cluster,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<std::thread::JoinHandle<Vec<Outcome>>> {
+    (0..2)
+        .map(|_| {
+            let (url, key, stop) = (c.url.clone(), c.key.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut out = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    let body = common::chat_to_length("Count from one to twenty in words.", 24, true);
+                    let (deltas, h) = common::cluster::stream_chat(&url, &key, body);
+                    let result = h.join().unwrap_or_else(|_| Err(json!({"error": "the request was refused"})));
+                    out.push(Outcome { streaming: deltas.try_recv().is_ok(), result });
+                }
+                out
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn a_revoked_node_is_evicted_within_seconds_gets_no_route_and_cannot_reconnect_while_requests_go_on() {
+    let mut c = Cluster::start("");
+    let p = c.add_worker("prefill", "prefill-a", None);
+    let d1 = c.add_worker("decode", "decode-a", None);
+    let d2 = c.add_worker("decode", "decode-b", None);
+    c.wait_workers(1, 2);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients = load(&c, stop.clone());
+    std::thread::sleep(Duration::from_secs(2));
+
+    // The operator removes decode-b's key from the allow-list and reloads every node.
+    let revoked = c.workers[d2].node_key.clone();
+    let out = Command::new(bin())
+        .args(["node", "revoke", &revoked, "--config", c.config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!std::fs::read_to_string(&c.config).unwrap().contains(&revoked));
+    let t0 = Instant::now();
+    assert!(Command::new("kill").args(["-HUP", &c.gateway_pid().to_string()]).status().unwrap().success());
+    for w in [p, d1, d2] {
+        c.signal(w, "-HUP");
+    }
+    wait_for("the gateway to drop the revoked decode worker", || registered(&c, "decode") == 1.0);
+    let evicted = t0.elapsed();
+    println!("revoked node evicted {:.2} s after SIGHUP", evicted.as_secs_f64());
+    assert!(evicted < Duration::from_secs(5), "evicted after {evicted:?}");
+
+    // It dials again, is refused as untrusted, and stops: it gets no further route.
+    let st = c.wait_exit(d2, Duration::from_secs(20));
+    assert!(!st.success());
+    let m = c.gateway_metrics();
+    assert!(link_failures(&m, "untrusted_node") >= 2.0, "the eviction and the refused reconnection: {m}");
+    let routed_after = metric(&m, "pagewarden_worker_routes_total", "worker=\"decode-b\"");
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let outcomes: Vec<Outcome> = clients.into_iter().flat_map(|h| h.join().unwrap()).collect();
+    assert_eq!(metric(&c.gateway_metrics(), "pagewarden_worker_routes_total", "worker=\"decode-b\""), routed_after);
+
+    // No request failed but, at most, one per client already streaming from decode-b.
+    let failed: Vec<&Outcome> = outcomes.iter().filter(|o| o.result.is_err()).collect();
+    println!("{} requests under the revocation, {} failed mid-stream", outcomes.len(), failed.len());
+    assert!(failed.iter().all(|o| o.streaming), "a request failed before its first token: {:?}", failed[0].result);
+    assert!(failed.len() <= 2, "{} requests failed", failed.len());
+    assert!(outcomes.len() >= 6, "only {} requests ran", outcomes.len());
+    let (status, body) = c.post("/v1/chat/completions", &chat("What is 12 times 7?", 8));
+    assert_eq!(status, 200, "{body}");
+    c.wait_pools_empty(&[p, d1]);
+}
+
+/// An identity whose node key no node of the test clusters pins, holding the cluster secret.
+fn stranger(role: Role) -> Identity {
+    let mut me = identity(SECRET, role);
+    let key = wire::NodeKey::from_private([0x99; 32]).unwrap();
+    me.secrets =
+        SecretRing::single(ClusterSecret::from_passphrase(SECRET.as_bytes()), key, common::cluster::harness_trusted());
+    me
+}
+
+#[test]
+fn a_node_whose_key_is_not_pinned_is_refused_on_every_port_and_counted() {
+    let mut c = Cluster::start("");
+    let p = c.add_worker("prefill", "prefill-a", None);
+    let d = c.add_worker("decode", "decode-a", None);
+    c.wait_workers(1, 1);
+
+    // A worker with a fresh key from `node keygen`, never pinned: refused by the gateway, it
+    // stops, naming why.
+    let keys = common::cluster::keygen(&c.dir, "unpinned", 1);
+    let out = Command::new(bin())
+        .args(["decode", "--config", c.config.to_str().unwrap(), "--gateway", &c.cluster_addr])
+        .args(["--kv-listen", "127.0.0.1:0", "--node-key"])
+        .arg(&keys[0].0)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Untrusted"), "{err}");
+    assert_eq!(registered(&c, "decode"), 1.0);
+    assert!(link_failures(&c.gateway_metrics(), "untrusted_node") >= 1.0);
+
+    // The same key on the cluster port and on a decode worker's KV port, holding the secret.
+    let refused = |addr: &str, role| match dial(addr, &stranger(role)) {
+        Err(cluster::ClusterError::Wire(WireError::Refused(RefusalCode::Untrusted))) => true,
+        other => panic!("{addr}: {other:?}"),
+    };
+    assert!(refused(&c.cluster_addr.clone(), Role::Decode));
+    assert!(refused(&c.workers[d].kv_addr.clone().unwrap(), Role::Prefill));
+    assert!(link_failures(&c.worker_metrics(d), "untrusted_node") >= 1.0);
+
+    // A gateway whose key the worker does not pin: the worker checks whom it dials.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (mut listener, addr) = rt.block_on(Net::default().listen("127.0.0.1:0")).unwrap();
+    let mut child = Command::new(bin())
+        .args(["prefill", "--config", c.config.to_str().unwrap(), "--gateway", &addr])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let accepted = rt.block_on(async {
+        let io = tokio::time::timeout(Duration::from_secs(120), listener.accept()).await.unwrap().unwrap();
+        Link::accept(io, &stranger(Role::Gateway), Duration::from_secs(10)).await.map(drop)
+    });
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    let worker = (status, err);
+    assert!(accepted.is_err());
+    assert!(!worker.0.success());
+    assert!(worker.1.contains("not trusted"), "{}", worker.1);
+
+    let (status, body) = c.post("/v1/chat/completions", &chat("What is 12 times 7?", 8));
+    assert_eq!(status, 200, "{body}");
+    c.wait_pools_empty(&[p, d]);
 }

@@ -1,6 +1,7 @@
 //! The one error type of the crate. Every rejection is a value naming what was wrong; none
 //! carries payload bytes or token ids (invariant 10: log ids, never prompt text).
 
+use crate::node_id::NodePublicKey;
 use crate::pairing::{PairingMismatch, RefusalCode, Role};
 use thiserror::Error;
 
@@ -68,6 +69,8 @@ pub enum WireError {
     Pairing(PairingMismatch),
     #[error("the peer refused us: {}", .0.reason())]
     Refused(RefusalCode),
+    #[error("the peer's node key {} is not trusted (not in cluster.trusted_nodes)", .0.fingerprint())]
+    UntrustedNode(NodePublicKey),
 }
 
 impl WireError {
@@ -103,6 +106,7 @@ impl WireError {
             Crypto(_) => "crypto",
             Pairing(_) => "pairing",
             Refused(_) => "refused",
+            UntrustedNode(_) => "untrusted_node",
         }
     }
 }

@@ -1,22 +1,31 @@
-//! Node-to-node key exchange: `Noise_NNpsk0_25519_AESGCM_SHA256` (the `snow` crate), keyed by
-//! the cluster secret, then a pairing check inside the encrypted link (invariants 2, 11, 12).
+//! Node-to-node key exchange: `Noise_IXpsk0_25519_AESGCM_SHA256` (the `snow` crate), keyed by
+//! the cluster secret and each node's own static key, then a pairing check inside the
+//! encrypted link (invariants 2, 11, 12).
 //!
 //! ```text
-//! initiator                                     responder
-//!   Hello   = Noise msg 1 (psk, e; role)   ───▶  tries each accepted secret
-//!                                          ◀───  Reply = Noise msg 2 (e, ee; role)
+//! initiator                                          responder
+//!   Hello   = Noise msg 1 (psk, e, s; role)     ───▶  tries each accepted secret; checks the
+//!                                                     initiator's static key is trusted
+//!                                               ◀───  Reply = Noise msg 2 (e, ee, se, s, es; role)
+//!   checks the responder's static key is trusted
 //!   ══════ every later byte is an AES-256-GCM record under the split keys ══════
-//!   Pairing (role, model, page size, …)    ───▶  checks it; Refused(code) or
-//!                                          ◀───  Pairing (role, model, page size, …)
+//!   Pairing (role, model, page size, …)         ───▶  checks it; Refused(code) or
+//!                                               ◀───  Pairing (role, model, page size, …)
 //! ```
 //!
-//! Why NNpsk0: both sides prove knowledge of the pre-shared cluster secret (the PSK is mixed
-//! before the first message, so message 1 already fails without it), and the ephemeral-
-//! ephemeral X25519 gives every connection fresh keys (forward secrecy: a secret stolen later
-//! does not open recorded traffic). The responder learns that the initiator is live (not a
-//! replayed message 1) only when its first record opens, so a link is established only after
-//! the initiator's pairing record opened on the responder. Roles travel inside the Noise
-//! payloads; a peer claiming our own role is refused ([`WireError::Reflection`]).
+//! Why IXpsk0 (docs/wire.md): it keeps the two-message flow (XX needs a third), each side
+//! learns and authenticates the other's static key without knowing it in advance (IK and KK
+//! need the responder's, or both, beforehand; a worker only has an allow-list), and the PSK
+//! mixed before the first message keeps what NNpsk0 gave: message 1 fails without the cluster
+//! secret, and the initiator's static key travels encrypted under it, so only a member of the
+//! cluster learns who is dialling. The ee, se and es Diffie-Hellmans bind both static keys
+//! and both ephemerals into the session keys: only the holder of the static private key named
+//! in a message can use the keys, and every connection gets fresh keys (forward secrecy). The
+//! responder learns that the initiator is live (not a replayed message 1) only when its first
+//! record opens, so a link is established only after the initiator's pairing record opened on
+//! the responder. Roles travel inside the Noise payloads; a peer claiming our own role is
+//! refused ([`WireError::Reflection`]); a peer whose static key is not trusted is refused
+//! ([`WireError::UntrustedNode`]).
 //!
 //! Clear-text framing of every handshake message: `len u32 LE | "PWHS" | version u16 LE |
 //! kind u8 | body` (fixed size per kind), at most [`MAX_HANDSHAKE_MSG`] bytes. Pairing
@@ -27,6 +36,8 @@ use snow::params::NoiseParams;
 use crate::error::WireError;
 use crate::frame::WIRE_VERSION;
 use crate::keys::SessionKeys;
+use crate::node_id::{NodePublicKey, NODE_KEY_LEN};
+use crate::node_key::NodeKey;
 use crate::pairing::{dtype_of, put_pairing, LayoutShape, PairingInfo, RefusalCode, Role};
 use crate::reader::Reader;
 
@@ -35,9 +46,10 @@ pub const HANDSHAKE_MAGIC: [u8; 4] = *b"PWHS";
 /// Upper bound of a handshake message, length prefix included.
 pub const MAX_HANDSHAKE_MSG: usize = 256;
 /// The Noise protocol every link runs.
-pub const NOISE_PROTOCOL: &str = "Noise_NNpsk0_25519_AESGCM_SHA256";
-/// Bytes of a Noise handshake message: the ephemeral key, the encrypted role and its tag.
-pub const NOISE_MSG_LEN: usize = 32 + 1 + 16;
+pub const NOISE_PROTOCOL: &str = "Noise_IXpsk0_25519_AESGCM_SHA256";
+/// Bytes of a Noise handshake message (both have the same size): the ephemeral key, the
+/// encrypted static key and its tag, the encrypted role and its tag.
+pub const NOISE_MSG_LEN: usize = 32 + (NODE_KEY_LEN + 16) + (1 + 16);
 
 const CTX_PASSPHRASE: &str = "pagewarden wire v1 cluster secret";
 
@@ -93,9 +105,9 @@ impl std::fmt::Debug for ClusterSecret {
 /// Every handshake message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HandshakeMsg {
-    /// Noise message 1, in clear (its payload, the role, is encrypted under the PSK).
+    /// Noise message 1, in clear (the static key and the role are encrypted under the PSK).
     Hello([u8; NOISE_MSG_LEN]),
-    /// Noise message 2, in clear (its payload, the role, is encrypted).
+    /// Noise message 2, in clear (the static key and the role are encrypted).
     Reply([u8; NOISE_MSG_LEN]),
     /// Sent only inside a record.
     Pairing {
@@ -195,15 +207,39 @@ fn prologue() -> [u8; 17] {
     p
 }
 
-fn noise_params() -> Result<NoiseParams, WireError> {
+pub(crate) fn noise_params() -> Result<NoiseParams, WireError> {
     NOISE_PROTOCOL.parse().map_err(|_| WireError::Crypto("Noise parameters"))
 }
 
-fn builder_state(secret: &ClusterSecret, initiator: bool) -> Result<snow::HandshakeState, WireError> {
+fn builder_state(secret: &ClusterSecret, key: &NodeKey, initiator: bool) -> Result<snow::HandshakeState, WireError> {
     let setup = |_| WireError::Crypto("Noise handshake setup");
     let prologue = prologue();
-    let b = snow::Builder::new(noise_params()?).psk(0, &secret.0).map_err(setup)?.prologue(&prologue).map_err(setup)?;
+    let b = snow::Builder::new(noise_params()?)
+        .psk(0, &secret.0)
+        .map_err(setup)?
+        .prologue(&prologue)
+        .map_err(setup)?
+        .local_private_key(key.private())
+        .map_err(setup)?;
     if initiator { b.build_initiator() } else { b.build_responder() }.map_err(setup)
+}
+
+/// The static key the peer sent in the message just read (authenticated by the DHs that
+/// follow it), if the allow-list takes it.
+fn trusted_peer(
+    hs: &snow::HandshakeState,
+    trusts: &dyn Fn(&NodePublicKey) -> bool,
+) -> Result<NodePublicKey, WireError> {
+    let key: [u8; NODE_KEY_LEN] = hs
+        .get_remote_static()
+        .and_then(|k| k.try_into().ok())
+        .ok_or(WireError::Crypto("Noise handshake: no peer static key"))?;
+    let key = NodePublicKey(key);
+    if trusts(&key) {
+        Ok(key)
+    } else {
+        Err(WireError::UntrustedNode(key))
+    }
 }
 
 /// The keys of a finished Noise handshake.
@@ -228,9 +264,10 @@ impl std::fmt::Debug for Initiator {
 }
 
 impl Initiator {
-    /// Starts a handshake under `secret` (a fresh ephemeral key from the OS's random source).
-    pub fn start(secret: &ClusterSecret, role: Role) -> Result<(Self, HandshakeMsg), WireError> {
-        let mut hs = builder_state(secret, true)?;
+    /// Starts a handshake under `secret` as the node of `key` (a fresh ephemeral key from the
+    /// OS's random source).
+    pub fn start(secret: &ClusterSecret, key: &NodeKey, role: Role) -> Result<(Self, HandshakeMsg), WireError> {
+        let mut hs = builder_state(secret, key, true)?;
         let mut msg = [0u8; NOISE_MSG_LEN];
         let n = hs.write_message(&[role as u8], &mut msg).map_err(|_| WireError::Crypto("Noise message 1"))?;
         if n != NOISE_MSG_LEN {
@@ -239,10 +276,15 @@ impl Initiator {
         Ok((Initiator { hs, role }, HandshakeMsg::Hello(msg)))
     }
 
-    /// Reads the responder's reply: on success, the session keys and the responder's role.
-    /// A reply under another secret, tampered with, or answering another hello fails
-    /// ([`WireError::BadProof`]); so does a peer claiming our own role.
-    pub fn on_reply(mut self, msg: &HandshakeMsg) -> Result<(SessionKeys, Role), WireError> {
+    /// Reads the responder's reply: on success, the session keys, the responder's role and its
+    /// static key, which `trusts` accepted. A reply under another secret, tampered with, or
+    /// answering another hello fails ([`WireError::BadProof`]); so does a peer claiming our
+    /// own role, and one whose static key `trusts` refuses ([`WireError::UntrustedNode`]).
+    pub fn on_reply(
+        mut self,
+        msg: &HandshakeMsg,
+        trusts: &dyn Fn(&NodePublicKey) -> bool,
+    ) -> Result<(SessionKeys, Role, NodePublicKey), WireError> {
         let reply = match msg {
             HandshakeMsg::Reply(m) => m,
             HandshakeMsg::Refused(code) => return Err(WireError::Refused(*code)),
@@ -257,7 +299,8 @@ impl Initiator {
         if peer == self.role {
             return Err(WireError::Reflection { role: peer });
         }
-        Ok((finish(self.hs)?, peer))
+        let key = trusted_peer(&self.hs, trusts)?;
+        Ok((finish(self.hs)?, peer, key))
     }
 }
 
@@ -266,20 +309,24 @@ impl Initiator {
 pub struct Responder;
 
 impl Responder {
-    /// Answers a hello: tries each accepted secret (the current one first; more than one only
-    /// while a rotation is in progress). Returns the reply to send, the session keys and the
-    /// initiator's claimed role, which is proven only once its first record opens.
+    /// Answers a hello as the node of `key`: tries each accepted secret (the current one first;
+    /// more than one only while a rotation is in progress), then checks the initiator's static
+    /// key with `trusts`. Returns the reply to send, the session keys, the initiator's claimed
+    /// role and its static key; both are proven only once its first record opens (only the
+    /// holder of that key's private half can open the keys).
     pub fn on_hello(
         secrets: &[ClusterSecret],
+        key: &NodeKey,
         role: Role,
         msg: &HandshakeMsg,
-    ) -> Result<(HandshakeMsg, SessionKeys, Role), WireError> {
+        trusts: &dyn Fn(&NodePublicKey) -> bool,
+    ) -> Result<(HandshakeMsg, SessionKeys, Role, NodePublicKey), WireError> {
         let hello = match msg {
             HandshakeMsg::Hello(m) => m,
             _ => return Err(WireError::Malformed("expected a hello")),
         };
         for secret in secrets {
-            let mut hs = builder_state(secret, false)?;
+            let mut hs = builder_state(secret, key, false)?;
             let mut payload = [0u8; NOISE_MSG_LEN];
             let Ok(n) = hs.read_message(hello, &mut payload) else { continue };
             let peer = match &payload[..n] {
@@ -289,12 +336,13 @@ impl Responder {
             if peer == role {
                 return Err(WireError::Reflection { role: peer });
             }
+            let peer_key = trusted_peer(&hs, trusts)?;
             let mut reply = [0u8; NOISE_MSG_LEN];
             let n = hs.write_message(&[role as u8], &mut reply).map_err(|_| WireError::Crypto("Noise message 2"))?;
             if n != NOISE_MSG_LEN {
                 return Err(WireError::Crypto("Noise message 2 length"));
             }
-            return Ok((HandshakeMsg::Reply(reply), finish(hs)?, peer));
+            return Ok((HandshakeMsg::Reply(reply), finish(hs)?, peer, peer_key));
         }
         Err(WireError::BadProof)
     }
@@ -310,6 +358,31 @@ mod tests {
         ClusterSecret::from_passphrase(b"correct horse battery staple")
     }
 
+    /// The two nodes of most tests: fixed keys, each trusting the other.
+    fn key_i() -> NodeKey {
+        NodeKey::from_private([0x11; 32]).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn key_r() -> NodeKey {
+        NodeKey::from_private([0x22; 32]).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn pinned(k: &NodePublicKey) -> bool {
+        *k == key_i().public() || *k == key_r().public()
+    }
+
+    fn start(s: &ClusterSecret, role: Role) -> (Initiator, HandshakeMsg) {
+        Initiator::start(s, &key_i(), role).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn answer(
+        accepted: &[ClusterSecret],
+        role: Role,
+        hello: &HandshakeMsg,
+    ) -> Result<(HandshakeMsg, SessionKeys, Role, NodePublicKey), WireError> {
+        Responder::on_hello(accepted, &key_r(), role, hello, &pinned)
+    }
+
     fn wire(m: &HandshakeMsg) -> Result<HandshakeMsg, WireError> {
         HandshakeMsg::decode(&m.encode())
     }
@@ -318,9 +391,9 @@ mod tests {
 
     /// A whole key exchange through the codec.
     fn exchange(si: &ClusterSecret, accepted: &[ClusterSecret], ri: Role, rr: Role) -> Result<(Side, Side), WireError> {
-        let (init, hello) = Initiator::start(si, ri)?;
-        let (reply, kr, peer_of_r) = Responder::on_hello(accepted, rr, &wire(&hello)?)?;
-        let (ki, peer_of_i) = init.on_reply(&wire(&reply)?)?;
+        let (init, hello) = Initiator::start(si, &key_i(), ri)?;
+        let (reply, kr, peer_of_r, _) = answer(accepted, rr, &wire(&hello)?)?;
+        let (ki, peer_of_i, _) = init.on_reply(&wire(&reply)?, &pinned)?;
         Ok(((ki, peer_of_i), (kr, peer_of_r)))
     }
 
@@ -333,22 +406,21 @@ mod tests {
     }
 
     #[test]
-    fn nodes_sharing_the_secret_agree_on_fresh_keys_and_learn_each_others_role() {
-        let ((ki, pi), (kr, pr)) =
-            exchange(&secret(), &[secret()], Role::Prefill, Role::Decode).unwrap_or_else(|e| panic!("{e}"));
+    fn nodes_sharing_the_secret_agree_on_fresh_keys_and_learn_each_others_role_and_static_key() {
+        let (init, hello) = start(&secret(), Role::Prefill);
+        let (reply, kr, pr, key_of_i) = answer(&[secret()], Role::Decode, &hello).unwrap_or_else(|e| panic!("{e}"));
+        let (ki, pi, key_of_r) = init.on_reply(&reply, &pinned).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!((pi, pr), (Role::Decode, Role::Prefill));
+        assert_eq!((key_of_i, key_of_r), (key_i().public(), key_r().public()));
         assert!(ki.is_initiator() && !kr.is_initiator());
         assert!(agree(ki, kr));
-        let ((a, _), (b, _)) =
-            exchange(&secret(), &[secret()], Role::Prefill, Role::Decode).unwrap_or_else(|e| panic!("{e}"));
         let ((c, _), _) =
             exchange(&secret(), &[secret()], Role::Prefill, Role::Decode).unwrap_or_else(|e| panic!("{e}"));
-        assert!(agree(a, b));
-        let (_, _, ea) = c.into_parts().unwrap_or_else(|e| panic!("{e}"));
+        let (_, _, ec) = c.into_parts().unwrap_or_else(|e| panic!("{e}"));
         let ((d, _), _) =
             exchange(&secret(), &[secret()], Role::Prefill, Role::Decode).unwrap_or_else(|e| panic!("{e}"));
         let (_, _, ed) = d.into_parts().unwrap_or_else(|e| panic!("{e}"));
-        assert_ne!(ea, ed, "every connection gets fresh keys");
+        assert_ne!(ec, ed, "every connection gets fresh keys");
     }
 
     #[test]
@@ -356,10 +428,59 @@ mod tests {
         let wrong = ClusterSecret::from_passphrase(b"guess");
         assert_eq!(exchange(&wrong, &[secret()], Role::Prefill, Role::Decode).err(), Some(WireError::BadProof));
         // A responder with another secret cannot produce a reply the initiator accepts.
-        let (init, _) = Initiator::start(&secret(), Role::Prefill).unwrap_or_else(|e| panic!("{e}"));
-        let (_, hello_w) = Initiator::start(&wrong, Role::Prefill).unwrap_or_else(|e| panic!("{e}"));
-        let (reply_w, _, _) = Responder::on_hello(&[wrong], Role::Decode, &hello_w).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(init.on_reply(&reply_w).err(), Some(WireError::BadProof));
+        let (init, _) = start(&secret(), Role::Prefill);
+        let (_, hello_w) = start(&wrong, Role::Prefill);
+        let (reply_w, _, _, _) = answer(&[wrong], Role::Decode, &hello_w).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(init.on_reply(&reply_w, &pinned).err(), Some(WireError::BadProof));
+    }
+
+    #[test]
+    fn a_trusted_static_key_without_the_cluster_secret_is_still_refused() {
+        // The PSK is still required: a pinned node that lost (or never had) the secret is out.
+        let wrong = ClusterSecret::from_passphrase(b"a pinned node with the wrong secret");
+        let (_, hello) = Initiator::start(&wrong, &key_i(), Role::Prefill).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(answer(&[secret()], Role::Decode, &hello).err(), Some(WireError::BadProof));
+    }
+
+    #[test]
+    fn an_initiator_whose_static_key_is_not_pinned_is_refused_by_the_responder() {
+        let stranger = NodeKey::from_private([0x33; 32]).unwrap_or_else(|e| panic!("{e}"));
+        let (_, hello) = Initiator::start(&secret(), &stranger, Role::Prefill).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(answer(&[secret()], Role::Decode, &hello).err(), Some(WireError::UntrustedNode(stranger.public())));
+        // Revocation: the same node, trusted a moment ago, is refused once its key is unpinned.
+        let (_, hello) = start(&secret(), Role::Prefill);
+        let without_i = |k: &NodePublicKey| *k == key_r().public();
+        assert_eq!(
+            Responder::on_hello(&[secret()], &key_r(), Role::Decode, &hello, &without_i).err(),
+            Some(WireError::UntrustedNode(key_i().public()))
+        );
+    }
+
+    #[test]
+    fn a_responder_whose_static_key_is_not_pinned_is_refused_by_the_initiator() {
+        let stranger = NodeKey::from_private([0x44; 32]).unwrap_or_else(|e| panic!("{e}"));
+        let (init, hello) = start(&secret(), Role::Gateway);
+        let (reply, _, _, _) = Responder::on_hello(&[secret()], &stranger, Role::Prefill, &hello, &pinned)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(init.on_reply(&reply, &pinned).err(), Some(WireError::UntrustedNode(stranger.public())));
+    }
+
+    #[test]
+    fn a_responder_cannot_claim_another_nodes_static_key() {
+        // A reply made with one key pair cannot be passed off as another's: the static key the
+        // initiator learns is the one whose private half took part in the handshake.
+        let (init, hello) = start(&secret(), Role::Gateway);
+        let stranger = NodeKey::from_private([0x55; 32]).unwrap_or_else(|e| panic!("{e}"));
+        let (reply, _, _, _) = Responder::on_hello(&[secret()], &stranger, Role::Prefill, &hello, &pinned)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let HandshakeMsg::Reply(mut bytes) = reply else { panic!("not a reply") };
+        // Splice the pinned responder's encrypted static key into the stranger's reply.
+        let (init2, hello2) = start(&secret(), Role::Gateway);
+        let (genuine, _, _, _) = answer(&[secret()], Role::Prefill, &hello2).unwrap_or_else(|e| panic!("{e}"));
+        let HandshakeMsg::Reply(g) = genuine else { panic!("not a reply") };
+        bytes[32..32 + NODE_KEY_LEN + 16].copy_from_slice(&g[32..32 + NODE_KEY_LEN + 16]);
+        assert!(init.on_reply(&HandshakeMsg::Reply(bytes), &pinned).is_err());
+        drop(init2);
     }
 
     #[test]
@@ -382,78 +503,70 @@ mod tests {
             Some(WireError::Reflection { role: Role::Decode })
         );
         // A hello reflected back at its sender, which answers as the same role.
-        let (init, hello) = Initiator::start(&secret(), Role::Gateway).unwrap_or_else(|e| panic!("{e}"));
+        let (init, hello) = start(&secret(), Role::Gateway);
         assert_eq!(
-            Responder::on_hello(&[secret()], Role::Gateway, &hello).err(),
+            answer(&[secret()], Role::Gateway, &hello).err(),
             Some(WireError::Reflection { role: Role::Gateway })
         );
-        // A reply fed back to the initiator as if it were a hello, or a hello as a reply.
-        assert!(init
-            .on_reply(&HandshakeMsg::Reply(match hello {
-                HandshakeMsg::Hello(m) => m,
-                _ => [0; NOISE_MSG_LEN],
-            }))
-            .is_err());
+        // A hello fed back to the initiator as if it were a reply.
+        let HandshakeMsg::Hello(m) = hello else { panic!("not a hello") };
+        assert!(init.on_reply(&HandshakeMsg::Reply(m), &pinned).is_err());
     }
 
     #[test]
     fn a_recorded_reply_does_not_finish_another_handshake() {
-        let (_, hello) = Initiator::start(&secret(), Role::Prefill).unwrap_or_else(|e| panic!("{e}"));
-        let (old_reply, _, _) =
-            Responder::on_hello(&[secret()], Role::Decode, &hello).unwrap_or_else(|e| panic!("{e}"));
-        let (fresh, _) = Initiator::start(&secret(), Role::Prefill).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(fresh.on_reply(&old_reply).err(), Some(WireError::BadProof));
+        let (_, hello) = start(&secret(), Role::Prefill);
+        let (old_reply, _, _, _) = answer(&[secret()], Role::Decode, &hello).unwrap_or_else(|e| panic!("{e}"));
+        let (fresh, _) = start(&secret(), Role::Prefill);
+        assert_eq!(fresh.on_reply(&old_reply, &pinned).err(), Some(WireError::BadProof));
     }
 
     #[test]
     fn a_replayed_hello_gets_keys_the_replayer_cannot_use() {
-        // The responder answers a replayed hello, but the keys differ from the original
-        // session's (fresh responder ephemeral): the replayer's records cannot open.
-        let (init, hello) = Initiator::start(&secret(), Role::Prefill).unwrap_or_else(|e| panic!("{e}"));
-        let (reply, k_first, _) =
-            Responder::on_hello(&[secret()], Role::Decode, &hello).unwrap_or_else(|e| panic!("{e}"));
-        let (k_init, _) = init.on_reply(&reply).unwrap_or_else(|e| panic!("{e}"));
-        let (_, k_replayed, _) =
-            Responder::on_hello(&[secret()], Role::Decode, &hello).unwrap_or_else(|e| panic!("{e}"));
+        // The responder answers a replayed hello (a trusted node's, under the secret), but the
+        // keys differ from the original session's (fresh responder ephemeral, and the se DH
+        // needs the initiator's static private key): the replayer's records cannot open.
+        let (init, hello) = start(&secret(), Role::Prefill);
+        let (reply, _, _, _) = answer(&[secret()], Role::Decode, &hello).unwrap_or_else(|e| panic!("{e}"));
+        let (k_init, _, _) = init.on_reply(&reply, &pinned).unwrap_or_else(|e| panic!("{e}"));
+        let (replayed_reply, k_replayed, _, _) =
+            answer(&[secret()], Role::Decode, &hello).unwrap_or_else(|e| panic!("{e}"));
+        assert_ne!(replayed_reply, reply);
         assert!(!agree(k_init, k_replayed));
-        let _ = k_first;
     }
 
     #[test]
     fn any_flipped_byte_of_a_hello_or_reply_fails_the_exchange() {
-        let (_, hello) = Initiator::start(&secret(), Role::Prefill).unwrap_or_else(|e| panic!("{e}"));
+        let (_, hello) = start(&secret(), Role::Prefill);
         let bytes = hello.encode();
         for i in 0..bytes.len() {
             let mut b = bytes.clone();
             b[i] ^= 0x02;
-            let r = HandshakeMsg::decode(&b).and_then(|m| Responder::on_hello(&[secret()], Role::Decode, &m));
+            let r = HandshakeMsg::decode(&b).and_then(|m| answer(&[secret()], Role::Decode, &m));
             assert!(r.is_err(), "hello byte {i}");
         }
-        let (init_bytes, reply) = {
-            let (init, hello) = Initiator::start(&secret(), Role::Prefill).unwrap_or_else(|e| panic!("{e}"));
-            let (reply, _, _) =
-                Responder::on_hello(&[secret()], Role::Decode, &hello).unwrap_or_else(|e| panic!("{e}"));
-            (init, reply.encode())
+        let len = {
+            let (_, hello) = start(&secret(), Role::Prefill);
+            answer(&[secret()], Role::Decode, &hello).unwrap_or_else(|e| panic!("{e}")).0.encode().len()
         };
-        drop(init_bytes);
-        for i in 0..reply.len() {
-            let (init, hello) = Initiator::start(&secret(), Role::Prefill).unwrap_or_else(|e| panic!("{e}"));
-            let (r, _, _) = Responder::on_hello(&[secret()], Role::Decode, &hello).unwrap_or_else(|e| panic!("{e}"));
+        for i in 0..len {
+            let (init, hello) = start(&secret(), Role::Prefill);
+            let (r, _, _, _) = answer(&[secret()], Role::Decode, &hello).unwrap_or_else(|e| panic!("{e}"));
             let mut b = r.encode();
             b[i] ^= 0x02;
-            let out = HandshakeMsg::decode(&b).and_then(|m| init.on_reply(&m));
+            let out = HandshakeMsg::decode(&b).and_then(|m| init.on_reply(&m, &pinned));
             assert!(out.is_err(), "reply byte {i}");
         }
     }
 
     #[test]
     fn refusal_from_the_peer_is_reported() {
-        let (init, _) = Initiator::start(&secret(), Role::Gateway).unwrap_or_else(|e| panic!("{e}"));
+        let (init, _) = start(&secret(), Role::Gateway);
         let refused = wire(&HandshakeMsg::Refused(RefusalCode::Version));
         assert_eq!(refused, Ok(HandshakeMsg::Refused(RefusalCode::Version)));
         assert_eq!(
-            init.on_reply(&HandshakeMsg::Refused(RefusalCode::Busy)).err(),
-            Some(WireError::Refused(RefusalCode::Busy))
+            init.on_reply(&HandshakeMsg::Refused(RefusalCode::Untrusted), &pinned).err(),
+            Some(WireError::Refused(RefusalCode::Untrusted))
         );
     }
 
@@ -481,7 +594,7 @@ mod tests {
             v1[8] = 1;
             assert!(matches!(HandshakeMsg::decode(&v1), Err(WireError::BadVersion { got: 1, .. })));
         }
-        assert_eq!(NOISE_MSG_LEN, 32 + 1 + AEAD_TAG_LEN);
+        assert_eq!(NOISE_MSG_LEN, 32 + 32 + AEAD_TAG_LEN + 1 + AEAD_TAG_LEN);
     }
 
     #[test]
@@ -505,16 +618,16 @@ mod tests {
             bytes.extend_from_slice(&body);
             if let Ok(m) = HandshakeMsg::decode(&bytes) {
                 prop_assert_eq!(m.encode(), bytes);
-                let (init, _) = Initiator::start(&secret(), Role::Prefill).map_err(|e| TestCaseError::fail(e.to_string()))?;
-                prop_assert!(init.on_reply(&m).is_err());
-                prop_assert!(Responder::on_hello(&[secret()], Role::Decode, &m).is_err());
+                let (init, _) = start(&secret(), Role::Prefill);
+                prop_assert!(init.on_reply(&m, &pinned).is_err());
+                prop_assert!(answer(&[secret()], Role::Decode, &m).is_err());
             }
         }
 
         #[test]
         fn mutated_genuine_messages_never_authenticate(flips in proptest::collection::vec((any::<prop::sample::Index>(), 1u8..=255), 1..4)) {
-            let (init, hello) = Initiator::start(&secret(), Role::Prefill).map_err(|e| TestCaseError::fail(e.to_string()))?;
-            let (reply, _, _) = Responder::on_hello(&[secret()], Role::Decode, &hello).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            let (init, hello) = start(&secret(), Role::Prefill);
+            let (reply, _, _, _) = answer(&[secret()], Role::Decode, &hello).map_err(|e| TestCaseError::fail(e.to_string()))?;
             let mutate = |m: &HandshakeMsg| {
                 let genuine = m.encode();
                 let mut b = genuine.clone();
@@ -524,10 +637,10 @@ mod tests {
                 if b == genuine { Err(WireError::Malformed("unchanged")) } else { HandshakeMsg::decode(&b) }
             };
             if let Ok(m) = mutate(&hello) {
-                prop_assert!(Responder::on_hello(&[secret()], Role::Decode, &m).is_err());
+                prop_assert!(answer(&[secret()], Role::Decode, &m).is_err());
             }
             if let Ok(m) = mutate(&reply) {
-                prop_assert!(init.on_reply(&m).is_err());
+                prop_assert!(init.on_reply(&m, &pinned).is_err());
             }
         }
     }

@@ -43,6 +43,8 @@ mod error;
 mod frame;
 mod handshake;
 mod keys;
+mod node_id;
+mod node_key;
 mod pairing;
 mod reader;
 mod record;
@@ -63,6 +65,8 @@ pub use handshake::{
 };
 pub use keys::{Exporter, SessionKeys, TicketKey};
 pub use kv::{RequestId, TenantId};
+pub use node_id::{NodePublicKey, NODE_KEY_LEN};
+pub use node_key::NodeKey;
 pub use pairing::{LayoutShape, PairingInfo, PairingMismatch, RefusalCode, Role};
 pub use record::{RecordOpener, RecordSealer, AEAD_TAG_LEN};
 pub use transfer::{Complete, Geometry, PageWrite, Received, Receiving, Transfer};

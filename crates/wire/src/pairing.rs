@@ -55,6 +55,9 @@ pub enum RefusalCode {
     /// The listener takes no links from the peer's role (a KV port takes only prefill
     /// workers, a gateway only workers).
     Role = 9,
+    /// The peer's node key is not in our allow-list (`cluster.trusted_nodes`): it was never
+    /// pinned, or it was revoked.
+    Untrusted = 10,
 }
 
 impl RefusalCode {
@@ -70,12 +73,13 @@ impl RefusalCode {
             RefusalCode::Reflection => "it has our own role (Reflection)",
             RefusalCode::Busy => "too many handshakes in progress, try again (Busy)",
             RefusalCode::Role => "it takes no links from our role (Role)",
+            RefusalCode::Untrusted => "it does not trust our node key (Untrusted): pin it in its cluster.trusted_nodes",
         }
     }
 
     pub(crate) fn from_u8(v: u8) -> Option<Self> {
         use RefusalCode::*;
-        [BadProof, Version, ModelDigest, PageSize, KvDtype, Layout, Reflection, Busy, Role]
+        [BadProof, Version, ModelDigest, PageSize, KvDtype, Layout, Reflection, Busy, Role, Untrusted]
             .into_iter()
             .find(|c| *c as u8 == v)
     }

@@ -12,8 +12,18 @@ use super::bin;
 /// 32 bytes in hex, as a cluster secret file must hold (not random: the tests' own).
 pub const SECRET: &str = "7e57c1a55e7e57c1a55e7e57c1a55e7e57c1a55e7e57c1a55e7e57c1a55e0001";
 
+/// The private key of the test harness's own node identity ([`node_identity`], a gateway
+/// played by the test): pinned in every test cluster, and the config's default
+/// `node_key_file`, which every node started by [`Cluster`] overrides with its own key.
+const HARNESS_KEY: [u8; 32] = [0x7e; 32];
+
+/// Node keys of each test cluster, one per node started (wrapping round after this many).
+const NODE_KEYS: usize = 8;
+
 pub struct Worker {
     pub name: String,
+    /// Its node public key (hex), pinned in the cluster's config.
+    pub node_key: String,
     pub metrics_url: String,
     pub kv_addr: Option<String>,
     pub pid: u32,
@@ -32,6 +42,53 @@ pub struct Cluster {
     pub more_gateways: Vec<Gateway>,
     /// Members find each other through etcd (`[membership]`): workers get no `--gateway`.
     membership: bool,
+    /// The node key files made for this cluster and their public keys, all pinned; each node
+    /// started takes the next.
+    node_keys: Vec<(PathBuf, String)>,
+    next_key: usize,
+}
+
+/// Makes `n` node keys in `dir` with `pagewarden node keygen` (a fresh identity, as an
+/// operator makes one): their files and public keys.
+pub fn keygen(dir: &std::path::Path, prefix: &str, n: usize) -> Vec<(PathBuf, String)> {
+    (0..n)
+        .map(|i| {
+            let path = dir.join(format!("{prefix}-{i}.key"));
+            let out = Command::new(bin()).args(["node", "keygen", "--out"]).arg(&path).output().unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            (path, String::from_utf8(out.stdout).unwrap().trim().to_string())
+        })
+        .collect()
+}
+
+/// The private key of node `i` of a test cluster: fixed, so the harness ([`node_identity`])
+/// can trust every node of any cluster it meets.
+fn node_private(i: usize) -> [u8; 32] {
+    [0x10 + i as u8; 32]
+}
+
+/// Writes the cluster's node keys to `dir` (owner-only): their files and public keys.
+fn node_keys(dir: &std::path::Path) -> Vec<(PathBuf, String)> {
+    (0..NODE_KEYS)
+        .map(|i| {
+            let path = dir.join(format!("node-{i}.key"));
+            super::write_secret(&path, &base64_of(&node_private(i)));
+            (path, wire::NodeKey::from_private(node_private(i)).unwrap().public().to_hex())
+        })
+        .collect()
+}
+
+/// What the harness trusts: itself and every node of its clusters (what it checks is their
+/// behaviour, not their keys).
+pub fn harness_trusted() -> Vec<wire::NodePublicKey> {
+    std::iter::once(harness_key().public())
+        .chain((0..NODE_KEYS).map(|i| wire::NodeKey::from_private(node_private(i)).unwrap().public()))
+        .collect()
+}
+
+/// The test harness's own node key (pinned in every test cluster).
+pub fn harness_key() -> wire::NodeKey {
+    wire::NodeKey::from_private(HARNESS_KEY).unwrap()
 }
 
 /// A gateway besides the cluster's first.
@@ -83,18 +140,36 @@ impl Cluster {
         fetch::ensure_default_model().expect("default model");
         let dir = launch::scratch_dir("pw-cluster").unwrap();
         super::write_secret(&dir.join("secret"), SECRET);
+        super::write_secret(&dir.join("harness.key"), &base64_of(&HARNESS_KEY));
+        let node_keys = node_keys(&dir);
+        let pinned: Vec<String> = std::iter::once(format!("\"harness:{}\"", harness_key().public()))
+            .chain(node_keys.iter().enumerate().map(|(i, (_, k))| format!("\"node-{i}:{k}\"")))
+            .collect();
         let config = dir.join("pagewarden.toml");
         let text = format!(
-            "threads = 1\n{extra}\n[pool]\ntokens = 16384\n[cluster]\nsecret_file = \"{}\"\ntransfer_timeout_ms = 10000\n\
-             handshake_timeout_ms = 5000\n{}",
+            "threads = 1\n{extra}\n[pool]\ntokens = 16384\n[cluster]\nsecret_file = \"{}\"\nnode_key_file = \"{}\"\n\
+             trusted_nodes = [{}]\ntransfer_timeout_ms = 10000\nhandshake_timeout_ms = 5000\n{}",
             dir.join("secret").display(),
+            dir.join("harness.key").display(),
+            pinned.join(", "),
             super::metrics_section(&dir),
         );
         std::fs::write(&config, text).unwrap();
         let key = add_tenant(&config, "tester");
         let cfg = config.to_str().unwrap().to_string();
+        let gw_key = node_keys[0].0.to_str().unwrap().to_string();
         let (gateway, got) = spawn(
-            &["gateway", "--config", &cfg, "--listen", "127.0.0.1:0", "--cluster-listen", "127.0.0.1:0"],
+            &[
+                "gateway",
+                "--config",
+                &cfg,
+                "--listen",
+                "127.0.0.1:0",
+                "--cluster-listen",
+                "127.0.0.1:0",
+                "--node-key",
+                &gw_key,
+            ],
             &["listening on http://", "cluster listening on "],
         );
         Cluster {
@@ -107,6 +182,8 @@ impl Cluster {
             workers: Vec::new(),
             more_gateways: Vec::new(),
             membership,
+            node_keys,
+            next_key: 1,
         }
     }
 
@@ -120,8 +197,19 @@ impl Cluster {
     pub fn add_gateway_reading(&mut self, config: &std::path::Path) -> usize {
         assert!(self.membership, "a second gateway needs the membership");
         let cfg = config.to_str().unwrap().to_string();
+        let (key, _) = self.take_key();
         let (child, got) = spawn(
-            &["gateway", "--config", &cfg, "--listen", "127.0.0.1:0", "--cluster-listen", "127.0.0.1:0"],
+            &[
+                "gateway",
+                "--config",
+                &cfg,
+                "--listen",
+                "127.0.0.1:0",
+                "--cluster-listen",
+                "127.0.0.1:0",
+                "--node-key",
+                &key,
+            ],
             &["listening on http://"],
         );
         self.more_gateways.push(Gateway { url: format!("http://{}", got[0]), child });
@@ -176,11 +264,34 @@ impl Cluster {
         let _ = self.gateway.wait();
         let cfg = self.config.to_str().unwrap().to_string();
         let http = self.url.trim_start_matches("http://").to_string();
+        let key = self.node_keys[0].0.to_str().unwrap().to_string();
         let (gateway, _) = spawn(
-            &["gateway", "--config", &cfg, "--listen", &http, "--cluster-listen", &self.cluster_addr],
+            &[
+                "gateway",
+                "--config",
+                &cfg,
+                "--listen",
+                &http,
+                "--cluster-listen",
+                &self.cluster_addr,
+                "--node-key",
+                &key,
+            ],
             &["listening on http://", "cluster listening on "],
         );
         self.gateway = gateway;
+    }
+
+    /// The next unused node key of this cluster: its file and public key.
+    fn take_key(&mut self) -> (String, String) {
+        let (path, public) = self.node_keys[self.next_key % self.node_keys.len()].clone();
+        self.next_key += 1;
+        (path.to_str().unwrap().to_string(), public)
+    }
+
+    /// The gateway's node public key (hex).
+    pub fn gateway_node_key(&self) -> String {
+        self.node_keys[0].1.clone()
     }
 
     /// Starts a worker (`prefill` or `decode`); returns its index in `workers`.
@@ -217,7 +328,9 @@ impl Cluster {
         extra: &[&str],
     ) -> usize {
         let cfg = config.to_str().unwrap().to_string();
-        let mut args = vec![role, "--config", &cfg, "--name", name, "--metrics-listen", "127.0.0.1:0"];
+        let (key_file, node_key) = self.take_key();
+        let mut args =
+            vec![role, "--config", &cfg, "--name", name, "--metrics-listen", "127.0.0.1:0", "--node-key", &key_file];
         if !self.membership {
             args.extend(["--gateway", gateway]);
         }
@@ -236,7 +349,7 @@ impl Cluster {
         let metrics_url = format!("http://{}", got[0]);
         let kv_addr = got.get(1).cloned();
         let pid = child.id();
-        self.workers.push(Worker { name: name.into(), metrics_url, kv_addr, pid, child });
+        self.workers.push(Worker { name: name.into(), node_key, metrics_url, kv_addr, pid, child });
         self.workers.len() - 1
     }
 
@@ -325,7 +438,11 @@ pub fn node_identity(role: wire::Role) -> cluster::Identity {
     let model = fetch::ensure_default_model().unwrap();
     let layout = kv::KvLayout { n_layers: 30, n_kv_heads: 3, head_dim: 64, page_size: 16, dtype: kv::KvDtype::F16 };
     cluster::Identity {
-        secrets: cluster::SecretRing::single(wire::ClusterSecret::from_passphrase(SECRET.as_bytes())),
+        secrets: cluster::SecretRing::single(
+            wire::ClusterSecret::from_passphrase(SECRET.as_bytes()),
+            harness_key(),
+            harness_trusted(),
+        ),
         role,
         pairing: wire::PairingInfo::new(cluster::model_digest(&model).unwrap(), &layout).unwrap(),
     }
@@ -484,4 +601,20 @@ impl Drop for Cluster {
         let _ = self.gateway.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Standard base64, as a node key file holds it.
+fn base64_of(bytes: &[u8]) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in bytes.chunks(3) {
+        let n = c.iter().enumerate().fold(0u32, |n, (i, b)| n | (u32::from(*b) << (16 - 8 * i)));
+        for i in 0..=c.len() {
+            out.push(A[(n >> (18 - 6 * i) & 63) as usize] as char);
+        }
+    }
+    while !out.len().is_multiple_of(4) {
+        out.push('=');
+    }
+    out
 }

@@ -366,11 +366,13 @@ fn in_process(sources: &[Vec<u8>], g: &Geometry) -> Result<InProcess> {
     }
     let mut hs = Vec::new();
     let secret = ClusterSecret::from_bytes(BENCH_SECRET);
+    let key = protocol::bench_node_key()?;
     for _ in 0..21 {
         let t0 = Instant::now();
-        let (init, hello) = Initiator::start(&secret, Role::Prefill)?;
-        let (reply, _, _) = Responder::on_hello(std::slice::from_ref(&secret), Role::Decode, &hello)?;
-        std::hint::black_box(init.on_reply(&reply)?);
+        let (init, hello) = Initiator::start(&secret, &key, Role::Prefill)?;
+        let (reply, _, _, _) =
+            Responder::on_hello(std::slice::from_ref(&secret), &key, Role::Decode, &hello, &protocol::bench_trusts)?;
+        std::hint::black_box(init.on_reply(&reply, &protocol::bench_trusts)?);
         hs.push(t0.elapsed().as_secs_f64() * 1e6);
     }
     Ok(InProcess {

@@ -25,6 +25,17 @@ pub(super) const BENCH_MAC_KEY: [u8; 32] = [0x5a; 32];
 /// The `encrypted` mode's cluster secret; each run's link keys come from a real handshake.
 pub(super) const BENCH_SECRET: [u8; 32] = [0xa5; 32];
 
+/// The node key both ends of the benchmark use (one key, trusted by itself): the benchmark
+/// measures the handshake and the transfer, not key management.
+pub(super) fn bench_node_key() -> Result<wire::NodeKey, wire::WireError> {
+    wire::NodeKey::from_private([0x5a; 32])
+}
+
+/// Trusts only the benchmark's own node key.
+pub(super) fn bench_trusts(k: &wire::NodePublicKey) -> bool {
+    bench_node_key().is_ok_and(|b| b.public() == *k)
+}
+
 /// `mac` mode frames: len u32, kind u32, seq u32, page u32, token start u32, token end u32,
 /// the body, then a 32-byte keyed BLAKE3 over everything before it (version 1's layout, in
 /// short: the cost is the MAC's pass over the payload).

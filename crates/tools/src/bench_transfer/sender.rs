@@ -119,10 +119,14 @@ impl Sender {
     /// in place and handed to a writer thread, which writes it while the next one is sealed.
     /// Returns the writer thread's CPU time.
     fn send_encrypted(&mut self, p: &Plan, g: &Geometry) -> Result<Option<u64>> {
-        let (init, hello) = Initiator::start(&ClusterSecret::from_bytes(BENCH_SECRET), Role::Prefill)?;
+        let (init, hello) = Initiator::start(
+            &ClusterSecret::from_bytes(BENCH_SECRET),
+            &super::protocol::bench_node_key()?,
+            Role::Prefill,
+        )?;
         self.stream.write_all(&hello.encode())?;
         let reply = read_handshake(&mut self.replies)?;
-        let (keys, _) = init.on_reply(&reply)?;
+        let (keys, _, _) = init.on_reply(&reply, &super::protocol::bench_trusts)?;
         let mut sealer = KvSealer::new(keys, DEFAULT_MAX_FRAME)?;
         let (tx, rx) = mpsc::sync_channel::<Outgoing>(2);
         let (recycle, recycled) = mpsc::channel::<Vec<u8>>();

@@ -82,8 +82,13 @@ fn receive(
         }
         Mode::Encrypted => {
             let hello = read_handshake(stream)?;
-            let (reply, keys, _) =
-                Responder::on_hello(&[ClusterSecret::from_bytes(BENCH_SECRET)], Role::Decode, &hello)?;
+            let (reply, keys, _, _) = Responder::on_hello(
+                &[ClusterSecret::from_bytes(BENCH_SECRET)],
+                &super::protocol::bench_node_key()?,
+                Role::Decode,
+                &hello,
+                &super::protocol::bench_trusts,
+            )?;
             stream.write_all(&reply.encode())?;
             let p = plan(frames, run, g)?;
             receive_transfer(
