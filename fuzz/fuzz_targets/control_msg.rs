@@ -1,8 +1,9 @@
 //! Arbitrary bytes as the plaintext of a control record, as a peer holding the cluster secret
 //! could send them (the record layer authenticates the sender, not what it says). Decoding
 //! returns a message or a typed error; a decoded message goes through what a worker and the
-//! gateway do with it first (the worker's own request and deadline, its output format compiled
-//! as a worker compiles it, failures as engine errors; token events decode as themselves);
+//! gateway do with it first (the worker's own request and deadline, its output format decoded
+//! and compiled as a worker does, failures as engine errors; token events decode as themselves;
+//! the route read out of bytes that decode as no message);
 //! nothing panics, and every message re-encodes to bytes
 //! that decode to the same message.
 #![no_main]
@@ -33,11 +34,17 @@ fn round_trips<T: serde::Serialize + serde::de::DeserializeOwned + std::fmt::Deb
 }
 
 fuzz_target!(|data: &[u8]| {
+    // What a node reads of a message that does not decode: the route it names, or nothing.
+    let _ = cluster::proto::route_of(data);
     if let Ok(m) = serde_json::from_slice::<ToWorker>(data) {
         match &m {
             ToWorker::Reserve(spec) | ToWorker::Prefill { spec, .. } => {
-                if let Ok(req) = spec.to_request(Some(grammars())) {
+                if let Ok(req) = spec.to_request() {
                     assert_eq!(req.prompt, spec.prompt);
+                }
+                // The output format as a worker takes it: decoded within its bounds, then compiled.
+                if let Some(f) = &spec.output {
+                    let _ = f.decode().and_then(|f| grammars().compile(&f));
                 }
                 let _ = spec.deadline();
             }
