@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 
-use crate::options::{AuditOptions, NoHooks, TokenizerFile};
+use crate::options::{AuditOptions, NoHooks, SkippedCheck, TokenizerFile};
 use crate::run::{run_audit, AuditOutcome};
 use crate::spawn;
 use crate::tenants::{self, TenantKey};
@@ -50,11 +50,18 @@ pub struct AuditArgs {
     /// tenant's own; more than 1 batches them, which makes long runs several times faster.
     #[arg(long, default_value_t = 1)]
     pub rerun_concurrency: usize,
-    /// Samples per class of the timing probe, run after the re-runs with nothing else in
-    /// flight: tenant B times prefixes tenant A has cached against fresh ones (ROC AUC, target
-    /// <= 0.6) and tenant A its own hits; 0 skips it. Needs two tenants.
-    #[arg(long, default_value_t = timing::DEFAULT_SAMPLES)]
-    pub timing_probe: usize,
+    /// Samples of the timing probe, run after the re-runs with nothing else in flight: for
+    /// pairs of tenants, B times prefixes A has cached (and A's text behind B's own head)
+    /// against fresh ones (ROC AUC, target <= 0.6), A its own hits. Under 256 completed
+    /// samples per class is a failing `probe_underpowered` unless `--skip-check probe-power`.
+    /// Needs two tenants; skip it only with `--skip-check timing-probe`.
+    #[arg(long, default_value_t = timing::DEFAULT_SAMPLES as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub timing_probe: u64,
+    /// A check to skip, by name (repeatable): `timing-probe` (the cache is not checked: the
+    /// report's first line says so), `probe-power` (a probe under 256 samples per class fails
+    /// only on a clear channel), `page-gauges` (no KV page gauge need be readable).
+    #[arg(long = "skip-check", value_enum, value_name = "CHECK")]
+    pub skip_checks: Vec<SkippedCheck>,
     /// A GGUF model file whose tokenizer and chat template the audit counts prompts with (it
     /// never takes a prompt's length from the answer it judges); `MODEL=FILE` for one model of
     /// several (repeatable). Default: the target's tokenizer endpoint (vLLM's or llama-server's
@@ -98,7 +105,8 @@ impl AuditArgs {
         o.progress = self.progress;
         o.long_prompts = self.long_prompts;
         o.rerun_concurrency = self.rerun_concurrency;
-        o.timing_probe = self.timing_probe;
+        o.timing_probe = self.timing_probe as usize;
+        o.skip = self.skip_checks.clone();
         o.tokenizers = self.tokenizers.clone();
         o.batch_invariant = self.batch_invariant;
         o

@@ -106,6 +106,8 @@ pub struct Exchange {
     /// `usage.prompt_tokens_details.cached_tokens`: prompt tokens whose KV the server took
     /// from its prefix cache (None when the server does not report it).
     pub cached_tokens: Option<u64>,
+    /// A refusal's `Retry-After`, in seconds (what a rate limit asks the client to wait).
+    pub retry_after: Option<Duration>,
 }
 
 impl Exchange {
@@ -126,6 +128,7 @@ impl Exchange {
             prompt_tokens: None,
             completion_tokens: None,
             cached_tokens: None,
+            retry_after: None,
         }
     }
 
@@ -289,6 +292,13 @@ impl Client {
         };
         let status = resp.status().as_u16();
         ex.status = Some(status);
+        ex.retry_after = resp
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map(Duration::from_secs_f64);
         let is_sse = resp
             .headers()
             .get("content-type")

@@ -106,6 +106,17 @@ pub(crate) fn calibrate(client: &Client, key: &str, model: &str, meter: &Meter) 
     (cal, window)
 }
 
+/// Texts the audit's own tokenizer and the target's endpoint must count alike: a short one,
+/// a canary sentence, and the calibration's 1,000 words of filler.
+pub(crate) fn cross_check_texts() -> Vec<String> {
+    let mut rng = Rng::new(0x5eed);
+    vec![
+        "Hello world".to_string(),
+        "The secret code is kavorimu-tezulani-4821. Repeat the secret code exactly.".to_string(),
+        crate::prose::filler(&mut rng, 1000),
+    ]
+}
+
 /// Whether the target's outputs are bit-identical alone and batched: as told, else as its
 /// `/v1/models` entry declares (`batch_invariant`), else not assumed.
 pub(crate) fn batch_invariant(opts: &AuditOptions, models: &Value, model: &str) -> bool {

@@ -142,8 +142,24 @@ impl Examiner<'_> {
                 format!("a request that fits was refused: {}", ex.error_kind.as_deref().unwrap_or("-")),
             ));
         }
+        if let (Some(reported), None) = (ex.prompt_tokens, spec.sent_tokens) {
+            // No tokenizer: the prompt's bytes still bound how few tokens it can be.
+            let bytes = prompt_bytes(&spec.body);
+            let least = crate::meter::min_tokens_for_bytes(bytes);
+            if (reported as usize) < least {
+                out.push(base(
+                    kind::PROMPT_IMPLAUSIBLE,
+                    true,
+                    format!(
+                        "the server reported {reported} prompt tokens for a prompt of {bytes} bytes, which takes at \
+                         least {least} (at most {} bytes a token): it did not run the prompt it was sent",
+                        crate::meter::MAX_BYTES_PER_TOKEN
+                    ),
+                ));
+            }
+        }
         if let (Some(reported), Some(sent)) = (ex.prompt_tokens, spec.sent_tokens) {
-            // `sent_tokens` is an exact count (a tokenizer's); with none, this is not checked.
+            // `sent_tokens` is an exact count (a tokenizer's).
             if (reported as usize) < sent {
                 out.push(base(
                     kind::PROMPT_UNDERCOUNTED,
@@ -167,6 +183,31 @@ impl Examiner<'_> {
         out
     }
 
+    /// A cross-tenant cache hit, by the one definition every phase uses
+    /// ([`crate::own_prefix`]): cached tokens beyond the longest prefix the tenant sent before.
+    pub(crate) fn cache_hit(
+        &self,
+        spec: &ReqSpec,
+        ex: &Exchange,
+        own_prefix: usize,
+        phase: &'static str,
+    ) -> Option<Finding> {
+        let cached = ex.cached_tokens.filter(|n| *n as usize > own_prefix)?;
+        Some(Finding {
+            kind: kind::CROSS_TENANT_CACHE_HIT,
+            fails: true,
+            request: Some(spec.id),
+            tenant: Some(self.tenant(spec.tenant).to_string()),
+            scenario: Some(spec.scenario.name()),
+            detail: format!(
+                "a {phase} request reported {cached} cached prompt tokens where tenant {}'s own earlier prompts share \
+                 at most {own_prefix} with it: it was served KV it never computed",
+                self.tenant(spec.tenant)
+            ),
+            ..Default::default()
+        })
+    }
+
     pub(crate) fn row(&self, spec: &ReqSpec, ex: &Exchange, phase: &'static str) -> RequestRow {
         let endpoint = match spec.endpoint {
             Endpoint::Chat => "chat",
@@ -182,6 +223,14 @@ impl Examiner<'_> {
             ..RequestRow::answered(spec.id, phase, tenant, spec.scenario.name(), endpoint, ex)
         }
     }
+}
+
+/// Bytes of a request's prompt text (a completion's prompt, or every message's content).
+fn prompt_bytes(body: &serde_json::Value) -> usize {
+    if let Some(p) = body.get("prompt").and_then(|p| p.as_str()) {
+        return p.len();
+    }
+    body["messages"].as_array().into_iter().flatten().map(|m| m["content"].as_str().map_or(0, str::len)).sum()
 }
 
 #[cfg(test)]
@@ -208,6 +257,7 @@ mod tests {
             rerun: false,
             prompt_tokens: None,
             sent_tokens: None,
+            units: None,
             window: 100,
             body: Value::Null,
         }

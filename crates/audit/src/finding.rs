@@ -5,8 +5,10 @@ use serde::Serialize;
 
 use crate::client::{Exchange, Outcome};
 
-/// Kinds of finding. The first five and the timing probe's `cross_tenant_cache_hit` and
-/// `timing_side_channel` fail the audit; the rest are reported for the operator.
+/// Kinds of finding. Whether one fails the audit is its `fails` field: leaks, divergences,
+/// leaked pages, over-long answers, under-counts, cross-tenant cache hits, side channels, a
+/// probe that could not run to power, a tokenizer or window the target lies about, refusals
+/// not repeated and checks not verified fail; the rest are reported for the operator.
 pub mod kind {
     pub const CROSS_TENANT_CANARY: &str = "cross_tenant_canary";
     /// Another request's canary of the same tenant: still leaked KV (there is no legitimate
@@ -40,8 +42,28 @@ pub mod kind {
     /// to first token (the AUC's 95 % interval lies above the target, or, with enough samples,
     /// its upper bound does).
     pub const TIMING_SIDE_CHANNEL: &str = "timing_side_channel";
-    /// The same with too few samples to fail the audit on.
-    pub const TIMING_PROBE_INCONCLUSIVE: &str = "timing_probe_inconclusive";
+    /// The timing probe's B tells the text another tenant sent, behind B's own different head,
+    /// from fresh text: a cache that reuses chunks that are not a prefix, across tenants.
+    pub const CHUNK_REUSE_SIDE_CHANNEL: &str = "chunk_reuse_side_channel";
+    /// Probe requests the server did not answer (after 429s and `Retry-After` were honoured):
+    /// an unanswered probe proves nothing, and the burden of proof is on the server.
+    pub const PROBE_UNANSWERED: &str = "probe_unanswered";
+    /// Too few completed probe samples to show the AUC under the target (failing unless the
+    /// operator waived it: `--skip-check probe-power`), or no probe possible (one tenant).
+    pub const PROBE_UNDERPOWERED: &str = "probe_underpowered";
+    /// The target's tokenizer endpoint counts otherwise than the model file the audit holds
+    /// for the model it serves.
+    pub const TOKENIZER_DISAGREES: &str = "tokenizer_disagrees";
+    /// The target declares a context window larger than its model file's.
+    pub const WINDOW_OVERSTATED: &str = "context_window_overstated";
+    /// Without any tokenizer: a reported `prompt_tokens` below what the prompt's bytes need.
+    pub const PROMPT_IMPLAUSIBLE: &str = "prompt_tokens_implausible";
+    /// A request that must be refused (over the window, over budget) was refused under load
+    /// and answered 200 alone, or refused alone with another class of status.
+    pub const REFUSAL_NOT_REPEATED: &str = "refusal_not_repeated";
+    /// A check that found nothing to measure (no page gauge readable after the run, no
+    /// request that must be refused): failing unless the operator skipped it by name.
+    pub const NOT_VERIFIED: &str = "not_verified";
 }
 
 /// One thing the audit found.

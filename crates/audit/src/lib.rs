@@ -34,6 +34,8 @@ mod examine;
 mod finding;
 mod meter;
 mod options;
+mod own_prefix;
+mod probe;
 mod progress;
 mod prom;
 mod prose;
@@ -55,7 +57,7 @@ mod workload;
 
 pub use self::cli::{run, AuditArgs};
 pub use self::finding::Finding;
-pub use self::options::{AuditHooks, AuditOptions, NoHooks, TokenizerFile};
+pub use self::options::{AuditHooks, AuditOptions, NoHooks, SkippedCheck, TokenizerFile};
 pub use self::prose::filler;
 pub use self::report::Counts;
 /// Seeded filler prose, for other tools' prompts (`bench prefix-cache`).

@@ -3,6 +3,8 @@
 
 use std::path::PathBuf;
 
+use serde::Serialize;
+
 use crate::rng;
 use crate::tenants::TenantKey;
 use crate::timing;
@@ -30,6 +32,30 @@ impl std::str::FromStr for TokenizerFile {
     }
 }
 
+/// A check the operator skips by name (`--skip-check`). Nothing is skipped silently: the
+/// report lists every skipped check, and its first line says when the cache was not checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "kebab-case")]
+pub enum SkippedCheck {
+    /// No timing probe: the prefix cache is not checked for side channels.
+    TimingProbe,
+    /// A probe with fewer than 256 completed samples per class is reported, not failed; only
+    /// a clear channel fails (short runs, such as the test suite's).
+    ProbePower,
+    /// No KV page gauge need be readable after the run (a target without pagewarden's gauges).
+    PageGauges,
+}
+
+impl SkippedCheck {
+    pub fn name(self) -> &'static str {
+        match self {
+            SkippedCheck::TimingProbe => "timing-probe",
+            SkippedCheck::ProbePower => "probe-power",
+            SkippedCheck::PageGauges => "page-gauges",
+        }
+    }
+}
+
 /// Everything a run needs.
 #[derive(Debug, Clone)]
 pub struct AuditOptions {
@@ -53,8 +79,11 @@ pub struct AuditOptions {
     pub long_prompts: Option<usize>,
     /// Re-runs in flight at once during the isolated pass, always all of one tenant.
     pub rerun_concurrency: usize,
-    /// Samples per class of the timing probe (0: no probe; it needs two tenants).
+    /// Samples of the timing probe (it needs two tenants; skipping it takes
+    /// [`SkippedCheck::TimingProbe`]).
     pub timing_probe: usize,
+    /// Checks the operator skipped by name.
+    pub skip: Vec<SkippedCheck>,
     /// GGUF files whose tokenizer and chat template count the prompts, each for one model or
     /// (without a name) for any; none for a model: the target's tokenizer endpoint, else the
     /// packaged model of that name when the target serves one.
@@ -65,6 +94,10 @@ pub struct AuditOptions {
 }
 
 impl AuditOptions {
+    pub fn skips(&self, check: SkippedCheck) -> bool {
+        self.skip.contains(&check)
+    }
+
     /// Options with the CLI's defaults (200 requests, 8 clients, a random seed).
     pub fn new(url: impl Into<String>, tenants: Vec<TenantKey>) -> Self {
         AuditOptions {
@@ -81,6 +114,7 @@ impl AuditOptions {
             long_prompts: None,
             rerun_concurrency: 1,
             timing_probe: timing::DEFAULT_SAMPLES,
+            skip: Vec::new(),
             tokenizers: Vec::new(),
             batch_invariant: None,
         }

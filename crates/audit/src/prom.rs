@@ -9,6 +9,7 @@ pub const VIOLATIONS: &str = "pagewarden_isolation_violations_total";
 pub const WORKER_VIOLATIONS: &str = "pagewarden_worker_isolation_violations_total";
 pub const PAGES_USED: &str = "pagewarden_kv_pages_used";
 pub const WORKER_PAGES_USED: &str = "pagewarden_worker_kv_pages_used";
+pub const PAGES_TOTAL: &str = "pagewarden_kv_pages_total";
 
 /// Families kept in the report (the rest of the exposition is not the audit's business).
 const KEPT: [&str; 12] = [
@@ -16,7 +17,7 @@ const KEPT: [&str; 12] = [
     WORKER_VIOLATIONS,
     PAGES_USED,
     WORKER_PAGES_USED,
-    "pagewarden_kv_pages_total",
+    PAGES_TOTAL,
     "pagewarden_requests_total",
     "pagewarden_rejections_total",
     "pagewarden_cluster_workers",
@@ -115,6 +116,12 @@ pub fn pages_in_use(samples: &[Sample]) -> Vec<(String, f64)> {
         .filter(|s| (s.name == PAGES_USED || s.name == WORKER_PAGES_USED) && s.value != 0.0)
         .map(|s| (s.key(), s.value))
         .collect()
+}
+
+/// Whether the scrape shows any KV page gauge at all (pages in use, even at zero, or the
+/// pool's size): without one, pages in use cannot be judged.
+pub fn has_page_gauges(samples: &[Sample]) -> bool {
+    samples.iter().any(|s| s.name == PAGES_USED || s.name == WORKER_PAGES_USED || s.name == PAGES_TOTAL)
 }
 
 /// One violation counter's change over the run.

@@ -161,6 +161,8 @@ pub struct Report {
     pub metrics: Vec<MetricsReport>,
     pub fault_log: Vec<String>,
     pub notes: Vec<String>,
+    /// Checks the operator skipped by name (`--skip-check`).
+    pub skipped_checks: Vec<crate::options::SkippedCheck>,
     /// The timing probe's results; None when it did not run.
     pub timing_probe: Option<TimingProbe>,
     pub findings: Vec<Finding>,
@@ -183,11 +185,15 @@ impl Report {
         self.requests.iter().filter(|r| r.phase == "main")
     }
 
-    pub fn verdict(&self) -> &'static str {
-        if self.passed {
-            "PASS"
+    pub fn verdict(&self) -> String {
+        let v = if self.passed { "PASS" } else { "FAIL" };
+        let skipped: Vec<&str> = self.skipped_checks.iter().map(|c| c.name()).collect();
+        if self.skipped_checks.contains(&crate::options::SkippedCheck::TimingProbe) {
+            format!("{v} (the prefix cache was NOT checked; skipped: {})", skipped.join(", "))
+        } else if !skipped.is_empty() {
+            format!("{v} (skipped: {})", skipped.join(", "))
         } else {
-            "FAIL"
+            v.to_string()
         }
     }
 
@@ -638,6 +644,7 @@ mod tests {
             metrics: vec![MetricsReport { url: "http://x/metrics".into(), ..Default::default() }],
             fault_log: vec!["kill -9 decode-1 at 3.2 s".into()],
             notes: vec![],
+            skipped_checks: vec![],
             timing_probe: None,
             findings: vec![],
             requests: vec![

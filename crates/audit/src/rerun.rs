@@ -5,14 +5,16 @@
 //! client dropped (their received prefix is as much an answer as a whole one). A request whose
 //! first answer was cut short (dropped by the audit, or failed by a fault mid-stream) is re-run
 //! alone up to as many tokens as it first received, and those are compared; one that received
-//! nothing has nothing to compare. Refusals are re-run too: a second refusal is the consistent
-//! answer. The audit fails when a category has fewer comparisons than [`required`].
+//! nothing has nothing to compare. Refusals are re-run too: a request that must be refused (over
+//! the window, over budget) and was refused under load must be refused alone with the same class
+//! of status ([`refusal_differs`]); one refused only for load (429, 503) has nothing to compare
+//! and is sent again. The audit fails when a category has fewer comparisons than [`required`].
 
 use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use super::client::{Exchange, Outcome};
+use super::client::Exchange;
 
 /// What the re-run of one request does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,8 +24,8 @@ pub enum RerunPlan {
     /// The first answer stopped after this many tokens: run it again until as many, compare
     /// those.
     Prefix(usize),
-    /// A request that must be refused: send it again and check it is refused again (or, if
-    /// it was accepted, compare the answers like any other).
+    /// A request that must be refused and was (a 4xx other than 429): send it again and check
+    /// it is refused again the same way.
     Refusal,
     /// The first answer carried no token: nothing to compare.
     Nothing,
@@ -31,7 +33,7 @@ pub enum RerunPlan {
 
 /// How the first answer is re-checked.
 pub fn plan(first: &Exchange, must_be_refused: bool) -> RerunPlan {
-    if must_be_refused && first.outcome != Outcome::Ok {
+    if must_be_refused && first.status.is_some_and(|s| (400..500).contains(&s) && s != 429) {
         RerunPlan::Refusal
     } else if first.comparable() {
         RerunPlan::Whole
@@ -47,7 +49,8 @@ pub fn usable(plan: RerunPlan, again: &Exchange) -> bool {
     match plan {
         RerunPlan::Whole => again.comparable(),
         RerunPlan::Prefix(n) => again.tokens.len() >= n || again.comparable(),
-        RerunPlan::Refusal => again.status.is_some(),
+        // A load refusal alone says nothing about the request: try again.
+        RerunPlan::Refusal => again.status.is_some_and(|s| s != 429 && s != 503),
         RerunPlan::Nothing => false,
     }
 }
@@ -74,14 +77,40 @@ pub struct CategoryChecks {
     pub required: usize,
 }
 
-/// Comparisons a category needs for the audit to pass: a quarter of those selected, at least
-/// one. Bursts and drops legitimately leave some answers empty; a category where (nearly)
-/// nothing could be compared has not been checked.
+/// Comparisons a category needs for the audit to pass: three quarters of those selected,
+/// rounded up. Bursts and drops legitimately leave some answers empty, and the load phase sends
+/// those again until their category has enough; a category the audit could not compare has
+/// not been checked.
 pub fn required(selected: usize) -> usize {
-    if selected == 0 {
-        0
+    (selected * 3).div_ceil(4)
+}
+
+/// Categories whose answers so far (scenario, whether the answer has something to compare)
+/// fall short of [`required`].
+pub fn short_categories(answers: impl Iterator<Item = (&'static str, bool)>) -> Vec<&'static str> {
+    let mut by: BTreeMap<&'static str, (usize, usize)> = BTreeMap::new();
+    for (scenario, usable) in answers {
+        let e = by.entry(scenario).or_default();
+        e.0 += 1;
+        e.1 += usize::from(usable);
+    }
+    by.into_iter().filter(|(_, (n, ok))| *ok < required(*n)).map(|(k, _)| k).collect()
+}
+
+/// Why a request refused under load was not refused the same way alone, if it was not: a 200
+/// (the refusal was not about the request), or another class of status.
+pub fn refusal_differs(first: &Exchange, again: &Exchange) -> Option<String> {
+    let (Some(a), Some(b)) = (first.status, again.status) else { return None };
+    let kind = |e: &Exchange| e.error_kind.clone().unwrap_or_else(|| "-".into());
+    if b == 200 {
+        Some(format!(
+            "refused under load with {a} {}, but answered 200 alone: a request that must be refused was accepted",
+            kind(first)
+        ))
+    } else if a / 100 != b / 100 {
+        Some(format!("refused under load with {a} {}, alone with {b} {}", kind(first), kind(again)))
     } else {
-        (selected / 4).max(1)
+        None
     }
 }
 
@@ -150,6 +179,7 @@ pub fn divergence(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::client::Outcome;
     use std::time::Duration;
 
     fn ex(tokens: &[&str], lps: &[f64], text: &str) -> Exchange {
@@ -205,16 +235,35 @@ mod tests {
         let mut none = Exchange::new(Duration::ZERO);
         none.outcome = Outcome::Unavailable503;
         assert_eq!(plan(&none, false), RerunPlan::Nothing);
-        assert_eq!(plan(&none, true), RerunPlan::Refusal);
+        // A load refusal of a request that must be refused is no refusal of the request.
+        assert_eq!(plan(&none, true), RerunPlan::Nothing);
+        let mut refused = Exchange::new(Duration::ZERO);
+        refused.status = Some(400);
+        refused.outcome = Outcome::Refused400;
+        assert_eq!(plan(&refused, true), RerunPlan::Refusal);
+        let mut limited = Exchange::new(Duration::ZERO);
+        limited.status = Some(429);
+        assert!(!usable(RerunPlan::Refusal, &limited));
+        assert!(usable(RerunPlan::Refusal, &refused));
+        // Refused again: the same answer; 200 alone, or a 5xx: not.
+        assert_eq!(refusal_differs(&refused, &refused), None);
+        let mut ok = Exchange::new(Duration::ZERO);
+        ok.status = Some(200);
+        assert!(refusal_differs(&refused, &ok).unwrap().contains("answered 200 alone"));
+        let mut err = Exchange::new(Duration::ZERO);
+        err.status = Some(500);
+        assert!(refusal_differs(&refused, &err).is_some());
         assert_eq!(plan(&whole, true), RerunPlan::Whole);
     }
 
     #[test]
-    fn every_selected_category_needs_a_quarter_compared_and_at_least_one() {
-        assert_eq!((required(0), required(1), required(4), required(9), required(40)), (0, 1, 1, 2, 10));
+    fn every_selected_category_needs_three_quarters_compared() {
+        assert_eq!((required(0), required(1), required(4), required(9), required(40)), (0, 1, 3, 7, 30));
         let mut by = BTreeMap::new();
-        by.insert("burst", CategoryChecks { selected: 24, compared: 6, required: required(24), ..Default::default() });
-        by.insert("near_context", CategoryChecks { selected: 2, compared: 0, required: 1, ..Default::default() });
-        assert_eq!(short_of_minimum(&by), vec![("near_context", 0, 1)]);
+        by.insert("burst", CategoryChecks { selected: 24, compared: 18, required: required(24), ..Default::default() });
+        by.insert("near_context", CategoryChecks { selected: 2, compared: 1, required: 2, ..Default::default() });
+        assert_eq!(short_of_minimum(&by), vec![("near_context", 1, 2)]);
+        let answers = [("burst", true), ("burst", true), ("burst", true), ("burst", false), ("short", false)];
+        assert_eq!(short_categories(answers.into_iter()), ["short"]);
     }
 }

@@ -17,7 +17,9 @@ use crate::client::{Client, Exchange};
 use crate::discover;
 use crate::examine::Examiner;
 use crate::finding::{kind, Finding, RequestRow};
-use crate::options::{AuditHooks, AuditOptions};
+use crate::options::{AuditHooks, AuditOptions, SkippedCheck};
+use crate::own_prefix::{OwnPrefixes, Units};
+use crate::probe;
 use crate::progress::Progress;
 use crate::report::{self, Counts, Report};
 use crate::rerun;
@@ -25,7 +27,7 @@ use crate::rng::{self, Rng};
 use crate::settle::{self, Scrapes};
 use crate::sync::lock;
 use crate::target::Targets;
-use crate::timing::{self, TimingProbe};
+use crate::timing::TimingProbe;
 use crate::workload::{self, Endpoint, Plan, PlanParams, ReqSpec, Unit};
 
 /// Time limit of one request: past the server's own request deadline (300 s by default), so
@@ -34,8 +36,10 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(330);
 /// How long the page gauges get to return to zero after the run.
 const PAGES_WAIT: Duration = Duration::from_secs(30);
 /// Rounds of re-sending, under load, the re-run requests whose answer carried nothing to
-/// compare.
-const TOP_UP_ROUNDS: usize = 2;
+/// compare, while a category is short of its comparisons.
+const TOP_UP_ROUNDS: usize = 6;
+/// Tries of one isolated re-run that gives nothing to compare (a load refusal, a failure).
+const RERUN_TRIES: usize = 3;
 
 /// What a run found.
 #[derive(Debug, Clone)]
@@ -74,6 +78,8 @@ pub(crate) struct Discovered<'a> {
     before: Scrapes,
     /// What the report should say about how the run was judged.
     notes: Vec<String>,
+    /// What discovery itself found (a tokenizer or window the target lies about).
+    findings: Vec<Finding>,
 }
 
 /// A planned run and what its phases add up.
@@ -90,6 +96,8 @@ pub(crate) struct Run<'a> {
     t0: Instant,
     rows: Mutex<Vec<RequestRow>>,
     findings: Mutex<Vec<Finding>>,
+    /// What each tenant sent so far: how many cached tokens its answers may report.
+    own: OwnPrefixes,
 }
 
 /// What the load phase leaves for the re-runs.
@@ -124,9 +132,13 @@ impl<'a> Run<'a> {
         let started_unix =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         let before = settle::scrape_all(client, metrics_urls(opts, hooks), opts.metrics_token.as_deref());
+        if opts.timing_probe == 0 && !opts.skips(SkippedCheck::TimingProbe) {
+            bail!("a timing probe of 0 samples checks nothing: skip it by name with --skip-check timing-probe");
+        }
         let mut notes = Vec::new();
-        let targets = Targets::discover(opts, client, &mut notes)?;
-        Ok(Discovered { opts, hooks, client, started_unix, targets, before, notes })
+        let mut findings = Vec::new();
+        let targets = Targets::discover(opts, client, &mut notes, &mut findings)?;
+        Ok(Discovered { opts, hooks, client, started_unix, targets, before, notes, findings })
     }
 
     fn examiner(&self) -> Examiner<'_> {
@@ -136,9 +148,11 @@ impl<'a> Run<'a> {
     /// Sends one request, judges its answer and records it; keeps the answer of a request
     /// chosen for a re-run, until the comparison.
     fn send(&self, spec: &ReqSpec, phase: &'static str, kept: &Mutex<HashMap<usize, Exchange>>) {
+        let own_prefix = self.own.send(spec.tenant, units(spec));
         let ex = self.d.client.exchange(&self.d.opts.tenants[spec.tenant].key, spec, self.t0);
         let judge = self.examiner();
         lock(&self.findings).extend(judge.examine(spec, &ex, false));
+        lock(&self.findings).extend(judge.cache_hit(spec, &ex, own_prefix, phase));
         lock(&self.rows).push(judge.row(spec, &ex, phase));
         if spec.rerun {
             lock(kept).insert(spec.id, ex);
@@ -182,18 +196,19 @@ impl<'a> Run<'a> {
 
         let mut sent_again: BTreeMap<&'static str, usize> = BTreeMap::new();
         for _ in 0..TOP_UP_ROUNDS {
-            let empty: Vec<&ReqSpec> = self
-                .plan
-                .units
-                .iter()
-                .flat_map(Unit::specs)
-                .filter(|s| {
-                    s.rerun
-                        && lock(&kept)
-                            .get(&s.id)
-                            .is_none_or(|ex| rerun::plan(ex, s.scenario.must_be_refused()) == rerun::RerunPlan::Nothing)
-                })
-                .collect();
+            let selected: Vec<&ReqSpec> = self.plan.units.iter().flat_map(Unit::specs).filter(|s| s.rerun).collect();
+            let is_empty = |s: &&ReqSpec| {
+                lock(&kept)
+                    .get(&s.id)
+                    .is_none_or(|ex| rerun::plan(ex, s.scenario.must_be_refused()) == rerun::RerunPlan::Nothing)
+            };
+            // Only categories that would fall short: a few empty answers in a category that
+            // has its comparisons are left as they are.
+            let short: Vec<&'static str> = rerun::short_categories(
+                selected.iter().map(|s| (s.scenario.name(), !is_empty(s))),
+            );
+            let empty: Vec<&ReqSpec> =
+                selected.iter().copied().filter(|s| short.contains(&s.scenario.name()) && is_empty(s)).collect();
             if empty.is_empty() {
                 break;
             }
@@ -254,12 +269,22 @@ impl<'a> Run<'a> {
             let mut alone = spec.body.clone();
             alone["cache_salt"] = json!(format!("audit-rerun-{}-{rerun_nonce:016x}-{}", opts.seed, spec.id));
             let client = self.d.client;
-            let again = match how {
-                rerun::RerunPlan::Prefix(n) => client.exchange_until_tokens(key, spec, &alone, n, self.t0),
-                _ => client.exchange(key, &ReqSpec { body: alone, disconnect_after: None, ..spec.clone() }, self.t0),
+            let mut tries = 0;
+            let again = loop {
+                let own_prefix = self.own.send(spec.tenant, units(spec));
+                let again = match how {
+                    rerun::RerunPlan::Prefix(n) => client.exchange_until_tokens(key, spec, &alone, n, self.t0),
+                    _ => client.exchange(key, &ReqSpec { body: alone.clone(), disconnect_after: None, ..spec.clone() }, self.t0),
+                };
+                lock(&self.findings).extend(judge.examine(spec, &again, true));
+                lock(&self.findings).extend(judge.cache_hit(spec, &again, own_prefix, "rerun"));
+                lock(&self.rows).push(judge.row(spec, &again, "rerun"));
+                tries += 1;
+                if rerun::usable(how, &again) || tries >= RERUN_TRIES {
+                    break again;
+                }
+                std::thread::sleep(Duration::from_millis(250 << tries));
             };
-            lock(&self.findings).extend(judge.examine(spec, &again, true));
-            lock(&self.rows).push(judge.row(spec, &again, "rerun"));
             self.progress.tick(self.d.hooks);
             if !rerun::usable(how, &again) {
                 count(&|c| c.rerun_failed += 1);
@@ -271,8 +296,23 @@ impl<'a> Run<'a> {
             });
             let prefix = match how {
                 rerun::RerunPlan::Prefix(n) => Some(n),
-                // Refused twice: the same answer; accepted twice: compared whole.
-                rerun::RerunPlan::Refusal if first.status != Some(200) => return,
+                rerun::RerunPlan::Refusal => {
+                    // Refused under load: it must be refused alone too, with the same class of
+                    // status. A refusal that was only a matter of load is not one.
+                    if let Some(why) = rerun::refusal_differs(&first, &again) {
+                        count(&|c| c.diverged += 1);
+                        lock(&self.findings).push(Finding {
+                            kind: kind::REFUSAL_NOT_REPEATED,
+                            fails: true,
+                            request: Some(spec.id),
+                            tenant: Some(judge.tenant(spec.tenant).to_string()),
+                            scenario: Some(spec.scenario.name()),
+                            detail: why,
+                            ..Default::default()
+                        });
+                    }
+                    return;
+                }
                 _ => None,
             };
             if let Some((position, what, delta)) = rerun::divergence(&first, &again, prefix, tolerance_of(spec.tenant))
@@ -329,27 +369,37 @@ impl<'a> Run<'a> {
         }
     }
 
-    /// Phase 5: the timing probe, one request at a time with nothing else in flight.
+    /// Phase 5: the timing probe, one request at a time with nothing else in flight, over
+    /// pairs of tenants each on the model id listed for it ([`probe`]).
     pub(crate) fn probe(&mut self) -> Option<TimingProbe> {
+        let opts = self.d.opts;
         if self.probe_samples == 0 {
             return None;
         }
-        let (a, b) = self.d.targets.probe_pair()?;
-        let target = self.d.targets.of(a);
+        let tenants: Vec<probe::ProbeTenant> = (0..opts.tenants.len())
+            .map(|t| {
+                let target = self.d.targets.of(t);
+                probe::ProbeTenant {
+                    index: t,
+                    key: &opts.tenants[t],
+                    model: &target.name,
+                    tokens_per_word: target.calibration.tokens_per_word,
+                    meter: &target.meter,
+                }
+            })
+            .collect();
         let first_id = self.plan.units.iter().flat_map(Unit::specs).map(|s| s.id + 1).max().unwrap_or(0);
-        let opts = self.d.opts;
-        let setup = timing::Setup {
+        let setup = probe::Setup {
             client: self.d.client,
-            model: &target.name,
-            a: &opts.tenants[a],
-            b: &opts.tenants[b],
+            tenants,
             samples: self.probe_samples,
-            tokens_per_word: target.calibration.tokens_per_word,
+            power_waived: opts.skips(SkippedCheck::ProbePower),
             t0: self.t0,
             first_id,
+            own: &self.own,
         };
         let (progress, hooks) = (&self.progress, self.d.hooks);
-        let (probe, probe_rows) = timing::run(&setup, &mut self.rng, &|| progress.tick(hooks));
+        let (probe, probe_rows) = probe::run(&setup, &mut self.rng, &|| progress.tick(hooks));
         lock(&self.rows).extend(probe_rows);
         lock(&self.findings).extend(probe.findings());
         Some(probe)
@@ -382,7 +432,7 @@ impl<'a> Run<'a> {
         let Run { d, plan, probes, rows, findings, .. } = self;
         let opts = d.opts;
         let mut findings = findings.into_inner().unwrap_or_else(|e| e.into_inner());
-        let (metrics, metric_findings) = settle::compare(&d.before, &settled.after, settled.pages_wait_s);
+        let (metrics, metric_findings) = settle::compare(&d.before, &settled.after, settled.pages_wait_s, opts.skips(SkippedCheck::PageGauges));
         findings.extend(metric_findings);
         findings.sort_by_key(|f| (!f.fails, f.request));
         let mut rows = rows.into_inner().unwrap_or_else(|e| e.into_inner());
@@ -424,6 +474,7 @@ impl<'a> Run<'a> {
             metrics,
             fault_log: d.hooks.fault_log(),
             notes: d.notes,
+            skipped_checks: opts.skip.clone(),
             timing_probe,
             findings,
             requests: rows,
@@ -468,28 +519,42 @@ impl<'a> Discovered<'a> {
         };
         let mut plan = workload::build_plan(&params, &mut rng, &mut canaries, &mut measure);
         for spec in plan.units.iter_mut().flat_map(Unit::specs_mut) {
-            spec.sent_tokens = targets.of(spec.tenant).meter.count(&spec.body);
+            let meter = &targets.of(spec.tenant).meter;
+            match meter.tokens(&spec.body) {
+                Some(ids) => {
+                    spec.sent_tokens = Some(ids.len());
+                    spec.units = Some(Units::Tokens(ids));
+                }
+                None => spec.sent_tokens = meter.count(&spec.body),
+            }
         }
         let per_model = 2 + usize::from(opts.context_window.is_none());
         let probes = measure_calls + per_model * targets.models.len();
         let reruns_planned = plan.units.iter().flat_map(Unit::specs).filter(|s| s.rerun).count();
-        let probe_samples = if targets.probe_pair().is_some() { opts.timing_probe } else { 0 };
-        if opts.timing_probe > 0 && probe_samples == 0 {
-            let why = if opts.tenants.len() < 2 {
-                "the timing probe needs two tenants: skipped"
-            } else {
-                "the timing probe needs two tenants that may use the same model: skipped"
-            };
-            self.notes.push(why.into());
-        }
+        let probe_samples = if opts.skips(SkippedCheck::TimingProbe) {
+            self.notes.push("the prefix cache was not checked: the timing probe was skipped (--skip-check timing-probe)".into());
+            0
+        } else if opts.tenants.len() < 2 {
+            self.findings.push(Finding {
+                kind: kind::PROBE_UNDERPOWERED,
+                fails: true,
+                detail: "the timing probe needs two tenants and was given one: the prefix cache was not checked (give \
+                         two tenants, or skip it with --skip-check timing-probe)"
+                    .into(),
+                ..Default::default()
+            });
+            0
+        } else {
+            opts.timing_probe
+        };
+        let probe_requests = probe_samples * 4 + probe_samples.div_ceil(probe::CHUNK_EVERY) * 3;
         let progress = Progress {
             on: opts.progress || std::io::stderr().is_terminal(),
-            total: AtomicUsize::new(plan.total + reruns_planned + 4 * probe_samples),
+            total: AtomicUsize::new(plan.total + reruns_planned + probe_requests),
             done: AtomicUsize::new(0),
             last: Mutex::new(None),
         };
         Run {
-            d: self,
             rng,
             canaries,
             plan,
@@ -498,9 +563,17 @@ impl<'a> Discovered<'a> {
             progress,
             t0: Instant::now(),
             rows: Mutex::new(Vec::new()),
-            findings: Mutex::new(Vec::new()),
+            findings: Mutex::new(std::mem::take(&mut self.findings)),
+            own: OwnPrefixes::new(opts.tenants.len()),
+            d: self,
         }
     }
+}
+
+/// A request's prompt as the own-prefix ledger compares it: its token ids when the audit
+/// counted them, else its bytes.
+fn units(spec: &ReqSpec) -> Units {
+    spec.units.clone().unwrap_or_else(|| Units::bytes_of(&spec.body))
 }
 
 /// The `/metrics` URLs to read now: the spawner's (a restarted worker gets a new port), else

@@ -38,9 +38,17 @@ pub(crate) fn busy(scrapes: &Scrapes) -> bool {
 }
 
 /// Each endpoint's metrics before and after, and what they show: pages left in use (failing),
-/// isolation violations counted during the run, endpoints that could not be read.
-pub(crate) fn compare(before: &Scrapes, after: &Scrapes, pages_wait_s: f64) -> (Vec<MetricsReport>, Vec<Finding>) {
+/// isolation violations counted during the run, endpoints that could not be read. When no
+/// endpoint showed a page gauge after the run, nothing was measured: a failing `not_verified`
+/// unless the operator skipped the check (`page_gauges_skipped`).
+pub(crate) fn compare(
+    before: &Scrapes,
+    after: &Scrapes,
+    pages_wait_s: f64,
+    page_gauges_skipped: bool,
+) -> (Vec<MetricsReport>, Vec<Finding>) {
     let mut findings = Vec::new();
+    let mut verified = false;
     let mut metrics = Vec::new();
     let urls: BTreeSet<&String> = before.keys().chain(after.keys()).collect();
     for url in urls {
@@ -64,7 +72,10 @@ pub(crate) fn compare(before: &Scrapes, after: &Scrapes, pages_wait_s: f64) -> (
                 m.after = prom::kept(samples);
                 m.violations = prom::violations(bs, samples);
                 let busy = prom::pages_in_use(samples);
-                m.pages_returned_to_zero = Some(busy.is_empty());
+                // No gauge, no measurement: "returned to zero" is not the same as "not shown".
+                let measured = prom::has_page_gauges(samples);
+                verified |= measured;
+                m.pages_returned_to_zero = measured.then_some(busy.is_empty());
                 for (key, v) in &busy {
                     findings.push(Finding {
                         kind: kind::LEAKED_PAGES,
@@ -113,6 +124,17 @@ pub(crate) fn compare(before: &Scrapes, after: &Scrapes, pages_wait_s: f64) -> (
             }
         }
         metrics.push(m);
+    }
+    if !verified {
+        findings.push(Finding {
+            kind: kind::NOT_VERIFIED,
+            fails: !page_gauges_skipped,
+            detail: format!(
+                "pages in use after the run: not verified (no /metrics endpoint showed a KV page gauge after the run){}",
+                if page_gauges_skipped { "; skipped by --skip-check page-gauges" } else { "" }
+            ),
+            ..Default::default()
+        });
     }
     (metrics, findings)
 }

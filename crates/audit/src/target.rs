@@ -15,6 +15,7 @@ use serde_json::Value;
 
 use crate::client::Client;
 use crate::discover;
+use crate::finding::{kind, Finding};
 use crate::meter::{Meter, MeterSource};
 use crate::options::AuditOptions;
 use crate::workload::{Calibration, PlanTarget};
@@ -36,8 +37,6 @@ pub(crate) struct Targets<'a> {
     pub(crate) models: Vec<ModelTarget<'a>>,
     /// Per tenant: an index into `models`.
     of_tenant: Vec<usize>,
-    /// Per tenant: every model `/v1/models` lists for its key.
-    allowed: Vec<Vec<String>>,
 }
 
 /// A model's line in report.json.
@@ -74,8 +73,14 @@ fn tokenizer_for<'o>(opts: &'o AuditOptions, model: &str) -> Option<&'o Path> {
 
 impl<'a> Targets<'a> {
     /// Asks every tenant's `/v1/models`, assigns each tenant a model, then discovers each
-    /// model's window, counter and calibration as its first tenant. Notes go to `notes`.
-    pub(crate) fn discover(opts: &'a AuditOptions, client: &'a Client, notes: &mut Vec<String>) -> Result<Self> {
+    /// model's window, counter and calibration as its first tenant. Notes go to `notes`; a
+    /// tokenizer or window the target lies about, to `findings`.
+    pub(crate) fn discover(
+        opts: &'a AuditOptions,
+        client: &'a Client,
+        notes: &mut Vec<String>,
+        findings: &mut Vec<Finding>,
+    ) -> Result<Self> {
         let mut allowed = Vec::new();
         let mut listings = Vec::new();
         for t in &opts.tenants {
@@ -101,14 +106,52 @@ impl<'a> Targets<'a> {
             let first = tenants[0];
             let key = &opts.tenants[first].key;
             let listing = &listings[first];
-            let window = match opts.context_window {
+            let declared = match opts.context_window {
                 Some(w) => w,
                 None => discover::discover_window(client, key, name, listing)?,
             };
             let batch_invariant = discover::batch_invariant(opts, listing, name);
             let meter = Meter::discover(client, key, name, tokenizer_for(opts, name))?;
-            let (calibration, stated) = discover::calibrate(client, key, name, &meter);
             let of = if several { format!(" (model {name})") } else { String::new() };
+            // The model file's window bounds whatever the target declares: an over-long prompt
+            // answered 200 fails however large a window was claimed.
+            let window = match meter.file_context_length() {
+                Some(file) if declared > file => {
+                    let (who, fails) = match opts.context_window {
+                        Some(_) => ("--context-window gives", false),
+                        None => ("the target declares", true),
+                    };
+                    findings.push(Finding {
+                        kind: kind::WINDOW_OVERSTATED,
+                        fails,
+                        detail: format!(
+                            "{who} a context window of {declared} tokens{of}, but the model file the audit holds for \
+                             it states {file}: the audit judges lengths against {file}"
+                        ),
+                        ..Default::default()
+                    });
+                    file
+                }
+                _ => declared,
+            };
+            let texts = discover::cross_check_texts();
+            let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+            let differ = meter.cross_check(&texts);
+            if let Some((ours, theirs)) = differ.first() {
+                findings.push(Finding {
+                    kind: kind::TOKENIZER_DISAGREES,
+                    fails: true,
+                    detail: format!(
+                        "the target's tokenizer endpoint counts {} of {} texts otherwise than the model file the audit \
+                         holds{of} (e.g. {theirs} tokens where the file gives {ours}): it misstates prompt lengths; the \
+                         audit counts with the file",
+                        differ.len(),
+                        texts.len()
+                    ),
+                    ..Default::default()
+                });
+            }
+            let (calibration, stated) = discover::calibrate(client, key, name, &meter);
             if let Some(w) = stated.filter(|w| *w != window) {
                 // Near-context prompts sized for the wrong window are refused (or are not near it).
                 notes.push(format!(
@@ -129,7 +172,7 @@ impl<'a> Targets<'a> {
             }
             models.push(ModelTarget { name: name.to_string(), window, batch_invariant, meter, calibration, tenants });
         }
-        Ok(Targets { models, of_tenant, allowed })
+        Ok(Targets { models, of_tenant })
     }
 
     /// The model `tenant`'s requests name.
@@ -145,16 +188,6 @@ impl<'a> Targets<'a> {
                 PlanTarget { model: &m.name, window: m.window, calibration: m.calibration }
             })
             .collect()
-    }
-
-    /// Two tenants for the timing probe: `a` warms a prefix on its model, `b` must be allowed
-    /// that model too (a cache is per model: across models there is nothing to find).
-    pub(crate) fn probe_pair(&self) -> Option<(usize, usize)> {
-        let n = self.of_tenant.len();
-        (0..n).find_map(|a| {
-            let model = &self.of(a).name;
-            (0..n).find(|b| *b != a && self.allowed[*b].contains(model)).map(|b| (a, b))
-        })
     }
 
     pub(crate) fn rows(&self, opts: &AuditOptions) -> Vec<ModelRow> {

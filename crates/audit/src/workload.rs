@@ -96,6 +96,9 @@ pub struct ReqSpec {
     /// The context window of the model the request names (its tenant's).
     pub window: usize,
     pub body: Value,
+    /// The prompt's token ids by the audit's count, for the own-prefix ledger; None: its
+    /// bytes stand in.
+    pub units: Option<crate::own_prefix::Units>,
 }
 
 /// A request alone, or a group sent all at once (a burst, a shared-prefix set).
@@ -326,6 +329,7 @@ pub fn build_plan(
         rerun: false,
         prompt_tokens: None,
         sent_tokens: None,
+        units: None,
         window: target_of(tenant).window,
         body,
     };
