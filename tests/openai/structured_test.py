@@ -4,8 +4,8 @@ Usage: python structured_test.py BASE_URL API_KEY MODEL
 Checks: `response_format` json_schema answers validate against their schema (jsonschema) for 20
 varied prompts, streamed or not; json_object answers parse; a `tools` request returns
 `tool_calls` whose arguments validate against the function's parameters, also streamed; a
-`tool` message answering the call is accepted on the next turn; a bad schema is a 400 naming
-`response_format`. Exits non-zero naming the failing check.
+`tool` message answering the call goes into the next turn's prompt (its length shows in
+`usage`); a bad schema is a 400 naming `response_format`. Exits non-zero naming the failing check.
 """
 import json
 import sys
@@ -192,18 +192,32 @@ streamed_args = "".join(d.function.arguments or "" for d in deltas)
 check(streamed_args == call.function.arguments, "the streamed call equals the full one")
 
 # The next turn: the call and its result go back to the model.
-follow = client.chat.completions.create(
-    model=model,
-    messages=ask
-    + [
-        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
-        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature": 18, "sky": "clear"})},
-    ],
-    max_tokens=40,
-    temperature=0,
-    tools=TOOLS,
-    tool_choice="none",
-)
+def next_turn(result):
+    return client.chat.completions.create(
+        model=model,
+        messages=ask
+        + [
+            {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+            {"role": "tool", "tool_call_id": call.id, "content": json.dumps(result)},
+        ],
+        max_tokens=40,
+        temperature=0,
+        tools=TOOLS,
+        tool_choice="none",
+    )
+
+
+follow = next_turn({"temperature": 18, "sky": "clear"})
 check(isinstance(follow.choices[0].message.content, str), "a tool result is answered in text")
+# The result is in the prompt: a longer result makes a longer prompt, by about its length.
+notes = " ".join(["humid with a light breeze from the west"] * 20)
+longer = next_turn({"temperature": 18, "sky": "clear", "notes": notes})
+grew = longer.usage.prompt_tokens - follow.usage.prompt_tokens
+check(grew >= 100, f"the tool message's content goes into the next prompt ({grew} more prompt tokens)")
+without = client.chat.completions.create(model=model, messages=ask, max_tokens=1, temperature=0)
+check(
+    follow.usage.prompt_tokens > without.usage.prompt_tokens + 10,
+    "the call and its result lengthen the next turn's prompt",
+)
 
 done()

@@ -204,6 +204,13 @@ pub fn metric(text: &str, name: &str, filter: &str) -> f64 {
         .sum()
 }
 
+/// Whether the exposition has any sample of `name`: a family that is absent is not zero.
+pub fn has_metric(text: &str, name: &str) -> bool {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .any(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' ')))
+}
+
 fn describe(cmd: &Command) -> String {
     let mut s = cmd.get_program().to_string_lossy().to_string();
     for a in cmd.get_args() {
@@ -225,6 +232,9 @@ mod tests {
         assert_eq!(metric(text, "pagewarden_kv_pages_used", ""), 7.0);
         assert_eq!(metric(text, "pagewarden_kv_pages_used", "tenant=\"2\""), 4.0);
         assert_eq!(metric(text, "pagewarden_kv_pages_total", ""), 9.0);
+        assert!(has_metric(text, "pagewarden_kv_pages_total"));
+        // Declared but without a sample, or only a longer name: absent, not zero.
+        assert!(!has_metric("# TYPE pagewarden_x gauge\npagewarden_x_extra 1\n", "pagewarden_x"));
     }
 
     #[test]

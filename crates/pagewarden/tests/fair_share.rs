@@ -46,15 +46,22 @@ fn a_tenant_reserving_near_window_requests_cannot_starve_another_tenant() {
     // The first decodes; the second waits in A's queue (over A's share): its answer (headers
     // included) is held until it starts, so each is sent from its own thread.
     let (tx, started) = std::sync::mpsc::channel();
+    // Each of A's answers as it comes: a status, or the error that stood for one.
+    let (status_tx, statuses) = std::sync::mpsc::channel::<String>();
     for _ in 0..2 {
         let (agent, url, key, tx) = (s.agent(), format!("{}/v1/completions", s.url), a_key.clone(), tx.clone());
+        let status_tx = status_tx.clone();
         std::thread::spawn(move || {
-            let Ok(mut r) = agent
+            let r = agent
                 .post(url)
                 .header("Authorization", format!("Bearer {key}"))
                 .header("Content-Type", "application/json")
-                .send(long_completion().to_string().as_bytes())
-            else {
+                .send(long_completion().to_string().as_bytes());
+            let _ = status_tx.send(match &r {
+                Ok(r) => r.status().as_u16().to_string(),
+                Err(e) => e.to_string(),
+            });
+            let Ok(mut r) = r else {
                 return;
             };
             let mut lines = BufReader::new(r.body_mut().as_reader()).lines();
@@ -84,4 +91,9 @@ fn a_tenant_reserving_near_window_requests_cannot_starve_another_tenant() {
     let pages_total = common::cluster::metric(&m, "pagewarden_kv_pages_total", "");
     let a_pages = common::cluster::metric(&m, "pagewarden_kv_pages_used", "tenant=\"1\"");
     assert!(a_pages > 0.0 && a_pages <= (pages_total / 2.0).ceil(), "A holds {a_pages} of {pages_total} pages");
+    // A's second request was queued, not refused: one request waits, and the only answer A
+    // has had is its first one's 200 (a refusal would have come at once).
+    assert_eq!(common::cluster::metric(&m, "pagewarden_queue_depth", ""), 1.0, "{m}");
+    let answered: Vec<String> = statuses.try_iter().collect();
+    assert_eq!(answered, ["200"], "A's answers so far");
 }

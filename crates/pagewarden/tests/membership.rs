@@ -151,7 +151,7 @@ fn a_worker_whose_lease_expires_is_dropped_and_rejoins_and_etcd_down_stops_nothi
     std::thread::sleep(Duration::from_secs(3));
     c.wait_workers(1, 3);
     until(Duration::from_secs(30), "pages freed", || {
-        [0, d1, d2, d3].iter().all(|&i| c.worker_metric(i, "pagewarden_kv_pages_used", "") == 0.0)
+        [0, d1, d2, d3].iter().all(|&i| c.worker_pages_used(i) == Some(0.0))
     });
 }
 

@@ -403,12 +403,19 @@ impl Cluster {
         metric(&self.worker_metrics(i), name, filter)
     }
 
-    /// Waits until every live worker's pool has no page in use.
+    /// Pages in use in worker `i`'s pool; None when its `/metrics` shows no pool at all (could
+    /// not be read, or has no `pagewarden_kv_pages_total`): an absent gauge is not a zero.
+    pub fn worker_pages_used(&self, i: usize) -> Option<f64> {
+        let text = self.worker_metrics(i);
+        launch::has_metric(&text, "pagewarden_kv_pages_total").then(|| metric(&text, "pagewarden_kv_pages_used", ""))
+    }
+
+    /// Waits until every live worker's pool is readable and has no page in use.
     pub fn wait_pools_empty(&self, live: &[usize]) {
         let t0 = Instant::now();
         loop {
-            let used: Vec<f64> = live.iter().map(|&i| self.worker_metric(i, "pagewarden_kv_pages_used", "")).collect();
-            if used.iter().all(|&u| u == 0.0) {
+            let used: Vec<Option<f64>> = live.iter().map(|&i| self.worker_pages_used(i)).collect();
+            if used.iter().all(|u| *u == Some(0.0)) {
                 return;
             }
             assert!(t0.elapsed() < Duration::from_secs(30), "pages still in use: {used:?}");

@@ -6,6 +6,7 @@
 use std::collections::HashSet;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -75,6 +76,16 @@ pub enum Fault {
     /// One prefix cache for every tenant: a prompt whose start anyone sent before answers
     /// fast. It reports no cached tokens, so only time tells.
     SharedCache,
+    /// The placeholder server with a cover story: its `/tokenize` counts half of every prompt,
+    /// its `/v1/models` declares a window four times the model's, and it answers every prompt
+    /// up to that window with 200 and the halved count.
+    LyingTokenizer,
+    /// Prefix hits only within a tenant, but any tenant's text behind a different first word
+    /// answers fast (llama.cpp's `--cache-reuse` across keys), with no cached tokens reported.
+    ChunkReuse,
+    /// Refuses over-long prompts with 400 while other requests are in flight, and answers them
+    /// with 200 when one is alone.
+    RefusesOnlyUnderLoad,
 }
 
 /// The fake's model: the default model's name (so the audit finds its tokenizer) and window.
@@ -86,6 +97,8 @@ const MISS: Duration = Duration::from_millis(12);
 const HIT: Duration = Duration::from_millis(2);
 /// Bytes of a prompt that key its cache entry: the probe's "Record <nonce>." and more.
 const PREFIX_BYTES: usize = 40;
+/// The window [`Fault::LyingTokenizer`] declares: past the model file's 8,192.
+pub const LYING_WINDOW: usize = 32768;
 
 pub struct Fake {
     fault: Fault,
@@ -93,6 +106,18 @@ pub struct Fake {
     template: text::ChatTemplate,
     /// Prompt prefixes seen, by (cache scope, prefix).
     seen: Mutex<HashSet<(String, String)>>,
+    /// Chunks seen behind a first word, by (first word, chunk) ([`Fault::ChunkReuse`]).
+    chunks: Mutex<HashSet<(String, String)>>,
+    in_flight: AtomicUsize,
+}
+
+/// Decrements the in-flight count when a request's handling ends.
+struct Flight<'a>(&'a AtomicUsize);
+
+impl Drop for Flight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Fake {
@@ -103,6 +128,8 @@ impl Fake {
             tokenizer: text::Tokenizer::from_gguf(&f).unwrap(),
             template: text::ChatTemplate::from_gguf(&f).unwrap(),
             seen: Mutex::new(HashSet::new()),
+            chunks: Mutex::new(HashSet::new()),
+            in_flight: AtomicUsize::new(0),
         });
         serve(move |s| fake.handle(s))
     }
@@ -123,25 +150,49 @@ impl Fake {
 
     fn handle(&self, s: TcpStream) {
         let req = read_request(&s);
+        let lying = self.fault == Fault::LyingTokenizer;
+        let window = if lying { LYING_WINDOW } else { WINDOW };
         match req.path.as_str() {
             "/v1/models" => {
-                let m = json!({"data": [{"id": super::MODEL_NAME, "object": "model", "context_length": WINDOW,
+                let m = json!({"data": [{"id": super::MODEL_NAME, "object": "model", "context_length": window,
                                          "batch_invariant": true}]});
                 return respond(s, 200, "application/json", &m.to_string());
+            }
+            // As pagewarden's: every pool empty once the run is over.
+            "/metrics" => {
+                let m = "pagewarden_kv_pages_total 4096\npagewarden_kv_pages_used{tenant=\"1\"} 0\n";
+                return respond(s, 200, "text/plain", m);
+            }
+            // vLLM's dialect, halved.
+            "/tokenize" if lying => {
+                let text = req.body["prompt"].as_str().unwrap_or("");
+                let ids = self.tokenizer.encode(text, false).unwrap();
+                let half: Vec<u32> = ids[..ids.len() / 2].to_vec();
+                let v = json!({"count": half.len(), "tokens": half, "max_model_len": LYING_WINDOW});
+                return respond(s, 200, "application/json", &v.to_string());
             }
             "/v1/chat/completions" | "/v1/completions" => {}
             _ => return respond(s, 404, "application/json", r#"{"error":{"message":"not found","code":null}}"#),
         }
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+        let _flight = Flight(&self.in_flight);
         let body = &req.body;
         let chat = body.get("messages").is_some();
         let max_tokens = body["max_tokens"].as_u64().unwrap_or(16) as usize;
         let mut prompt_tokens = self.count(body);
-        if prompt_tokens + max_tokens > WINDOW {
+        if lying {
+            prompt_tokens /= 2;
+        }
+        // Alone (this request the only one in flight) the refusal is forgotten.
+        let alone = self.in_flight.load(Ordering::SeqCst) == 1;
+        if prompt_tokens + max_tokens > window {
             if self.fault == Fault::Placeholder && max_tokens < WINDOW {
                 prompt_tokens = 1;
+            } else if self.fault == Fault::RefusesOnlyUnderLoad && alone && max_tokens < WINDOW {
+                // Answered as if it fit.
             } else {
                 let msg = format!(
-                    "this model's maximum context length is {WINDOW} tokens; the request needs {} ({prompt_tokens} \
+                    "this model's maximum context length is {window} tokens; the request needs {} ({prompt_tokens} \
                      in the prompt + {max_tokens} to generate)",
                     prompt_tokens + max_tokens
                 );
@@ -153,7 +204,15 @@ impl Fake {
         let text = body["messages"][0]["content"].as_str().or(body["prompt"].as_str()).unwrap_or("").to_string();
         let scope = if self.fault == Fault::SharedCache { String::new() } else { req.key.clone() };
         let prefix: String = text.chars().take(PREFIX_BYTES).collect();
-        let hit = !self.seen.lock().unwrap().insert((scope, prefix));
+        let mut hit = !self.seen.lock().unwrap().insert((scope, prefix));
+        if self.fault == Fault::ChunkReuse {
+            // Behind the first word: another tenant's (or request's) text with another head.
+            let (head, rest) = text.split_once(' ').unwrap_or((&text, ""));
+            let chunk: String = rest.chars().take(PREFIX_BYTES).collect();
+            let mut chunks = self.chunks.lock().unwrap();
+            hit |= chunk.len() >= PREFIX_BYTES && chunks.iter().any(|(h, c)| *c == chunk && h != head);
+            chunks.insert((head.to_string(), chunk));
+        }
         // The answer depends on the prompt alone (deterministic, batch-invariant), and never
         // repeats anything of it.
         let seed = text.bytes().fold(7usize, |h, b| h.wrapping_mul(31).wrapping_add(b as usize));
