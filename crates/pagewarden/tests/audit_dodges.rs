@@ -204,7 +204,7 @@ fn with_the_probe_skipped_the_load_alone_fails_on_cross_tenant_cached_tokens() {
     assert!(!out.status.success(), "the audit passed a shared cache with the probe off:\n{stdout}");
     assert!(stdout.starts_with("pagewarden audit: FAIL (the prefix cache was NOT checked"), "{stdout}");
     assert!(r["timing_probe"].is_null());
-    let hits: Vec<&&Value> = failing(&r).iter().filter(|f| f["kind"] == "cross_tenant_cache_hit").collect();
+    let hits: Vec<&Value> = failing(&r).into_iter().filter(|f| f["kind"] == "cross_tenant_cache_hit").collect();
     assert!(!hits.is_empty(), "{}", r["findings"]);
     assert!(hits.iter().all(|f| !f["scenario"].as_str().unwrap().starts_with("probe_")), "{hits:?}");
     let _ = std::fs::remove_dir_all(&dir);
