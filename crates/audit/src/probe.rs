@@ -127,12 +127,12 @@ pub fn run(setup: &Setup, rng: &mut Rng, tick: &dyn Fn()) -> (TimingProbe, Vec<R
         let q_filler = crate::prose::filler(rng, words(tb));
         let p = prompt(&p_filler);
         let q = prompt(&q_filler);
-        let mut steps = vec![
-            (Class::ACold, ta, format!("{p}{}", SUFFIXES[0])),
-            (Class::AWarm, ta, format!("{p}{}", SUFFIXES[1])),
+        let mut steps =
+            vec![(Class::ACold, ta, format!("{p}{}", SUFFIXES[0])), (Class::AWarm, ta, format!("{p}{}", SUFFIXES[1]))];
+        let mut b_steps = vec![
+            (Class::BCached, tb, format!("{p}{}", SUFFIXES[2])),
+            (Class::BFresh, tb, format!("{q}{}", SUFFIXES[2])),
         ];
-        let mut b_steps =
-            vec![(Class::BCached, tb, format!("{p}{}", SUFFIXES[2])), (Class::BFresh, tb, format!("{q}{}", SUFFIXES[2]))];
         if sample % CHUNK_EVERY == CHUNK_EVERY - 1 {
             // A second prefix of A whose filler B sends behind its own nonce: only a cache that
             // reuses chunks past a differing head can serve it.

@@ -204,9 +204,8 @@ impl<'a> Run<'a> {
             };
             // Only categories that would fall short: a few empty answers in a category that
             // has its comparisons are left as they are.
-            let short: Vec<&'static str> = rerun::short_categories(
-                selected.iter().map(|s| (s.scenario.name(), !is_empty(s))),
-            );
+            let short: Vec<&'static str> =
+                rerun::short_categories(selected.iter().map(|s| (s.scenario.name(), !is_empty(s))));
             let empty: Vec<&ReqSpec> =
                 selected.iter().copied().filter(|s| short.contains(&s.scenario.name()) && is_empty(s)).collect();
             if empty.is_empty() {
@@ -274,7 +273,11 @@ impl<'a> Run<'a> {
                 let own_prefix = self.own.send(spec.tenant, units(spec));
                 let again = match how {
                     rerun::RerunPlan::Prefix(n) => client.exchange_until_tokens(key, spec, &alone, n, self.t0),
-                    _ => client.exchange(key, &ReqSpec { body: alone.clone(), disconnect_after: None, ..spec.clone() }, self.t0),
+                    _ => client.exchange(
+                        key,
+                        &ReqSpec { body: alone.clone(), disconnect_after: None, ..spec.clone() },
+                        self.t0,
+                    ),
                 };
                 lock(&self.findings).extend(judge.examine(spec, &again, true));
                 lock(&self.findings).extend(judge.cache_hit(spec, &again, own_prefix, "rerun"));
@@ -432,7 +435,8 @@ impl<'a> Run<'a> {
         let Run { d, plan, probes, rows, findings, .. } = self;
         let opts = d.opts;
         let mut findings = findings.into_inner().unwrap_or_else(|e| e.into_inner());
-        let (metrics, metric_findings) = settle::compare(&d.before, &settled.after, settled.pages_wait_s, opts.skips(SkippedCheck::PageGauges));
+        let (metrics, metric_findings) =
+            settle::compare(&d.before, &settled.after, settled.pages_wait_s, opts.skips(SkippedCheck::PageGauges));
         findings.extend(metric_findings);
         findings.sort_by_key(|f| (!f.fails, f.request));
         let mut rows = rows.into_inner().unwrap_or_else(|e| e.into_inner());
@@ -532,7 +536,9 @@ impl<'a> Discovered<'a> {
         let probes = measure_calls + per_model * targets.models.len();
         let reruns_planned = plan.units.iter().flat_map(Unit::specs).filter(|s| s.rerun).count();
         let probe_samples = if opts.skips(SkippedCheck::TimingProbe) {
-            self.notes.push("the prefix cache was not checked: the timing probe was skipped (--skip-check timing-probe)".into());
+            self.notes.push(
+                "the prefix cache was not checked: the timing probe was skipped (--skip-check timing-probe)".into(),
+            );
             0
         } else if opts.tenants.len() < 2 {
             self.findings.push(Finding {

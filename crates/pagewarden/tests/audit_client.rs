@@ -105,7 +105,12 @@ fn an_audit_of_a_real_server_passes_for_three_tenants() {
     let (server, tenants) = serve_with_three_tenants(&dir);
     let report = dir.join("report");
     let t0 = Instant::now();
-    let out = audit(&server.url, &tenants, &report, &["--context-window", &CONTEXT.to_string(), "--timing-probe", "8", "--skip-check", "probe-power"]);
+    let out = audit(
+        &server.url,
+        &tenants,
+        &report,
+        &["--context-window", &CONTEXT.to_string(), "--timing-probe", "8", "--skip-check", "probe-power"],
+    );
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     eprintln!("audit took {:.1} s:\n{stdout}", t0.elapsed().as_secs_f64());

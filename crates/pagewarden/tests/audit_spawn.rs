@@ -14,7 +14,20 @@ use serde_json::Value;
 fn audit(bin: &Path, report: &Path) -> (bool, String) {
     fetch::ensure_default_model().expect("default model");
     let out = Command::new(bin)
-        .args(["audit", "--spawn", "--requests", "200", "--concurrency", "6", "--seed", "11", "--timing-probe", "8", "--skip-check", "probe-power"])
+        .args([
+            "audit",
+            "--spawn",
+            "--requests",
+            "200",
+            "--concurrency",
+            "6",
+            "--seed",
+            "11",
+            "--timing-probe",
+            "8",
+            "--skip-check",
+            "probe-power",
+        ])
         // Four near-window prompts: a kill during the load can cost one its comparison.
         .args(["--long-prompts", "4"])
         .arg("--report")

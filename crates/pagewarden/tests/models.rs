@@ -75,7 +75,19 @@ fn audit_spreads_over_both_models(server: &common::Server, key_all: &str, key_ge
         .arg(&tenants)
         .arg("--metrics-token-file")
         .arg(server.dir.join("metrics-token"))
-        .args(["--requests", "40", "--concurrency", "4", "--seed", "20261203", "--timing-probe", "6", "--skip-check", "probe-power", "--report"])
+        .args([
+            "--requests",
+            "40",
+            "--concurrency",
+            "4",
+            "--seed",
+            "20261203",
+            "--timing-probe",
+            "6",
+            "--skip-check",
+            "probe-power",
+            "--report",
+        ])
         .arg(&report)
         .output()
         .unwrap();
@@ -109,7 +121,11 @@ fn audit_spreads_over_both_models(server: &common::Server, key_all: &str, key_ge
     let pairs = p["pairs"].as_array().unwrap();
     assert_eq!(pairs.len(), 1, "{p}");
     let label = pairs[0]["label"].as_str().unwrap();
-    assert!(label.contains(&format!("everything ({})", common::MODEL_NAME)) && label.contains(&format!("gemma-only ({GEMMA})")), "{label}");
+    assert!(
+        label.contains(&format!("everything ({})", common::MODEL_NAME))
+            && label.contains(&format!("gemma-only ({GEMMA})")),
+        "{label}"
+    );
     assert!(p["b_on_a_cached"]["cached_tokens"].as_array().unwrap().iter().all(|n| n == 0), "{p}");
     assert!(p["a_warm"]["cached_tokens"].as_array().unwrap().iter().any(|n| n.as_u64().unwrap() > 0), "{p}");
 }
