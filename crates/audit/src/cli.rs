@@ -51,7 +51,7 @@ pub struct AuditArgs {
     #[arg(long, default_value_t = 1)]
     pub rerun_concurrency: usize,
     /// Samples of the timing probe, run after the re-runs with nothing else in flight: for
-    /// pairs of tenants, B times prefixes A has cached (and A's text behind B's own head)
+    /// pairs of tenants, B times prefixes A has cached (and A's text without A's head)
     /// against fresh ones (ROC AUC, target <= 0.6), A its own hits. Under 256 completed
     /// samples per class is a failing `probe_underpowered` unless `--skip-check probe-power`.
     /// Needs two tenants; skip it only with `--skip-check timing-probe`.

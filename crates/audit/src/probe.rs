@@ -9,9 +9,10 @@
 //! consecutive tenants of different models meet), so every tenant and every model takes part.
 //! Samples go round the pairs in turn, A and B swapping roles each round.
 //!
-//! Every prompt starts with a nonce no request carried before and has its own filler: no two
-//! prompts share a head a per-tenant cache could hit, and B's fresh prompts share nothing
-//! with A's. The filler follows the audit's seed; the nonces do not (they come from a fresh
+//! Every prompt has its own filler, and every prompt but the chunk variant's starts with a
+//! nonce no request carried before: no two prompts share a head a per-tenant cache could hit,
+//! and B's fresh prompts share nothing with A's. The chunk variant's prompts of B start with
+//! the filler itself (A's, or fresh), so what they share with A's prompt is not a prefix. The filler follows the audit's seed; the nonces do not (they come from a fresh
 //! random seed), so a second audit with the same seed against a server that still holds the
 //! first one's cache entries gets misses where it expects them.
 
@@ -30,7 +31,7 @@ use crate::workload::{self, Endpoint};
 
 /// Up to this many tenants, every pair is probed; past it, a ring.
 pub const ALL_PAIRS_UP_TO: usize = 4;
-/// Every this many samples, the chunk variant runs too.
+/// Each pair runs the chunk variant in one of this many of its rounds.
 pub const CHUNK_EVERY: usize = 3;
 /// Tokens of the nonce before the filler (an estimate; only the filler is sized).
 const NONCE_TOKENS: usize = 12;
@@ -87,8 +88,8 @@ pub fn pairs(models: &[&str]) -> (Vec<(usize, usize)>, String) {
     (ring, format!("a ring over the {n} tenants ordered by model id: each is A once and B once"))
 }
 
-/// Runs the probe (four requests per sample, seven in every [`CHUNK_EVERY`]th, one at a
-/// time); `tick` after each. Returns the results and a row per request (phase "probe").
+/// Runs the probe (four requests per sample, seven in each pair's every [`CHUNK_EVERY`]th
+/// round, one at a time); `tick` after each. Returns the results and a row per request (phase "probe").
 pub fn run(setup: &Setup, rng: &mut Rng, tick: &dyn Fn()) -> (TimingProbe, Vec<RequestRow>) {
     let started = Instant::now();
     let models: Vec<&str> = setup.tenants.iter().map(|t| t.model).collect();
@@ -110,13 +111,15 @@ pub fn run(setup: &Setup, rng: &mut Rng, tick: &dyn Fn()) -> (TimingProbe, Vec<R
     let mut nonces = Rng::new(rng::random_seed());
     let mut id = setup.first_id;
     for sample in 0..setup.samples {
-        let pair = sample % pairs.len();
+        // A round visits every pair once; each round swaps the roles and moves to the next
+        // prefix size, so every pair meets every size in both roles.
+        let (round, pair) = (sample / pairs.len(), sample % pairs.len());
         let (mut a, mut b) = pairs[pair];
-        if (sample / pairs.len()) % 2 == 1 {
+        if round % 2 == 1 {
             std::mem::swap(&mut a, &mut b);
         }
         let (ta, tb) = (&setup.tenants[a], &setup.tenants[b]);
-        let bucket = sample % BUCKETS.len();
+        let bucket = round % BUCKETS.len();
         let tokens = rng.range(BUCKETS[bucket].0, BUCKETS[bucket].1);
         let mut prompt = |filler: &str| format!("{} {filler}", nonce(&mut nonces));
         let words = |t: &ProbeTenant| {
@@ -129,19 +132,26 @@ pub fn run(setup: &Setup, rng: &mut Rng, tick: &dyn Fn()) -> (TimingProbe, Vec<R
         let q = prompt(&q_filler);
         let mut steps =
             vec![(Class::ACold, ta, format!("{p}{}", SUFFIXES[0])), (Class::AWarm, ta, format!("{p}{}", SUFFIXES[1]))];
+        if chunk_sample(round, pair) {
+            // A second prefix of A whose filler B then sends with no head of A's: only a
+            // cache that reuses chunks past a differing start can serve it. The filler keeps
+            // its leading space, so it is the same tokens as inside A's prompt (a cache such as
+            // llama.cpp's matches the new prompt token by token against what it holds). First,
+            // while A's prompt is the freshest the server holds.
+            let chunk_filler = crate::prose::filler(rng, words(ta));
+            let fresh_filler = crate::prose::filler(rng, words(tb));
+            steps.push((Class::AChunk, ta, format!("{}{}", prompt(&chunk_filler), SUFFIXES[0])));
+            let mut chunk = vec![
+                (Class::BChunk, tb, format!(" {chunk_filler}{}", SUFFIXES[2])),
+                (Class::BChunkFresh, tb, format!(" {fresh_filler}{}", SUFFIXES[2])),
+            ];
+            rng.shuffle(&mut chunk);
+            steps.extend(chunk);
+        }
         let mut b_steps = vec![
             (Class::BCached, tb, format!("{p}{}", SUFFIXES[2])),
             (Class::BFresh, tb, format!("{q}{}", SUFFIXES[2])),
         ];
-        if sample % CHUNK_EVERY == CHUNK_EVERY - 1 {
-            // A second prefix of A whose filler B sends behind its own nonce: only a cache that
-            // reuses chunks past a differing head can serve it.
-            let chunk_filler = crate::prose::filler(rng, words(ta));
-            let fresh_filler = crate::prose::filler(rng, words(tb));
-            steps.push((Class::AChunk, ta, format!("{}{}", prompt(&chunk_filler), SUFFIXES[0])));
-            b_steps.push((Class::BChunk, tb, format!("{}{}", prompt(&chunk_filler), SUFFIXES[2])));
-            b_steps.push((Class::BChunkFresh, tb, format!("{}{}", prompt(&fresh_filler), SUFFIXES[2])));
-        }
         rng.shuffle(&mut b_steps);
         steps.extend(b_steps);
         for (class, tenant, text) in steps {
@@ -159,6 +169,12 @@ pub fn run(setup: &Setup, rng: &mut Rng, tick: &dyn Fn()) -> (TimingProbe, Vec<R
     probe.duration_s = started.elapsed().as_secs_f64();
     probe.finish();
     (probe, rows)
+}
+
+/// Whether the sample of `pair` in `round` runs the chunk variant too: one round in
+/// [`CHUNK_EVERY`] for each pair, the pairs taking turns.
+pub fn chunk_sample(round: usize, pair: usize) -> bool {
+    round % CHUNK_EVERY == pair % CHUNK_EVERY
 }
 
 /// Sends one probe request, waiting out 429 (and 503) answers as the server asks
@@ -221,5 +237,15 @@ mod tests {
         }
         // Models meet across the ring: some pair joins tenants of different models.
         assert!(ring.iter().any(|(a, b)| models[*a] != models[*b]));
+    }
+
+    #[test]
+    fn every_pair_gets_the_chunk_variant_in_a_third_of_its_rounds() {
+        for pairs in 1..=7 {
+            for pair in 0..pairs {
+                let chunks = (0..30).filter(|round| chunk_sample(*round, pair)).count();
+                assert_eq!(chunks, 10, "pair {pair} of {pairs}");
+            }
+        }
     }
 }

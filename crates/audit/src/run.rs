@@ -535,6 +535,16 @@ impl<'a> Discovered<'a> {
         let per_model = 2 + usize::from(opts.context_window.is_none());
         let probes = measure_calls + per_model * targets.models.len();
         let reruns_planned = plan.units.iter().flat_map(Unit::specs).filter(|s| s.rerun).count();
+        if !plan.units.iter().flat_map(Unit::specs).any(|s| s.scenario.must_be_refused()) {
+            self.findings.push(Finding {
+                kind: kind::NOT_VERIFIED,
+                fails: true,
+                detail: "over-long prompts: not verified (the plan has no request that must be refused; give \
+                         --requests 2 or more)"
+                    .into(),
+                ..Default::default()
+            });
+        }
         let probe_samples = if opts.skips(SkippedCheck::TimingProbe) {
             self.notes.push(
                 "the prefix cache was not checked: the timing probe was skipped (--skip-check timing-probe)".into(),
