@@ -42,8 +42,8 @@ pub mod kind {
     /// to first token (the AUC's 95 % interval lies above the target, or, with enough samples,
     /// its upper bound does).
     pub const TIMING_SIDE_CHANNEL: &str = "timing_side_channel";
-    /// The timing probe's B tells text another tenant sent inside a longer prompt (without its
-    /// head) from fresh text: a cache that reuses chunks that are not a prefix, across tenants.
+    /// The timing probe's B tells the end of another tenant's prompt, sent past a gap, from
+    /// fresh text: a cache that reuses chunks that are not a prefix, across tenants.
     pub const CHUNK_REUSE_SIDE_CHANNEL: &str = "chunk_reuse_side_channel";
     /// Probe requests the server did not answer (after 429s and `Retry-After` were honoured):
     /// an unanswered probe proves nothing, and the burden of proof is on the server.

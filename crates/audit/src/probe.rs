@@ -9,10 +9,10 @@
 //! consecutive tenants of different models meet), so every tenant and every model takes part.
 //! Samples go round the pairs in turn, A and B swapping roles each round.
 //!
-//! Every prompt has its own filler, and every prompt but the chunk variant's starts with a
-//! nonce no request carried before: no two prompts share a head a per-tenant cache could hit,
-//! and B's fresh prompts share nothing with A's. The chunk variant's prompts of B start with
-//! the filler itself (A's, or fresh), so what they share with A's prompt is not a prefix. The filler follows the audit's seed; the nonces do not (they come from a fresh
+//! Every prompt of A and B's prefix classes starts with a nonce no request carried before and
+//! has its own filler: no two share a head a per-tenant cache could hit, and B's fresh prompts
+//! share nothing with A's. The chunk variant's two prompts of B each share a first third with
+//! one of A's, so they stand alike before any prefix cache; they differ only in what follows. The filler follows the audit's seed; the nonces do not (they come from a fresh
 //! random seed), so a second audit with the same seed against a server that still holds the
 //! first one's cache entries gets misses where it expects them.
 
@@ -33,6 +33,10 @@ use crate::workload::{self, Endpoint};
 pub const ALL_PAIRS_UP_TO: usize = 4;
 /// Each pair runs the chunk variant in one of this many of its rounds.
 pub const CHUNK_EVERY: usize = 3;
+/// Tokens of each of A's prompts in the chunk variant (at most three quarters of the smaller
+/// window of the pair): its last third, the chunk a cache could reuse, is then at least the
+/// 256 tokens llama.cpp's presets ask of a chunk (`--cache-reuse 256`).
+pub const CHUNK_TOKENS: usize = 800;
 /// Tokens of the nonce before the filler (an estimate; only the filler is sized).
 const NONCE_TOKENS: usize = 12;
 /// Tries of one probe request that the server answers 429 or 503.
@@ -56,6 +60,8 @@ pub struct ProbeTenant<'a> {
     /// The model id its requests name (as listed for its key).
     pub model: &'a str,
     pub tokens_per_word: f64,
+    /// The context window of its model.
+    pub window: usize,
     pub meter: &'a Meter<'a>,
 }
 
@@ -88,7 +94,7 @@ pub fn pairs(models: &[&str]) -> (Vec<(usize, usize)>, String) {
     (ring, format!("a ring over the {n} tenants ordered by model id: each is A once and B once"))
 }
 
-/// Runs the probe (four requests per sample, seven in each pair's every [`CHUNK_EVERY`]th
+/// Runs the probe (four requests per sample, eight in each pair's every [`CHUNK_EVERY`]th
 /// round, one at a time); `tick` after each. Returns the results and a row per request (phase "probe").
 pub fn run(setup: &Setup, rng: &mut Rng, tick: &dyn Fn()) -> (TimingProbe, Vec<RequestRow>) {
     let started = Instant::now();
@@ -122,10 +128,11 @@ pub fn run(setup: &Setup, rng: &mut Rng, tick: &dyn Fn()) -> (TimingProbe, Vec<R
         let bucket = round % BUCKETS.len();
         let tokens = rng.range(BUCKETS[bucket].0, BUCKETS[bucket].1);
         let mut prompt = |filler: &str| format!("{} {filler}", nonce(&mut nonces));
-        let words = |t: &ProbeTenant| {
+        let words_for = |t: &ProbeTenant, tokens: usize| {
             let tpw = if t.tokens_per_word > 0.0 { t.tokens_per_word } else { 1.3 };
             ((tokens.saturating_sub(NONCE_TOKENS)) as f64 / tpw).round().max(8.0) as usize
         };
+        let words = |t: &ProbeTenant| words_for(t, tokens);
         let p_filler = crate::prose::filler(rng, words(ta));
         let q_filler = crate::prose::filler(rng, words(tb));
         let p = prompt(&p_filler);
@@ -133,17 +140,23 @@ pub fn run(setup: &Setup, rng: &mut Rng, tick: &dyn Fn()) -> (TimingProbe, Vec<R
         let mut steps =
             vec![(Class::ACold, ta, format!("{p}{}", SUFFIXES[0])), (Class::AWarm, ta, format!("{p}{}", SUFFIXES[1]))];
         if chunk_sample(round, pair) {
-            // A second prefix of A whose filler B then sends with no head of A's: only a
-            // cache that reuses chunks past a differing start can serve it. The filler keeps
-            // its leading space, so it is the same tokens as inside A's prompt (a cache such as
-            // llama.cpp's matches the new prompt token by token against what it holds). First,
-            // while A's prompt is the freshest the server holds.
-            let chunk_filler = crate::prose::filler(rng, words(ta));
-            let fresh_filler = crate::prose::filler(rng, words(tb));
-            steps.push((Class::AChunk, ta, format!("{}{}", prompt(&chunk_filler), SUFFIXES[0])));
+            // Reuse past a gap: A sends two new prompts; B sends the first with its middle
+            // third cut out, and the second's first third before fresh text of the same size.
+            // Both of B's share a head with one of A's (a shared prefix cache would serve both
+            // alike); only a cache that reuses a chunk past the point where the prompts part
+            // (llama.cpp's `--cache-reuse`) serves the first one's last third as well.
+            let long = CHUNK_TOKENS.min(ta.window.min(tb.window) * 3 / 4);
+            let p2_filler = crate::prose::filler(rng, words_for(ta, long));
+            let p3_filler = crate::prose::filler(rng, words_for(ta, long));
+            let (p2, p3) = (prompt(&p2_filler), prompt(&p3_filler));
+            let (p2_head, p2_tail) = thirds(&p2);
+            let (p3_head, p3_tail) = thirds(&p3);
+            let fresh_tail = crate::prose::filler(rng, p3_tail.split(' ').count());
+            steps.push((Class::AChunk, ta, format!("{p2}{}", SUFFIXES[0])));
+            steps.push((Class::AChunk, ta, format!("{p3}{}", SUFFIXES[0])));
             let mut chunk = vec![
-                (Class::BChunk, tb, format!(" {chunk_filler}{}", SUFFIXES[2])),
-                (Class::BChunkFresh, tb, format!(" {fresh_filler}{}", SUFFIXES[2])),
+                (Class::BChunk, tb, format!("{p2_head} {p2_tail}{}", SUFFIXES[0])),
+                (Class::BChunkFresh, tb, format!("{p3_head} {fresh_tail}{}", SUFFIXES[0])),
             ];
             rng.shuffle(&mut chunk);
             steps.extend(chunk);
@@ -169,6 +182,13 @@ pub fn run(setup: &Setup, rng: &mut Rng, tick: &dyn Fn()) -> (TimingProbe, Vec<R
     probe.duration_s = started.elapsed().as_secs_f64();
     probe.finish();
     (probe, rows)
+}
+
+/// A prompt's first and last third, by words.
+fn thirds(text: &str) -> (String, String) {
+    let words: Vec<&str> = text.split(' ').collect();
+    let n = words.len();
+    (words[..n / 3].join(" "), words[n - n / 3..].join(" "))
 }
 
 /// Whether the sample of `pair` in `round` runs the chunk variant too: one round in
@@ -237,6 +257,12 @@ mod tests {
         }
         // Models meet across the ring: some pair joins tenants of different models.
         assert!(ring.iter().any(|(a, b)| models[*a] != models[*b]));
+    }
+
+    #[test]
+    fn thirds_keep_the_head_and_the_tail_and_drop_the_middle() {
+        assert_eq!(thirds("a b c d e f g h i"), ("a b c".into(), "g h i".into()));
+        assert_eq!(thirds("a b c d"), ("a".into(), "d".into()));
     }
 
     #[test]

@@ -387,6 +387,7 @@ impl<'a> Run<'a> {
                     key: &opts.tenants[t],
                     model: &target.name,
                     tokens_per_word: target.calibration.tokens_per_word,
+                    window: target.window,
                     meter: &target.meter,
                 }
             })
@@ -563,7 +564,7 @@ impl<'a> Discovered<'a> {
         } else {
             opts.timing_probe
         };
-        let probe_requests = probe_samples * 4 + probe_samples.div_ceil(probe::CHUNK_EVERY) * 3;
+        let probe_requests = probe_samples * 4 + probe_samples.div_ceil(probe::CHUNK_EVERY) * 4;
         let progress = Progress {
             on: opts.progress || std::io::stderr().is_terminal(),
             total: AtomicUsize::new(plan.total + reruns_planned + probe_requests),

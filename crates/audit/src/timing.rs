@@ -6,8 +6,9 @@
 //! Each sample has tenant A send a new prefix P twice (its own miss, "A cold", then its own
 //! hit, "A warm") and tenant B send P ("B on A-cached") and, in random order with it, a fresh
 //! prefix Q of the same size with its own filler ("B fresh"). In a third of each pair's
-//! samples A also sends a second prefix P2 once and B sends P2's filler without A's nonce
-//! ("B on A's chunk") and another fresh prefix: a cache that reuses chunks that are not a prefix (llama.cpp's
+//! samples A also sends two more prompts once, and B sends the first with its middle third cut
+//! out ("B on A's chunk") and the second's first third before fresh text ("B chunk fresh"):
+//! a cache that reuses chunks past the point where two prompts part (llama.cpp's
 //! `--cache-reuse`) shows there, even when it reports no cached tokens.
 //!
 //! B's classes are told apart by TTFT with the ROC AUC (Mann-Whitney U / (n1·n2), ties count
@@ -53,7 +54,7 @@ pub enum Class {
     AWarm,
     BCached,
     BFresh,
-    /// A's second prefix, sent once, whose filler B sends without A's nonce.
+    /// A's prompts of the chunk variant, each sent once.
     AChunk,
     BChunk,
     BChunkFresh,
@@ -164,7 +165,7 @@ pub struct TimingProbe {
     pub buckets: Vec<Comparison>,
     /// The AUC by (A, B) tenant pair, each with the model id each used.
     pub pairs: Vec<Comparison>,
-    /// B on A's text without A's head against fresh text.
+    /// B on A's prompt with its middle cut out, against A's other prompt's head before fresh text.
     pub chunks: Comparison,
     pub a_cold: ClassStats,
     pub a_warm: ClassStats,
@@ -210,7 +211,7 @@ impl TimingProbe {
             prefix_tokens: [BUCKETS[0].0, BUCKETS[BUCKETS.len() - 1].1],
             buckets: BUCKETS.iter().map(|&(lo, hi)| Comparison::new(format!("{lo}-{hi} tokens"))).collect(),
             pairs: pairs.iter().map(|p| Comparison::new(p.clone())).collect(),
-            chunks: Comparison::new("A's text without its head".into()),
+            chunks: Comparison::new("A's prompt with its middle cut out".into()),
             threshold: THRESHOLD,
             ..Default::default()
         }
@@ -418,8 +419,8 @@ impl TimingProbe {
                 kind: kind::CHUNK_REUSE_SIDE_CHANNEL,
                 fails: true,
                 detail: format!(
-                    "a tenant tells text another tenant sent inside a longer prompt from fresh text by time to first \
-                     token: AUC {a:.3} (95% {lo:.3}-{hi:.3}, wholly over {THRESHOLD}) from {} and {} samples; \
+                    "a tenant tells the end of another tenant's prompt, sent past a gap, from fresh text by time to \
+                     first token: AUC {a:.3} (95% {lo:.3}-{hi:.3}, wholly over {THRESHOLD}) from {} and {} samples; \
                      the cache reuses chunks that are not a prefix, across tenants",
                     self.chunks.on_a_ms.len(),
                     self.chunks.fresh_ms.len()
@@ -459,8 +460,9 @@ impl TimingProbe {
         let _ = writeln!(
             s,
             "Tenant pairs ({}): A sent each new prefix twice (a miss, then its own hit); B then sent the same prefix and \
-             a fresh one of the same size with its own filler, in random order; in a third of each pair's samples, B also sent the \
-             text of another prefix of A without A's head, against fresh text. One request at a time, streamed, \
+             a fresh one of the same size with its own filler, in random order; in a third of each pair's samples, B also sent one of \
+             two new prompts of A with its middle third cut out, against the other's first third before fresh text. \
+             One request at a time, streamed, \
              `max_tokens` 1, through `/v1/{}`; prefixes of {}-{} tokens.\n",
             self.pairs_drawn, self.endpoint, self.prefix_tokens[0], self.prefix_tokens[1]
         );
@@ -470,8 +472,8 @@ impl TimingProbe {
             ("A warm (same prefix again)", &self.a_warm),
             ("B on A's cached prefix", &self.b_on_a_cached),
             ("B fresh prefix", &self.b_fresh),
-            ("B on A's text without its head", &self.b_on_a_chunk),
-            ("B fresh chunk", &self.b_chunk_fresh),
+            ("B on A's prompt with its middle cut out", &self.b_on_a_chunk),
+            ("B on A's prompt head before fresh text", &self.b_chunk_fresh),
         ] {
             let cached = match (c.cached_median(), c.cached_tokens.iter().max()) {
                 (Some(m), Some(x)) => format!("{m}, {x}"),

@@ -8,8 +8,8 @@
 //!   probe at its default settings;
 //! * the placeholder with a cover story (a `/tokenize` that under-counts, a window declared
 //!   four times the model's) fails on the model file the audit holds;
-//! * a cache that reuses another tenant's text behind a different head (llama.cpp's
-//!   `--cache-reuse`), reporting nothing, fails the probe's chunk variant;
+//! * a cache that reuses another tenant's text past a gap (llama.cpp's `--cache-reuse`),
+//!   reporting nothing, fails the probe's chunk variant;
 //! * a server that refuses an over-long prompt under load but answers it alone fails on the
 //!   re-run;
 //! * the honest fake passes, with re-run comparisons in every category.
@@ -101,8 +101,8 @@ fn a_prefix_cache_shared_by_every_tenant_fails_the_timing_probe_at_its_default_s
     let pairs = p["pairs"].as_array().unwrap();
     assert_eq!(pairs.len(), 3, "{p}");
     assert!(pairs.iter().all(|c| c["auc"].as_f64().unwrap() > 0.9), "{p}");
-    // Its own filler: the fresh class shares nothing with A's prompts, so the chunks of A's
-    // text behind B's head are no faster than fresh text here.
+    // Both chunk classes share a head with one of A's prompts: a prefix cache serves them
+    // alike, and only reuse past a gap would tell them apart.
     assert!(p["chunks"]["auc"].as_f64().unwrap() < 0.75, "{p}");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -150,7 +150,7 @@ fn a_tokenize_endpoint_that_under_counts_and_an_overstated_window_fail_on_the_mo
 }
 
 #[test]
-fn a_cache_that_reuses_another_tenants_text_behind_a_different_head_fails_the_chunk_probe() {
+fn a_cache_that_reuses_another_tenants_text_past_a_gap_fails_the_chunk_probe() {
     let dir = scratch("audit-fake-chunk-reuse");
     let url = Fake::start(Fault::ChunkReuse);
     let (out, r) = audit(&url, &dir, &[]);

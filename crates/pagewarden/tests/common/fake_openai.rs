@@ -80,8 +80,9 @@ pub enum Fault {
     /// its `/v1/models` declares a window four times the model's, and it answers every prompt
     /// up to that window with 200 and the halved count.
     LyingTokenizer,
-    /// Prefix hits only within a tenant, but any tenant's text behind a different first word
-    /// answers fast (llama.cpp's `--cache-reuse` across keys), with no cached tokens reported.
+    /// Prefix hits only within a tenant, but a prompt that parts from any earlier prompt and
+    /// then carries on with that prompt's later text (a gap cut out) answers fast, as
+    /// llama.cpp's `--cache-reuse` shifts the chunk, across keys; no cached tokens reported.
     ChunkReuse,
     /// Refuses over-long prompts with 400 while other requests are in flight, and answers them
     /// with 200 when one is alone.
@@ -106,8 +107,8 @@ pub struct Fake {
     template: text::ChatTemplate,
     /// Prompt prefixes seen, by (cache scope, prefix).
     seen: Mutex<HashSet<(String, String)>>,
-    /// Chunks seen behind a first word, by (first word, chunk) ([`Fault::ChunkReuse`]).
-    chunks: Mutex<HashSet<(String, String)>>,
+    /// Every prompt so far, of every tenant ([`Fault::ChunkReuse`]).
+    prompts: Mutex<Vec<String>>,
     in_flight: AtomicUsize,
 }
 
@@ -128,7 +129,7 @@ impl Fake {
             tokenizer: text::Tokenizer::from_gguf(&f).unwrap(),
             template: text::ChatTemplate::from_gguf(&f).unwrap(),
             seen: Mutex::new(HashSet::new()),
-            chunks: Mutex::new(HashSet::new()),
+            prompts: Mutex::new(Vec::new()),
             in_flight: AtomicUsize::new(0),
         });
         serve(move |s| fake.handle(s))
@@ -206,12 +207,9 @@ impl Fake {
         let prefix: String = text.chars().take(PREFIX_BYTES).collect();
         let mut hit = !self.seen.lock().unwrap().insert((scope, prefix));
         if self.fault == Fault::ChunkReuse {
-            // Behind the first word: another tenant's (or request's) text with another head.
-            let (head, rest) = text.split_once(' ').unwrap_or((&text, ""));
-            let chunk: String = rest.chars().take(PREFIX_BYTES).collect();
-            let mut chunks = self.chunks.lock().unwrap();
-            hit |= chunk.len() >= PREFIX_BYTES && chunks.iter().any(|(h, c)| *c == chunk && h != head);
-            chunks.insert((head.to_string(), chunk));
+            let mut prompts = self.prompts.lock().unwrap();
+            hit |= prompts.iter().any(|earlier| reuses_past_a_gap(earlier.as_bytes(), text.as_bytes()));
+            prompts.push(text.clone());
         }
         // The answer depends on the prompt alone (deterministic, batch-invariant), and never
         // repeats anything of it.
@@ -260,6 +258,14 @@ impl Fake {
         let end = json!({"choices": [{"index": 0, "delta": {}, "text": "", "finish_reason": "length"}]});
         let _ = write!(s, "data: {end}\n\ndata: {}\n\ndata: [DONE]\n\n", json!({"choices": [], "usage": usage}));
     }
+}
+
+/// Whether `new` parts from `earlier` and then goes on with [`PREFIX_BYTES`] of `earlier`'s
+/// text from further on: a chunk a cache could shift into place past the point they part.
+fn reuses_past_a_gap(earlier: &[u8], new: &[u8]) -> bool {
+    let common = earlier.iter().zip(new).take_while(|(a, b)| a == b).count();
+    let Some(next) = new.get(common..common + PREFIX_BYTES) else { return false };
+    earlier.get(common + 1..).is_some_and(|later| later.windows(next.len()).any(|w| w == next))
 }
 
 /// A tenants file for an audit of a fake server: alice, bob and carol with keys ka, kb, kc.
