@@ -4,10 +4,12 @@
 //! A tenant's own cache, and the chat template's head it sent itself, never count; anything
 //! more is KV the tenant did not compute, whoever computed it. The audit keeps, per tenant,
 //! every prompt it sent (as token ids when it can count them, else as bytes of its text), and
-//! asks, before each request leaves, how far the longest of them agrees with the new one.
+//! asks, once each answer is in, how far the longest of the tenant's other prompts agrees with
+//! the one answered.
 //!
-//! "Before" is when the request is sent, not when an earlier one finished: a request in
-//! flight may already have filled the cache its tenant's next one hits.
+//! "Before" is before the answer, not before the send: the server may take two requests of a
+//! tenant sent together in either order, so every prompt the tenant sent until its answer came
+//! (in flight, or sent a moment later) may have filled the cache it hit.
 
 use std::sync::Mutex;
 
@@ -52,19 +54,38 @@ pub struct OwnPrefixes {
     by_tenant: Mutex<Vec<Vec<Units>>>,
 }
 
+/// One prompt recorded as sent: [`OwnPrefixes::allowed`] takes it once the answer is in.
+#[derive(Debug, Clone, Copy)]
+pub struct Sent {
+    tenant: usize,
+    index: usize,
+}
+
 impl OwnPrefixes {
     pub fn new(tenants: usize) -> Self {
         OwnPrefixes { by_tenant: Mutex::new(vec![Vec::new(); tenants]) }
     }
 
-    /// Records that `tenant` sends `prompt` now; returns how many cached tokens its answer may
-    /// report: the longest prefix it shares with any prompt the tenant sent before.
-    pub fn send(&self, tenant: usize, prompt: Units) -> usize {
+    /// Records that `tenant` sends `prompt` now.
+    pub fn send(&self, tenant: usize, prompt: Units) -> Sent {
         let mut all = lock(&self.by_tenant);
-        let Some(mine) = all.get_mut(tenant) else { return 0 };
-        let allowed = mine.iter().map(|p| shared(p, &prompt)).max().unwrap_or(0);
-        mine.push(prompt);
-        allowed
+        let index = match all.get_mut(tenant) {
+            Some(mine) => {
+                mine.push(prompt);
+                mine.len() - 1
+            }
+            None => usize::MAX,
+        };
+        Sent { tenant, index }
+    }
+
+    /// How many cached tokens the answer to `sent` may report, asked once it is in: the
+    /// longest prefix its prompt shares with any other prompt its tenant sent until now.
+    pub fn allowed(&self, sent: Sent) -> usize {
+        let all = lock(&self.by_tenant);
+        let Some(mine) = all.get(sent.tenant) else { return 0 };
+        let Some(prompt) = mine.get(sent.index) else { return 0 };
+        mine.iter().enumerate().filter(|(i, _)| *i != sent.index).map(|(_, p)| shared(p, prompt)).max().unwrap_or(0)
     }
 }
 
@@ -92,28 +113,43 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn a_hit_is_allowed_only_as_far_as_the_tenants_own_earlier_prompts_reach() {
+    fn a_hit_is_allowed_only_as_far_as_the_tenants_own_other_prompts_reach() {
         let l = OwnPrefixes::new(2);
-        // Nothing sent before: no cached token is the tenant's own.
-        assert_eq!(l.send(0, Units::Tokens(vec![1, 2, 3, 4])), 0);
-        assert_eq!(l.send(0, Units::Tokens(vec![1, 2, 9])), 2);
-        assert_eq!(l.send(0, Units::Tokens(vec![1, 2, 3, 4, 5])), 4);
+        let send = |t: usize, ids: &[u32]| {
+            let s = l.send(t, Units::Tokens(ids.to_vec()));
+            l.allowed(s)
+        };
+        // Nothing else sent: no cached token is the tenant's own.
+        assert_eq!(send(0, &[1, 2, 3, 4]), 0);
+        assert_eq!(send(0, &[1, 2, 9]), 2);
+        assert_eq!(send(0, &[1, 2, 3, 4, 5]), 4);
         // Another tenant's prompts never count for it.
-        assert_eq!(l.send(1, Units::Tokens(vec![1, 2, 3, 4, 5])), 0);
+        assert_eq!(send(1, &[1, 2, 3, 4, 5]), 0);
         // An unknown tenant may claim nothing.
-        assert_eq!(l.send(7, Units::Tokens(vec![1])), 0);
+        assert_eq!(send(7, &[1]), 0);
+    }
+
+    #[test]
+    fn a_prompt_the_tenant_sent_while_the_answer_was_on_its_way_counts_as_its_own() {
+        let l = OwnPrefixes::new(1);
+        // Two requests sent together: the server may have taken the second one first.
+        let first = l.send(0, Units::Tokens(vec![5, 6, 7, 8]));
+        let second = l.send(0, Units::Tokens(vec![5, 6, 7, 9]));
+        assert_eq!(l.allowed(first), 3);
+        assert_eq!(l.allowed(second), 3);
     }
 
     #[test]
     fn bytes_allow_the_template_head_for_chat_and_one_boundary_token() {
         let l = OwnPrefixes::new(1);
         let chat = |c: &str| Units::bytes_of(&json!({"messages": [{"role": "user", "content": c}]}));
-        assert_eq!(l.send(0, chat("hello there")), 0);
+        let first = l.send(0, chat("hello there"));
+        assert_eq!(l.allowed(first), 0);
         let prefix = "\u{1e}user\u{1f}hello ".len();
-        assert_eq!(l.send(0, chat("hello world")), prefix + TEMPLATE_HEAD_TOKENS + 1);
+        assert_eq!(l.allowed(l.send(0, chat("hello world"))), prefix + TEMPLATE_HEAD_TOKENS + 1);
         let l = OwnPrefixes::new(1);
         let raw = |p: &str| Units::bytes_of(&json!({"prompt": p}));
-        assert_eq!(l.send(0, raw("abcdef")), 0);
-        assert_eq!(l.send(0, raw("abcxyz")), 4);
+        assert_eq!(l.allowed(l.send(0, raw("abcdef"))), 0);
+        assert_eq!(l.allowed(l.send(0, raw("abcxyz"))), 4);
     }
 }

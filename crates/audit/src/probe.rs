@@ -40,7 +40,7 @@ pub const CHUNK_TOKENS: usize = 800;
 /// Tokens of the nonce before the filler (an estimate; only the filler is sized).
 const NONCE_TOKENS: usize = 12;
 /// Tries of one probe request that the server answers 429 or 503.
-const TRIES: usize = 5;
+const TRIES: usize = 6;
 /// The longest `Retry-After` the probe waits; a server that asks for more is not answering.
 const LONGEST_WAIT: Duration = Duration::from_secs(30);
 /// After the prefix: A's first and second request, then B's (one suffix for all of B's, so
@@ -170,8 +170,9 @@ pub fn run(setup: &Setup, rng: &mut Rng, tick: &dyn Fn()) -> (TimingProbe, Vec<R
         for (class, tenant, text) in steps {
             let body = body(tenant.model, &text);
             let units = tenant.meter.tokens(&body).map_or_else(|| Units::bytes_of(&body), Units::Tokens);
-            let own_prefix = setup.own.send(tenant.index, units);
+            let sent = setup.own.send(tenant.index, units);
             let (ex, retries) = send_paced(setup.client, &tenant.key.key, &body, setup.t0);
+            let own_prefix = setup.own.allowed(sent);
             probe.retries += retries;
             probe.record(class, id, &tenant.key.name, &ex, bucket, pair, own_prefix);
             rows.push(row(id, class, tenant.key, &ex));

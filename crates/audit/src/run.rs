@@ -148,8 +148,9 @@ impl<'a> Run<'a> {
     /// Sends one request, judges its answer and records it; keeps the answer of a request
     /// chosen for a re-run, until the comparison.
     fn send(&self, spec: &ReqSpec, phase: &'static str, kept: &Mutex<HashMap<usize, Exchange>>) {
-        let own_prefix = self.own.send(spec.tenant, units(spec));
+        let sent = self.own.send(spec.tenant, units(spec));
         let ex = self.d.client.exchange(&self.d.opts.tenants[spec.tenant].key, spec, self.t0);
+        let own_prefix = self.own.allowed(sent);
         let judge = self.examiner();
         lock(&self.findings).extend(judge.examine(spec, &ex, false));
         lock(&self.findings).extend(judge.cache_hit(spec, &ex, own_prefix, phase));
@@ -270,7 +271,7 @@ impl<'a> Run<'a> {
             let client = self.d.client;
             let mut tries = 0;
             let again = loop {
-                let own_prefix = self.own.send(spec.tenant, units(spec));
+                let sent = self.own.send(spec.tenant, units(spec));
                 let again = match how {
                     rerun::RerunPlan::Prefix(n) => client.exchange_until_tokens(key, spec, &alone, n, self.t0),
                     _ => client.exchange(
@@ -280,7 +281,7 @@ impl<'a> Run<'a> {
                     ),
                 };
                 lock(&self.findings).extend(judge.examine(spec, &again, true));
-                lock(&self.findings).extend(judge.cache_hit(spec, &again, own_prefix, "rerun"));
+                lock(&self.findings).extend(judge.cache_hit(spec, &again, self.own.allowed(sent), "rerun"));
                 lock(&self.rows).push(judge.row(spec, &again, "rerun"));
                 tries += 1;
                 if rerun::usable(how, &again) || tries >= RERUN_TRIES {
