@@ -171,6 +171,7 @@ impl<'a> Run<'a> {
         let kept: Mutex<HashMap<usize, Exchange>> = Mutex::new(HashMap::new());
         let next = AtomicUsize::new(0);
         let one = |spec: &ReqSpec| self.send(spec, "main", &kept);
+        let staggered = staggered_groups(&self.plan.units);
         std::thread::scope(|s| {
             for _ in 0..opts.concurrency {
                 s.spawn(|| loop {
@@ -179,6 +180,15 @@ impl<'a> Run<'a> {
                     match unit {
                         Unit::One(spec) => one(spec),
                         Unit::Group(members) => {
+                            // A staggered group's first member is answered before the others
+                            // leave: a cache shared across tenants then serves them its prefix.
+                            let members = match staggered.get(i) {
+                                Some(true) => {
+                                    one(&members[0]);
+                                    &members[1..]
+                                }
+                                _ => &members[..],
+                            };
                             let gate = Barrier::new(members.len());
                             std::thread::scope(|g| {
                                 for m in members {
@@ -586,6 +596,23 @@ impl<'a> Discovered<'a> {
             d: self,
         }
     }
+}
+
+/// Per unit of the plan, whether it is a shared-prefix group whose first member goes alone
+/// before the others (every other such group; the rest leave all at once, to put the same
+/// prefix in flight for every tenant together).
+fn staggered_groups(units: &[Unit]) -> Vec<bool> {
+    let mut nth = 0usize;
+    units
+        .iter()
+        .map(|u| match u {
+            Unit::Group(v) if v.len() > 1 && v[0].scenario == workload::Scenario::SharedPrefix => {
+                nth += 1;
+                nth % 2 == 1
+            }
+            _ => false,
+        })
+        .collect()
 }
 
 /// A request's prompt as the own-prefix ledger compares it: its token ids when the audit
