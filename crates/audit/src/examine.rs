@@ -192,7 +192,8 @@ impl Examiner<'_> {
         own_prefix: usize,
         phase: &'static str,
     ) -> Option<Finding> {
-        let cached = ex.cached_tokens.filter(|n| *n as usize > own_prefix)?;
+        let own_len = spec.sent_tokens.or(ex.prompt_tokens.map(|n| n as usize));
+        let cached = ex.cached_tokens.filter(|n| crate::own_prefix::crosses(*n as usize, own_prefix, own_len))?;
         Some(Finding {
             kind: kind::CROSS_TENANT_CACHE_HIT,
             fails: true,

@@ -17,6 +17,20 @@ use serde_json::Value;
 
 use crate::sync::lock;
 
+/// Tokens of its own prompt a hit may leave to compute and still be the request's own: a server
+/// that runs a request again after a fault (on a worker that already prefilled it) serves it
+/// nearly whole from its own first attempt. No other tenant ever sent that prompt (each carries
+/// its own canary or nonce, and the audit puts at least this many tokens after anything two
+/// tenants share), so a hit this close to the whole prompt can only be the request's own.
+pub const RETRY_SLACK: usize = 16;
+
+/// Whether `cached` reported tokens cross tenants: beyond `allowed` (the tenant's own other
+/// prompts) and short of the request's own whole prompt (`own_len` tokens, when known) by more
+/// than [`RETRY_SLACK`].
+pub fn crosses(cached: usize, allowed: usize, own_len: Option<usize>) -> bool {
+    cached > allowed && !own_len.is_some_and(|n| cached + RETRY_SLACK >= n)
+}
+
 /// Tokens the chat template may put before the first message (a default system prompt, a
 /// date line): allowed on top of a byte-counted prefix, which cannot see the template.
 pub const TEMPLATE_HEAD_TOKENS: usize = 64;
@@ -32,6 +46,14 @@ pub enum Units {
 }
 
 impl Units {
+    /// The prompt's length in tokens, when it was counted.
+    pub fn tokens(&self) -> Option<usize> {
+        match self {
+            Units::Tokens(t) => Some(t.len()),
+            Units::Bytes { .. } => None,
+        }
+    }
+
     /// The prompt of `body` as bytes: a completion's text, or each message's role and content
     /// (what every chat template renders, in order).
     pub fn bytes_of(body: &Value) -> Units {
@@ -137,6 +159,16 @@ mod tests {
         let second = l.send(0, Units::Tokens(vec![5, 6, 7, 9]));
         assert_eq!(l.allowed(first), 3);
         assert_eq!(l.allowed(second), 3);
+    }
+
+    #[test]
+    fn a_hit_on_nearly_the_whole_prompt_is_the_requests_own_retry_and_anything_short_of_it_crosses() {
+        assert!(!crosses(10, 10, Some(100)));
+        assert!(crosses(11, 10, Some(100)));
+        assert!(crosses(100 - RETRY_SLACK - 1, 0, Some(100)));
+        assert!(!crosses(100 - RETRY_SLACK, 0, Some(100)));
+        assert!(!crosses(99, 0, Some(100)));
+        assert!(crosses(99, 0, None));
     }
 
     #[test]

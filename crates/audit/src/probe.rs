@@ -33,10 +33,10 @@ use crate::workload::{self, Endpoint};
 pub const ALL_PAIRS_UP_TO: usize = 4;
 /// Each pair runs the chunk variant in one of this many of its rounds.
 pub const CHUNK_EVERY: usize = 3;
-/// Tokens of each of A's prompts in the chunk variant (at most three quarters of the smaller
-/// window of the pair): its last third, the chunk a cache could reuse, is then at least the
-/// 256 tokens llama.cpp's presets ask of a chunk (`--cache-reuse 256`).
-pub const CHUNK_TOKENS: usize = 800;
+/// Tokens of each of A's prompts in the chunk variant (at most seven eighths of the smaller
+/// window of the pair): its last third, the chunk a cache could reuse, is then over the 256
+/// tokens llama.cpp's presets ask of a chunk (`--cache-reuse 256`) from a 1,024-token window.
+pub const CHUNK_TOKENS: usize = 880;
 /// Tokens of the nonce before the filler (an estimate; only the filler is sized).
 const NONCE_TOKENS: usize = 12;
 /// Tries of one probe request that the server answers 429 or 503.
@@ -145,7 +145,7 @@ pub fn run(setup: &Setup, rng: &mut Rng, tick: &dyn Fn()) -> (TimingProbe, Vec<R
             // Both of B's share a head with one of A's (a shared prefix cache would serve both
             // alike); only a cache that reuses a chunk past the point where the prompts part
             // (llama.cpp's `--cache-reuse`) serves the first one's last third as well.
-            let long = CHUNK_TOKENS.min(ta.window.min(tb.window) * 3 / 4);
+            let long = CHUNK_TOKENS.min(ta.window.min(tb.window) * 7 / 8);
             let p2_filler = crate::prose::filler(rng, words_for(ta, long));
             let p3_filler = crate::prose::filler(rng, words_for(ta, long));
             let (p2, p3) = (prompt(&p2_filler), prompt(&p3_filler));
@@ -155,8 +155,8 @@ pub fn run(setup: &Setup, rng: &mut Rng, tick: &dyn Fn()) -> (TimingProbe, Vec<R
             steps.push((Class::AChunk, ta, format!("{p2}{}", SUFFIXES[0])));
             steps.push((Class::AChunk, ta, format!("{p3}{}", SUFFIXES[0])));
             let mut chunk = vec![
-                (Class::BChunk, tb, format!("{p2_head} {p2_tail}{}", SUFFIXES[0])),
-                (Class::BChunkFresh, tb, format!("{p3_head} {fresh_tail}{}", SUFFIXES[0])),
+                (Class::BChunk, tb, format!("{p2_head} {p2_tail}{}", SUFFIXES[2])),
+                (Class::BChunkFresh, tb, format!("{p3_head} {fresh_tail}{}", SUFFIXES[2])),
             ];
             rng.shuffle(&mut chunk);
             steps.extend(chunk);
@@ -170,11 +170,12 @@ pub fn run(setup: &Setup, rng: &mut Rng, tick: &dyn Fn()) -> (TimingProbe, Vec<R
         for (class, tenant, text) in steps {
             let body = body(tenant.model, &text);
             let units = tenant.meter.tokens(&body).map_or_else(|| Units::bytes_of(&body), Units::Tokens);
+            let own_len = units.tokens();
             let sent = setup.own.send(tenant.index, units);
             let (ex, retries) = send_paced(setup.client, &tenant.key.key, &body, setup.t0);
             let own_prefix = setup.own.allowed(sent);
             probe.retries += retries;
-            probe.record(class, id, &tenant.key.name, &ex, bucket, pair, own_prefix);
+            probe.record(class, id, &tenant.key.name, &ex, bucket, pair, own_prefix, own_len);
             rows.push(row(id, class, tenant.key, &ex));
             id += 1;
             tick();

@@ -229,7 +229,8 @@ impl TimingProbe {
     }
 
     /// Records one exchange of class `c` (request `id` of `tenant`) of a sample in `bucket`
-    /// for tenant pair `pair`; `own_prefix`: the longest prefix the tenant sent before.
+    /// for tenant pair `pair`; `own_prefix`: the longest prefix the tenant sent before;
+    /// `own_len`: the prompt's length by the audit's count.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn record(
         &mut self,
@@ -240,6 +241,7 @@ impl TimingProbe {
         bucket: usize,
         pair: usize,
         own_prefix: usize,
+        own_len: Option<usize>,
     ) {
         if ex.outcome != Outcome::Ok {
             self.failed_requests += 1;
@@ -266,7 +268,8 @@ impl TimingProbe {
             Class::BChunkFresh => self.chunks.fresh_ms.push(ms),
             _ => {}
         }
-        if let Some(n) = ex.cached_tokens.filter(|n| *n as usize > own_prefix) {
+        let own_len = own_len.or(ex.prompt_tokens.map(|n| n as usize));
+        if let Some(n) = ex.cached_tokens.filter(|n| crate::own_prefix::crosses(*n as usize, own_prefix, own_len)) {
             self.cross_tenant_hits.push(ProbeHit {
                 request: id,
                 class: c.name(),
@@ -645,16 +648,16 @@ mod tests {
         let pairs = ["alice (m) and bob (m)".to_string()];
         let mut p = TimingProbe::new(1, &pairs, "test".into());
         // A's own hit on the prefix it sent itself: the cache working.
-        p.record(Class::AWarm, 1, "alice", &answered(40, Some(96)), 0, 0, 100);
+        p.record(Class::AWarm, 1, "alice", &answered(40, Some(96)), 0, 0, 100, None);
         // B never sent the prefix: a hit on A's or on a fresh one is KV it never computed.
-        p.record(Class::BCached, 2, "bob", &answered(40, Some(96)), 0, 0, 0);
-        p.record(Class::BFresh, 3, "bob", &answered(40, Some(160)), 1, 0, 3);
+        p.record(Class::BCached, 2, "bob", &answered(40, Some(96)), 0, 0, 0, None);
+        p.record(Class::BFresh, 3, "bob", &answered(40, Some(160)), 1, 0, 3, None);
         // Within what bob's own earlier prompts share: its own.
-        p.record(Class::BFresh, 4, "bob", &answered(40, Some(3)), 2, 0, 3);
+        p.record(Class::BFresh, 4, "bob", &answered(40, Some(3)), 2, 0, 3, None);
         let mut refused = answered(1, None);
         refused.outcome = Outcome::Unavailable503;
         refused.status = Some(503);
-        p.record(Class::BCached, 5, "bob", &refused, 0, 0, 0);
+        p.record(Class::BCached, 5, "bob", &refused, 0, 0, 0, None);
         p.finish();
         assert_eq!(p.failed_requests, 1);
         assert_eq!(p.a_warm.median_ms, Some(40.0));
@@ -686,10 +689,10 @@ mod tests {
                 let (bucket, pair) = ((i % 3) as usize, (i / 3 % 2) as usize);
                 let jitter = i * 37 % 1000 / 100;
                 let fast = |yes: bool| answered(if yes { 5 } else { 50 } + jitter, None);
-                p.record(Class::BCached, 0, "b", &fast(leak(bucket, pair)), bucket, pair, 0);
-                p.record(Class::BFresh, 0, "b", &fast(false), bucket, pair, 0);
-                p.record(Class::BChunk, 0, "b", &fast(chunks_leak), bucket, pair, 0);
-                p.record(Class::BChunkFresh, 0, "b", &fast(false), bucket, pair, 0);
+                p.record(Class::BCached, 0, "b", &fast(leak(bucket, pair)), bucket, pair, 0, None);
+                p.record(Class::BFresh, 0, "b", &fast(false), bucket, pair, 0, None);
+                p.record(Class::BChunk, 0, "b", &fast(chunks_leak), bucket, pair, 0, None);
+                p.record(Class::BChunkFresh, 0, "b", &fast(false), bucket, pair, 0, None);
             }
             p.finish();
             p.findings().into_iter().filter(|f| f.fails).map(|f| (f.kind, f.detail)).collect::<Vec<_>>()
