@@ -264,6 +264,10 @@ impl Fake {
 /// text from further on: a chunk a cache could shift into place past the point they part.
 fn reuses_past_a_gap(earlier: &[u8], new: &[u8]) -> bool {
     let common = earlier.iter().zip(new).take_while(|(a, b)| a == b).count();
+    // A cache picks the prompt to reuse by a shared head first (llama.cpp's slots do).
+    if common < 8 {
+        return false;
+    }
     let Some(next) = new.get(common..common + PREFIX_BYTES) else { return false };
     earlier.get(common + 1..).is_some_and(|later| later.windows(next.len()).any(|w| w == next))
 }
