@@ -28,7 +28,7 @@ pub const RETRY_SLACK: usize = 16;
 /// prompts) and short of the request's own whole prompt (`own_len` tokens, when known) by more
 /// than [`RETRY_SLACK`].
 pub fn crosses(cached: usize, allowed: usize, own_len: Option<usize>) -> bool {
-    cached > allowed && !own_len.is_some_and(|n| cached + RETRY_SLACK >= n)
+    cached > allowed && own_len.is_none_or(|n| cached + RETRY_SLACK < n)
 }
 
 /// Tokens the chat template may put before the first message (a default system prompt, a
