@@ -21,18 +21,23 @@ impl Examiner<'_> {
         &self.opts.tenants[i].name
     }
 
-    /// Canary hits, over-long acceptance and odd answers of one exchange.
-    pub(crate) fn examine(&self, spec: &ReqSpec, ex: &Exchange, rerun: bool) -> Vec<Finding> {
-        let mut out: Vec<Finding> = Vec::new();
-        let base = |k: &'static str, fails: bool, detail: String| Finding {
-            kind: k,
+    /// A finding about request `spec`: its id, tenant and scenario filled in.
+    pub(crate) fn finding(&self, spec: &ReqSpec, kind: &'static str, fails: bool, detail: String) -> Finding {
+        Finding {
+            kind,
             fails,
             request: Some(spec.id),
             tenant: Some(self.tenant(spec.tenant).to_string()),
             scenario: Some(spec.scenario.name()),
             detail,
             ..Default::default()
-        };
+        }
+    }
+
+    /// Canary hits, over-long acceptance and odd answers of one exchange.
+    pub(crate) fn examine(&self, spec: &ReqSpec, ex: &Exchange, rerun: bool) -> Vec<Finding> {
+        let mut out: Vec<Finding> = Vec::new();
+        let base = |k: &'static str, fails: bool, detail: String| self.finding(spec, k, fails, detail);
         let pass = if rerun { "re-run " } else { "" };
         let text_place = if spec.stream { "stream text" } else { "response text" };
         // One finding per foreign canary: its first failing hit, else its first excused one. An
@@ -194,19 +199,16 @@ impl Examiner<'_> {
     ) -> Option<Finding> {
         let own_len = spec.sent_tokens.or(ex.prompt_tokens.map(|n| n as usize));
         let cached = ex.cached_tokens.filter(|n| crate::own_prefix::crosses(*n as usize, own_prefix, own_len))?;
-        Some(Finding {
-            kind: kind::CROSS_TENANT_CACHE_HIT,
-            fails: true,
-            request: Some(spec.id),
-            tenant: Some(self.tenant(spec.tenant).to_string()),
-            scenario: Some(spec.scenario.name()),
-            detail: format!(
+        Some(self.finding(
+            spec,
+            kind::CROSS_TENANT_CACHE_HIT,
+            true,
+            format!(
                 "a {phase} request reported {cached} cached prompt tokens where tenant {}'s own earlier prompts share \
                  at most {own_prefix} with it: it was served KV it never computed",
                 self.tenant(spec.tenant)
             ),
-            ..Default::default()
-        })
+        ))
     }
 
     pub(crate) fn row(&self, spec: &ReqSpec, ex: &Exchange, phase: &'static str) -> RequestRow {

@@ -132,6 +132,7 @@ impl<'a> Meter<'a> {
             return Ok(m);
         }
         let by_name = packaged_model_for(model);
+        let named = by_name.is_some();
         let candidates: Vec<PathBuf> = match by_name {
             Some(p) => vec![p],
             // Behind an alias: a packaged model already on disk whose tokenizer the endpoint
@@ -145,7 +146,6 @@ impl<'a> Meter<'a> {
         };
         for path in candidates {
             let Ok(local) = local_from(&path) else { continue };
-            let named = packaged_model_for(model).is_some();
             let matches = named || {
                 let ours = local.tokenizer.encode(FINGERPRINT, false).ok();
                 ours.is_some() && m.endpoint_tokens(FINGERPRINT).as_ref() == ours.as_ref()

@@ -315,15 +315,7 @@ impl<'a> Run<'a> {
                     // status. A refusal that was only a matter of load is not one.
                     if let Some(why) = rerun::refusal_differs(&first, &again) {
                         count(&|c| c.diverged += 1);
-                        lock(&self.findings).push(Finding {
-                            kind: kind::REFUSAL_NOT_REPEATED,
-                            fails: true,
-                            request: Some(spec.id),
-                            tenant: Some(judge.tenant(spec.tenant).to_string()),
-                            scenario: Some(spec.scenario.name()),
-                            detail: why,
-                            ..Default::default()
-                        });
+                        lock(&self.findings).push(judge.finding(spec, kind::REFUSAL_NOT_REPEATED, true, why));
                     }
                     return;
                 }
@@ -333,16 +325,12 @@ impl<'a> Run<'a> {
             {
                 count(&|c| c.diverged += 1);
                 let partial = if prefix.is_some() { " (on the tokens received before the stream ended)" } else { "" };
+                let detail =
+                    format!("the response under load differs from the same request run alone{partial}: {what}");
                 lock(&self.findings).push(Finding {
-                    kind: kind::DIVERGENCE,
-                    fails: true,
-                    request: Some(spec.id),
-                    tenant: Some(judge.tenant(spec.tenant).to_string()),
-                    scenario: Some(spec.scenario.name()),
-                    detail: format!("the response under load differs from the same request run alone{partial}: {what}"),
                     position,
                     delta,
-                    ..Default::default()
+                    ..judge.finding(spec, kind::DIVERGENCE, true, detail)
                 });
             }
         };

@@ -150,14 +150,22 @@ fn probe_found_a_hit(r: &Value) -> bool {
 
 const SHORT_PROBE: [&str; 4] = ["--timing-probe", "12", "--skip-check", "probe-power"];
 
+/// Audits a shared cache behind the proxy with `dodge` (one audit at a time, `clients` at
+/// once, `extra` flags); asserts it failed, saying `what` passed otherwise. Returns the report
+/// and stdout; the scratch directory goes once the caller's assertions held.
+fn audit_must_fail(dodge: Dodge, name: &str, clients: usize, extra: &[&str], what: &str) -> (Value, String, PathBuf) {
+    let dir = scratch(name);
+    let (_server, url) = shared_cache_behind_proxy(dodge);
+    let (out, r) = audit(&url, &dir, clients, extra);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(!out.status.success(), "the audit passed {what}:\n{stdout}");
+    (r, stdout, dir)
+}
+
 #[test]
 fn one_cache_shared_by_every_key_fails_on_the_cached_tokens_the_server_reports() {
     let _one = one_at_a_time();
-    let dir = scratch("audit-dodge-none");
-    let (_server, url) = shared_cache_behind_proxy(Dodge::None);
-    let (out, r) = audit(&url, &dir, 3, &SHORT_PROBE);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(!out.status.success(), "the audit passed one cache for every customer:\n{stdout}");
+    let (r, _, dir) = audit_must_fail(Dodge::None, "audit-dodge-none", 3, &SHORT_PROBE, "one cache for every customer");
     assert!(failing_kinds(&r).contains("cross_tenant_cache_hit"), "{}", r["findings"]);
     assert!(probe_found_a_hit(&r), "{}", r["findings"]);
     let _ = std::fs::remove_dir_all(&dir);
@@ -166,11 +174,8 @@ fn one_cache_shared_by_every_key_fails_on_the_cached_tokens_the_server_reports()
 #[test]
 fn a_model_alias_per_key_does_not_keep_the_tenants_apart_in_the_probe() {
     let _one = one_at_a_time();
-    let dir = scratch("audit-dodge-aliases");
-    let (_server, url) = shared_cache_behind_proxy(Dodge::Aliases);
-    let (out, r) = audit(&url, &dir, 3, &SHORT_PROBE);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(!out.status.success(), "the audit passed per-key aliases of one shared cache:\n{stdout}");
+    let what = "per-key aliases of one shared cache";
+    let (r, _, dir) = audit_must_fail(Dodge::Aliases, "audit-dodge-aliases", 3, &SHORT_PROBE, what);
     // Three model ids, every pair probed all the same.
     let models: BTreeSet<&str> = r["models"].as_array().unwrap().iter().map(|m| m["model"].as_str().unwrap()).collect();
     assert_eq!(models.len(), 3, "{}", r["models"]);
@@ -182,11 +187,8 @@ fn a_model_alias_per_key_does_not_keep_the_tenants_apart_in_the_probe() {
 #[test]
 fn refusing_the_probes_requests_is_a_failing_finding_not_a_pass() {
     let _one = one_at_a_time();
-    let dir = scratch("audit-dodge-refuse-probe");
-    let (_server, url) = shared_cache_behind_proxy(Dodge::RefuseProbe);
-    let (out, r) = audit(&url, &dir, 3, &SHORT_PROBE);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(!out.status.success(), "the audit passed a server that refused its probe:\n{stdout}");
+    let what = "a server that refused its probe";
+    let (r, _, dir) = audit_must_fail(Dodge::RefuseProbe, "audit-dodge-refuse-probe", 3, &SHORT_PROBE, what);
     assert!(failing_kinds(&r).contains("probe_unanswered"), "{}", r["findings"]);
     let p = &r["timing_probe"];
     assert_eq!(p["b_on_a_cached"]["n"], 0, "{p}");
@@ -198,13 +200,11 @@ fn refusing_the_probes_requests_is_a_failing_finding_not_a_pass() {
 #[test]
 fn with_the_probe_skipped_the_load_alone_fails_on_cross_tenant_cached_tokens() {
     let _one = one_at_a_time();
-    let dir = scratch("audit-dodge-probe-skipped");
-    let (_server, url) = shared_cache_behind_proxy(Dodge::None);
     // One request at a time: each tenant's first request comes after another tenant's, with
     // none of its own in flight, so the template head the others sent is all it may hit.
-    let (out, r) = audit(&url, &dir, 1, &["--skip-check", "timing-probe"]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(!out.status.success(), "the audit passed a shared cache with the probe off:\n{stdout}");
+    let skip = ["--skip-check", "timing-probe"];
+    let what = "a shared cache with the probe off";
+    let (r, stdout, dir) = audit_must_fail(Dodge::None, "audit-dodge-probe-skipped", 1, &skip, what);
     assert!(stdout.starts_with("pagewarden audit: FAIL (the prefix cache was NOT checked"), "{stdout}");
     assert!(r["timing_probe"].is_null());
     let hits: Vec<&Value> = failing(&r).into_iter().filter(|f| f["kind"] == "cross_tenant_cache_hit").collect();
