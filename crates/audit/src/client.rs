@@ -292,13 +292,7 @@ impl Client {
         };
         let status = resp.status().as_u16();
         ex.status = Some(status);
-        ex.retry_after = resp
-            .headers()
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .filter(|s| s.is_finite() && *s >= 0.0)
-            .map(Duration::from_secs_f64);
+        ex.retry_after = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).and_then(retry_after);
         let is_sse = resp
             .headers()
             .get("content-type")
@@ -327,6 +321,12 @@ impl Client {
         ex.total = sent.elapsed();
         ex
     }
+}
+
+/// A `Retry-After` in seconds; None for anything else (an HTTP date, a negative or
+/// non-finite number, garbage). How long to honour it is the caller's cap: a server says.
+fn retry_after(v: &str) -> Option<Duration> {
+    v.trim().parse::<f64>().ok().filter(|s| s.is_finite() && *s >= 0.0 && *s < 1e9).map(Duration::from_secs_f64)
 }
 
 /// A complete (non-streaming) response.
@@ -408,6 +408,15 @@ fn read_stream(body: ureq::Body, stop: Stop, sent: Instant, ex: &mut Exchange) {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn retry_after_takes_seconds_and_nothing_a_server_could_break_it_with() {
+        assert_eq!(retry_after(" 2 "), Some(Duration::from_secs(2)));
+        assert_eq!(retry_after("0.5"), Some(Duration::from_millis(500)));
+        for bad in ["-1", "NaN", "inf", "1e300", "Wed, 21 Oct 2026 07:28:00 GMT", ""] {
+            assert_eq!(retry_after(bad), None, "{bad}");
+        }
+    }
     use super::*;
     use serde_json::json;
 
