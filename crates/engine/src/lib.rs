@@ -23,6 +23,7 @@ mod handle;
 mod inbox;
 mod pacing;
 mod request;
+mod row_share;
 mod scheduler;
 mod settings;
 

@@ -37,6 +37,14 @@ const SMOOTHING: f64 = 0.25;
 /// A decode step carries at most this part of prompt tokens to count as one.
 const DECODE_STEP_PROMPT_SHARE: usize = 8;
 
+/// Weight a step's time loses per later step in the fit of time against rows (about the last
+/// 30 steps count).
+const FIT_FORGET: f64 = 0.03;
+
+/// The rows of the steps in the fit must spread this much (variance, rows²) to fit a line; a
+/// run of equal steps keeps the last fit.
+const FIT_MIN_SPREAD: f64 = 0.25;
+
 /// Measured step durations, and the rule drawn from them.
 #[derive(Debug, Default)]
 pub(crate) struct StepClock {
@@ -46,6 +54,40 @@ pub(crate) struct StepClock {
     fixed: Option<f64>,
     /// Decode steps since the last extra step.
     since_ahead: u32,
+    /// A step's time against its rows, from steps of every kind.
+    cost: CostFit,
+}
+
+/// Least squares of step time against rows, with exponential forgetting: its intercept is the
+/// fixed part of every step, its slope a row's own cost.
+#[derive(Debug, Default)]
+struct CostFit {
+    w: f64,
+    n: f64,
+    t: f64,
+    nn: f64,
+    nt: f64,
+    /// The last line fitted from steps that spread enough: (fixed seconds, seconds per row).
+    line: Option<(f64, f64)>,
+}
+
+impl CostFit {
+    fn add(&mut self, rows: usize, secs: f64) {
+        let (n, k) = (rows as f64, 1.0 - FIT_FORGET);
+        self.w = self.w * k + 1.0;
+        self.n = self.n * k + n;
+        self.t = self.t * k + secs;
+        self.nn = self.nn * k + n * n;
+        self.nt = self.nt * k + n * secs;
+        let (mn, mt) = (self.n / self.w, self.t / self.w);
+        let spread = self.nn / self.w - mn * mn;
+        if spread >= FIT_MIN_SPREAD {
+            let slope = (self.nt / self.w - mn * mt) / spread;
+            if slope > 0.0 {
+                self.line = Some(((mt - slope * mn).max(0.0), slope));
+            }
+        }
+    }
 }
 
 impl StepClock {
@@ -56,6 +98,7 @@ impl StepClock {
         if decoding == 0 || prompt_tokens * DECODE_STEP_PROMPT_SHARE > decoding {
             return;
         }
+        self.cost.add(decoding + prompt_tokens, took.as_secs_f64());
         let sample = took.as_secs_f64() / (decoding + prompt_tokens) as f64;
         smooth(&mut self.per_row, sample);
     }
@@ -63,6 +106,7 @@ impl StepClock {
     /// An extra step of `prompt_tokens` prompt tokens alone.
     pub(crate) fn record_ahead(&mut self, prompt_tokens: usize, took: Duration) {
         self.since_ahead = 0;
+        self.cost.add(prompt_tokens, took.as_secs_f64());
         let Some(per_row) = self.per_row else { return };
         let sample = (took.as_secs_f64() - per_row * prompt_tokens as f64).max(0.0);
         smooth(&mut self.fixed, sample);
@@ -86,10 +130,18 @@ impl StepClock {
         }
     }
 
+    /// A step's fixed part in rows: how many rows cost as much as the part every step pays
+    /// whatever its rows (`None` until steps of different sizes were measured).
+    pub(crate) fn fixed_in_rows(&self) -> Option<f64> {
+        self.cost.line.map(|(fixed, per_row)| fixed / per_row)
+    }
+
     /// A clock as if it had measured these (tests of the scheduler).
     #[cfg(test)]
     pub(crate) fn measured(per_row: Duration, fixed: Duration) -> StepClock {
-        StepClock { per_row: Some(per_row.as_secs_f64()), fixed: Some(fixed.as_secs_f64()), since_ahead: 0 }
+        let (per_row, fixed) = (per_row.as_secs_f64(), fixed.as_secs_f64());
+        let cost = CostFit { line: Some((fixed, per_row)), ..CostFit::default() };
+        StepClock { per_row: Some(per_row), fixed: Some(fixed), since_ahead: 0, cost }
     }
 }
 
@@ -147,6 +199,30 @@ mod tests {
         assert_eq!(clock.ahead_budget(64), None);
         clock.record_step(64, 8, ms(63.0));
         assert_eq!(clock.ahead_budget(64), Some(FIRST_TRY_TOKENS));
+    }
+
+    #[test]
+    fn the_fixed_part_in_rows_is_fitted_from_steps_of_different_sizes_and_kept_through_equal_ones() {
+        let mut clock = StepClock::default();
+        // 3 ms every step, 0.75 ms a row.
+        let step = |rows: usize| ms(3.0 + 0.75 * rows as f64);
+        for _ in 0..10 {
+            clock.record_step(9, 0, step(9));
+        }
+        assert_eq!(clock.fixed_in_rows(), None, "equal steps fit no line");
+        clock.record_step(1, 0, step(1));
+        clock.record_step(5, 0, step(5));
+        let f = clock.fixed_in_rows().expect("fitted");
+        assert!((f - 4.0).abs() < 1e-6, "{f}");
+        for _ in 0..500 {
+            clock.record_step(5, 0, step(5));
+        }
+        assert!((clock.fixed_in_rows().expect("kept") - 4.0).abs() < 1e-6);
+        clock.record_step(10, 500, ms(10_000.0));
+        assert!(
+            (clock.fixed_in_rows().expect("kept") - 4.0).abs() < 1e-6,
+            "a step with a long prompt chunk is not fitted"
+        );
     }
 
     #[test]

@@ -12,6 +12,7 @@ use tokio::sync::mpsc as tmpsc;
 
 use crate::inbox::{Kind, Msg, Pending, Resume, Shared};
 use crate::pacing::StepClock;
+use crate::row_share;
 use crate::settings::{EngineConfig, EngineStats, Revoke, TenantPolicy};
 use crate::{EngineError, Event, FinishReason, GenRequest, TokenEvent, Usage, ViolationKind};
 
@@ -54,6 +55,9 @@ struct Running {
     logits: Vec<f32>,
     /// Set when the request is complete (finished or failed) after this step.
     end: Option<End>,
+    /// The step that last ran its decode row: a tenant held to a share of the rows runs its
+    /// longest-waiting sequences ([`crate::row_share`]).
+    last_decoded: u64,
 }
 
 impl Running {
@@ -272,6 +276,7 @@ impl Loop {
                         input: [0],
                         logits: Vec::new(),
                         end: None,
+                        last_decoded: 0,
                     });
                 }
                 Err(KvError::Exhausted { .. }) => {
@@ -409,6 +414,7 @@ impl Loop {
             }
             if r.decoding() {
                 self.stats.decode_tokens += 1;
+                r.last_decoded = self.stats.steps;
             } else {
                 r.prefilled += take;
                 self.stats.prefill_tokens += take as u64;
@@ -465,11 +471,9 @@ impl Loop {
         match rows {
             Rows::All => {
                 let mut budget = self.cfg.max_batch_tokens.max(1);
-                for (i, r) in self.running.iter().enumerate() {
-                    if r.decoding() {
-                        plan.push((i, 1));
-                        budget = budget.saturating_sub(1);
-                    }
+                for i in self.decode_rows() {
+                    plan.push((i, 1));
+                    budget = budget.saturating_sub(1);
                 }
                 for k in 0..n {
                     if budget == 0 {
@@ -501,6 +505,27 @@ impl Loop {
         }
         plan.sort_unstable();
         plan
+    }
+
+    /// The decoding sequences that get a row in this step: all of them, or, while tenants
+    /// share the step ([`crate::row_share`]), each tenant's longest-waiting ones up to the cap.
+    fn decode_rows(&self) -> Vec<usize> {
+        let decoding = (0..self.running.len()).filter(|&i| self.running[i].decoding());
+        let mut by_tenant: HashMap<TenantId, Vec<usize>> = HashMap::new();
+        for i in decoding.clone() {
+            by_tenant.entry(self.running[i].req.tenant).or_default().push(i);
+        }
+        let rows: Vec<usize> = by_tenant.values().map(Vec::len).collect();
+        let Some(cap) = row_share::tenant_row_cap(&rows, self.clock.fixed_in_rows()) else {
+            return decoding.collect();
+        };
+        let mut chosen = Vec::new();
+        for mut seqs in by_tenant.into_values() {
+            // Stable: among equally waiting sequences the earlier admitted goes first.
+            seqs.sort_by_key(|&i| self.running[i].last_decoded);
+            chosen.extend(seqs.into_iter().take(cap));
+        }
+        chosen
     }
 
     /// Starts decoding from transferred KV, after checking that the pages are this request's
@@ -560,6 +585,7 @@ impl Loop {
             input: [first],
             logits: Vec::new(),
             end: None,
+            last_decoded: 0,
         });
     }
 
@@ -785,6 +811,43 @@ mod tests {
         // A 2 ms fixed part against a 6 ms decode step.
         let (mut lp, streams, seen, ran) = ahead_of_six(1, Duration::from_millis(2));
         assert!(!ran);
+        finish_alike(&mut lp, streams, seen);
+    }
+
+    #[test]
+    fn a_tenant_at_its_full_limits_shares_the_step_with_a_lone_stream_and_every_output_is_unchanged() {
+        let (mut lp, tx) = new_loop();
+        // Tenant 1 runs eight sequences, tenant 2 one.
+        let mut streams: Streams = (1..=8)
+            .map(|id| req(id, 1, 10, 12))
+            .chain([req(9, 2, 10, 12)])
+            .map(|r| (r.clone(), submit(&mut lp, &tx, r)))
+            .collect();
+        lp.admit();
+        lp.step();
+        assert!(lp.running.iter().all(Running::decoding));
+        // A fixed part worth 3.5 rows: 5 rows a step, the lone stream's and 4 of the eight.
+        lp.clock = StepClock::measured(Duration::from_millis(1), Duration::from_micros(3500));
+        let mut seen: Vec<Vec<Event>> = streams.iter_mut().map(|(_, rx)| drain(rx)).collect();
+        for step in 0..4 {
+            lp.step();
+            let got: Vec<usize> = streams
+                .iter_mut()
+                .zip(seen.iter_mut())
+                .map(|((_, rx), seen)| {
+                    let events = drain(rx);
+                    let n = tokens(&events).len();
+                    seen.extend(events);
+                    n
+                })
+                .collect();
+            assert_eq!(got[8], 1, "step {step}: the lone stream advances every step: {got:?}");
+            assert_eq!(got[..8].iter().sum::<usize>(), 4, "step {step}: four of the eight: {got:?}");
+            if step % 2 == 1 {
+                let total: Vec<usize> = seen[..8].iter().map(|e| tokens(e).len()).collect();
+                assert!(total.iter().all(|&t| t == total[0]), "each of the eight advances in turn: {total:?}");
+            }
+        }
         finish_alike(&mut lp, streams, seen);
     }
 
