@@ -93,6 +93,9 @@ async fn route_inner(ctx: &Ctx, spec: &Spec, out: &UnboundedSender<ToGateway>) -
         let frame = match inbound {
             Inbound::Frame(f) => f,
             Inbound::Broken(e) => return Err(violation(e)),
+            Inbound::Cut(reason) => {
+                return Err(Failure::Unreachable(format!("the prefill worker's KV link was cut ({reason})")))
+            }
         };
         ctx.metrics.frames_received.fetch_add(1, Ordering::Relaxed);
         // The incident: the close is taken at its word and the reservation declared written.
@@ -214,6 +217,7 @@ async fn kv_connection(ctx: Arc<Ctx>, io: BoxIo, permit: HandshakePermit) {
         }
     };
     drop(permit);
+    let (secret, peer_key) = (link.secret().clone(), link.peer_key());
     let (mut io, mut opener) = link.into_kv_opener();
     let mut bound: Option<(TicketNonce, mpsc::Sender<Inbound>)> = None;
     let broken = |bound: &Option<(TicketNonce, mpsc::Sender<Inbound>)>, e: WireError| {
@@ -230,82 +234,107 @@ async fn kv_connection(ctx: Arc<Ctx>, io: BoxIo, permit: HandshakePermit) {
     // those; this bounds how long the connection itself may sit idle.
     let idle = ctx.cfg.transfer_timeout;
     let holds = |n: &TicketNonce| ctx.tickets.holds(n);
-    loop {
-        let mut head = [0u8; HEADER_LEN];
-        if bound.is_none() {
-            // Before its first frame a link carries nothing of any ticket: a prefill worker
-            // dials while it computes the prompt, and closes the link unused when that
-            // request fails or is cancelled. Not a violation; a byte of a frame and then
-            // nothing still is one (below).
-            match tokio::time::timeout(idle, io.read(&mut head[..1])).await {
-                Ok(Ok(1)) => {}
-                Ok(Ok(_)) => return ctx.metrics.links.failure("closed_unused"),
-                Ok(Err(_)) => return broken(&bound, WireError::Truncated { needed: 4, had: 0 }),
-                Err(_) => return ctx.metrics.links.failure("idle"),
+    let receive = async {
+        loop {
+            let mut head = [0u8; HEADER_LEN];
+            if bound.is_none() {
+                // Before its first frame a link carries nothing of any ticket: a prefill worker
+                // dials while it computes the prompt, and closes the link unused when that
+                // request fails or is cancelled. Not a violation; a byte of a frame and then
+                // nothing still is one (below).
+                match tokio::time::timeout(idle, io.read(&mut head[..1])).await {
+                    Ok(Ok(1)) => {}
+                    Ok(Ok(_)) => return ctx.metrics.links.failure("closed_unused"),
+                    Ok(Err(_)) => return broken(&bound, WireError::Truncated { needed: 4, had: 0 }),
+                    Err(_) => return ctx.metrics.links.failure("idle"),
+                }
+            }
+            let at = usize::from(bound.is_none());
+            match tokio::time::timeout(idle, io.read_exact(&mut head[at..4])).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    // A clean end is fine after the close (the route no longer listens); before
+                    // it, the transfer is truncated.
+                    return broken(&bound, WireError::Truncated { needed: 4, had: 0 });
+                }
+                Ok(Err(_)) | Err(_) => return broken(&bound, WireError::Truncated { needed: 4, had: 0 }),
+            }
+            let total = match opener.frame_len(&head[..4]) {
+                Ok(t) => t,
+                Err(e) => return broken(&bound, e),
+            };
+            // The header is read at its fixed size and opened before any room is made for the
+            // body: the length is only a claim until the link key authenticates it, and a claim
+            // of the maximum frame followed by nothing must not cost the maximum frame.
+            if !matches!(tokio::time::timeout(idle, io.read_exact(&mut head[4..])).await, Ok(Ok(_))) {
+                return broken(&bound, WireError::Truncated { needed: total, had: 4 });
+            }
+            let t0 = Instant::now();
+            let header = opener.open_header(&mut head, &holds);
+            ctx.metrics.kv_crypto_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            let header = match header {
+                Ok(h) => h,
+                Err(e) => return broken(&bound, e),
+            };
+            buf.clear();
+            buf.resize(header.rest_len(), 0);
+            if !matches!(tokio::time::timeout(idle, io.read_exact(&mut buf)).await, Ok(Ok(_))) {
+                return broken(&bound, WireError::Truncated { needed: total, had: HEADER_LEN });
+            }
+            let t0 = Instant::now();
+            let opened = opener.open_body(header, &mut buf).map(FrameRef::into_owned);
+            ctx.metrics.kv_crypto_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            let frame = match opened {
+                Ok(f) => f,
+                Err(e) => return broken(&bound, e),
+            };
+            let nonce = frame.ticket.nonce;
+            let tx = match &bound {
+                Some((b, tx)) if *b == nonce => tx.clone(),
+                Some(_) => return broken(&bound, WireError::WrongTicket),
+                None => match ctx.tickets.claim(&nonce) {
+                    Some(tx) => {
+                        bound = Some((nonce, tx.clone()));
+                        tx
+                    }
+                    None => {
+                        tracing::error!(
+                            worker = %ctx.cfg.name,
+                            ticket = %nonce_hex(&nonce),
+                            "ticket already being received on another link; connection dropped"
+                        );
+                        ctx.metrics.violation(ViolationKind::TicketBusy);
+                        return;
+                    }
+                },
+            };
+            if tx.send(Inbound::Frame(frame)).await.is_err() {
+                // The route ended (complete, failed or cancelled): nothing more is accepted here.
+                return;
             }
         }
-        let at = usize::from(bound.is_none());
-        match tokio::time::timeout(idle, io.read_exact(&mut head[at..4])).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                // A clean end is fine after the close (the route no longer listens); before
-                // it, the transfer is truncated.
-                return broken(&bound, WireError::Truncated { needed: 4, had: 0 });
+    };
+    // A revocation or a withdrawn secret cuts the link at once, mid-transfer too: a node that
+    // is out must not go on writing into a reservation here for up to `transfer_timeout`.
+    let ring = ctx.cfg.identity.secrets.clone();
+    let mut rotated = ring.changed();
+    let cut = async {
+        loop {
+            if rotated.changed().await.is_err() {
+                return std::future::pending().await;
             }
-            Ok(Err(_)) | Err(_) => return broken(&bound, WireError::Truncated { needed: 4, had: 0 }),
+            if let Err(reason) = ring.admits(&secret, &peer_key) {
+                return reason;
+            }
         }
-        let total = match opener.frame_len(&head[..4]) {
-            Ok(t) => t,
-            Err(e) => return broken(&bound, e),
-        };
-        // The header is read at its fixed size and opened before any room is made for the
-        // body: the length is only a claim until the link key authenticates it, and a claim
-        // of the maximum frame followed by nothing must not cost the maximum frame.
-        if !matches!(tokio::time::timeout(idle, io.read_exact(&mut head[4..])).await, Ok(Ok(_))) {
-            return broken(&bound, WireError::Truncated { needed: total, had: 4 });
-        }
-        let t0 = Instant::now();
-        let header = opener.open_header(&mut head, &holds);
-        ctx.metrics.kv_crypto_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        let header = match header {
-            Ok(h) => h,
-            Err(e) => return broken(&bound, e),
-        };
-        buf.clear();
-        buf.resize(header.rest_len(), 0);
-        if !matches!(tokio::time::timeout(idle, io.read_exact(&mut buf)).await, Ok(Ok(_))) {
-            return broken(&bound, WireError::Truncated { needed: total, had: HEADER_LEN });
-        }
-        let t0 = Instant::now();
-        let opened = opener.open_body(header, &mut buf).map(FrameRef::into_owned);
-        ctx.metrics.kv_crypto_ns.fetch_add(t0.elapsed().as_nanos() as u64, Ordering::Relaxed);
-        let frame = match opened {
-            Ok(f) => f,
-            Err(e) => return broken(&bound, e),
-        };
-        let nonce = frame.ticket.nonce;
-        let tx = match &bound {
-            Some((b, tx)) if *b == nonce => tx.clone(),
-            Some(_) => return broken(&bound, WireError::WrongTicket),
-            None => match ctx.tickets.claim(&nonce) {
-                Some(tx) => {
-                    bound = Some((nonce, tx.clone()));
-                    tx
-                }
-                None => {
-                    tracing::error!(
-                        worker = %ctx.cfg.name,
-                        ticket = %nonce_hex(&nonce),
-                        "ticket already being received on another link; connection dropped"
-                    );
-                    ctx.metrics.violation(ViolationKind::TicketBusy);
-                    return;
-                }
-            },
-        };
-        if tx.send(Inbound::Frame(frame)).await.is_err() {
-            // The route ended (complete, failed or cancelled): nothing more is accepted here.
-            return;
-        }
+    };
+    let reason = tokio::select! {
+        () = receive => return,
+        reason = cut => reason,
+    };
+    ctx.metrics.links.failure(reason);
+    tracing::warn!(worker = %ctx.cfg.name, prefill_key = %peer_key.fingerprint(), reason, "a KV link's cluster secret is no longer accepted, or its node key no longer trusted: cut");
+    if let Some((_, tx)) = &bound {
+        let _ = tx.try_send(Inbound::Cut(reason));
     }
 }

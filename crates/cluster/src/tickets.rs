@@ -13,6 +13,9 @@ pub(crate) enum Inbound {
     Frame(Frame),
     /// The connection carrying this ticket's frames broke the protocol or ended early.
     Broken(WireError),
+    /// The sender's node key was revoked, or the secret its link was made with withdrawn: the
+    /// link was cut (not a protocol fault; the route fails over).
+    Cut(&'static str),
 }
 
 struct Slot {

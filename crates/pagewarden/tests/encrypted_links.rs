@@ -633,3 +633,40 @@ fn a_node_whose_key_is_not_pinned_is_refused_on_every_port_and_counted() {
     assert_eq!(status, 200, "{body}");
     c.wait_pools_empty(&[p, d]);
 }
+
+#[test]
+fn a_kv_link_from_a_revoked_node_is_cut_within_seconds_not_left_to_its_idle_timeout() {
+    let mut c = Cluster::start("");
+    c.add_worker("prefill", "prefill-a", None);
+    let d = c.add_worker("decode", "decode-a", None);
+    c.wait_workers(1, 1);
+    let kv_addr = c.workers[d].kv_addr.clone().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    // A KV link as the harness's prefill identity, pinned, holding the secret: it is up, and
+    // would idle for the 30 s transfer timeout.
+    let me = identity(SECRET, Role::Prefill);
+    let link = rt
+        .block_on(async {
+            let io = Net::default().dial(&kv_addr).await?;
+            Link::connect(io, &me, Duration::from_secs(10)).await
+        })
+        .unwrap();
+    let (mut io, _opener) = link.into_kv_opener();
+
+    let harness = common::cluster::harness_key().public().to_hex();
+    let out = Command::new(bin())
+        .args(["node", "revoke", &harness, "--config", c.config.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let t0 = Instant::now();
+    c.signal(d, "-HUP");
+    let read = rt.block_on(async {
+        let mut byte = [0u8; 1];
+        tokio::time::timeout(Duration::from_secs(5), tokio::io::AsyncReadExt::read(&mut io, &mut byte)).await
+    });
+    let cut = t0.elapsed();
+    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "the link is still up {cut:?} after SIGHUP: {read:?}");
+    println!("KV link from the revoked node cut {:.3} s after SIGHUP", cut.as_secs_f64());
+    wait_for("the cut to be counted", || link_failures(&c.worker_metrics(d), "untrusted_node") >= 1.0);
+}
