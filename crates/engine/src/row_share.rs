@@ -7,7 +7,7 @@
 //! sequences the others run.
 //!
 //! The rule: while two or more tenants decode, a step holds at most as many rows as keep it
-//! within twice the time of a step of the lightest tenant's rows alone, given the step's
+//! within [`TARGET_SLOWDOWN`] times a step of the lightest tenant's rows alone, given the step's
 //! measured fixed part (what every step pays: reading the weights, starting the threads) and
 //! a row's measured cost ([`crate::pacing::StepClock::fixed_in_rows`]). The rows are shared
 //! max-min fairly: the largest per-tenant cap under that budget, every tenant at least one
@@ -18,6 +18,11 @@
 //! What it costs: the heavy tenant's sequences advance less often while others decode (its
 //! own throughput drops by about the rows it cedes), and the machine runs smaller steps. Outputs
 //! do not change: a sequence's tokens do not depend on which step it runs in.
+
+/// How much longer than the lightest tenant's own step a shared step may take: the promise is
+/// 2x its inter-token latency alone; the step costs are measured and noisy, so the rule aims
+/// below it.
+const TARGET_SLOWDOWN: f64 = 1.75;
 
 /// The most rows a tenant may run in one step: `None` when every row runs.
 ///
@@ -32,8 +37,9 @@ pub(crate) fn tenant_row_cap(rows: &[usize], fixed_in_rows: Option<f64>) -> Opti
     }
     let lightest = live.clone().min().unwrap_or(0);
     let total: usize = live.clone().sum();
-    // fixed + budget·row ≤ 2·(fixed + lightest·row)
-    let budget = ((fixed_in_rows + 2.0 * lightest as f64).floor() as usize).max(tenants);
+    // fixed + budget·row ≤ k·(fixed + lightest·row)
+    let k = TARGET_SLOWDOWN;
+    let budget = (((k - 1.0) * fixed_in_rows + k * lightest as f64).floor() as usize).max(tenants);
     if total <= budget {
         return None;
     }
@@ -53,9 +59,9 @@ mod tests {
     #[test]
     fn a_lone_row_beside_eight_gets_its_row_and_the_eight_share_the_rest_of_the_budget() {
         // Fixed part worth 3.5 rows: a step of 1 row costs 4.5 rows' time, so a step may hold
-        // 5 rows (3.5 + 5 ≤ 2 · 4.5).
-        assert_eq!(tenant_row_cap(&[1, 8], Some(3.5)), Some(4));
-        assert_eq!(tenant_row_cap(&[8, 0, 1], Some(3.5)), Some(4), "order and idle tenants do not matter");
+        // 4 rows (3.5 + 4 ≤ 1.75 · 4.5 < 3.5 + 5).
+        assert_eq!(tenant_row_cap(&[1, 8], Some(3.5)), Some(3));
+        assert_eq!(tenant_row_cap(&[8, 0, 1], Some(3.5)), Some(3), "order and idle tenants do not matter");
     }
 
     #[test]
@@ -75,8 +81,8 @@ mod tests {
     #[test]
     fn many_light_tenants_each_keep_a_row_and_the_heavy_one_is_held_to_the_fair_cap() {
         assert_eq!(tenant_row_cap(&[1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 8], Some(3.5)), Some(1));
-        assert_eq!(tenant_row_cap(&[2, 2, 8, 16], Some(6.0)), Some(3), "2 + 2 + 3 + 3 ≤ 10 < 2 + 2 + 4 + 4");
+        assert_eq!(tenant_row_cap(&[2, 2, 8, 16], Some(6.0)), Some(2), "2 + 2 + 2 + 2 ≤ 8 < 2 + 2 + 3 + 3");
         assert_eq!(tenant_row_cap(&[2, 2, 8, 16], Some(0.0)), Some(1), "never below a row per tenant");
-        assert_eq!(tenant_row_cap(&[3, 8, 8], Some(4.0)), Some(3), "3 + 3 + 3 ≤ 10 < 3 + 4 + 4");
+        assert_eq!(tenant_row_cap(&[3, 8, 8], Some(4.0)), Some(2), "2 + 2 + 2 ≤ 8 < 3 + 3 + 3");
     }
 }
