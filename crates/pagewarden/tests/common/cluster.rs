@@ -49,7 +49,7 @@ pub struct Cluster {
 }
 
 /// Makes `n` node keys in `dir` with `pagewarden node keygen` (a fresh identity, as an
-/// operator makes one): their files and public keys.
+/// operator makes one): their files and identities.
 pub fn keygen(dir: &std::path::Path, prefix: &str, n: usize) -> Vec<(PathBuf, String)> {
     (0..n)
         .map(|i| {
@@ -73,17 +73,20 @@ fn node_keys(dir: &std::path::Path) -> Vec<(PathBuf, String)> {
         .map(|i| {
             let path = dir.join(format!("node-{i}.key"));
             super::write_secret(&path, &base64_of(&node_private(i)));
-            (path, wire::NodeKey::from_private(node_private(i)).unwrap().public().to_hex())
+            (path, wire::NodeKey::from_private(node_private(i)).unwrap().identity().to_hex())
         })
         .collect()
 }
 
 /// What the harness trusts: itself and every node of its clusters (what it checks is their
 /// behaviour, not their keys).
-pub fn harness_trusted() -> Vec<wire::NodePublicKey> {
-    std::iter::once(harness_key().public())
-        .chain((0..NODE_KEYS).map(|i| wire::NodeKey::from_private(node_private(i)).unwrap().public()))
-        .collect()
+pub fn harness_trusted() -> Vec<wire::NodeIdentity> {
+    std::iter::once(harness_key().identity()).chain((0..NODE_KEYS).map(|i| node_key(i).identity())).collect()
+}
+
+/// The key of node `i` of a test cluster (the first gateway's is node 0's).
+pub fn node_key(i: usize) -> wire::NodeKey {
+    wire::NodeKey::from_private(node_private(i)).unwrap()
 }
 
 /// The test harness's own node key (pinned in every test cluster).
@@ -142,7 +145,7 @@ impl Cluster {
         super::write_secret(&dir.join("secret"), SECRET);
         super::write_secret(&dir.join("harness.key"), &base64_of(&HARNESS_KEY));
         let node_keys = node_keys(&dir);
-        let pinned: Vec<String> = std::iter::once(format!("\"harness:{}\"", harness_key().public()))
+        let pinned: Vec<String> = std::iter::once(format!("\"harness:{}\"", harness_key().identity()))
             .chain(node_keys.iter().enumerate().map(|(i, (_, k))| format!("\"node-{i}:{k}\"")))
             .collect();
         let config = dir.join("pagewarden.toml");
