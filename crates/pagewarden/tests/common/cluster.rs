@@ -22,7 +22,7 @@ const NODE_KEYS: usize = 8;
 
 pub struct Worker {
     pub name: String,
-    /// Its node public key (hex), pinned in the cluster's config.
+    /// Its node identity (hex), pinned in the cluster's config.
     pub node_key: String,
     pub metrics_url: String,
     pub kv_addr: Option<String>,
@@ -42,7 +42,7 @@ pub struct Cluster {
     pub more_gateways: Vec<Gateway>,
     /// Members find each other through etcd (`[membership]`): workers get no `--gateway`.
     membership: bool,
-    /// The node key files made for this cluster and their public keys, all pinned; each node
+    /// The node key files made for this cluster and their identities, all pinned; each node
     /// started takes the next.
     node_keys: Vec<(PathBuf, String)>,
     next_key: usize,
@@ -67,7 +67,7 @@ fn node_private(i: usize) -> [u8; 32] {
     [0x10 + i as u8; 32]
 }
 
-/// Writes the cluster's node keys to `dir` (owner-only): their files and public keys.
+/// Writes the cluster's node keys to `dir` (owner-only): their files and identities.
 fn node_keys(dir: &std::path::Path) -> Vec<(PathBuf, String)> {
     (0..NODE_KEYS)
         .map(|i| {
@@ -285,14 +285,14 @@ impl Cluster {
         self.gateway = gateway;
     }
 
-    /// The next unused node key of this cluster: its file and public key.
+    /// The next unused node key of this cluster: its file and identity.
     fn take_key(&mut self) -> (String, String) {
         let (path, public) = self.node_keys[self.next_key % self.node_keys.len()].clone();
         self.next_key += 1;
         (path.to_str().unwrap().to_string(), public)
     }
 
-    /// The gateway's node public key (hex).
+    /// The gateway's node identity (hex).
     pub fn gateway_node_key(&self) -> String {
         self.node_keys[0].1.clone()
     }
