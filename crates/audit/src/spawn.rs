@@ -293,7 +293,7 @@ fn node_key_file(dir: &Path, name: &str) -> std::path::PathBuf {
 }
 
 /// `pagewarden node keygen --out FILE` (a fresh file: one left by an earlier run of the same
-/// seed goes first); the public key it printed.
+/// seed goes first); the node identity it printed.
 fn node_keygen(file: &Path) -> anyhow::Result<String> {
     let _ = std::fs::remove_file(file);
     let out = Command::new(exe()?).args(["node", "keygen", "--out"]).arg(file).output()?;

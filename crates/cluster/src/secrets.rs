@@ -1,6 +1,7 @@
 //! What a node trusts, in one versioned state shared by all its links: the cluster secret it
-//! dials with and every one it accepts, its own node key, and the node keys it trusts (the
-//! operator's allow-list, `[cluster] trusted_nodes`). Secrets and allow-list are replaceable
+//! dials with and every one it accepts, its own node key, and the node identities it trusts
+//! (the operator's allow-list, `[cluster] trusted_nodes`: each node's link key, which links
+//! pin, and its record-signing key, which membership records are checked against). Secrets and allow-list are replaceable
 //! while the node runs, so an operator can rotate the secret without downtime (docs/cluster.md:
 //! accept old and new, then dial with the new, then drop the old) and revoke one node. Each
 //! change is announced ([`SecretRing::changed`]): a link made with a secret that is no longer
@@ -12,14 +13,14 @@
 use std::sync::{Arc, RwLock};
 
 use tokio::sync::watch;
-use wire::{ClusterSecret, NodeKey, NodePublicKey};
+use wire::{ClusterSecret, NodeIdentity, NodeKey, NodePublicKey, SigningPublicKey};
 
 #[derive(Clone)]
 struct Ring {
     current: ClusterSecret,
     also_accepted: Vec<ClusterSecret>,
     /// An empty list trusts nobody: the config refuses to start a node without one.
-    trusted: Vec<NodePublicKey>,
+    trusted: Vec<NodeIdentity>,
 }
 
 /// Cheap to clone; every clone sees a [`SecretRing::replace`].
@@ -40,7 +41,7 @@ impl SecretRing {
         current: ClusterSecret,
         also_accepted: Vec<ClusterSecret>,
         key: NodeKey,
-        trusted: Vec<NodePublicKey>,
+        trusted: Vec<NodeIdentity>,
     ) -> Self {
         SecretRing {
             ring: Arc::new(RwLock::new(Ring { current, also_accepted, trusted })),
@@ -56,7 +57,13 @@ impl SecretRing {
 
     /// Whether the node of `key` may link with us (now: a revocation makes it false).
     pub fn trusts(&self, key: &NodePublicKey) -> bool {
-        self.read().trusted.contains(key)
+        self.read().trusted.iter().any(|t| t.link == *key)
+    }
+
+    /// Whether records signed by `key` may count (now: a revocation makes it false, so a
+    /// revoked node's membership entries stop counting at the same reload as its links close).
+    pub fn trusts_signer(&self, key: &SigningPublicKey) -> bool {
+        self.read().trusted.iter().any(|t| t.signing == *key)
     }
 
     /// Whether a link made with `secret` to the node of `peer` may stay up.
@@ -82,7 +89,7 @@ impl SecretRing {
     }
 
     /// One secret, dialled and accepted.
-    pub fn single(secret: ClusterSecret, key: NodeKey, trusted: Vec<NodePublicKey>) -> Self {
+    pub fn single(secret: ClusterSecret, key: NodeKey, trusted: Vec<NodeIdentity>) -> Self {
         Self::new(secret, Vec::new(), key, trusted)
     }
 
@@ -104,7 +111,7 @@ impl SecretRing {
     /// Swaps in new secrets and a new allow-list (a reload) and announces them: links whose
     /// secret left the set, or whose peer's key left the allow-list, close; links dialled with
     /// a secret that is no longer the current one are replaced.
-    pub fn replace(&self, current: ClusterSecret, also_accepted: Vec<ClusterSecret>, trusted: Vec<NodePublicKey>) {
+    pub fn replace(&self, current: ClusterSecret, also_accepted: Vec<ClusterSecret>, trusted: Vec<NodeIdentity>) {
         *self.ring.write().unwrap_or_else(|e| e.into_inner()) = Ring { current, also_accepted, trusted };
         self.version.send_modify(|v| *v += 1);
     }

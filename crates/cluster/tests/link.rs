@@ -18,7 +18,7 @@ fn identity(secret: &str, role: Role, page_size: usize) -> Identity {
         secrets: SecretRing::single(
             ClusterSecret::from_passphrase(secret.as_bytes()),
             test_key(),
-            vec![test_key().public()],
+            vec![test_key().identity()],
         ),
         role,
         pairing: PairingInfo::new([7; 32], &layout).unwrap(),

@@ -32,7 +32,7 @@ fn engine() -> (Engine, PairingInfo) {
 
 fn identity(role: Role, pairing: PairingInfo) -> Identity {
     Identity {
-        secrets: SecretRing::single(ClusterSecret::from_passphrase(SECRET), test_key(), vec![test_key().public()]),
+        secrets: SecretRing::single(ClusterSecret::from_passphrase(SECRET), test_key(), vec![test_key().identity()]),
         role,
         pairing,
     }

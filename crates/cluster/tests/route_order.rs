@@ -25,7 +25,7 @@ fn identity(role: Role) -> Identity {
         secrets: SecretRing::single(
             ClusterSecret::from_passphrase(b"route-order-test-secret-0123456789abcdef"),
             test_key(),
-            vec![test_key().public()],
+            vec![test_key().identity()],
         ),
         role,
         pairing: PairingInfo::new([3; 32], &layout).unwrap(),

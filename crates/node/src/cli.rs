@@ -56,24 +56,33 @@ pub fn run_gateway_cli(
     runtime()?.block_on(serve_gateway(config, shutdown_signal(), |_| {}))
 }
 
-/// `pagewarden node keygen --out FILE`: writes a new node key (owner-only) and prints its public
-/// key, the line to pin in every node's `cluster.trusted_nodes`.
+/// `pagewarden node keygen --out FILE`: writes a new node key (owner-only) and prints its
+/// identity (public), the line to pin in every node's `cluster.trusted_nodes`.
 pub fn run_node_keygen_cli(out: &Path) -> Result<(), TenantError> {
-    let public = crate::node_keys::keygen(out)?;
-    println!("{public}");
+    let identity = crate::node_keys::keygen(out)?;
+    println!("{identity}");
     eprintln!(
-        "node key written to {} (owner-only; point this node's cluster.node_key_file at it). Pin the public key above \
+        "node key written to {} (owner-only; point this node's cluster.node_key_file at it). Pin the identity above \
          in cluster.trusted_nodes on every node of the cluster, then SIGHUP them.",
         out.display()
     );
     Ok(())
 }
 
-/// `pagewarden node revoke PUBKEY [--config FILE]`: removes the key from `cluster.trusted_nodes`.
+/// `pagewarden node identity --node-key-file FILE`: prints the identity of an existing key
+/// (public), to replace an entry of `cluster.trusted_nodes` that pins its link key alone.
+pub fn run_node_identity_cli(file: &Path) -> Result<(), TenantError> {
+    println!("{}", crate::node_keys::identity(file)?);
+    Ok(())
+}
+
+/// `pagewarden node revoke KEY [--config FILE]`: removes the node (its identity or link key)
+/// from `cluster.trusted_nodes`.
 pub fn run_node_revoke_cli(config_path: Option<&Path>, key: &str) -> Result<(), TenantError> {
     let path = config_path.unwrap_or(Path::new(DEFAULT_CONFIG_FILE));
     let removed = crate::node_keys::revoke(path, key)?;
-    let names: Vec<String> = removed.iter().map(|t| t.name.clone().unwrap_or_else(|| t.key.fingerprint())).collect();
+    let names: Vec<String> =
+        removed.iter().map(|t| t.name.clone().unwrap_or_else(|| t.identity.link.fingerprint())).collect();
     eprintln!(
         "node key {key} ({}) removed from cluster.trusted_nodes in {}. Send SIGHUP to every node reading this file \
          (`kill -HUP PID`; copy it to other hosts first): each closes its links with that node within seconds and \

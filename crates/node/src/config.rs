@@ -202,7 +202,8 @@ pub struct ClusterSettings {
     /// This node's own static key (written by `pagewarden node keygen`, owner-only); required
     /// by the gateway, prefill and decode roles. `serve` uses a random in-memory key.
     pub node_key_file: Option<PathBuf>,
-    /// The node keys this node links with (every node's, its own may be among them); required
+    /// The identities of the nodes this node links with and counts the membership records of
+    /// (every node's, its own may be among them); required
     /// and non-empty for the gateway, prefill and decode roles: a node with no pinned key would
     /// refuse every peer. Reloaded on SIGHUP: a key removed here is revoked.
     pub trusted_nodes: Vec<TrustedNode>,
@@ -249,43 +250,61 @@ impl ClusterSettings {
             invalid(
                 "cluster.node_key_file",
                 "is required for the gateway, prefill and decode roles: make one per node with \
-                 `pagewarden node keygen --out FILE` and pin its public key in every node's cluster.trusted_nodes",
+                 `pagewarden node keygen --out FILE` and pin the identity it prints in every node's cluster.trusted_nodes",
             )
         })?;
         read_node_key_file("cluster.node_key_file", path)
     }
 
-    /// The pinned node keys, refused when there are none (such a node could link with nobody).
-    pub fn trusted_keys(&self) -> Result<Vec<wire::NodePublicKey>, ConfigError> {
+    /// The pinned node identities, refused when there are none (such a node could link with
+    /// nobody).
+    pub fn trusted_identities(&self) -> Result<Vec<wire::NodeIdentity>, ConfigError> {
         if self.trusted_nodes.is_empty() {
             return Err(invalid(
                 "cluster.trusted_nodes",
-                "is empty: list the public key of every node of the cluster (`pagewarden node keygen` prints it); \
+                "is empty: list the identity of every node of the cluster (`pagewarden node keygen` prints it); \
                  a node trusting no key would refuse every peer",
             ));
         }
-        Ok(self.trusted_nodes.iter().map(|t| t.key).collect())
+        Ok(self.trusted_nodes.iter().map(|t| t.identity).collect())
     }
 }
 
-/// One entry of `cluster.trusted_nodes`: `"KEY"` or `"NAME:KEY"`, the key as 64 hex digits or
-/// standard base64; the name only labels it for operators.
+/// One entry of `cluster.trusted_nodes`: `"IDENTITY"` or `"NAME:IDENTITY"`, the node's identity
+/// (its link key and its record-signing key) as `pagewarden node keygen` and `node identity`
+/// print it: 128 hex digits, or standard base64 of its 64 bytes; the name only labels it for
+/// operators.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TrustedNode {
     pub name: Option<String>,
-    pub key: wire::NodePublicKey,
+    pub identity: wire::NodeIdentity,
 }
 
-/// A node public key written as 64 hex digits or standard base64 (padding optional).
-pub fn parse_node_public_key(text: &str) -> Option<wire::NodePublicKey> {
+/// The bytes of a key written as hex (64 or 128 digits) or standard base64 (padding optional).
+fn key_bytes(text: &str) -> Option<Vec<u8>> {
     use base64::Engine;
     let text = text.trim();
-    let bytes = if text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit()) {
-        (0..32).map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()).collect::<Option<Vec<u8>>>()?
+    if (text.len() == 64 || text.len() == 128) && text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        (0..text.len() / 2).map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()).collect()
     } else {
-        base64::engine::general_purpose::STANDARD_PAD_INDIFFERENT.decode(text.as_bytes()).ok()?
-    };
-    Some(wire::NodePublicKey(bytes.try_into().ok()?))
+        base64::engine::general_purpose::STANDARD_PAD_INDIFFERENT.decode(text.as_bytes()).ok()
+    }
+}
+
+/// A node identity written as 128 hex digits or base64 of its 64 bytes.
+pub fn parse_node_identity(text: &str) -> Option<wire::NodeIdentity> {
+    let bytes: [u8; 64] = key_bytes(text)?.try_into().ok()?;
+    Some(wire::NodeIdentity::from_bytes(&bytes))
+}
+
+/// A node's link key, written either alone (64 hex digits or base64 of 32 bytes: what configs
+/// pinned before records were signed) or as part of its full identity.
+pub fn parse_node_public_key(text: &str) -> Option<wire::NodePublicKey> {
+    let bytes = key_bytes(text)?;
+    match <[u8; 32]>::try_from(bytes.as_slice()) {
+        Ok(link) => Some(wire::NodePublicKey(link)),
+        Err(_) => parse_node_identity(text).map(|i| i.link),
+    }
 }
 
 impl std::str::FromStr for TrustedNode {
@@ -300,10 +319,18 @@ impl std::str::FromStr for TrustedNode {
         if name.as_deref().is_some_and(|n| !valid_tenant_name(n)) {
             return Err(bad("a name must be 1-64 characters of A-Z a-z 0-9 - _ ."));
         }
-        let key = parse_node_public_key(key).ok_or_else(|| {
-            bad("not a node public key (64 hex digits or base64, as `pagewarden node keygen` prints)")
+        if key_bytes(key).is_some_and(|b| b.len() == wire::NODE_KEY_LEN) {
+            // A link key alone cannot check the node's signed membership records: refused
+            // rather than half-trusted.
+            return Err(bad(
+                "pins only a link key (64 hex digits, the format before signed membership records): pin the node's \
+                 full identity, which `pagewarden node identity --node-key-file FILE` prints from its key file",
+            ));
+        }
+        let identity = parse_node_identity(key).ok_or_else(|| {
+            bad("not a node identity (128 hex digits or base64, as `pagewarden node keygen` or `node identity` prints)")
         })?;
-        Ok(TrustedNode { name, key })
+        Ok(TrustedNode { name, identity })
     }
 }
 
@@ -911,21 +938,32 @@ mod tests {
     }
 
     #[test]
-    fn trusted_nodes_take_hex_or_base64_keys_with_an_optional_name_and_an_empty_list_is_refused() {
-        let hex = "ab".repeat(32);
-        let b64 = "q6urq6urq6urq6urq6urq6urq6urq6urq6urq6urq6s=";
+    fn trusted_nodes_take_hex_or_base64_identities_with_an_optional_name_and_an_empty_list_is_refused() {
+        let hex = "ab".repeat(64);
+        let b64 = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, [0xab; 64]);
         let c = Config::from_toml_str(&format!("[cluster]\ntrusted_nodes = [\"gw-1:{hex}\", \"{b64}\"]\n")).unwrap();
         let t = &c.cluster.trusted_nodes;
         assert_eq!((t[0].name.as_deref(), t[1].name.as_deref()), (Some("gw-1"), None));
-        assert_eq!(t[0].key, t[1].key, "the same key in hex and base64");
-        assert_eq!(c.cluster.trusted_keys().unwrap().len(), 2);
-        for bad in ["abcd", "gw 1:00", &"zz".repeat(32)] {
+        assert_eq!(t[0].identity, t[1].identity, "the same identity in hex and base64");
+        assert_eq!(t[0].identity.link.0, [0xab; 32]);
+        assert_eq!(c.cluster.trusted_identities().unwrap().len(), 2);
+        for bad in ["abcd", "gw 1:00", &"zz".repeat(64)] {
             let e = Config::from_toml_str(&format!("[cluster]\ntrusted_nodes = [\"{bad}\"]\n")).err().unwrap();
             assert!(e.to_string().contains("cluster.trusted_nodes"), "{e}");
         }
+        // A link key alone, as configs pinned before records were signed: refused by name,
+        // with the command that prints the identity.
+        let link = "cd".repeat(32);
+        let e = Config::from_toml_str(&format!("[cluster]\ntrusted_nodes = [\"gw-1:{hex}\", \"old:{link}\"]\n"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains(&format!("old:{link}")) && e.contains("node identity --node-key-file"), "{e}");
         let none = Config::from_toml_str("[cluster]\ntrusted_nodes = []\n").unwrap();
-        assert!(none.cluster.trusted_keys().err().unwrap().to_string().contains("is empty"));
+        assert!(none.cluster.trusted_identities().err().unwrap().to_string().contains("is empty"));
         assert!(Config::default().cluster.node_key().err().unwrap().to_string().contains("node keygen"));
+        assert_eq!(parse_node_public_key(&hex), Some(wire::NodePublicKey([0xab; 32])), "the link key of an identity");
+        assert_eq!(parse_node_public_key(&link), Some(wire::NodePublicKey([0xcd; 32])));
     }
 
     #[test]

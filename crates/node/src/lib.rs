@@ -34,8 +34,8 @@ pub mod usage_cli;
 pub mod worker;
 
 pub use cli::{
-    run_gateway_cli, run_node_keygen_cli, run_node_revoke_cli, run_serve_cli, run_tenant_add_cli,
-    run_tenant_remove_cli, run_tenant_rotate_key_cli,
+    run_gateway_cli, run_node_identity_cli, run_node_keygen_cli, run_node_revoke_cli, run_serve_cli,
+    run_tenant_add_cli, run_tenant_remove_cli, run_tenant_rotate_key_cli,
 };
 pub use config::{Config, ConfigError};
 pub use error::ServeError;

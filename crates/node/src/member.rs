@@ -1,16 +1,21 @@
 //! A node's part in the membership (`[membership]`, etcd): what it publishes about itself,
 //! and what it does with what the others publish. Entries are public facts (addresses, role,
-//! model digest, pool size), never a secret, sealed under a key derived from the cluster
-//! secret (`membership::seal`): a node counts and dials only the entries that open under a
-//! secret it accepts, so whoever writes to etcd without one cannot add a gateway (to be
-//! dialled, or to divide every tenant's limits) or replay one that left. Trust between nodes
-//! still comes from the authenticated handshake every link runs (see SECURITY.md).
+//! model digest, pool size), never a secret, sealed (`membership::seal`) under a key derived
+//! from the cluster secret and signed with the publisher's record-signing key (derived from its
+//! node key: `wire::NodeKey::sign_record`). A node counts and dials only the entries that open
+//! under a secret it accepts AND are signed by a node it pins now (`cluster.trusted_nodes`,
+//! reloaded on SIGHUP): whoever writes to etcd without the secret, and any member with it (a
+//! compromised node), cannot add a gateway in another node's name (to be dialled, or to divide
+//! every tenant's limits) or replay one that left. A gateway counts live gateways by distinct
+//! signer: one node, one limit share, however many entries it publishes. Rejected entries are
+//! logged by key and reason, never content. Trust between nodes still comes from the
+//! authenticated handshake every link runs (see SECURITY.md).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use cluster::SecretRing;
-use membership::seal::{self, RecordKey};
+use membership::seal::{self, Opened, RecordKey, Signers};
 use membership::{
     gateways_prefix, publish_sealed, tenants_prefix, watch_members, workers_prefix, EtcdClient, GatewayRecord, Members,
     Publication, TenantsRecord, WorkerRecord, TENANTS_CHANGED,
@@ -38,34 +43,68 @@ fn record_key(secret: &wire::ClusterSecret) -> RecordKey {
     RecordKey::new(secret.derive_key(RECORD_KEY_CONTEXT))
 }
 
-/// Publishes `record` under `etcd_key`, sealed afresh (with the secret dialled with at the
-/// time) at every put and renewal.
-fn publish_record(c: EtcdClient, etcd_key: String, record: String, secrets: &SecretRing, ttl: Duration) -> Publication {
-    let (secrets, sealed_key) = (secrets.clone(), etcd_key.clone());
-    publish_sealed(
-        c,
-        etcd_key,
-        move || seal::seal(&record_key(&secrets.current()), &sealed_key, &record, seal::now_ms()),
-        ttl,
-    )
+/// `record` sealed for `etcd_key` at `issued_ms` (Unix milliseconds): MAC'd under `secret`'s
+/// record key and signed by the node of `key`, as members publish it.
+pub fn seal_record(
+    secret: &wire::ClusterSecret,
+    key: &wire::NodeKey,
+    etcd_key: &str,
+    record: &str,
+    issued_ms: u64,
+) -> Result<Vec<u8>, wire::WireError> {
+    seal::seal(&record_key(secret), etcd_key, record, issued_ms, &key.identity().signing.0, |m| key.sign_record(m))
 }
 
-/// The entries under `prefix` that open under a secret this node accepts now, as their
-/// records' JSON text by name; the others are logged by key (never their content) and skipped.
-fn opened(members: &Members, prefix: &str, secrets: &SecretRing) -> BTreeMap<String, String> {
+/// The signers whose records count: the nodes the ring pins at the time of the check.
+struct Pinned<'a>(&'a SecretRing);
+
+impl Signers for Pinned<'_> {
+    fn pinned(&self, signer: &[u8; seal::SIGNER_LEN]) -> bool {
+        self.0.trusts_signer(&wire::SigningPublicKey(*signer))
+    }
+
+    fn verify(&self, signer: &[u8; seal::SIGNER_LEN], message: &[u8], signature: &[u8; seal::SIGNATURE_LEN]) -> bool {
+        wire::SigningPublicKey(*signer).verify(message, signature)
+    }
+}
+
+/// Publishes `record` under `etcd_key`, sealed afresh (with the secret dialled with at the
+/// time, signed by this node) at every put and renewal.
+fn publish_record(c: EtcdClient, etcd_key: String, record: String, secrets: &SecretRing, ttl: Duration) -> Publication {
+    let (secrets, sealed_key) = (secrets.clone(), etcd_key.clone());
+    let make = move || {
+        seal_record(&secrets.current(), secrets.node_key(), &sealed_key, &record, seal::now_ms()).unwrap_or_else(|e| {
+            // Never expected (the key was checked when loaded); an empty value counts nowhere.
+            tracing::error!(key = %sealed_key, error = %e, "membership: cannot sign our record; published empty");
+            Vec::new()
+        })
+    };
+    publish_sealed(c, etcd_key, make, ttl)
+}
+
+/// The entries under `prefix` that open under a secret this node accepts now and are signed
+/// by a node it pins now, with their signers, by name; the others are logged by key and
+/// reason (never their content) and skipped.
+fn opened(members: &Members, prefix: &str, secrets: &SecretRing) -> BTreeMap<String, Opened> {
     let keys: Vec<RecordKey> = secrets.accepted().iter().map(record_key).collect();
     let now = seal::now_ms();
     members
         .entries
         .iter()
-        .filter_map(|(name, value)| match seal::open(&keys, &key(prefix, name), value, now) {
-            Ok(record) => Some((name.clone(), record)),
+        .filter_map(|(name, value)| match seal::open(&keys, &Pinned(secrets), &key(prefix, name), value, now) {
+            Ok(o) => Some((name.clone(), o)),
             Err(why) => {
-                tracing::warn!(key = %name, prefix = %prefix, reason = why.label(), "membership: an entry that does not open under our cluster secret; ignored");
+                tracing::warn!(key = %name, prefix = %prefix, reason = why.label(), "membership: an entry not sealed by a node we trust; ignored");
                 None
             }
         })
         .collect()
+}
+
+/// How many gateways share the limits: one per distinct signer among the gateway entries that
+/// opened (a node publishing many entries still holds one share), never fewer than one.
+fn live_gateways(opened: &BTreeMap<String, Opened>) -> usize {
+    opened.values().map(|o| o.signer).collect::<BTreeSet<_>>().len().max(1)
 }
 
 /// A worker joins: publishes its record under a lease (kept while the returned publication
@@ -106,10 +145,10 @@ pub fn join_as_worker(
 
 /// The cluster addresses of the listed gateways; an entry that is not a gateway record is
 /// skipped (and logged by its key, never dialled).
-fn gateway_addrs(records: &BTreeMap<String, String>) -> BTreeSet<String> {
+fn gateway_addrs(records: &BTreeMap<String, Opened>) -> BTreeSet<String> {
     records
         .iter()
-        .filter_map(|(k, v)| match serde_json::from_str::<GatewayRecord>(v) {
+        .filter_map(|(k, v)| match serde_json::from_str::<GatewayRecord>(&v.record) {
             Ok(g) => Some(g.cluster_addr),
             Err(e) => {
                 tracing::warn!(key = %k, error = %e, "membership: not a gateway record; skipped");
@@ -141,9 +180,9 @@ pub fn join_as_gateway(
         loop {
             let n = {
                 let g = gateways.borrow_and_update();
-                // Only sealed gateway entries share the limits; itself included even before its
-                // own entry shows (never a share of zero).
-                g.synced.then(|| opened(&g, &prefix, &ring).len().max(1))
+                // Only gateway entries signed by pinned nodes share the limits, one share per
+                // node; itself included even before its own entry shows (never a share of zero).
+                g.synced.then(|| live_gateways(&opened(&g, &prefix, &ring)))
             };
             if let Some(n) = n {
                 count_tx.send_if_modified(|c| std::mem::replace(c, n) != n);
@@ -230,5 +269,54 @@ pub fn default_name(role: &str) -> Result<String, ServeError> {
 pub async fn withdraw(p: Publication, what: &str) {
     if let Err(e) = p.withdraw().await {
         tracing::warn!(member = %what, error = %e, "membership: withdrawing failed; the entry expires with its lease");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wire::{ClusterSecret, NodeKey};
+
+    fn node(b: u8) -> NodeKey {
+        NodeKey::from_private([b; 32]).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn gateways_count_once_per_pinned_signer_and_an_unpinned_or_revoked_one_not_at_all() {
+        let secret = ClusterSecret::from_bytes([5; 32]);
+        let (me, other, stranger) = (node(1), node(2), node(3));
+        let ring = SecretRing::single(secret.clone(), node(1), vec![me.identity(), other.identity()]);
+        let prefix = "/p/gateways/";
+        let now = seal::now_ms();
+        let entry = |name: &str, by: &NodeKey, under: &ClusterSecret| {
+            let record = format!(r#"{{"id":"{name}","cluster_addr":"10.0.0.1:7000"}}"#);
+            (name.to_string(), seal_record(under, by, &key(prefix, name), &record, now).unwrap_or_default())
+        };
+        let members = Members {
+            entries: [
+                entry("me", &me, &secret),
+                entry("other", &other, &secret),
+                // The same pinned node under more names: still one share.
+                entry("other-again", &other, &secret),
+                // Under the real secret, by a node nobody pins.
+                entry("forged", &stranger, &secret),
+                // By a pinned node, under a secret nobody accepts.
+                entry("old-secret", &other, &ClusterSecret::from_bytes([6; 32])),
+            ]
+            .into_iter()
+            .collect(),
+            synced: true,
+        };
+        let open = opened(&members, prefix, &ring);
+        assert_eq!(open.keys().map(String::as_str).collect::<Vec<_>>(), ["me", "other", "other-again"]);
+        assert_eq!(open["me"].signer, me.identity().signing.0);
+        assert_eq!(live_gateways(&open), 2);
+        assert_eq!(gateway_addrs(&open).len(), 1, "one address, dialled once");
+        // `other` revoked (a reload): its entries stop counting at once.
+        ring.replace(secret.clone(), Vec::new(), vec![me.identity()]);
+        let open = opened(&members, prefix, &ring);
+        assert_eq!(open.keys().map(String::as_str).collect::<Vec<_>>(), ["me"]);
+        assert_eq!(live_gateways(&open), 1);
+        assert_eq!(live_gateways(&BTreeMap::new()), 1, "never a share of zero");
     }
 }

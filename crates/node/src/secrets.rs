@@ -1,4 +1,4 @@
-//! A node's trust: its cluster secrets, its own node key and the node keys it trusts, read
+//! A node's trust: its cluster secrets, its own node key and the node identities it trusts, read
 //! once at start-up (a missing, loose or short file, or an empty allow-list, fails there);
 //! secrets and allow-list are reloaded on SIGHUP, so a secret rotates and a node is revoked
 //! without a restart (docs/cluster.md).
@@ -13,7 +13,7 @@ use crate::error::ServeError;
 pub fn cluster_secrets(config: &Config) -> Result<SecretRing, ServeError> {
     let (current, others) = config.cluster.secrets()?;
     let key = config.cluster.node_key()?;
-    let trusted = config.cluster.trusted_keys()?;
+    let trusted = config.cluster.trusted_identities()?;
     let ring = SecretRing::new(current, others, key, trusted);
     println!("cluster: {}", ring.describe());
     Ok(ring)
@@ -34,7 +34,7 @@ pub fn reload_secrets_on_sighup(config: &Config, ring: &SecretRing) {
             while hup.recv().await.is_some() {
                 let loaded = Config::load(&path)
                     .map_err(ServeError::from)
-                    .and_then(|c| Ok((c.cluster.secrets()?, c.cluster.trusted_keys()?)));
+                    .and_then(|c| Ok((c.cluster.secrets()?, c.cluster.trusted_identities()?)));
                 match loaded {
                     Ok(((current, others), trusted)) => {
                         ring.replace(current, others, trusted);

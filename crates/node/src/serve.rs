@@ -88,7 +88,7 @@ async fn start_model(
         NodeKey::generate().map_err(io_err)?,
         NodeKey::generate().map_err(io_err)?,
     ];
-    let trusted: Vec<_> = keys.iter().map(NodeKey::public).collect();
+    let trusted: Vec<_> = keys.iter().map(NodeKey::identity).collect();
     let [gateway_key, prefill_key, decode_key] = keys;
     let ring = |key| SecretRing::single(secret.clone(), key, trusted.clone());
     let router = cluster::Router::new(router_config(&cfg, &info, ring(gateway_key))?);

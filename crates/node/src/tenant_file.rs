@@ -25,7 +25,9 @@ pub enum TenantError {
     Toml(String),
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("`{0}` is not a node public key (64 hex digits or base64, as `pagewarden node keygen` prints)")]
+    #[error(
+        "`{0}` is not a node identity or link key (128 or 64 hex digits or base64, as `pagewarden node keygen` prints)"
+    )]
     BadNodeKey(String),
     #[error("node key {0} is not in cluster.trusted_nodes of the config file")]
     NodeKeyNotTrusted(String),

@@ -198,15 +198,22 @@ enum TenantCmd {
 #[derive(Subcommand)]
 enum NodeCmd {
     /// Make this node's key: writes the private key to FILE (owner-only, never over an existing
-    /// file) and prints the public key to pin in every node's `cluster.trusted_nodes`.
+    /// file) and prints the node's identity to pin in every node's `cluster.trusted_nodes`.
     Keygen {
         #[arg(long)]
         out: PathBuf,
     },
-    /// Remove a node's public key from `cluster.trusted_nodes`. SIGHUP applies it to running
-    /// nodes: their links with that node close within seconds and it cannot link again.
+    /// Print the identity of an existing node key file (what `keygen` printed): the entry to pin
+    /// in `cluster.trusted_nodes` in place of one that pins the bare 64-hex link key.
+    Identity {
+        #[arg(long)]
+        node_key_file: PathBuf,
+    },
+    /// Remove a node from `cluster.trusted_nodes`. SIGHUP applies it to running nodes: their
+    /// links with that node close within seconds, it cannot link again and its membership
+    /// records stop counting.
     Revoke {
-        /// The node's public key, as `node keygen` printed it.
+        /// The node's identity as `node keygen` printed it, or its 64-hex link key.
         key: String,
         #[arg(long)]
         config: Option<PathBuf>,
@@ -255,6 +262,9 @@ fn main() {
                 .map_err(Into::into)
         }
         Cmd::Node { what: NodeCmd::Keygen { out } } => node::run_node_keygen_cli(&out).map_err(Into::into),
+        Cmd::Node { what: NodeCmd::Identity { node_key_file } } => {
+            node::run_node_identity_cli(&node_key_file).map_err(Into::into)
+        }
         Cmd::Node { what: NodeCmd::Revoke { key, config } } => {
             node::run_node_revoke_cli(config.as_deref(), &key).map_err(Into::into)
         }

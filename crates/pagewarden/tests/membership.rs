@@ -5,7 +5,8 @@
 //! (SIGTERM) finishes its streams and leaves, one whose lease expires (stopped, its link still
 //! open) is dropped and comes back when it resumes, etcd going away stops nothing that runs
 //! (a worker started meanwhile waits for it), and live gateways share each tenant's limits;
-//! entries written by anyone without the cluster secret neither count nor get dialled.
+//! entries written by anyone without the cluster secret, or with it but not signed by a pinned
+//! node, neither count nor get dialled, and a pinned node's extra entries hold no extra share.
 
 mod common;
 
@@ -327,6 +328,10 @@ fn a_tenant_change_announced_through_etcd_reaches_every_gateway_without_a_signal
     until(Duration::from_secs(20), "the removal applied on SIGHUP", || models_status(&c.url, &new_key) == 401);
 }
 
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
 /// The membership prefix a [`Cluster::start_with_etcd`] config names.
 fn prefix_of(c: &Cluster) -> String {
     let text = std::fs::read_to_string(&c.config).unwrap();
@@ -335,7 +340,7 @@ fn prefix_of(c: &Cluster) -> String {
 }
 
 #[test]
-fn entries_written_without_the_cluster_secret_neither_share_limits_nor_get_dialled() {
+fn entries_written_without_the_cluster_secret_or_a_pinned_nodes_signature_neither_share_limits_nor_get_dialled() {
     let etcd = EtcdServer::start().unwrap();
     let mut c = Cluster::start_with_etcd(&etcd.endpoint(), "");
     c.add_worker("prefill", "prefill-0", None);
@@ -362,6 +367,28 @@ fn entries_written_without_the_cluster_secret_neither_share_limits_nor_get_diall
         }
         // The real gateway's sealed entry, copied under another name: bound to its own key.
         etcd_client.put(&format!("{gateways}copy"), &live[0].1, None).await.unwrap();
+        // A member gone rogue: it holds the real cluster secret but its node key is pinned
+        // nowhere (a fresh one, or one revoked): its entry is sealed and signed, and counts not.
+        let secret = wire::ClusterSecret::from_passphrase(common::cluster::SECRET.as_bytes());
+        let rogue = wire::NodeKey::from_private([0xee; 32]).unwrap();
+        for i in 0..5 {
+            let name = format!("rogue-{i}");
+            let record = serde_json::json!({"id": name, "cluster_addr": trap_addr}).to_string();
+            let sealed =
+                node::member::seal_record(&secret, &rogue, &format!("{gateways}{name}"), &record, now_ms()).unwrap();
+            etcd_client.put(&format!("{gateways}{name}"), &sealed, None).await.unwrap();
+        }
+        // The real gateway's key (a pinned node, compromised) publishing its own record again
+        // under other names: it opens, but one node holds one share of the limits.
+        let (_, real) = &live[0];
+        let real: serde_json::Value = serde_json::from_slice(real).unwrap();
+        let record = real["record"].as_str().unwrap();
+        let gateway_key = common::cluster::node_key(0);
+        for i in 0..5 {
+            let etcd_key = format!("{gateways}twin-{i}");
+            let sealed = node::member::seal_record(&secret, &gateway_key, &etcd_key, record, now_ms()).unwrap();
+            etcd_client.put(&etcd_key, &sealed, None).await.unwrap();
+        }
     });
     // Long enough for every reader to see the entries and look at them again.
     std::thread::sleep(Duration::from_secs(6));

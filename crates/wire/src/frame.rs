@@ -4,9 +4,11 @@ use crate::ct::ct_eq32;
 use kv::{RequestId, TenantId};
 use std::ops::Range;
 
-/// The wire format version written in every frame and handshake header. Version 2: Noise
-/// handshake, every byte after it encrypted (version 1 sent MAC'd plaintext).
-pub const WIRE_VERSION: u16 = 2;
+/// The wire format version written in every frame and handshake header. Version 3: the Noise
+/// IXpsk0 handshake, each node proving its own static key (version 2 ran NNpsk0, the cluster
+/// secret only; version 1 sent MAC'd plaintext). Bumped so an older peer is refused by name
+/// ([`crate::WireError::BadVersion`]) rather than as a malformed hello of the wrong size.
+pub const WIRE_VERSION: u16 = 3;
 
 const CTX_PROMPT: &str = "pagewarden wire v1 prompt digest";
 

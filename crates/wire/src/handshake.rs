@@ -598,6 +598,26 @@ mod tests {
     }
 
     #[test]
+    fn a_version_2_hello_is_refused_as_a_bad_version_not_as_malformed() {
+        // What a version-2 node sends: NNpsk0's first message (e, then the role sealed under
+        // the PSK-mixed key), shorter than IXpsk0's.
+        let body = [7u8; 32 + 1 + AEAD_TAG_LEN];
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&((4 + 2 + 1 + body.len()) as u32).to_le_bytes());
+        bytes.extend_from_slice(&HANDSHAKE_MAGIC);
+        bytes.extend_from_slice(&2u16.to_le_bytes());
+        bytes.push(KIND_HELLO);
+        bytes.extend_from_slice(&body);
+        assert_eq!(HandshakeMsg::decode(&bytes), Err(WireError::BadVersion { got: 2, supported: 3 }));
+        assert_eq!(WIRE_VERSION, 3);
+        let e = WireError::BadVersion { got: 2, supported: WIRE_VERSION };
+        assert_eq!(
+            (e.to_string().as_str(), e.kind()),
+            ("unsupported wire version 2 (this build speaks 3)", "bad_version")
+        );
+    }
+
+    #[test]
     fn secrets_never_print_and_fingerprints_tell_them_apart() {
         assert!(!format!("{:?}", ClusterSecret::from_bytes([0xcd; 32])).contains("cd"));
         assert_ne!(secret().fingerprint(), ClusterSecret::from_bytes([0xcd; 32]).fingerprint());

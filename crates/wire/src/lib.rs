@@ -12,9 +12,9 @@
 //! What it enforces:
 //!
 //! * **Authenticated, confidential links (invariants 11 and 12).** [`Initiator`] and
-//!   [`Responder`] run `Noise_NNpsk0_25519_AESGCM_SHA256` keyed by the [`ClusterSecret`]:
-//!   both sides prove the secret, every connection gets fresh keys (forward secrecy), a peer
-//!   claiming our own role is refused. Every later byte is an AES-256-GCM record
+//!   [`Responder`] run `Noise_IXpsk0_25519_AESGCM_SHA256` keyed by the [`ClusterSecret`]
+//!   and each node's own [`NodeKey`]: both sides prove the secret and their pinned key, every
+//!   connection gets fresh keys (forward secrecy), a peer claiming our own role is refused. Every later byte is an AES-256-GCM record
 //!   ([`RecordSealer`], [`RecordOpener`]) whose nonce is a counter never sent, so nothing can
 //!   be read, dropped, repeated, reordered or carried over from another connection.
 //! * **Paired nodes (invariant 2).** [`PairingInfo::check`], run inside the encrypted link,
@@ -65,7 +65,7 @@ pub use handshake::{
 };
 pub use keys::{Exporter, SessionKeys, TicketKey};
 pub use kv::{RequestId, TenantId};
-pub use node_id::{NodePublicKey, NODE_KEY_LEN};
+pub use node_id::{NodeIdentity, NodePublicKey, SigningPublicKey, NODE_KEY_LEN, SIGNATURE_LEN, SIGNING_KEY_LEN};
 pub use node_key::NodeKey;
 pub use pairing::{LayoutShape, PairingInfo, PairingMismatch, RefusalCode, Role};
 pub use record::{RecordOpener, RecordSealer, AEAD_TAG_LEN};

@@ -22,7 +22,7 @@ const NODE_KEYS: usize = 8;
 
 pub struct Worker {
     pub name: String,
-    /// Its node public key (hex), pinned in the cluster's config.
+    /// Its node identity (hex), pinned in the cluster's config.
     pub node_key: String,
     pub metrics_url: String,
     pub kv_addr: Option<String>,
@@ -42,14 +42,14 @@ pub struct Cluster {
     pub more_gateways: Vec<Gateway>,
     /// Members find each other through etcd (`[membership]`): workers get no `--gateway`.
     membership: bool,
-    /// The node key files made for this cluster and their public keys, all pinned; each node
+    /// The node key files made for this cluster and their identities, all pinned; each node
     /// started takes the next.
     node_keys: Vec<(PathBuf, String)>,
     next_key: usize,
 }
 
 /// Makes `n` node keys in `dir` with `pagewarden node keygen` (a fresh identity, as an
-/// operator makes one): their files and public keys.
+/// operator makes one): their files and identities.
 pub fn keygen(dir: &std::path::Path, prefix: &str, n: usize) -> Vec<(PathBuf, String)> {
     (0..n)
         .map(|i| {
@@ -67,23 +67,26 @@ fn node_private(i: usize) -> [u8; 32] {
     [0x10 + i as u8; 32]
 }
 
-/// Writes the cluster's node keys to `dir` (owner-only): their files and public keys.
+/// Writes the cluster's node keys to `dir` (owner-only): their files and identities.
 fn node_keys(dir: &std::path::Path) -> Vec<(PathBuf, String)> {
     (0..NODE_KEYS)
         .map(|i| {
             let path = dir.join(format!("node-{i}.key"));
             super::write_secret(&path, &base64_of(&node_private(i)));
-            (path, wire::NodeKey::from_private(node_private(i)).unwrap().public().to_hex())
+            (path, wire::NodeKey::from_private(node_private(i)).unwrap().identity().to_hex())
         })
         .collect()
 }
 
 /// What the harness trusts: itself and every node of its clusters (what it checks is their
 /// behaviour, not their keys).
-pub fn harness_trusted() -> Vec<wire::NodePublicKey> {
-    std::iter::once(harness_key().public())
-        .chain((0..NODE_KEYS).map(|i| wire::NodeKey::from_private(node_private(i)).unwrap().public()))
-        .collect()
+pub fn harness_trusted() -> Vec<wire::NodeIdentity> {
+    std::iter::once(harness_key().identity()).chain((0..NODE_KEYS).map(|i| node_key(i).identity())).collect()
+}
+
+/// The key of node `i` of a test cluster (the first gateway's is node 0's).
+pub fn node_key(i: usize) -> wire::NodeKey {
+    wire::NodeKey::from_private(node_private(i)).unwrap()
 }
 
 /// The test harness's own node key (pinned in every test cluster).
@@ -142,7 +145,7 @@ impl Cluster {
         super::write_secret(&dir.join("secret"), SECRET);
         super::write_secret(&dir.join("harness.key"), &base64_of(&HARNESS_KEY));
         let node_keys = node_keys(&dir);
-        let pinned: Vec<String> = std::iter::once(format!("\"harness:{}\"", harness_key().public()))
+        let pinned: Vec<String> = std::iter::once(format!("\"harness:{}\"", harness_key().identity()))
             .chain(node_keys.iter().enumerate().map(|(i, (_, k))| format!("\"node-{i}:{k}\"")))
             .collect();
         let config = dir.join("pagewarden.toml");
@@ -282,14 +285,14 @@ impl Cluster {
         self.gateway = gateway;
     }
 
-    /// The next unused node key of this cluster: its file and public key.
+    /// The next unused node key of this cluster: its file and identity.
     fn take_key(&mut self) -> (String, String) {
         let (path, public) = self.node_keys[self.next_key % self.node_keys.len()].clone();
         self.next_key += 1;
         (path.to_str().unwrap().to_string(), public)
     }
 
-    /// The gateway's node public key (hex).
+    /// The gateway's node identity (hex).
     pub fn gateway_node_key(&self) -> String {
         self.node_keys[0].1.clone()
     }

@@ -1,6 +1,6 @@
 //! `pagewarden bench transfer`: KV transfer throughput between two processes over loopback TCP,
 //! raw bytes against pagewarden frames: unprotected, MAC'd only (wire version 1), and
-//! encrypted (version 2, what nodes run), side by side in one run.
+//! encrypted (version 3, what nodes run), side by side in one run.
 //!
 //! This process is the sender. It spawns its own executable as the receiver (the hidden
 //! `--sink ADDR`), which connects back, so both ends are real processes on a real socket. Each
@@ -13,7 +13,7 @@
 //!   the receiver reads each length prefix and frame.
 //! * `mac`: version 1's protection: a keyed BLAKE3 MAC over each frame (header in clear), checked
 //!   in constant time by the receiver, then the transfer checks (`Transfer::receive_ref`).
-//! * `encrypted`: version 2 as the workers run it: a Noise handshake per run (a fresh link),
+//! * `encrypted`: version 3 as the workers run it: a Noise handshake per run (a fresh link),
 //!   then each page encrypted out of its source into a send buffer in one pass
 //!   (`KvSealer::seal_kv_into`) and written vectored by a second thread while the next page
 //!   is sealed; the receiver opens each frame in place (`KvOpener::open`) and checks it against

@@ -71,7 +71,7 @@ impl Mode {
             Mode::Raw => "raw TCP",
             Mode::Framed => "framed, unprotected",
             Mode::Mac => "MAC only (wire v1)",
-            Mode::Encrypted => "encrypted (wire v2)",
+            Mode::Encrypted => "encrypted (wire v3)",
         }
     }
 
