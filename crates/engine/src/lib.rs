@@ -7,7 +7,8 @@
 //! sequence (reserved up front, all or nothing, so a running request can never run out of
 //! pages), then runs one forward pass over every running sequence: one token for each decoding
 //! sequence plus prefill chunks, within a token budget (before it, prompts that can finish in a
-//! short step of their own may run ahead of a long decode step: `pacing`). A dropped
+//! short step of their own may run ahead of a long decode step: `pacing`; while several tenants
+//! decode, their decode rows share the step fairly: `row_share`). A dropped
 //! [`RequestStream`] cancels its request, whose pages are freed before the next step.
 //!
 //! For the disaggregated roles the same loop also runs the two halves of a request: a prefill

@@ -37,13 +37,11 @@ const SMOOTHING: f64 = 0.25;
 /// A decode step carries at most this part of prompt tokens to count as one.
 const DECODE_STEP_PROMPT_SHARE: usize = 8;
 
-/// Weight a step's time loses per later step in the fit of time against rows (about the last
-/// 30 steps count).
-const FIT_FORGET: f64 = 0.03;
+/// Step sizes (rows) the cost fit keeps apart; larger steps share the last slot.
+const FIT_SIZES: usize = 256;
 
-/// The rows of the steps in the fit must spread this much (variance, rows²) to fit a line; a
-/// run of equal steps keeps the last fit.
-const FIT_MIN_SPREAD: f64 = 0.25;
+/// Steps of one size needed before its mean time enters the fit.
+const FIT_MIN_STEPS: u32 = 4;
 
 /// Measured step durations, and the rule drawn from them.
 #[derive(Debug, Default)]
@@ -58,35 +56,45 @@ pub(crate) struct StepClock {
     cost: CostFit,
 }
 
-/// Least squares of step time against rows, with exponential forgetting: its intercept is the
-/// fixed part of every step, its slope a row's own cost.
+/// A step's time against its rows: the mean time of the steps of each size (smoothed, so it
+/// follows the machine), and a line through those means by least squares, one point per size.
+/// Its intercept is the fixed part every step pays, its slope a row's own cost. One point per
+/// size, not per step: a long run of equal steps (the usual case under steady load) neither
+/// drowns the other sizes nor, once they are gone, leaves nothing to fit.
 #[derive(Debug, Default)]
 struct CostFit {
-    w: f64,
-    n: f64,
-    t: f64,
-    nn: f64,
-    nt: f64,
-    /// The last line fitted from steps that spread enough: (fixed seconds, seconds per row).
-    line: Option<(f64, f64)>,
+    /// By rows: (smoothed seconds, steps seen).
+    sizes: Vec<(f64, u32)>,
 }
 
 impl CostFit {
     fn add(&mut self, rows: usize, secs: f64) {
-        let (n, k) = (rows as f64, 1.0 - FIT_FORGET);
-        self.w = self.w * k + 1.0;
-        self.n = self.n * k + n;
-        self.t = self.t * k + secs;
-        self.nn = self.nn * k + n * n;
-        self.nt = self.nt * k + n * secs;
-        let (mn, mt) = (self.n / self.w, self.t / self.w);
-        let spread = self.nn / self.w - mn * mn;
-        if spread >= FIT_MIN_SPREAD {
-            let slope = (self.nt / self.w - mn * mt) / spread;
-            if slope > 0.0 {
-                self.line = Some(((mt - slope * mn).max(0.0), slope));
-            }
+        if rows == 0 {
+            return;
         }
+        let at = rows.min(FIT_SIZES) - 1;
+        if self.sizes.len() <= at {
+            self.sizes.resize(at + 1, (0.0, 0));
+        }
+        let (mean, seen) = &mut self.sizes[at];
+        *mean = if *seen == 0 { secs } else { *mean + SMOOTHING * (secs - *mean) };
+        *seen = seen.saturating_add(1);
+    }
+
+    /// (fixed seconds, seconds per row), once two sizes have been seen often enough.
+    fn line(&self) -> Option<(f64, f64)> {
+        let points: Vec<(f64, f64)> = (self.sizes.iter().enumerate())
+            .filter(|(_, &(_, seen))| seen >= FIT_MIN_STEPS)
+            .map(|(i, &(mean, _))| ((i + 1) as f64, mean))
+            .collect();
+        if points.len() < 2 {
+            return None;
+        }
+        let k = points.len() as f64;
+        let (mn, mt) = (points.iter().map(|p| p.0).sum::<f64>() / k, points.iter().map(|p| p.1).sum::<f64>() / k);
+        let spread: f64 = points.iter().map(|p| (p.0 - mn) * (p.0 - mn)).sum();
+        let slope = points.iter().map(|p| (p.0 - mn) * (p.1 - mt)).sum::<f64>() / spread;
+        (slope > 0.0).then(|| ((mt - slope * mn).max(0.0), slope))
     }
 }
 
@@ -133,14 +141,19 @@ impl StepClock {
     /// A step's fixed part in rows: how many rows cost as much as the part every step pays
     /// whatever its rows (`None` until steps of different sizes were measured).
     pub(crate) fn fixed_in_rows(&self) -> Option<f64> {
-        self.cost.line.map(|(fixed, per_row)| fixed / per_row)
+        self.cost.line().map(|(fixed, per_row)| fixed / per_row)
     }
 
     /// A clock as if it had measured these (tests of the scheduler).
     #[cfg(test)]
     pub(crate) fn measured(per_row: Duration, fixed: Duration) -> StepClock {
         let (per_row, fixed) = (per_row.as_secs_f64(), fixed.as_secs_f64());
-        let cost = CostFit { line: Some((fixed, per_row)), ..CostFit::default() };
+        let mut cost = CostFit::default();
+        for rows in [1, 2] {
+            for _ in 0..FIT_MIN_STEPS {
+                cost.add(rows, fixed + per_row * rows as f64);
+            }
+        }
         StepClock { per_row: Some(per_row), fixed: Some(fixed), since_ahead: 0, cost }
     }
 }
@@ -210,10 +223,20 @@ mod tests {
             clock.record_step(9, 0, step(9));
         }
         assert_eq!(clock.fixed_in_rows(), None, "equal steps fit no line");
+        for _ in 0..FIT_MIN_STEPS - 1 {
+            clock.record_step(1, 0, step(1));
+        }
+        assert_eq!(clock.fixed_in_rows(), None, "a size seen too rarely is not fitted");
         clock.record_step(1, 0, step(1));
+        for _ in 0..FIT_MIN_STEPS {
+            clock.record_step(5, 0, ms(99.0));
+        }
         clock.record_step(5, 0, step(5));
+        for _ in 0..40 {
+            clock.record_step(5, 0, step(5));
+        }
         let f = clock.fixed_in_rows().expect("fitted");
-        assert!((f - 4.0).abs() < 1e-6, "{f}");
+        assert!((f - 4.0).abs() < 0.01, "a slow start at one size is smoothed away: {f}");
         for _ in 0..500 {
             clock.record_step(5, 0, step(5));
         }

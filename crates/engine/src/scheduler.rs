@@ -832,10 +832,11 @@ mod tests {
         lp.admit();
         lp.step();
         assert!(lp.running.iter().all(Running::decoding));
-        // A fixed part worth 3.5 rows: 4 rows a step, the lone stream's and 3 of the eight.
-        lp.clock = StepClock::measured(Duration::from_millis(1), Duration::from_micros(3500));
         let mut seen: Vec<Vec<Event>> = streams.iter_mut().map(|(_, rx)| drain(rx)).collect();
         for step in 0..8 {
+            // A fixed part worth 3.5 rows: 4 rows a step, the lone stream's and 3 of the eight
+            // (set before each step: the tiny test model's own step times would replace it).
+            lp.clock = StepClock::measured(Duration::from_millis(1), Duration::from_micros(3500));
             lp.step();
             let got: Vec<usize> = streams
                 .iter_mut()
