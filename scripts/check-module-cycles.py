@@ -11,7 +11,9 @@ it, not of the root that re-exports it.
 
     scripts/check-module-cycles.py [CRATE_DIR ...]     # default: every crates/*
 
-Prints each circle as `crate: a -> b -> a` and exits 1 when there is one.
+Prints each circle as `crate: a -> b -> a` and exits 1 when there is one. Every run first checks
+itself on a planted crate (`self_test`): circles through `super::` and a child's bare name in
+files that are not `mod.rs`, which an earlier version resolved one level too high and missed.
 """
 import re
 import sys
@@ -184,12 +186,15 @@ def check_crate(crate):
             return list(rest)
         if head == "self":
             return list(here) + list(rest)
+        # `super` is the parent module and a bare name a child of this module, whether the
+        # module is a `mod.rs`, a `lib.rs` or a plain `x.rs` file (the file layout changes where
+        # a module's children live on disk, not what they are called).
         if head == "super":
-            base = list(here if is_dir[here] else here[:-1])[:-1]
+            base = list(here)[:-1]
             while rest and rest[0] == "super":
                 base, rest = base[:-1], rest[1:]
             return base + list(rest)
-        child = tuple(here if is_dir[here] else here[:-1]) + (head,)
+        child = tuple(here) + (head,)
         if child in modules:
             return list(child) + list(rest)
         return None
@@ -284,7 +289,44 @@ def check_crate(crate):
     return out
 
 
+PLANTED = {
+    "lib.rs": "mod api;\npub struct Root;\n",
+    # api <-> api::stream: the parent names a child, the child `super::` (the parent).
+    "api/mod.rs": "mod fields;\nmod stream;\nmod tools;\nmod validate;\npub struct Log;\nfn f() { self::stream::go(); }\n",
+    "api/stream.rs": "use super::Log;\npub fn go() {}\n",
+    # api::fields <-> api::validate: siblings through `super::`, in plain files.
+    "api/fields.rs": "use super::validate::Endpoint;\npub fn check() {}\n",
+    "api/validate.rs": "pub enum Endpoint {}\nfn v() { super::fields::check(); }\n",
+    # api::tools <-> api::tools::schema: a plain file names its child bare, the child `super::`.
+    "api/tools.rs": "mod schema;\nuse schema::s;\npub struct Tools;\n",
+    "api/tools/schema.rs": "use super::Tools;\npub fn s() {}\n",
+    "api/validate/rules.rs": "use crate::Root;\n",
+    # No circle: a child reaching the crate root, and the root left alone.
+    "api/validate/more.rs": "use super::super::fields::check;\n",
+}
+
+
+def self_test():
+    """The planted crate's circles are found, and only those."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        crate = Path(d) / "planted"
+        for rel, text in PLANTED.items():
+            f = crate / "src" / rel
+            f.parent.mkdir(parents=True, exist_ok=True)
+            f.write_text(text)
+        found = sorted(line.split("(component: ")[1].rstrip(")") for line in check_crate(crate))
+    want = ["api, api::stream", "api::fields, api::validate", "api::tools, api::tools::schema"]
+    if found != want:
+        print(f"check-module-cycles self-test failed: found {found}, want {want}", file=sys.stderr)
+        return False
+    return True
+
+
 def main():
+    if not self_test():
+        return 2
     root = Path(__file__).resolve().parent.parent
     crates = [Path(a) for a in sys.argv[1:]] or sorted(p for p in (root / "crates").iterdir() if (p / "src").is_dir())
     problems = [line for c in crates for line in check_crate(c)]

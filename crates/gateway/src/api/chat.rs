@@ -5,7 +5,7 @@ use std::sync::Arc;
 use axum::extract::{Request, State};
 use axum::response::Response;
 
-use super::validate::Endpoint;
+use super::endpoint::Endpoint;
 use crate::state::AppState;
 
 pub async fn chat_completions(State(st): State<Arc<AppState>>, req: Request) -> Response {

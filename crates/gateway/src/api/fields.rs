@@ -6,7 +6,7 @@
 
 use serde_json::{Map, Value};
 
-use super::validate::Endpoint;
+use super::endpoint::Endpoint;
 use crate::error::ApiError;
 
 /// Fields both endpoints take.

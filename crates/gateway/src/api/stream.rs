@@ -21,9 +21,9 @@ use serde_json::Value;
 use text::StreamDecoder;
 use tokio::sync::mpsc;
 
+use super::request_log::RequestLog;
 use super::tools::Tools;
 use super::types::{finish_reason, logprobs_json, ResponseMeta, TokenLogprob, Usage};
-use super::RequestLog;
 use crate::error::ApiError;
 use crate::limits::SharedPermit;
 use crate::served::ServedModel;

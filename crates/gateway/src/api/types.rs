@@ -4,7 +4,7 @@ use engine::FinishReason;
 use serde_json::{json, Value};
 use text::Tokenizer;
 
-use super::validate::Endpoint;
+use super::endpoint::Endpoint;
 
 /// The log-probabilities of one generated token.
 #[derive(Debug, Clone)]

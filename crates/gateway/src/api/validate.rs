@@ -7,6 +7,7 @@ use grammar::OutputFormat;
 use sampling::SamplingParams;
 use serde_json::{Map, Value};
 
+use super::endpoint::Endpoint;
 use super::tools::Tools;
 use text::ChatMessage;
 
@@ -16,22 +17,6 @@ use crate::error::ApiError;
 use crate::served::ServedModel;
 use crate::settings::TenantConfig;
 use crate::state::AppState;
-
-/// Which API a request came through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
-    Chat,
-    Completions,
-}
-
-impl Endpoint {
-    fn prompt_param(self) -> &'static str {
-        match self {
-            Endpoint::Chat => "messages",
-            Endpoint::Completions => "prompt",
-        }
-    }
-}
 
 /// The most choices one request may ask for (`n`): each is a sequence of its own in the engine.
 pub const MAX_CHOICES: usize = 16;
