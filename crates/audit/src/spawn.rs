@@ -137,7 +137,7 @@ impl Deployment {
                 "--node-key",
                 &gw_key,
             ],
-            &["listening on http://", "cluster listening on "],
+            &[launch::listening::API_HTTP, launch::listening::CLUSTER],
         )?;
         let url = format!("http://{}", got[0]);
         let mut d = Deployment {
@@ -332,7 +332,7 @@ fn start_worker(
     let mut markers = vec!["metrics on http://"];
     if let Some(p) = &proxy {
         args.extend(["--kv-listen".into(), "127.0.0.1:0".into(), "--kv-advertise".into(), p.addr.clone()]);
-        markers.push("KV listening on ");
+        markers.push(launch::listening::KV);
     }
     let argv: Vec<&str> = args.iter().map(String::as_str).collect();
     let (child, got) = spawn(&argv, &markers)?;

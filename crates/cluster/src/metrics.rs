@@ -67,6 +67,7 @@ impl WorkerMetrics {
             decode_tokens: e.decode_tokens,
             pages_total: e.pages_total,
             pages_used: e.pages_used,
+            cached_tokens: e.cached_tokens,
             cached_pages: e.cached_pages,
             cached_pages_by_tenant: e.cached_pages_by_tenant.iter().map(|(t, n)| (t.0, *n)).collect(),
             queued: e.queued,

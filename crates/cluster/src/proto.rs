@@ -222,6 +222,9 @@ pub struct Stats {
     pub decode_tokens: u64,
     pub pages_total: usize,
     pub pages_used: usize,
+    /// Prompt tokens served from the prefix cache.
+    #[serde(default)]
+    pub cached_tokens: u64,
     /// Pages held by the worker's prefix cache.
     #[serde(default)]
     pub cached_pages: usize,
@@ -246,6 +249,27 @@ pub struct Stats {
     /// Who holds each page of the worker's pools, run-length coded (the admin dashboard).
     #[serde(default)]
     pub page_map: Vec<engine::PageRun>,
+}
+
+impl Stats {
+    /// The engine's part of these stats, as the gateway sums them over workers
+    /// ([`EngineStats::absorb`]: one sum for every field, here and in `serve`).
+    pub fn engine_stats(&self) -> engine::EngineStats {
+        let tenants = |v: &[(u64, usize)]| v.iter().map(|&(t, n)| (kv::TenantId(t), n)).collect();
+        engine::EngineStats {
+            queued: self.queued,
+            running: self.running,
+            pages_total: self.pages_total,
+            pages_used: self.pages_used,
+            pages_by_tenant: tenants(&self.pages_by_tenant),
+            steps: self.steps,
+            prefill_tokens: self.prefill_tokens,
+            decode_tokens: self.decode_tokens,
+            cached_tokens: self.cached_tokens,
+            cached_pages: self.cached_pages,
+            cached_pages_by_tenant: tenants(&self.cached_pages_by_tenant),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -343,6 +367,25 @@ pub fn route_of(body: &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn workers_stats_sum_every_engine_field_the_cache_ones_included() {
+        let a = Stats {
+            cached_tokens: 40,
+            cached_pages: 3,
+            cached_pages_by_tenant: vec![(1, 2), (2, 1)],
+            pages_by_tenant: vec![(1, 5)],
+            prefill_tokens: 7,
+            ..Default::default()
+        };
+        let b = Stats { cached_tokens: 2, cached_pages: 1, cached_pages_by_tenant: vec![(2, 1)], ..Default::default() };
+        let mut sum = engine::EngineStats::default();
+        sum.absorb(&a.engine_stats());
+        sum.absorb(&b.engine_stats());
+        assert_eq!((sum.cached_tokens, sum.cached_pages, sum.prefill_tokens), (42, 4, 7));
+        assert_eq!(sum.cached_pages_by_tenant, vec![(kv::TenantId(1), 2), (kv::TenantId(2), 2)]);
+        assert_eq!(sum.pages_by_tenant, vec![(kv::TenantId(1), 5)]);
+    }
 
     fn spec(deadline_ms: Option<u64>) -> Spec {
         Spec {

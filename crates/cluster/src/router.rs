@@ -398,27 +398,14 @@ impl Router {
     pub fn stats(&self) -> EngineStats {
         let mut s = EngineStats::default();
         let mut seen = Vec::new();
-        let mut by_tenant: HashMap<u64, usize> = HashMap::new();
         for w in self.workers().iter() {
             let ws = w.stats.lock().unwrap_or_else(|e| e.into_inner());
             if seen.contains(&ws.engine) {
                 continue;
             }
             seen.push(ws.engine);
-            s.pages_total += ws.pages_total;
-            s.pages_used += ws.pages_used;
-            s.cached_pages += ws.cached_pages;
-            s.queued += ws.queued;
-            s.running += ws.running;
-            s.steps += ws.steps;
-            s.prefill_tokens += ws.prefill_tokens;
-            s.decode_tokens += ws.decode_tokens;
-            for (t, n) in &ws.pages_by_tenant {
-                *by_tenant.entry(*t).or_default() += n;
-            }
+            s.absorb(&ws.engine_stats());
         }
-        s.pages_by_tenant = by_tenant.into_iter().map(|(t, n)| (kv::TenantId(t), n)).collect();
-        s.pages_by_tenant.sort_by_key(|(t, _)| t.0);
         s
     }
 

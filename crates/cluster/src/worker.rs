@@ -53,7 +53,7 @@ impl Worker {
             let (listener, bound) = net.listen(&listen).await?;
             if !bound.starts_with("mem:") {
                 // Operators (and tests) put proxies or load balancers in front of it.
-                println!("{}: KV listening on {bound}", cfg.name);
+                println!("{}: {}{bound}", cfg.name, types::listening::KV);
             }
             kv_addr = Some(cfg.kv_advertise.clone().unwrap_or(bound));
             kv = Some(listener);

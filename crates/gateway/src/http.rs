@@ -303,7 +303,7 @@ where
                 source,
             })?;
             let bound = l.local_addr().map_err(HttpError::Server)?;
-            println!("metrics listening on http://{bound}");
+            println!("{}{bound}", types::listening::METRICS);
             let app = metrics_router(st.clone());
             Some(tokio::spawn(listener::serve(l, Transport::Plain, app, conn_limits, std::future::pending())))
         }
@@ -326,7 +326,7 @@ where
         None => Transport::Plain,
     };
     let mut server_task = tokio::spawn(listener::serve(listener, transport, router(st.clone()), conn_limits, stopped));
-    println!("listening on {scheme}://{addr}");
+    println!("{}{scheme}://{addr}", types::listening::API);
     if let Some(path) = dev_key {
         println!(
             "no tenants configured: the development tenant's key is in {} (mode 0600). Try:\n  curl \

@@ -2,14 +2,16 @@
 //! that needs a real deployment: the integration tests' servers and clusters, the audit's
 //! spawned deployment (`pagewarden audit --spawn`) and the prefix-cache bench.
 //!
-//! A process prints what it listens on to stdout (`listening on http://…`, `cluster listening
-//! on …`, `kv listening on …`); [`Launched`] reads those lines on a thread of its own (so the
+//! A process prints what it listens on to stdout, one line per listener ([`listening`]:
+//! `listening on http://…`, `cluster listening on …`, `NAME: KV listening on …`); [`Launched`] reads those lines on a thread of its own (so the
 //! child never blocks on a full pipe) and [`Launched::expect_lines`] waits for them with a
 //! deadline. [`wait_ready`] then polls `/ready`. Every wait here has a deadline.
 //!
 //! [`etcd::EtcdServer`] is a real etcd on loopback for the membership tests (killed and
 //! restarted on the same ports and data to play an outage).
 #![forbid(unsafe_code)]
+
+pub use types::listening;
 
 pub mod etcd;
 

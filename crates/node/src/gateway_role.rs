@@ -61,7 +61,7 @@ where
         .listen(&config.cluster.listen)
         .await
         .map_err(|e| ServeError::Io(format!("cannot listen on {}: {e}", config.cluster.listen)))?;
-    println!("cluster listening on {bound}");
+    println!("{}{bound}", types::listening::CLUSTER);
     let routers: Vec<cluster::Router> = routers.into_iter().map(|(_, r)| r).collect();
     tokio::spawn(cluster::serve_models(routers.clone(), listener));
     let publication = match &config.membership {

@@ -70,7 +70,7 @@ fn serve_with_three_tenants(dir: &Path) -> (Serve, PathBuf) {
     let mut cmd = Command::new(common::bin());
     cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"]).arg(&config).stderr(Stdio::null());
     let mut p = launch::spawn(cmd).unwrap();
-    let url = p.expect_lines(&["listening on "], launch::START_TIMEOUT).unwrap().remove(0);
+    let url = p.expect_lines(&[launch::listening::API], launch::START_TIMEOUT).unwrap().remove(0);
     let s = Serve { child: p.child, url };
     launch::wait_ready(&s.url, launch::START_TIMEOUT).unwrap();
     (s, tenants_file)

@@ -116,7 +116,7 @@ impl Server {
         let mut cmd = Command::new(&exe);
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"]).arg(&config).stderr(std::fs::File::create(&log)?);
         let mut p = launch::spawn(cmd).context("starting pagewarden serve")?;
-        let url = p.expect_lines(&["listening on "], Duration::from_secs(180));
+        let url = p.expect_lines(&[launch::listening::API], Duration::from_secs(180));
         let mut s = Server { label, child: p.child, url: String::new(), key, log, metrics_token };
         s.url = match url {
             Ok(u) => u.into_iter().next().unwrap_or_default(),

@@ -8,6 +8,7 @@
 
 mod generation;
 mod ids;
+pub mod listening;
 mod role;
 mod violation;
 

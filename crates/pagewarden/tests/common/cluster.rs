@@ -173,7 +173,7 @@ impl Cluster {
                 "--node-key",
                 &gw_key,
             ],
-            &["listening on http://", "cluster listening on "],
+            &[launch::listening::API_HTTP, launch::listening::CLUSTER],
         );
         Cluster {
             url: format!("http://{}", got[0]),
@@ -213,7 +213,7 @@ impl Cluster {
                 "--node-key",
                 &key,
             ],
-            &["listening on http://"],
+            &[launch::listening::API_HTTP],
         );
         self.more_gateways.push(Gateway { url: format!("http://{}", got[0]), child });
         self.more_gateways.len() - 1
@@ -280,7 +280,7 @@ impl Cluster {
                 "--node-key",
                 &key,
             ],
-            &["listening on http://", "cluster listening on "],
+            &[launch::listening::API_HTTP, launch::listening::CLUSTER],
         );
         self.gateway = gateway;
     }
@@ -346,7 +346,7 @@ impl Cluster {
         }
         let mut markers = vec!["metrics on http://"];
         if role == "decode" {
-            markers.push("KV listening on ");
+            markers.push(launch::listening::KV);
         }
         let (child, got) = spawn(&args, &markers);
         let metrics_url = format!("http://{}", got[0]);

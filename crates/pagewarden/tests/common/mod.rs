@@ -82,7 +82,7 @@ impl Server {
             None => cmd.stderr(Stdio::null()),
         };
         let mut p = launch::spawn(cmd).unwrap();
-        let url = p.expect_lines(&["listening on "], launch::START_TIMEOUT).unwrap().remove(0);
+        let url = p.expect_lines(&[launch::listening::API], launch::START_TIMEOUT).unwrap().remove(0);
         // The address is printed once the workers registered; over HTTPS the caller's client
         // (with its CA) is the readiness check.
         if url.starts_with("http://") {
