@@ -81,7 +81,9 @@ pub fn snapshot(st: &AppState) -> Value {
         st.metrics.violation_counts().into_iter().map(|(k, v)| (k.to_string(), v)).collect();
     for w in &workers {
         list.push(json!({
-            "name": w.name, "role": w.role, "inflight": w.inflight, "engine": w.stats.engine,
+            // As a string: an engine id is a u64, and a JSON number loses digits above 2^53 in
+            // JavaScript.
+            "name": w.name, "role": w.role, "inflight": w.inflight, "engine": w.stats.engine.to_string(),
             "running": w.stats.running, "queued": w.stats.queued,
         }));
         for (k, n) in &w.stats.violations {
@@ -101,7 +103,7 @@ pub fn snapshot(st: &AppState) -> Value {
             let used: u64 =
                 s.page_map.iter().filter(|r| r.kind != engine::PageKind::Free).map(|r| u64::from(r.pages)).sum();
             json!({
-                "engine": id, "workers": names, "pages_total": total, "pages_used": used,
+                "engine": id.to_string(), "workers": names, "pages_total": total, "pages_used": used,
                 "cached_pages": s.cached_pages, "runs": runs,
             })
         })

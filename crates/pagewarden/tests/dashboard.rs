@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-const ADMIN_KEY: &str = "admin-key-of-the-dashboard-test-0123456789abcdef";
+/// Base64, with the `+` and `/` such keys have: the page reads `#key=` as written.
+const ADMIN_KEY: &str = "q+Zx/3fYb0m+T9wP2nV8rK+1sLdE4uJ7hQ0cA6gB+yM=";
 
 /// Ends the load when the test's main thread leaves the scope, also by a failed assertion
 /// (the scope would otherwise wait for the load forever).
@@ -177,6 +178,11 @@ fn the_dashboard_shows_both_tenants_pages_and_no_page_twice_and_refuses_a_tenant
         }
         assert!(dom.contains("live · updated"), "the page did not update from /admin/state");
         assert!(dom.contains("bob") && dom.contains("tester"), "the tenants table names both tenants");
+        // Engine ids are u64s: shown exactly, not rounded to a JavaScript number.
+        for w in state["workers"].as_array().unwrap() {
+            let id = w["engine"].as_str().unwrap();
+            assert!(dom.contains(&format!("<td>{id}</td>")), "engine id {id} not shown exactly");
+        }
 
         // The artefact: what an operator sees during the load.
         let shot = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard.png");
