@@ -88,9 +88,9 @@ impl Deployment {
     pub fn start(tenants: usize, faults: &[String], seed: u64) -> anyhow::Result<Deployment> {
         let dir = std::env::temp_dir().join(format!("pw-audit-{}-{seed}", std::process::id()));
         std::fs::create_dir_all(&dir)?;
-        let secret: String = cluster::random::<32>()?.iter().map(|b| format!("{b:02x}")).collect();
+        let secret = launch::random_hex(32)?;
         launch::write_private(&dir.join("secret"), secret.as_bytes())?;
-        let metrics_token: String = cluster::random::<24>()?.iter().map(|b| format!("{b:02x}")).collect();
+        let metrics_token = launch::random_hex(24)?;
         launch::write_private(&dir.join(METRICS_TOKEN_FILE), metrics_token.as_bytes())?;
         // Every node its own key, all pinned: the audit runs the cluster as an operator would.
         let mut pinned = Vec::new();

@@ -47,6 +47,8 @@ pub enum LaunchError {
         #[source]
         source: std::io::Error,
     },
+    #[error("the system's random source failed: {0}")]
+    Random(String),
     #[error("etcd is not available: {reason}")]
     EtcdMissing { reason: String },
     #[error("etcd at {url} did not serve: {reason}; its log ends:\n{log_tail}")]
@@ -173,6 +175,14 @@ pub fn tenant_add(exe: &Path, config: &Path, name: &str) -> Result<String, Launc
     Ok(String::from_utf8_lossy(&out.stdout).lines().next().unwrap_or_default().trim().to_string())
 }
 
+/// `bytes` fresh random bytes from the system's source, as lower-case hex: a secret in the form
+/// the roles accept (cluster secret, metrics token).
+pub fn random_hex(bytes: usize) -> Result<String, LaunchError> {
+    let mut b = vec![0u8; bytes];
+    getrandom::fill(&mut b).map_err(|e| LaunchError::Random(e.to_string()))?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
 /// Writes a file readable by its owner only (the roles refuse looser secret files).
 pub fn write_private(path: &Path, bytes: &[u8]) -> Result<(), LaunchError> {
     use std::io::Write;
@@ -225,6 +235,14 @@ fn describe(cmd: &Command) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn random_hex_is_fresh_lower_case_hex_of_the_asked_length() {
+        let (a, b) = (random_hex(32).expect("random"), random_hex(32).expect("random"));
+        assert_eq!(a.len(), 64);
+        assert!(a.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)), "{a}");
+        assert_ne!(a, b);
+    }
 
     #[test]
     fn metric_sums_the_named_family_only() {
