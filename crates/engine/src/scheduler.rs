@@ -291,6 +291,7 @@ impl Loop {
                     // Not a capacity problem: fail this request, keep serving the others.
                     if let Some(p) = q.pop_front() {
                         self.shared.dequeued(p.draws_on_pool);
+                        tracing::warn!(request = p.req.id.0, tenant = p.req.tenant.0, error = %e, "the pool refused a reservation (not for capacity); the request fails, the others go on");
                         let _ = p.tx.send(Event::Failed(EngineError::Internal(e.to_string())));
                     }
                     if !q.is_empty() {
@@ -330,9 +331,11 @@ impl Loop {
                 }
             }
         }
+        let mut ended = 0usize;
         for i in (0..self.running.len()).rev() {
             if revoked(self.running[i].req.tenant, &p) {
                 end(self.running.remove(i), Event::Failed(EngineError::TenantRevoked));
+                ended += 1;
             }
         }
         for (key, q) in self.queues.iter_mut() {
@@ -340,8 +343,12 @@ impl Loop {
                 for pending in q.drain(..) {
                     let _ = pending.tx.send(Event::Failed(EngineError::TenantRevoked));
                     self.shared.dequeued(pending.draws_on_pool);
+                    ended += 1;
                 }
             }
+        }
+        if ended > 0 {
+            tracing::info!(requests = ended, "a new tenant table ended the revoked tenants' requests");
         }
         self.rotation.retain(|t| self.queues.get(t).is_some_and(|q| !q.is_empty()));
     }
@@ -407,7 +414,10 @@ impl Loop {
         }
         drop(steps);
         for (at, err) in failed {
-            self.running[plan[at].0].end = Some(End::Event(Event::Failed(err)));
+            let r = &mut self.running[plan[at].0];
+            // Once per failing sequence, never per token: ids and the error only.
+            tracing::warn!(request = r.req.id.0, tenant = r.req.tenant.0, error = %err, "a sequence failed its step on its own; its batch mates went on");
+            r.end = Some(End::Event(Event::Failed(err)));
         }
         self.stats.steps += 1;
         let mut sealing_failed = Vec::new();
@@ -434,6 +444,8 @@ impl Loop {
         }
         // Fail closed: a prompt whose pages cannot be sealed holds KV it should not.
         for (i, e) in sealing_failed.into_iter().rev() {
+            let r = &self.running[i];
+            tracing::warn!(request = r.req.id.0, tenant = r.req.tenant.0, error = %e, "a prompt's pages could not be sealed into its tenant's cache; the request fails closed");
             self.running[i].logits.clear();
             self.running[i].end = Some(End::Event(Event::Failed(EngineError::from_model(&model::ModelError::Kv(e)))));
         }
