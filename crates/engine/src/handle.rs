@@ -7,10 +7,11 @@ use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use kv::{BlockTable, KvPool, Owner};
+use kv::{BlockTable, KvPool};
 use model::Llama;
 use tokio::sync::mpsc as tmpsc;
 
+use crate::admission::{self, Pools};
 use crate::inbox::{Kind, Msg, Pending, Resume, Shared};
 use crate::scheduler::Loop;
 use crate::settings::{EngineConfig, EngineStats, PageRun, TenantPolicy};
@@ -169,15 +170,13 @@ impl EngineHandle {
         if self.shared.stats.lock().unwrap_or_else(|e| e.into_inner()).running >= self.max_running {
             return None;
         }
-        let tokens = req.prompt.len() + req.max_tokens;
         // Held while reserving: a new tenant table takes effect before or after this, never
         // during (the loop installs it before revoking anything).
         let policy = self.shared.policy.lock().unwrap_or_else(|e| e.into_inner());
-        if !policy.is_live(req.tenant) || !policy.within_share(&self.pool, req.tenant, tokens) {
-            return None;
-        }
-        // Anything but success (no room, or an error admission reports) takes the queue's way.
-        let kv = self.pool.reserve(Owner { tenant: req.tenant, request: req.id }, tokens).ok()?;
+        let pools = Pools { main: &self.pool, prefill: &self.prefill_pool, prefix_cache: false };
+        // Anything but success (a revoked tenant, no room, or an error admission reports)
+        // takes the queue's way, where admission says it.
+        let kv = admission::reserve(&pools, &policy, req, Kind::Reserve).ok()?.kv;
         drop(policy);
         let (tx, rx) = tmpsc::unbounded_channel();
         let _ = tx.send(Event::Reserved(kv));

@@ -19,6 +19,7 @@
 
 #![forbid(unsafe_code)]
 
+mod admission;
 mod error;
 mod handle;
 mod inbox;
@@ -26,6 +27,7 @@ mod pacing;
 mod request;
 mod row_share;
 mod scheduler;
+mod sequence;
 mod settings;
 
 pub use error::{AdmissionError, EngineError};

@@ -5,16 +5,17 @@ use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
-use kv::{BlockTable, CacheScope, KvError, KvPool, Owner, TenantId};
+use kv::{KvPool, Owner, TenantId};
 use model::{Llama, Logits, SeqStep};
 use sampling::Sampler;
-use tokio::sync::mpsc as tmpsc;
 
+use crate::admission::{self, Pools, Refusal, Reservation};
 use crate::inbox::{Kind, Msg, Pending, Resume, Shared};
 use crate::pacing::StepClock;
 use crate::row_share;
+use crate::sequence::{end, sample_into, End, Running};
 use crate::settings::{EngineConfig, EngineStats, Revoke, TenantPolicy};
-use crate::{EngineError, Event, FinishReason, GenRequest, TokenEvent, Usage, ViolationKind};
+use crate::{EngineError, Event, FinishReason, Usage, ViolationKind};
 
 /// A queue: (is it the prefill lane, tenant).
 type QueueKey = (bool, TenantId);
@@ -27,44 +28,6 @@ enum Rows {
     /// Only prompts that finish within this many tokens, ahead of the decode step
     /// ([`crate::pacing`]).
     PromptsAhead(usize),
-}
-
-/// How a step's sampling ends a request.
-enum End {
-    Event(Event),
-    /// A prefill-only request: hand its pages over with the first token.
-    Handoff(TokenEvent),
-}
-
-struct Running {
-    req: GenRequest,
-    kind: Kind,
-    tx: tmpsc::UnboundedSender<Event>,
-    kv: BlockTable,
-    sampler: Sampler,
-    prefilled: usize,
-    /// Leading prompt tokens whose KV came from the prefix cache.
-    cached: usize,
-    /// Where its whole prompt pages are sealed once prefilled; None: no caching.
-    scope: Option<CacheScope>,
-    generated: Vec<u32>,
-    /// The last sampled token, fed at the next decode step.
-    input: [u32; 1],
-    /// This step's logits, when the step produced some for this sequence; empty otherwise,
-    /// its allocation kept for the next step.
-    logits: Vec<f32>,
-    /// Set when the request is complete (finished or failed) after this step.
-    end: Option<End>,
-    /// Its place in its tenant's queue for a decode row, when the tenant is held to a share of
-    /// the rows ([`crate::row_share`]): lowest first, and a sequence given a row goes to the
-    /// back, so each of the tenant's sequences advances in turn.
-    row_turn: u64,
-}
-
-impl Running {
-    fn decoding(&self) -> bool {
-        self.prefilled == self.req.prompt.len()
-    }
 }
 
 pub(crate) struct Loop {
@@ -213,92 +176,68 @@ impl Loop {
         let mut misses = 0;
         while self.running.len() < self.cfg.max_running && misses < self.rotation.len() {
             let Some(key) = self.rotation.pop_front() else { break };
-            let live = self.is_live(key.1);
             let Some(q) = self.queues.get_mut(&key) else { continue };
             let Some(head) = q.front() else { continue };
-            if !live {
-                if let Some(p) = q.pop_front() {
-                    self.shared.dequeued(p.draws_on_pool);
-                    let _ = p.tx.send(Event::Failed(EngineError::TenantRevoked));
-                }
-                if !q.is_empty() {
-                    self.rotation.push_back(key);
-                }
-                continue;
-            }
-            let owner = Owner { tenant: key.1, request: head.req.id };
-            let (pool, tokens) = match head.kind {
-                Kind::Prefill => (&self.prefill_pool, head.req.prompt.len()),
-                Kind::Full | Kind::Reserve => (&self.pool, head.req.prompt.len() + head.req.max_tokens),
-            };
-            // The scope comes from the request's authenticated tenant; the client's salt can
-            // only narrow it. Reservations (empty pages for a transfer) never use the cache.
-            let scope = (self.cfg.prefix_cache && head.kind != Kind::Reserve)
-                .then(|| pool.scope(head.req.tenant, head.req.cache_salt.as_deref()));
+            let pools = Pools { main: &self.pool, prefill: &self.prefill_pool, prefix_cache: self.cfg.prefix_cache };
             let policy = self.shared.policy.lock().unwrap_or_else(|e| e.into_inner());
-            let over_share = head.kind != Kind::Prefill && !policy.within_share(&self.pool, key.1, tokens);
+            let verdict = admission::reserve(&pools, &policy, &head.req, head.kind);
             drop(policy);
-            if over_share {
-                // Over its share: this tenant waits, the others go on.
-                misses += 1;
-                self.rotation.push_back(key);
-                continue;
-            }
-            let reserved = match &scope {
-                Some(scope) => pool.reserve_cached(owner, tokens, scope, &head.req.prompt),
-                None => pool.reserve(owner, tokens).map(|kv| (kv, 0)),
-            };
-            match reserved {
-                Ok((kv, cached)) => {
-                    misses = 0;
-                    let Some(p) = q.pop_front() else { continue };
-                    if !q.is_empty() {
-                        self.rotation.push_back(key);
-                    }
-                    self.shared.dequeued(p.draws_on_pool);
-                    if p.kind == Kind::Reserve {
-                        // Dropped (pages freed) if the requester is gone.
-                        let _ = p.tx.send(Event::Reserved(kv));
-                        continue;
-                    }
-                    let _ = p.tx.send(Event::Started);
-                    if scope.is_some() {
-                        let _ = p.tx.send(Event::PrefixCache { cached_tokens: cached });
-                    }
-                    let sampler = Sampler::new(p.req.sampling.clone());
-                    self.stats.cached_tokens += cached as u64;
-                    self.running.push(Running {
-                        req: p.req,
-                        kind: p.kind,
-                        tx: p.tx,
-                        kv,
-                        sampler,
-                        prefilled: cached,
-                        cached,
-                        scope,
-                        generated: Vec::new(),
-                        input: [0],
-                        logits: Vec::new(),
-                        end: None,
-                        row_turn: 0,
-                    });
-                }
-                Err(KvError::Exhausted { .. }) => {
+            let Reservation { kv, cached, scope } = match verdict {
+                Ok(r) => r,
+                Err(Refusal::Wait) => {
+                    // Over its share or no room: this tenant waits, the others go on.
                     misses += 1;
                     self.rotation.push_back(key);
+                    continue;
                 }
-                Err(e) => {
-                    // Not a capacity problem: fail this request, keep serving the others.
-                    if let Some(p) = q.pop_front() {
-                        self.shared.dequeued(p.draws_on_pool);
-                        tracing::warn!(request = p.req.id.0, tenant = p.req.tenant.0, error = %e, "the pool refused a reservation (not for capacity); the request fails, the others go on");
-                        let _ = p.tx.send(Event::Failed(EngineError::Internal(e.to_string())));
-                    }
+                Err(Refusal::Revoked) => {
+                    fail_head(q, &self.shared, EngineError::TenantRevoked);
                     if !q.is_empty() {
                         self.rotation.push_back(key);
                     }
+                    continue;
                 }
+                Err(Refusal::Failed(e)) => {
+                    tracing::warn!(request = head.req.id.0, tenant = key.1.0, error = %e, "the pool refused a reservation (not for capacity); the request fails, the others go on");
+                    fail_head(q, &self.shared, EngineError::Internal(e.to_string()));
+                    if !q.is_empty() {
+                        self.rotation.push_back(key);
+                    }
+                    continue;
+                }
+            };
+            misses = 0;
+            let Some(p) = q.pop_front() else { continue };
+            if !q.is_empty() {
+                self.rotation.push_back(key);
             }
+            self.shared.dequeued(p.draws_on_pool);
+            if p.kind == Kind::Reserve {
+                // Dropped (pages freed) if the requester is gone.
+                let _ = p.tx.send(Event::Reserved(kv));
+                continue;
+            }
+            let _ = p.tx.send(Event::Started);
+            if scope.is_some() {
+                let _ = p.tx.send(Event::PrefixCache { cached_tokens: cached });
+            }
+            let sampler = Sampler::new(p.req.sampling.clone());
+            self.stats.cached_tokens += cached as u64;
+            self.running.push(Running {
+                req: p.req,
+                kind: p.kind,
+                tx: p.tx,
+                kv,
+                sampler,
+                prefilled: cached,
+                cached,
+                scope,
+                generated: Vec::new(),
+                input: [0],
+                logits: Vec::new(),
+                end: None,
+                row_turn: 0,
+            });
         }
     }
 
@@ -641,49 +580,12 @@ impl Loop {
 
 /// Ends a running request: its pages are freed before the final event, so whoever sees the
 /// event sees them free.
-fn end(r: Running, ev: Event) {
-    let Running { tx, kv, .. } = r;
-    drop(kv);
-    let _ = tx.send(ev);
-}
-
-/// Samples the next token of `r`; returns how the request ends when it is complete.
-fn sample_into(r: &mut Running, logits: &mut [f32]) -> Option<End> {
-    let usage = |r: &Running| Usage {
-        prompt_tokens: r.req.prompt.len(),
-        completion_tokens: r.generated.len(),
-        cached_tokens: r.cached,
-    };
-    let failed = |e: String| Some(End::Event(Event::Failed(EngineError::Internal(e))));
-    // Constrained decoding: only tokens that continue the output's grammar stay drawable.
-    if let Some(c) = r.req.constraint.as_mut() {
-        if let Err(e) = c.mask(logits) {
-            return failed(e.to_string());
-        }
+/// Ends the request at the head of `q` with `e`.
+fn fail_head(q: &mut VecDeque<Pending>, shared: &Shared, e: EngineError) {
+    if let Some(p) = q.pop_front() {
+        shared.dequeued(p.draws_on_pool);
+        let _ = p.tx.send(Event::Failed(e));
     }
-    let s = match r.sampler.sample(logits, &r.generated) {
-        Ok(s) => s,
-        Err(e) => return failed(e.to_string()),
-    };
-    let id = s.token;
-    if r.kind == Kind::Prefill {
-        return Some(End::Handoff(s));
-    }
-    if r.req.stop_tokens.contains(id) {
-        return Some(End::Event(Event::Finished { reason: FinishReason::Stop, usage: usage(r) }));
-    }
-    if let Some(c) = r.req.constraint.as_mut() {
-        if let Err(e) = c.accept(id) {
-            return failed(e.to_string());
-        }
-    }
-    r.generated.push(id);
-    r.input = [id];
-    let _ = r.tx.send(Event::Token(s));
-    if r.generated.len() >= r.req.max_tokens {
-        return Some(End::Event(Event::Finished { reason: FinishReason::Length, usage: usage(r) }));
-    }
-    None
 }
 
 #[cfg(test)]
@@ -692,11 +594,13 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use crate::GenRequest;
     use gguf::GgufFile;
     use kv::{Capacity, KvDtype, PoolConfig, RequestId, ScrubPolicy};
     use model::tiny::{tiny_gguf, TinySpec};
     use model::LoadOptions;
     use sampling::{SamplingParams, StopTokens};
+    use tokio::sync::mpsc as tmpsc;
 
     fn new_loop() -> (Loop, mpsc::Sender<Msg>) {
         let f = GgufFile::from_bytes(tiny_gguf(&TinySpec::default())).unwrap();

@@ -1,0 +1,93 @@
+//! A running sequence: its request, its pages, its sampler and how far it has got, and what
+//! one step's logits do to it (sample a token, stream it, end it). The loop (`scheduler`)
+//! decides which sequences share a step; this is what a step means for each of them.
+
+use kv::{BlockTable, CacheScope};
+use sampling::Sampler;
+use tokio::sync::mpsc as tmpsc;
+
+use crate::inbox::Kind;
+use crate::{EngineError, Event, FinishReason, GenRequest, TokenEvent, Usage};
+
+/// How a step's sampling ends a request.
+pub(crate) enum End {
+    Event(Event),
+    /// A prefill-only request: hand its pages over with the first token.
+    Handoff(TokenEvent),
+}
+
+pub(crate) struct Running {
+    pub(crate) req: GenRequest,
+    pub(crate) kind: Kind,
+    pub(crate) tx: tmpsc::UnboundedSender<Event>,
+    pub(crate) kv: BlockTable,
+    pub(crate) sampler: Sampler,
+    pub(crate) prefilled: usize,
+    /// Leading prompt tokens whose KV came from the prefix cache.
+    pub(crate) cached: usize,
+    /// Where its whole prompt pages are sealed once prefilled; None: no caching.
+    pub(crate) scope: Option<CacheScope>,
+    pub(crate) generated: Vec<u32>,
+    /// The last sampled token, fed at the next decode step.
+    pub(crate) input: [u32; 1],
+    /// This step's logits, when the step produced some for this sequence; empty otherwise,
+    /// its allocation kept for the next step.
+    pub(crate) logits: Vec<f32>,
+    /// Set when the request is complete (finished or failed) after this step.
+    pub(crate) end: Option<End>,
+    /// Its place in its tenant's queue for a decode row, when the tenant is held to a share of
+    /// the rows ([`crate::row_share`]): lowest first, and a sequence given a row goes to the
+    /// back, so each of the tenant's sequences advances in turn.
+    pub(crate) row_turn: u64,
+}
+
+impl Running {
+    pub(crate) fn decoding(&self) -> bool {
+        self.prefilled == self.req.prompt.len()
+    }
+}
+
+pub(crate) fn end(r: Running, ev: Event) {
+    let Running { tx, kv, .. } = r;
+    drop(kv);
+    let _ = tx.send(ev);
+}
+
+/// Samples the next token of `r`; returns how the request ends when it is complete.
+pub(crate) fn sample_into(r: &mut Running, logits: &mut [f32]) -> Option<End> {
+    let usage = |r: &Running| Usage {
+        prompt_tokens: r.req.prompt.len(),
+        completion_tokens: r.generated.len(),
+        cached_tokens: r.cached,
+    };
+    let failed = |e: String| Some(End::Event(Event::Failed(EngineError::Internal(e))));
+    // Constrained decoding: only tokens that continue the output's grammar stay drawable.
+    if let Some(c) = r.req.constraint.as_mut() {
+        if let Err(e) = c.mask(logits) {
+            return failed(e.to_string());
+        }
+    }
+    let s = match r.sampler.sample(logits, &r.generated) {
+        Ok(s) => s,
+        Err(e) => return failed(e.to_string()),
+    };
+    let id = s.token;
+    if r.kind == Kind::Prefill {
+        return Some(End::Handoff(s));
+    }
+    if r.req.stop_tokens.contains(id) {
+        return Some(End::Event(Event::Finished { reason: FinishReason::Stop, usage: usage(r) }));
+    }
+    if let Some(c) = r.req.constraint.as_mut() {
+        if let Err(e) = c.accept(id) {
+            return failed(e.to_string());
+        }
+    }
+    r.generated.push(id);
+    r.input = [id];
+    let _ = r.tx.send(Event::Token(s));
+    if r.generated.len() >= r.req.max_tokens {
+        return Some(End::Event(Event::Finished { reason: FinishReason::Length, usage: usage(r) }));
+    }
+    None
+}
