@@ -12,6 +12,7 @@ pub mod stream;
 pub mod tools;
 pub mod types;
 pub mod validate;
+pub mod validation_error;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

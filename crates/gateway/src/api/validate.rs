@@ -9,6 +9,7 @@ use serde_json::{Map, Value};
 
 use super::endpoint::Endpoint;
 use super::tools::Tools;
+use super::validation_error::ValidationError;
 use text::ChatMessage;
 
 use std::sync::Arc;
@@ -72,19 +73,19 @@ fn field<'a>(o: &'a Obj, name: &str) -> Option<&'a Value> {
     o.get(name).filter(|v| !v.is_null())
 }
 
-fn type_error(name: &str, want: &str) -> ApiError {
-    ApiError::invalid_param(name, format!("`{name}` must be {want}"))
+fn type_error(name: &str, want: &'static str) -> ValidationError {
+    ValidationError::WrongType { field: name.to_string(), want }
 }
 
-fn get_bool(o: &Obj, name: &str) -> Result<Option<bool>, ApiError> {
+fn get_bool(o: &Obj, name: &str) -> Result<Option<bool>, ValidationError> {
     field(o, name).map(|v| v.as_bool().ok_or_else(|| type_error(name, "a boolean"))).transpose()
 }
 
-fn get_f32(o: &Obj, name: &str) -> Result<Option<f32>, ApiError> {
+fn get_f32(o: &Obj, name: &str) -> Result<Option<f32>, ValidationError> {
     field(o, name).map(|v| v.as_f64().map(|x| x as f32).ok_or_else(|| type_error(name, "a number"))).transpose()
 }
 
-fn get_i64(o: &Obj, name: &str) -> Result<Option<i64>, ApiError> {
+fn get_i64(o: &Obj, name: &str) -> Result<Option<i64>, ValidationError> {
     field(o, name)
         .map(|v| match v {
             Value::Number(n) => n
@@ -96,11 +97,123 @@ fn get_i64(o: &Obj, name: &str) -> Result<Option<i64>, ApiError> {
         .transpose()
 }
 
-fn get_str<'a>(o: &'a Obj, name: &str) -> Result<Option<&'a str>, ApiError> {
+fn get_str<'a>(o: &'a Obj, name: &str) -> Result<Option<&'a str>, ValidationError> {
     field(o, name).map(|v| v.as_str().ok_or_else(|| type_error(name, "a string"))).transpose()
 }
 
-fn stop_strings(o: &Obj) -> Result<Vec<String>, ApiError> {
+/// The body as a JSON object.
+fn parse(body: &[u8]) -> Result<Obj, ValidationError> {
+    match serde_json::from_slice(body).map_err(|e| ValidationError::NotJson(e.to_string()))? {
+        Value::Object(o) => Ok(o),
+        _ => Err(ValidationError::NotAnObject),
+    }
+}
+
+/// `n`, and `best_of` (which may only repeat it).
+fn choices(o: &Obj) -> Result<usize, ValidationError> {
+    let choices = match get_i64(o, "n")? {
+        None => 1,
+        Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => n as usize,
+        Some(got) => return Err(ValidationError::Choices { got, max: MAX_CHOICES }),
+    };
+    // best_of = n is n choices; more would rank candidates by log-probability, not done here.
+    match get_i64(o, "best_of")? {
+        Some(b) if b != choices as i64 => Err(ValidationError::BestOf { n: choices }),
+        _ => Ok(choices),
+    }
+}
+
+fn include_usage(o: &Obj) -> Result<bool, ValidationError> {
+    match field(o, "stream_options") {
+        None => Ok(false),
+        Some(Value::Object(so)) => Ok(get_bool(so, "include_usage")
+            .map_err(|_| type_error("stream_options.include_usage", "a boolean"))?
+            .unwrap_or(false)),
+        Some(_) => Err(type_error("stream_options", "an object")),
+    }
+}
+
+/// `max_completion_tokens` or `max_tokens` (the latter wins when both are sent).
+fn max_tokens(o: &Obj) -> Result<Option<usize>, ValidationError> {
+    let mut max_tokens = None;
+    for name in ["max_completion_tokens", "max_tokens"] {
+        if let Some(got) = get_i64(o, name)? {
+            if got < 1 {
+                return Err(ValidationError::MaxTokensBelowOne { field: name, got });
+            }
+            max_tokens = Some(usize::try_from(got).unwrap_or(usize::MAX));
+        }
+    }
+    Ok(max_tokens)
+}
+
+/// Log-probabilities: chat has `logprobs: bool` + `top_logprobs: int`; completions has
+/// `logprobs: int` (the number of alternatives). Returns how many alternatives (when on) and
+/// the field that sets it.
+fn logprobs(o: &Obj, endpoint: Endpoint) -> Result<(Option<i64>, &'static str), ValidationError> {
+    let (logprobs, field) = match endpoint {
+        Endpoint::Chat => {
+            let on = get_bool(o, "logprobs")?.unwrap_or(false);
+            let top = get_i64(o, "top_logprobs")?;
+            if top.is_some_and(|t| t > 0) && !on {
+                return Err(ValidationError::TopLogprobsWithoutLogprobs);
+            }
+            (on.then_some(top.unwrap_or(0)), "top_logprobs")
+        }
+        Endpoint::Completions => (get_i64(o, "logprobs")?, "logprobs"),
+    };
+    let max = sampling::MAX_TOP_LOGPROBS;
+    match logprobs {
+        Some(got) if !(0..=max as i64).contains(&got) => Err(ValidationError::TopLogprobs { field, got, max }),
+        _ => Ok((logprobs, field)),
+    }
+}
+
+/// The sampling parameters, range-checked by the sampler's own builder.
+fn sampling(
+    o: &Obj,
+    logprobs: Option<i64>,
+    top_field: &'static str,
+    vocab: usize,
+) -> Result<SamplingParams, ValidationError> {
+    let mut b = SamplingParams::builder().temperature(1.0);
+    if let Some(v) = get_f32(o, "temperature")? {
+        b = b.temperature(v);
+    }
+    if let Some(v) = get_f32(o, "top_p")? {
+        b = b.top_p(v);
+    }
+    if let Some(v) = get_i64(o, "top_k")? {
+        b = b.top_k(v);
+    }
+    if let Some(v) = get_f32(o, "min_p")? {
+        b = b.min_p(v);
+    }
+    if let Some(v) = get_f32(o, "presence_penalty")? {
+        b = b.presence_penalty(v);
+    }
+    if let Some(v) = get_f32(o, "frequency_penalty")? {
+        b = b.frequency_penalty(v);
+    }
+    if let Some(v) = get_f32(o, "repetition_penalty")? {
+        b = b.repetition_penalty(v);
+    }
+    if let Some(v) = get_i64(o, "seed")? {
+        b = b.seed(v as u64);
+    }
+    b = b.top_logprobs(logprobs.unwrap_or(0)).logprobs(logprobs.is_some());
+    b = b.logit_bias(logit_bias(o, vocab)?);
+    b.build().map_err(|e| {
+        let field = match &e {
+            sampling::SamplingError::InvalidParam { field, .. } if *field == "top_logprobs" => top_field,
+            sampling::SamplingError::InvalidParam { field, .. } => field,
+            _ => "sampling",
+        };
+        ValidationError::Sampling { field, message: e.to_string() }
+    })
+}
+
+fn stop_strings(o: &Obj) -> Result<Vec<String>, ValidationError> {
     let list: Vec<String> = match field(o, "stop") {
         None => Vec::new(),
         Some(Value::String(s)) => vec![s.clone()],
@@ -113,16 +226,16 @@ fn stop_strings(o: &Obj) -> Result<Vec<String>, ApiError> {
         Some(_) => return Err(type_error("stop", "a string or an array of strings")),
     };
     if list.len() > MAX_STOP_STRINGS {
-        return Err(ApiError::invalid_param("stop", format!("at most {MAX_STOP_STRINGS} stop strings are allowed")));
+        return Err(ValidationError::TooManyStops(MAX_STOP_STRINGS));
     }
     if list.iter().any(|s| s.is_empty() || s.len() > MAX_STOP_LEN) {
-        return Err(ApiError::invalid_param("stop", format!("stop strings must be 1 to {MAX_STOP_LEN} bytes long")));
+        return Err(ValidationError::StopLength(MAX_STOP_LEN));
     }
     Ok(list)
 }
 
 /// `response_format`: `text` (no constraint), `json_object`, or `json_schema` with its schema.
-fn output_format(o: &Obj) -> Result<Option<OutputFormat>, ApiError> {
+fn output_format(o: &Obj) -> Result<Option<OutputFormat>, ValidationError> {
     let Some(rf) = field(o, "response_format") else { return Ok(None) };
     let bad = || {
         type_error(
@@ -137,8 +250,7 @@ fn output_format(o: &Obj) -> Result<Option<OutputFormat>, ApiError> {
             let Some(Value::Object(js)) = rf.get("json_schema") else { return Err(bad()) };
             match js.get("schema") {
                 Some(schema @ Value::Object(_)) => {
-                    grammar::check_schema_depth(schema)
-                        .map_err(|e| ApiError::invalid_param("response_format.json_schema.schema", e.to_string()))?;
+                    grammar::check_schema_depth(schema).map_err(|e| ValidationError::SchemaTooDeep(e.to_string()))?;
                     Ok(Some(OutputFormat::JsonSchema { schema: schema.clone() }))
                 }
                 None | Some(Value::Null) => Ok(Some(OutputFormat::JsonObject)),
@@ -149,9 +261,50 @@ fn output_format(o: &Obj) -> Result<Option<OutputFormat>, ApiError> {
     }
 }
 
+/// The output's constraint (from `response_format`, or from `tools`: a call's arguments
+/// follow its function's schema) and the tools, compiled once here so a bad schema is a 400.
+fn constraint(
+    o: &Obj,
+    endpoint: Endpoint,
+    ignore_eos: bool,
+    m: &ServedModel,
+) -> Result<(Option<grammar::Constraint>, Option<Tools>), ApiError> {
+    let mut output = output_format(o)?;
+    let tools = match endpoint {
+        Endpoint::Chat => super::tools::parse(o)?,
+        Endpoint::Completions => None,
+    };
+    if let Some(t) = &tools {
+        if output.is_some() {
+            return Err(ValidationError::FormatWithTools.into());
+        }
+        output = Some(t.output_format());
+    }
+    if output.is_some() && ignore_eos {
+        // A finished document can only be followed by the end of the sequence.
+        return Err(ValidationError::IgnoreEosWithFormat.into());
+    }
+    // The format must also fit the control message that carries it to the workers.
+    let field = if tools.is_some() { "tools" } else { "response_format" };
+    let constraint = output
+        .map(|f| grammar::EncodedFormat::encode(&f).and_then(|_| m.grammars.compile(&f)))
+        .transpose()
+        .map_err(|e| ValidationError::Grammar { field, message: e.to_string() })?;
+    Ok((constraint, tools))
+}
+
+fn cache_salt(o: &Obj) -> Result<Option<String>, ValidationError> {
+    match get_str(o, "cache_salt")? {
+        Some(s) if s.is_empty() || s.len() > MAX_CACHE_SALT_BYTES => {
+            Err(ValidationError::CacheSalt { got: s.len(), max: MAX_CACHE_SALT_BYTES })
+        }
+        s => Ok(s.map(str::to_string)),
+    }
+}
+
 /// `logit_bias`: `{"TOKEN_ID": bias}`, ids of this vocabulary (range and count checked by the
 /// sampling parameters).
-fn logit_bias(o: &Obj, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
+fn logit_bias(o: &Obj, vocab: usize) -> Result<Vec<(u32, f32)>, ValidationError> {
     let map = match field(o, "logit_bias") {
         None => return Ok(Vec::new()),
         Some(Value::Object(m)) => m,
@@ -159,19 +312,18 @@ fn logit_bias(o: &Obj, vocab: usize) -> Result<Vec<(u32, f32)>, ApiError> {
     };
     map.iter()
         .map(|(k, v)| {
-            let id = k.parse::<u32>().ok().filter(|&id| (id as usize) < vocab).ok_or_else(|| {
-                ApiError::invalid_param(
-                    "logit_bias",
-                    format!("`{k}` is not a token id of this model (0 to {})", vocab - 1),
-                )
-            })?;
+            let id = k
+                .parse::<u32>()
+                .ok()
+                .filter(|&id| (id as usize) < vocab)
+                .ok_or_else(|| ValidationError::LogitBiasToken { key: k.clone(), last: vocab - 1 })?;
             let bias = v.as_f64().ok_or_else(|| type_error("logit_bias", "an object mapping token ids to numbers"))?;
             Ok((id, bias as f32))
         })
         .collect()
 }
 
-fn chat_messages(o: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
+fn chat_messages(o: &Obj) -> Result<Vec<ChatMessage>, ValidationError> {
     let Some(Value::Array(items)) = field(o, "messages") else {
         return Err(type_error("messages", "a non-empty array of messages"));
     };
@@ -181,30 +333,17 @@ fn chat_messages(o: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
     items
         .iter()
         .enumerate()
-        .map(|(i, m)| {
-            let p = |f: &str| format!("messages[{i}].{f}");
-            let Value::Object(m) = m else {
-                return Err(ApiError::invalid_param(&format!("messages[{i}]"), "each message must be an object"));
-            };
+        .map(|(index, m)| {
+            let Value::Object(m) = m else { return Err(ValidationError::MessageNotAnObject { index }) };
             let role = match m.get("role").and_then(Value::as_str) {
                 Some(r @ ("system" | "user" | "assistant" | "tool")) => r,
                 Some("developer") => "system",
-                _ => {
-                    return Err(ApiError::invalid_param(
-                        &p("role"),
-                        "role must be one of system, developer, user, assistant, tool",
-                    ))
-                }
+                _ => return Err(ValidationError::Role { index }),
             };
             // An earlier turn's calls are shown to the model as it wrote them.
             if role == "assistant" {
                 if let Some(calls) = m.get("tool_calls").filter(|c| !c.is_null()) {
-                    let text = super::tools::calls_as_text(calls).ok_or_else(|| {
-                        ApiError::invalid_param(
-                            &p("tool_calls"),
-                            "each tool call needs `function.name` and `function.arguments`",
-                        )
-                    })?;
+                    let text = super::tools::calls_as_text(calls).ok_or(ValidationError::ToolCalls { index })?;
                     return Ok(ChatMessage::new(role, text));
                 }
             }
@@ -215,217 +354,93 @@ fn chat_messages(o: &Obj) -> Result<Vec<ChatMessage>, ApiError> {
                     for part in parts {
                         match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
                             (Some("text"), Some(t)) => s.push_str(t),
-                            _ => {
-                                return Err(ApiError::invalid_param(
-                                    &p("content"),
-                                    "only text content parts are supported",
-                                ))
-                            }
+                            _ => return Err(ValidationError::ContentPart { index }),
                         }
                     }
                     s
                 }
                 Some(Value::Null) | None if role == "assistant" => String::new(),
-                _ => return Err(ApiError::invalid_param(&p("content"), "content must be a string")),
+                _ => return Err(ValidationError::Content { index }),
             };
             Ok(ChatMessage::new(role, content))
         })
         .collect()
 }
 
-/// Validates `body` for `endpoint` from `tenant` against the model it names (one the tenant
-/// may use), the limits and the engine door.
-pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState, tenant: &TenantConfig) -> Result<Validated, ApiError> {
-    let value: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::malformed(format!("the request body is not valid JSON: {e}")))?;
-    let Value::Object(o) = value else {
-        return Err(ApiError::malformed("the request body must be a JSON object"));
-    };
-
-    super::fields::check(&o, endpoint)?;
-    let model = match get_str(&o, "model")? {
-        None => return Err(ApiError::invalid_param("model", "`model` is required")),
-        Some(m) => st.models.resolve(tenant, m)?,
-    };
-    let m = &*model;
-    let choices = match get_i64(&o, "n")? {
-        None => 1,
-        Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => n as usize,
-        Some(n) => {
-            return Err(ApiError::invalid_param("n", format!("`n` must be between 1 and {MAX_CHOICES}, got {n}")))
-        }
-    };
-    let stream = get_bool(&o, "stream")?.unwrap_or(false);
-    if let Some(b) = get_i64(&o, "best_of")? {
-        // best_of = n is n choices; more would rank candidates by log-probability, not done here.
-        if b != choices as i64 {
-            return Err(ApiError::unsupported_param(
-                "best_of",
-                format!("`best_of` must equal `n` ({choices}) here: ranking extra candidates is not supported"),
-            ));
-        }
-    }
-    let echo_on = get_bool(&o, "echo")?.unwrap_or(false);
-    let include_usage = match field(&o, "stream_options") {
-        None => false,
-        Some(Value::Object(so)) => get_bool(so, "include_usage")
-            .map_err(|_| type_error("stream_options.include_usage", "a boolean"))?
-            .unwrap_or(false),
-        Some(_) => return Err(type_error("stream_options", "an object")),
-    };
-
-    let mut max_tokens = None;
-    for name in ["max_completion_tokens", "max_tokens"] {
-        if let Some(v) = get_i64(&o, name)? {
-            if v < 1 {
-                return Err(ApiError::invalid_param(name, format!("`{name}` must be at least 1, got {v}")));
-            }
-            max_tokens = Some(usize::try_from(v).unwrap_or(usize::MAX));
-        }
-    }
-
-    // Log-probabilities: chat has `logprobs: bool` + `top_logprobs: int`; completions has
-    // `logprobs: int` (the number of alternatives).
-    let logprobs = match endpoint {
+/// The prompt's tokens (and, for completions' `echo`, its text): chat messages rendered by the
+/// model's template (the tools' descriptions in the system message), or the raw text.
+fn prompt(
+    o: &Obj,
+    endpoint: Endpoint,
+    tools: Option<&Tools>,
+    m: &ServedModel,
+    echo_on: bool,
+) -> Result<(Vec<u32>, Option<String>), ValidationError> {
+    match endpoint {
         Endpoint::Chat => {
-            let on = get_bool(&o, "logprobs")?.unwrap_or(false);
-            let top = get_i64(&o, "top_logprobs")?;
-            if top.is_some_and(|t| t > 0) && !on {
-                return Err(ApiError::invalid_param("top_logprobs", "`top_logprobs` requires `logprobs` to be true"));
-            }
-            on.then_some(top.unwrap_or(0))
-        }
-        Endpoint::Completions => get_i64(&o, "logprobs")?,
-    };
-    let top_param = match endpoint {
-        Endpoint::Chat => "top_logprobs",
-        Endpoint::Completions => "logprobs",
-    };
-    if let Some(t) = logprobs {
-        if !(0..=sampling::MAX_TOP_LOGPROBS as i64).contains(&t) {
-            return Err(ApiError::invalid_param(
-                top_param,
-                format!("`{top_param}` must be between 0 and {}, got {t}", sampling::MAX_TOP_LOGPROBS),
-            ));
-        }
-    }
-
-    let mut b = SamplingParams::builder().temperature(1.0);
-    if let Some(v) = get_f32(&o, "temperature")? {
-        b = b.temperature(v);
-    }
-    if let Some(v) = get_f32(&o, "top_p")? {
-        b = b.top_p(v);
-    }
-    if let Some(v) = get_i64(&o, "top_k")? {
-        b = b.top_k(v);
-    }
-    if let Some(v) = get_f32(&o, "min_p")? {
-        b = b.min_p(v);
-    }
-    if let Some(v) = get_f32(&o, "presence_penalty")? {
-        b = b.presence_penalty(v);
-    }
-    if let Some(v) = get_f32(&o, "frequency_penalty")? {
-        b = b.frequency_penalty(v);
-    }
-    if let Some(v) = get_f32(&o, "repetition_penalty")? {
-        b = b.repetition_penalty(v);
-    }
-    if let Some(v) = get_i64(&o, "seed")? {
-        b = b.seed(v as u64);
-    }
-    b = b.top_logprobs(logprobs.unwrap_or(0)).logprobs(logprobs.is_some());
-    b = b.logit_bias(logit_bias(&o, m.tokenizer.vocab_size())?);
-    let sampling = b.build().map_err(|e| match e {
-        sampling::SamplingError::InvalidParam { field, .. } => {
-            let field = if field == "top_logprobs" { top_param } else { field };
-            ApiError::invalid_param(field, e.to_string())
-        }
-        other => ApiError::invalid_param("sampling", other.to_string()),
-    })?;
-    if echo_on && logprobs.is_some() {
-        return Err(ApiError::unsupported_param(
-            "echo",
-            "`echo` with `logprobs` would need the prompt's log-probabilities, which this server does not compute",
-        ));
-    }
-    let stop = stop_strings(&o)?;
-    let ignore_eos = get_bool(&o, "ignore_eos")?.unwrap_or(false);
-    let mut output = output_format(&o)?;
-    let tools = match endpoint {
-        Endpoint::Chat => super::tools::parse(&o)?,
-        Endpoint::Completions => None,
-    };
-    if let Some(t) = &tools {
-        if output.is_some() {
-            return Err(ApiError::unsupported_param(
-                "response_format",
-                "`response_format` cannot be combined with `tools`: a call's arguments follow its schema",
-            ));
-        }
-        output = Some(t.output_format());
-    }
-    if output.is_some() && ignore_eos {
-        // A finished document can only be followed by the end of the sequence.
-        return Err(ApiError::unsupported_param(
-            "ignore_eos",
-            "`ignore_eos` cannot be combined with `response_format`",
-        ));
-    }
-    // The format must also fit the control message that carries it to the workers.
-    let constraint =
-        output.map(|f| grammar::EncodedFormat::encode(&f).and_then(|_| m.grammars.compile(&f))).transpose().map_err(
-            |e| ApiError::invalid_param(if tools.is_some() { "tools" } else { "response_format" }, e.to_string()),
-        )?;
-    let cache_salt = match get_str(&o, "cache_salt")? {
-        Some(s) if s.is_empty() || s.len() > MAX_CACHE_SALT_BYTES => {
-            return Err(ApiError::invalid_param(
-                "cache_salt",
-                format!("`cache_salt` must be 1 to {MAX_CACHE_SALT_BYTES} bytes, got {}", s.len()),
-            ))
-        }
-        s => s.map(str::to_string),
-    };
-
-    let mut echo = None;
-    let prompt = match endpoint {
-        Endpoint::Chat => {
-            let mut messages = chat_messages(&o)?;
-            if let Some(t) = &tools {
+            let mut messages = chat_messages(o)?;
+            if let Some(t) = tools {
                 // The functions go into the system message (added when the client sent none).
                 match messages.first_mut() {
                     Some(m) if m.role == "system" => m.content = format!("{}\n\n{}", m.content, t.system_text()),
                     _ => messages.insert(0, ChatMessage::new("system", t.system_text())),
                 }
             }
-            let rendered = m.template.render(&messages, true).map_err(|e| {
-                ApiError::invalid_param("messages", format!("the chat template refused the messages: {e}"))
-            })?;
+            let rendered = m.template.render(&messages, true).map_err(|e| ValidationError::Template(e.to_string()))?;
             // As llama.cpp does, the rendered template is tokenized with special-token parsing on,
             // so its markers (<|im_start|> ...) become control tokens. This also means control-token
             // text inside a user's message becomes a control token (prompt-structure injection: a user
             // can close their turn and forge another). It is the behaviour clients expect from
             // llama.cpp-compatible servers; the model, not the server, is the trust boundary here.
-            m.tokenizer
-                .encode_prompt(&rendered, true)
-                .map_err(|e| ApiError::invalid_param("messages", format!("cannot tokenize the messages: {e}")))?
+            let ids = m.tokenizer.encode_prompt(&rendered, true).map_err(|e| ValidationError::Tokenize {
+                field: "messages",
+                what: "messages",
+                message: e.to_string(),
+            })?;
+            Ok((ids, None))
         }
         Endpoint::Completions => {
-            let text = match field(&o, "prompt") {
+            let text = match field(o, "prompt") {
                 Some(Value::String(s)) => s.as_str(),
                 Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => a[0].as_str().unwrap_or_default(),
                 _ => return Err(type_error("prompt", "a string")),
             };
-            if echo_on {
-                echo = Some(text.to_string());
-            }
             // Raw text: control-token texts stay plain text.
-            m.tokenizer
-                .encode_prompt(text, false)
-                .map_err(|e| ApiError::invalid_param("prompt", format!("cannot tokenize the prompt: {e}")))?
+            let ids = m.tokenizer.encode_prompt(text, false).map_err(|e| ValidationError::Tokenize {
+                field: "prompt",
+                what: "prompt",
+                message: e.to_string(),
+            })?;
+            Ok((ids, echo_on.then(|| text.to_string())))
         }
+    }
+}
+
+/// Validates `body` for `endpoint` from `tenant` against the model it names (one the tenant
+/// may use), the limits and the engine door.
+pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState, tenant: &TenantConfig) -> Result<Validated, ApiError> {
+    let o = parse(body)?;
+    super::fields::check(&o, endpoint)?;
+    let model = match get_str(&o, "model")? {
+        None => return Err(ValidationError::Required("model").into()),
+        Some(m) => st.models.resolve(tenant, m)?,
     };
+    let m = &*model;
+    let choices = choices(&o)?;
+    let stream = get_bool(&o, "stream")?.unwrap_or(false);
+    let echo_on = get_bool(&o, "echo")?.unwrap_or(false);
+    let include_usage = include_usage(&o)?;
+    let max_tokens = max_tokens(&o)?;
+    let (logprobs, top_field) = logprobs(&o, endpoint)?;
+    let sampling = sampling(&o, logprobs, top_field, m.tokenizer.vocab_size())?;
+    if echo_on && logprobs.is_some() {
+        return Err(ValidationError::EchoWithLogprobs.into());
+    }
+    let stop = stop_strings(&o)?;
+    let ignore_eos = get_bool(&o, "ignore_eos")?.unwrap_or(false);
+    let (constraint, tools) = constraint(&o, endpoint, ignore_eos, m)?;
+    let cache_salt = cache_salt(&o)?;
+    let (prompt, echo) = prompt(&o, endpoint, tools.as_ref(), m, echo_on)?;
 
     // Default: what is left of the context window, at most the configured default (at least 1,
     // so that a prompt that fills the window is reported as too long, not as max_tokens = 0).
@@ -445,10 +460,7 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState, tenant: &TenantC
     // After the door check, so a request over the window is still told its lengths.
     let ceiling = st.settings.limits.max_tokens_ceiling;
     if max_tokens > ceiling {
-        return Err(ApiError::invalid_param(
-            "max_tokens",
-            format!("`max_tokens` is {max_tokens}; this server allows at most {ceiling} per request"),
-        ));
+        return Err(ValidationError::MaxTokensOverCeiling { max_tokens, ceiling }.into());
     }
 
     Ok(Validated {
