@@ -13,6 +13,7 @@ pub mod config;
 pub mod dequant;
 mod error;
 pub mod kernels;
+mod layer_attention;
 pub mod llama;
 pub mod matmul;
 pub mod ops;

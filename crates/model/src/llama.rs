@@ -10,10 +10,11 @@ use std::sync::Mutex;
 use gguf::GgufFile;
 use kv::BlockTable;
 
-use crate::attention::{self, attend_heads_into, AttnInput, AttnShape};
+use crate::attention::{AttnInput, AttnShape};
 use crate::config::{Arch, LlamaConfig};
 use crate::error::ModelError;
 use crate::kernels::Isa;
+use crate::layer_attention;
 use crate::matmul::matmul;
 use crate::ops;
 use crate::qmatrix::QMatrix;
@@ -21,10 +22,6 @@ use crate::quant::QuantActs;
 use crate::threads::ComputePool;
 use crate::weights::{Layer, LlamaWeights};
 use crate::workspace::{zeroed, Workspace};
-
-/// Most query rows per attention task: small enough to balance threads on a long prefill,
-/// large enough that gathering the keys is amortized.
-const ATTN_ROWS_PER_TASK: usize = 128;
 
 /// Which logits a sequence wants back from a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -304,7 +301,6 @@ impl Llama {
         zeroed(normed, t * d);
         let gate_up = zeroed(gate_up, t * 2 * c.n_ff);
         let hidden = zeroed(hidden, t * c.n_ff);
-        let group = c.n_heads / c.n_kv_heads;
 
         for (li, layer) in self.weights.layers.iter().enumerate() {
             let la = c.layer_attention(li);
@@ -338,59 +334,7 @@ impl Llama {
                 let view = s.kv.layer(li, s.start + n)?;
                 inputs.push(AttnInput { q: &q[off * q_dim..(off + n) * q_dim], start: s.start, n, view });
             }
-            // With few KV heads (Gemma 270M has one) blocks of 128 rows would leave threads
-            // idle: aim for about eight tasks per thread, each row's result is the same anyway.
-            let per_task = (t * c.n_kv_heads).div_ceil(self.pool.threads() * 8).clamp(16, ATTN_ROWS_PER_TASK);
-            let mut tasks: Vec<(usize, usize, std::ops::Range<usize>)> = Vec::new();
-            for (si, inp) in inputs.iter().enumerate() {
-                for h in 0..c.n_kv_heads {
-                    for r0 in (0..inp.n).step_by(per_task) {
-                        tasks.push((si, h, r0..(r0 + per_task).min(inp.n)));
-                    }
-                }
-            }
-            // A decode step whose (sequence, KV head) pairs would leave threads idle: each pair's
-            // row split across the threads by keys, then by output elements (same bits).
-            #[cfg(target_arch = "x86_64")]
-            let split = self.attend_rows_split(&inputs, &shape, tasks.len(), &offsets, attn);
-            #[cfg(not(target_arch = "x86_64"))]
-            let split = false;
-            if !split {
-                // Fewer tasks than threads (a decode step with one KV head): split each group's
-                // query heads, at the cost of gathering its K and V once per part.
-                let parts = if tasks.len() < self.pool.threads() {
-                    self.pool.threads().div_ceil(tasks.len()).min(group)
-                } else {
-                    1
-                };
-                let per_part = group.div_ceil(parts);
-                let tasks: Vec<_> = tasks
-                    .into_iter()
-                    .flat_map(|(si, h, rows)| {
-                        (0..group)
-                            .step_by(per_part)
-                            .map(move |g0| (si, h, rows.clone(), g0..(g0 + per_part).min(group)))
-                    })
-                    .collect();
-                // Kept from step to step, filled in place: fresh ones were allocated on one
-                // compute thread and freed on the other (a contended allocator lock).
-                if attn_parts.len() < tasks.len() {
-                    attn_parts.resize_with(tasks.len(), Vec::new);
-                }
-                let results = &mut attn_parts[..tasks.len()];
-                self.pool.for_each_chunk_mut(results, 1, &|i, slot| {
-                    let (si, h, ref rows, ref heads) = tasks[i];
-                    attend_heads_into(&inputs[si], &shape, h, heads.clone(), rows.clone(), &mut slot[0]);
-                });
-                for ((si, h, rows, heads), res) in tasks.iter().zip(results.iter()) {
-                    let off = offsets[*si];
-                    let width = heads.len() * hd;
-                    for (k, i) in rows.clone().enumerate() {
-                        let src = &res[k * width..(k + 1) * width];
-                        attn[(off + i) * q_dim + (h * group + heads.start) * hd..][..width].copy_from_slice(src);
-                    }
-                }
-            }
+            layer_attention::attend(&self.pool, &inputs, &shape, &offsets, attn, attn_parts);
             drop(inputs);
             self.quantize_for(&layer.wo, attn, t, acts);
             matmul(&self.pool, self.isa, &layer.wo, acts, proj);
@@ -425,51 +369,6 @@ impl Llama {
         }
         self.logits(batch, &offsets, x, LogitsBuffers { sel, sel_normed, logits, acts }, out);
         Ok(())
-    }
-
-    /// A decode step's attention split by [`attention::row_scores`] / [`attention::row_output`]
-    /// when its (sequence, KV head) pairs would leave threads idle (`pairs` not a multiple of
-    /// the threads, and fewer than two per thread), writing `attn`; false, writing nothing,
-    /// when it does not apply.
-    #[cfg(target_arch = "x86_64")]
-    fn attend_rows_split(
-        &self,
-        inputs: &[AttnInput<'_>],
-        shape: &AttnShape,
-        pairs: usize,
-        offsets: &[usize],
-        attn: &mut [f32],
-    ) -> bool {
-        let threads = self.pool.threads();
-        if threads < 2 || pairs >= 2 * threads || pairs.is_multiple_of(threads) || inputs.iter().any(|i| i.n != 1) {
-            return false;
-        }
-        let (hd, nkv) = (shape.head_dim, shape.n_kv_heads);
-        let group = shape.n_heads / nkv;
-        let pair = |i: usize| (i / nkv, i % nkv);
-        let n = inputs.len() * nkv;
-        let mut scores: Vec<Option<Vec<f32>>> = vec![None; n * threads];
-        self.pool.for_each_chunk_mut(&mut scores, 1, &|i, slot| {
-            let (si, h) = pair(i / threads);
-            slot[0] = attention::row_scores(&inputs[si], shape, h, i % threads, threads);
-        });
-        let Some(scores) = scores.into_iter().collect::<Option<Vec<_>>>() else { return false };
-        let mut outs: Vec<Option<Vec<f32>>> = vec![None; n * threads];
-        self.pool.for_each_chunk_mut(&mut outs, 1, &|i, slot| {
-            let (si, h) = pair(i / threads);
-            let parts = &scores[i / threads * threads..][..threads];
-            slot[0] = attention::row_output(&inputs[si], shape, h, parts, i % threads);
-        });
-        let Some(outs) = outs.into_iter().collect::<Option<Vec<_>>>() else { return false };
-        let q_dim = shape.n_heads * hd;
-        for (i, out) in outs.iter().enumerate() {
-            let ((si, h), dims) = (pair(i / threads), attention::row_output_dims(hd, i % threads, threads));
-            for g in 0..group {
-                let at = offsets[si] * q_dim + (h * group + g) * hd + dims.start;
-                attn[at..at + dims.len()].copy_from_slice(&out[g * dims.len()..(g + 1) * dims.len()]);
-            }
-        }
-        true
     }
 
     /// Writes each sequence's requested logits rows into its `out` buffer (cleared first).
