@@ -1,0 +1,46 @@
+//! One registered worker as the router holds it: its link's sender, its load, the routes it
+//! takes part in and what it last reported. A leaf shared by the registry (which creates and
+//! retires it), picking (which reads its load) and the route of a request (which sends to it).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
+use wire::Role;
+
+use crate::proto::{Stats, ToGateway, ToWorker};
+
+/// What a worker's link delivers to one of its routes.
+pub(super) enum RouteMsg {
+    Msg(ToGateway),
+    /// The worker's link is gone.
+    Lost,
+}
+
+pub(super) struct WorkerConn {
+    pub(super) id: u64,
+    pub(super) name: String,
+    pub(super) role: Role,
+    /// Where prefill workers send this decode worker's KV (as it registered).
+    pub(super) kv_addr: Option<String>,
+    pub(super) capacity: usize,
+    pub(super) tx: mpsc::UnboundedSender<ToWorker>,
+    pub(super) inflight: AtomicUsize,
+    pub(super) routes: Mutex<HashMap<u64, mpsc::UnboundedSender<(Role, RouteMsg)>>>,
+    pub(super) stats: Mutex<Stats>,
+    /// The worker said it is draining: it finishes its routes but gets no new one.
+    pub(super) draining: AtomicBool,
+    /// Wakes the link's reader to close it: the worker left the membership.
+    pub(super) evict: tokio::sync::Notify,
+    pub(super) routed: AtomicU64,
+    /// Control messages to and from it.
+    pub(super) sent: Arc<AtomicU64>,
+    pub(super) received: AtomicU64,
+}
+
+impl WorkerConn {
+    pub(super) fn routes(&self) -> std::sync::MutexGuard<'_, HashMap<u64, mpsc::UnboundedSender<(Role, RouteMsg)>>> {
+        self.routes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
