@@ -1,12 +1,12 @@
-//! The model runtime: a llama-architecture forward pass on CPU whose K and V live only in the
-//! paged, ownership-checked pool of the `kv` crate.
+//! The model runtime: a forward pass on CPU for the llama and Gemma 3 architectures
+//! (`config::Arch`) whose K and V live only in the paged, ownership-checked pool of the `kv`
+//! crate.
 //!
 //! Weights stay quantized (each GGUF block type mapped exactly onto a kernel format) and are
-//! multiplied with integer kernels chosen at run time for the CPU (AVX-512 VNNI, AVX2, or
+//! multiplied with integer kernels chosen at run time for the CPU (AMX, AVX-512 VNNI, AVX2, or
 //! portable scalar code), each tested bit-for-bit against the scalar definition. Activations are
-//! quantized per 32 the way llama.cpp quantizes them for the 32-element types, so logits agree
-//! with the reference implementation; K-quant weights meet the same per-32 activations (not
-//! llama.cpp's per-256 Q8_K), so there agreement is close rather than exact.
+//! quantized the way llama.cpp quantizes them for each weight type (per 32 for the 32-element
+//! types, per 256 as Q8_K for the K-quants), so logits agree with the reference implementation.
 
 pub mod attention;
 pub mod config;

@@ -4,8 +4,8 @@
 //! Activations are quantized exactly as llama.cpp does before its integer dot products
 //! (Q8_1 against weights with a minimum: Q4_1, Q5_1; Q8_0 against Q8_0, Q4_0, Q5_0), because
 //! numerical agreement with llama.cpp is part of the contract and the integer path is also the
-//! fast one. K-quant weights take the same per-32 activations (Q8_1 for Q4_K and Q5_K, Q8_0
-//! for Q6_K) where llama.cpp uses per-256 Q8_K.
+//! fast one. A matrix wholly of K-quants (Q4_K, Q5_K, Q6_K) meets per-256 Q8_K activations, as in
+//! llama.cpp; a K-quant matrix mixed with other types takes the per-32 format of its kind.
 
 use half::f16;
 
