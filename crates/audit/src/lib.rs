@@ -35,6 +35,7 @@ mod finding;
 mod meter;
 mod options;
 mod own_prefix;
+mod planning;
 mod probe;
 mod progress;
 mod prom;

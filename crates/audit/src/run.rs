@@ -4,17 +4,15 @@
 //! request rows, which the phases' client threads all add to, live in the run.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::IsTerminal;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::canary::CanaryIndex;
 use crate::client::{Client, Exchange};
-use crate::discover;
 use crate::examine::Examiner;
 use crate::finding::{kind, Finding, RequestRow};
 use crate::options::{AuditHooks, AuditOptions, SkippedCheck};
@@ -28,7 +26,7 @@ use crate::settle::{self, Scrapes};
 use crate::sync::lock;
 use crate::target::Targets;
 use crate::timing::TimingProbe;
-use crate::workload::{self, Endpoint, Plan, PlanParams, ReqSpec, Unit};
+use crate::workload::{self, Plan, ReqSpec, Unit};
 
 /// Time limit of one request: past the server's own request deadline (300 s by default), so
 /// that the server, not the audit, ends a stalled request.
@@ -68,36 +66,36 @@ pub fn run_audit(opts: &AuditOptions, hooks: &dyn AuditHooks) -> Result<AuditOut
 
 /// What the first phase learned of the target.
 pub(crate) struct Discovered<'a> {
-    opts: &'a AuditOptions,
-    hooks: &'a dyn AuditHooks,
-    client: &'a Client,
-    started_unix: u64,
+    pub(crate) opts: &'a AuditOptions,
+    pub(crate) hooks: &'a dyn AuditHooks,
+    pub(crate) client: &'a Client,
+    pub(crate) started_unix: u64,
     /// The model each tenant's requests name, and each model's window and counter.
-    targets: Targets<'a>,
+    pub(crate) targets: Targets<'a>,
     /// Every `/metrics` endpoint before anything was sent.
-    before: Scrapes,
+    pub(crate) before: Scrapes,
     /// What the report should say about how the run was judged.
-    notes: Vec<String>,
+    pub(crate) notes: Vec<String>,
     /// What discovery itself found (a tokenizer or window the target lies about).
-    findings: Vec<Finding>,
+    pub(crate) findings: Vec<Finding>,
 }
 
 /// A planned run and what its phases add up.
 pub(crate) struct Run<'a> {
-    d: Discovered<'a>,
-    rng: Rng,
-    canaries: CanaryIndex,
-    plan: Plan,
+    pub(crate) d: Discovered<'a>,
+    pub(crate) rng: Rng,
+    pub(crate) canaries: CanaryIndex,
+    pub(crate) plan: Plan,
     /// Requests spent on discovering lengths.
-    probes: usize,
+    pub(crate) probes: usize,
     /// Samples per class of the timing probe (0: none).
-    probe_samples: usize,
-    progress: Progress,
-    t0: Instant,
-    rows: Mutex<Vec<RequestRow>>,
-    findings: Mutex<Vec<Finding>>,
+    pub(crate) probe_samples: usize,
+    pub(crate) progress: Progress,
+    pub(crate) t0: Instant,
+    pub(crate) rows: Mutex<Vec<RequestRow>>,
+    pub(crate) findings: Mutex<Vec<Finding>>,
     /// What each tenant sent so far: how many cached tokens its answers may report.
-    own: OwnPrefixes,
+    pub(crate) own: OwnPrefixes,
 }
 
 /// What the load phase leaves for the re-runs.
@@ -493,96 +491,6 @@ impl<'a> Run<'a> {
             counts: rep.counts.clone(),
             findings: rep.findings.clone(),
         })
-    }
-}
-
-impl<'a> Discovered<'a> {
-    /// Phase 2: the requests, each with canaries only its tenant knows, every prompt counted
-    /// by the audit itself before anything is sent.
-    pub(crate) fn plan(mut self) -> Run<'a> {
-        let opts = self.opts;
-        let mut rng = Rng::new(opts.seed);
-        let mut canaries = CanaryIndex::new();
-        let params = PlanParams {
-            requests: opts.requests,
-            concurrency: opts.concurrency,
-            long_prompts: opts.long_prompts,
-            targets: self.targets.plan_targets(),
-            request_seed: opts.seed & 0x7fff_ffff,
-        };
-        let mut measure_calls = 0usize;
-        let (targets, client) = (&self.targets, self.client);
-        let mut measure = |tenant: usize, b: &Value| {
-            let meter = &targets.of(tenant).meter;
-            if meter.exact() {
-                return meter.count(b);
-            }
-            measure_calls += 1;
-            let endpoint = if b.get("messages").is_some() { Endpoint::Chat } else { Endpoint::Completions };
-            discover::probe(client, &opts.tenants[tenant].key, endpoint.path(), b).1
-        };
-        let mut plan = workload::build_plan(&params, &mut rng, &mut canaries, &mut measure);
-        for spec in plan.units.iter_mut().flat_map(Unit::specs_mut) {
-            let meter = &targets.of(spec.tenant).meter;
-            match meter.tokens(&spec.body) {
-                Some(ids) => {
-                    spec.sent_tokens = Some(ids.len());
-                    spec.units = Some(Units::Tokens(ids));
-                }
-                None => spec.sent_tokens = meter.count(&spec.body),
-            }
-        }
-        let per_model = 2 + usize::from(opts.context_window.is_none());
-        let probes = measure_calls + per_model * targets.models.len();
-        let reruns_planned = plan.units.iter().flat_map(Unit::specs).filter(|s| s.rerun).count();
-        if !plan.units.iter().flat_map(Unit::specs).any(|s| s.scenario.must_be_refused()) {
-            self.findings.push(Finding {
-                kind: kind::NOT_VERIFIED,
-                fails: true,
-                detail: "over-long prompts: not verified (the plan has no request that must be refused; give \
-                         --requests 2 or more)"
-                    .into(),
-                ..Default::default()
-            });
-        }
-        let probe_samples = if opts.skips(SkippedCheck::TimingProbe) {
-            self.notes.push(
-                "the prefix cache was not checked: the timing probe was skipped (--skip-check timing-probe)".into(),
-            );
-            0
-        } else if opts.tenants.len() < 2 {
-            self.findings.push(Finding {
-                kind: kind::PROBE_UNDERPOWERED,
-                fails: true,
-                detail: "the timing probe needs two tenants and was given one: the prefix cache was not checked (give \
-                         two tenants, or skip it with --skip-check timing-probe)"
-                    .into(),
-                ..Default::default()
-            });
-            0
-        } else {
-            opts.timing_probe
-        };
-        let probe_requests = probe_samples * 4 + probe_samples.div_ceil(probe::CHUNK_EVERY) * 4;
-        let progress = Progress {
-            on: opts.progress || std::io::stderr().is_terminal(),
-            total: AtomicUsize::new(plan.total + reruns_planned + probe_requests),
-            done: AtomicUsize::new(0),
-            last: Mutex::new(None),
-        };
-        Run {
-            rng,
-            canaries,
-            plan,
-            probes,
-            probe_samples,
-            progress,
-            t0: Instant::now(),
-            rows: Mutex::new(Vec::new()),
-            findings: Mutex::new(std::mem::take(&mut self.findings)),
-            own: OwnPrefixes::new(opts.tenants.len()),
-            d: self,
-        }
     }
 }
 
