@@ -43,6 +43,8 @@ async fn route_inner(
     decode_addr: &str,
     out: &UnboundedSender<ToGateway>,
 ) -> Result<(), Failure> {
+    // Mutable for its constraint below; the incident's build rebinds it first.
+    #[cfg_attr(feature = "incident-replay", allow(unused_mut))]
     let mut req = spec.to_request().map_err(|m| Failure::Internal(format!("invalid request: {m}")))?;
     // Our own door first: nothing is computed or sent for a request that fails it.
     #[cfg(not(feature = "incident-replay"))]
