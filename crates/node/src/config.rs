@@ -15,8 +15,9 @@ use gateway::usage::UsageSettings;
 use kv::{KvDtype, ScrubPolicy};
 use serde::Deserialize;
 
-use crate::config_error::invalid;
-pub use crate::config_error::ConfigError;
+use crate::config_error::{invalid, positive, positive_u64};
+pub use crate::config_error::{Chain, ConfigError, Location};
+use crate::config_span;
 pub use crate::membership_settings::MembershipSettings;
 use crate::membership_settings::RawMembership;
 use crate::model_list::RawModel;
@@ -529,22 +530,6 @@ fn builtin_defaults() -> Config {
 pub const DEFAULT_MAX_TOKENS_CEILING: usize = 4096;
 pub const DEFAULT_TENANT_POOL_SHARE: f64 = 0.5;
 
-fn positive(field: &str, v: Option<usize>, default: usize) -> Result<usize, ConfigError> {
-    match v {
-        Some(0) => Err(invalid(field, "must be at least 1, got 0")),
-        Some(v) => Ok(v),
-        None => Ok(default),
-    }
-}
-
-fn positive_u64(field: &str, v: Option<u64>, default: u64) -> Result<u64, ConfigError> {
-    match v {
-        Some(0) => Err(invalid(field, "must be at least 1, got 0")),
-        Some(v) => Ok(v),
-        None => Ok(default),
-    }
-}
-
 /// Parses a 64-digit hex SHA-256 digest.
 pub fn parse_digest(hex: &str) -> Option<[u8; 32]> {
     let hex = hex.trim();
@@ -566,7 +551,8 @@ pub fn valid_tenant_name(name: &str) -> bool {
 }
 
 impl Config {
-    /// Reads and validates a config file.
+    /// Reads and validates a config file. Every error names the file; the line and column
+    /// too where the field is written in it.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
@@ -575,15 +561,24 @@ impl Config {
         Ok(config)
     }
 
-    /// Validates a config given as TOML text.
+    /// Validates a config given as TOML text (errors name `<string>` for the file).
     pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
         Self::parse(text, "<string>")
     }
 
-    fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
-        let raw: RawConfig = toml::from_str(text)
-            .map_err(|e| ConfigError::Parse { path: origin.to_string(), message: e.to_string() })?;
-        Self::validate(raw)
+    /// Validates `text`, naming `origin` as its file in errors.
+    pub(crate) fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| config_span::parse_error(&e, text, origin))?;
+        Self::validate(raw).map_err(|e| config_span::locate(e, text, origin))
+    }
+
+    /// An error found after loading (a role checking its secret files or its trusted nodes),
+    /// tied to the file this config came from and the field's line in it.
+    pub fn locate(&self, e: ConfigError) -> ConfigError {
+        match &self.source {
+            Some(path) => config_span::locate_in_file(e, path),
+            None => e,
+        }
     }
 
     fn validate(raw: RawConfig) -> Result<Config, ConfigError> {

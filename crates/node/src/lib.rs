@@ -16,6 +16,7 @@
 pub mod cli;
 pub mod config;
 mod config_error;
+mod config_span;
 mod error;
 mod front;
 pub mod gateway_role;
