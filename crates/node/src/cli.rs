@@ -3,7 +3,8 @@
 
 use std::path::Path;
 
-use crate::config::{Config, ConfigError};
+use crate::config::Config;
+use crate::config_error::invalid;
 use crate::error::ServeError;
 use crate::gateway_role::serve_gateway;
 use crate::serve::serve;
@@ -17,12 +18,20 @@ fn cli_config(config_path: Option<&Path>, listen: Option<&str>) -> Result<Config
         None => Config::default(),
     };
     if let Some(l) = listen {
-        config.listen = l.parse().map_err(|_| ConfigError::Invalid {
-            field: "listen".into(),
-            message: format!("`{l}` is not an address such as 127.0.0.1:8080"),
-        })?;
+        // A command-line value: no file line to point at.
+        config.listen =
+            l.parse().map_err(|_| invalid("listen", format!("`{l}` is not an address such as 127.0.0.1:8080")))?;
     }
     Ok(config)
+}
+
+/// Config errors a role finds while starting (its secret files, its trusted nodes), tied to
+/// their line in the config file `source`.
+pub(crate) fn located(source: Option<&Path>) -> impl Fn(ServeError) -> ServeError + '_ {
+    move |e| match (e, source) {
+        (ServeError::Config(c), Some(path)) => ServeError::Config(crate::config_span::locate_in_file(c, path)),
+        (e, _) => e,
+    }
 }
 
 pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, ServeError> {
@@ -36,7 +45,8 @@ pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, ServeError> {
 /// the defaults and a development tenant), then serves until SIGINT/SIGTERM and drains.
 pub fn run_serve_cli(config_path: Option<&Path>, listen: Option<&str>) -> Result<(), ServeError> {
     let config = cli_config(config_path, listen)?;
-    runtime()?.block_on(serve(config, shutdown_signal(), |_| {}))
+    let source = config.source.clone();
+    runtime()?.block_on(serve(config, shutdown_signal(), |_| {})).map_err(located(source.as_deref()))
 }
 
 /// `pagewarden gateway [--config FILE] [--listen ADDR] [--cluster-listen ADDR] [--node-key FILE]`.
@@ -53,7 +63,8 @@ pub fn run_gateway_cli(
     if let Some(k) = node_key {
         config.cluster.node_key_file = Some(k.to_path_buf());
     }
-    runtime()?.block_on(serve_gateway(config, shutdown_signal(), |_| {}))
+    let source = config.source.clone();
+    runtime()?.block_on(serve_gateway(config, shutdown_signal(), |_| {})).map_err(located(source.as_deref()))
 }
 
 /// `pagewarden node keygen --out FILE`: writes a new node key (owner-only) and prints its
@@ -124,7 +135,9 @@ const RELOAD_HINT: &str = "send SIGHUP to a running server or gateway to apply i
 fn apply(path: &Path) -> String {
     let config = match Config::load(path) {
         Ok(c) => c,
-        Err(e) => return format!("{RELOAD_HINT} (the file does not load as a config yet: {e})"),
+        Err(e) => {
+            return format!("{RELOAD_HINT} (the file does not load as a config yet: {})", crate::config::Chain(&e))
+        }
     };
     let Some(m) = config.membership.clone() else { return RELOAD_HINT.to_string() };
     let digest = gateway::tenants::Tenants::new(config.tenants).digest();

@@ -7,21 +7,29 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
-use gateway::listener::{self, ConnLimits};
 use gateway::settings::{Limits, TenantConfig};
 use gateway::usage::UsageSettings;
-use kv::{KvDtype, ScrubPolicy};
 use serde::Deserialize;
 
-use crate::config_error::invalid;
-pub use crate::config_error::ConfigError;
+use crate::cluster_settings::{self, RawCluster};
+pub use crate::cluster_settings::{parse_node_identity, parse_node_public_key, ClusterSettings, TrustedNode};
+use crate::config_error::{invalid, positive, positive_u64};
+pub use crate::config_error::{Chain, ConfigError, Location};
+use crate::config_span;
+pub use crate::engine_settings::EngineSettings;
+use crate::engine_settings::{self, RawEngine, RawPrefixCache};
+use crate::limits_settings::{self, RawLimits};
+pub use crate::limits_settings::{DEFAULT_MAX_TOKENS_CEILING, DEFAULT_TENANT_POOL_SHARE};
 pub use crate::membership_settings::MembershipSettings;
 use crate::membership_settings::RawMembership;
 use crate::model_list::RawModel;
 pub use crate::model_list::{ModelSettings, ModelSource, PoolSize};
-use crate::private_file::{read_node_key_file, read_private_text, read_secret_file};
+pub use crate::pool_settings::PoolSettings;
+use crate::pool_settings::{self, RawPool};
+use crate::private_file::read_private_text;
+use crate::tenants_settings::RawTenant;
+pub use crate::tenants_settings::{parse_digest, valid_tenant_name};
 pub use crate::tls_files::TlsSettings;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
@@ -94,244 +102,6 @@ struct RawMetrics {
     listen: Option<String>,
     token_file: Option<PathBuf>,
     tenant_names: Option<bool>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawPrefixCache {
-    enabled: Option<bool>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawCluster {
-    listen: Option<String>,
-    gateway: Option<String>,
-    secret_file: Option<PathBuf>,
-    accept_secret_files: Option<Vec<PathBuf>>,
-    node_key_file: Option<PathBuf>,
-    trusted_nodes: Option<Vec<String>>,
-    kv_listen: Option<String>,
-    kv_advertise: Option<String>,
-    name: Option<String>,
-    metrics_listen: Option<String>,
-    transfer_timeout_ms: Option<u64>,
-    handshake_timeout_ms: Option<u64>,
-    max_pending_handshakes: Option<usize>,
-    link_lifetime_s: Option<u64>,
-    max_pending_handshakes_per_source: Option<usize>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawPool {
-    tokens: Option<usize>,
-    bytes: Option<usize>,
-    page_size: Option<usize>,
-    dtype: Option<String>,
-    scrub: Option<String>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawEngine {
-    max_batch_tokens: Option<usize>,
-    max_running: Option<usize>,
-    max_queued: Option<usize>,
-    queue_timeout_ms: Option<u64>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawLimits {
-    max_body_bytes: Option<usize>,
-    request_timeout_s: Option<u64>,
-    drain_timeout_s: Option<u64>,
-    max_tokens_default: Option<usize>,
-    max_tokens_ceiling: Option<usize>,
-    tenant_pool_share: Option<f64>,
-    body_timeout_ms: Option<u64>,
-    header_timeout_ms: Option<u64>,
-    max_connections_per_address: Option<usize>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawTenant {
-    id: Option<u64>,
-    name: String,
-    key_sha256: String,
-    max_concurrent: Option<usize>,
-    max_queued: Option<usize>,
-    tokens_per_minute: Option<u64>,
-    max_body_bytes: Option<usize>,
-    models: Option<Vec<String>>,
-}
-
-#[derive(Debug, Clone)]
-pub struct PoolSettings {
-    pub size: Option<PoolSize>,
-    pub page_size: usize,
-    pub dtype: KvDtype,
-    pub scrub: ScrubPolicy,
-}
-
-#[derive(Debug, Clone)]
-pub struct EngineSettings {
-    pub max_batch_tokens: usize,
-    pub max_running: usize,
-    pub max_queued: usize,
-    pub queue_timeout: Duration,
-    /// `[prefix_cache] enabled`: reuse a tenant's own earlier prompt pages.
-    pub prefix_cache: bool,
-}
-
-/// How the roles of a disaggregated deployment find and trust each other.
-#[derive(Debug, Clone)]
-pub struct ClusterSettings {
-    /// Gateway: where workers register.
-    pub listen: String,
-    /// Workers: the gateway's `listen` address.
-    pub gateway: String,
-    /// A file holding the shared cluster secret (32+ random bytes in hex or base64); required by the
-    /// gateway, prefill and decode roles. `serve` uses a random in-memory secret.
-    pub secret_file: Option<PathBuf>,
-    /// Secrets accepted from peers besides `secret_file`, never dialled with: set during a
-    /// rotation (docs/cluster.md), reloaded on SIGHUP.
-    pub accept_secret_files: Vec<PathBuf>,
-    /// This node's own static key (written by `pagewarden node keygen`, owner-only); required
-    /// by the gateway, prefill and decode roles. `serve` uses a random in-memory key.
-    pub node_key_file: Option<PathBuf>,
-    /// The identities of the nodes this node links with and counts the membership records of
-    /// (every node's, its own may be among them); required
-    /// and non-empty for the gateway, prefill and decode roles: a node with no pinned key would
-    /// refuse every peer. Reloaded on SIGHUP: a key removed here is revoked.
-    pub trusted_nodes: Vec<TrustedNode>,
-    /// Handshakes a listener (the gateway's cluster port, a decode worker's KV port) runs at
-    /// once; further connections are refused and counted.
-    pub max_pending_handshakes: usize,
-    /// Of those, how many one source address (an IPv6 /64) may hold; further connections from
-    /// it are refused and counted.
-    pub max_pending_handshakes_per_source: usize,
-    /// Decode: where prefill workers connect to send KV.
-    pub kv_listen: String,
-    /// Decode: the address prefill workers are given (default: the bound `kv_listen`).
-    pub kv_advertise: Option<String>,
-    /// Workers: the name in logs and the gateway's metrics (default: role and process id).
-    pub name: Option<String>,
-    /// Workers: serve `/metrics` here (default: none).
-    pub metrics_listen: Option<String>,
-    pub transfer_timeout: Duration,
-    pub handshake_timeout: Duration,
-    /// Workers: a gateway link is replaced by a freshly handshaken one (new link first) after
-    /// this long.
-    pub link_lifetime: Duration,
-}
-
-impl ClusterSettings {
-    /// Reads the cluster secret files: the one to dial with (`secret_file`) and the others to
-    /// accept (`accept_secret_files`).
-    pub fn secrets(&self) -> Result<(wire::ClusterSecret, Vec<wire::ClusterSecret>), ConfigError> {
-        let path = self.secret_file.as_ref().ok_or_else(|| {
-            invalid("cluster.secret_file", "is required for the gateway, prefill and decode roles (a file with 32+ random bytes in hex or base64, the same on every node: `(umask 077; head -c 48 /dev/urandom | base64 > FILE)`)")
-        })?;
-        let current = read_secret_file("cluster.secret_file", path)?;
-        let others = self
-            .accept_secret_files
-            .iter()
-            .map(|p| read_secret_file("cluster.accept_secret_files", p))
-            .collect::<Result<_, _>>()?;
-        Ok((current, others))
-    }
-
-    /// Reads this node's key file (`node_key_file`).
-    pub fn node_key(&self) -> Result<wire::NodeKey, ConfigError> {
-        let path = self.node_key_file.as_ref().ok_or_else(|| {
-            invalid(
-                "cluster.node_key_file",
-                "is required for the gateway, prefill and decode roles: make one per node with \
-                 `pagewarden node keygen --out FILE` and pin the identity it prints in every node's cluster.trusted_nodes",
-            )
-        })?;
-        read_node_key_file("cluster.node_key_file", path)
-    }
-
-    /// The pinned node identities, refused when there are none (such a node could link with
-    /// nobody).
-    pub fn trusted_identities(&self) -> Result<Vec<wire::NodeIdentity>, ConfigError> {
-        if self.trusted_nodes.is_empty() {
-            return Err(invalid(
-                "cluster.trusted_nodes",
-                "is empty: list the identity of every node of the cluster (`pagewarden node keygen` prints it); \
-                 a node trusting no key would refuse every peer",
-            ));
-        }
-        Ok(self.trusted_nodes.iter().map(|t| t.identity).collect())
-    }
-}
-
-/// One entry of `cluster.trusted_nodes`: `"IDENTITY"` or `"NAME:IDENTITY"`, the node's identity
-/// (its link key and its record-signing key) as `pagewarden node keygen` and `node identity`
-/// print it: 128 hex digits, or standard base64 of its 64 bytes; the name only labels it for
-/// operators.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TrustedNode {
-    pub name: Option<String>,
-    pub identity: wire::NodeIdentity,
-}
-
-/// The bytes of a key written as hex (64 or 128 digits) or standard base64 (padding optional).
-fn key_bytes(text: &str) -> Option<Vec<u8>> {
-    use base64::Engine;
-    let text = text.trim();
-    if (text.len() == 64 || text.len() == 128) && text.bytes().all(|b| b.is_ascii_hexdigit()) {
-        (0..text.len() / 2).map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16).ok()).collect()
-    } else {
-        base64::engine::general_purpose::STANDARD_PAD_INDIFFERENT.decode(text.as_bytes()).ok()
-    }
-}
-
-/// A node identity written as 128 hex digits or base64 of its 64 bytes.
-pub fn parse_node_identity(text: &str) -> Option<wire::NodeIdentity> {
-    let bytes: [u8; 64] = key_bytes(text)?.try_into().ok()?;
-    Some(wire::NodeIdentity::from_bytes(&bytes))
-}
-
-/// A node's link key, written either alone (64 hex digits or base64 of 32 bytes: what configs
-/// pinned before records were signed) or as part of its full identity.
-pub fn parse_node_public_key(text: &str) -> Option<wire::NodePublicKey> {
-    let bytes = key_bytes(text)?;
-    match <[u8; 32]>::try_from(bytes.as_slice()) {
-        Ok(link) => Some(wire::NodePublicKey(link)),
-        Err(_) => parse_node_identity(text).map(|i| i.link),
-    }
-}
-
-impl std::str::FromStr for TrustedNode {
-    type Err = ConfigError;
-
-    fn from_str(entry: &str) -> Result<Self, ConfigError> {
-        let (name, key) = match entry.rsplit_once(':') {
-            Some((n, k)) => (Some(n.trim().to_string()), k),
-            None => (None, entry),
-        };
-        let bad = |why: &str| invalid("cluster.trusted_nodes", format!("entry `{entry}`: {why}"));
-        if name.as_deref().is_some_and(|n| !valid_tenant_name(n)) {
-            return Err(bad("a name must be 1-64 characters of A-Z a-z 0-9 - _ ."));
-        }
-        if key_bytes(key).is_some_and(|b| b.len() == wire::NODE_KEY_LEN) {
-            // A link key alone cannot check the node's signed membership records: refused
-            // rather than half-trusted.
-            return Err(bad(
-                "pins only a link key (64 hex digits, the format before signed membership records): pin the node's \
-                 full identity, which `pagewarden node identity --node-key-file FILE` prints from its key file",
-            ));
-        }
-        let identity = parse_node_identity(key).ok_or_else(|| {
-            bad("not a node identity (128 hex digits or base64, as `pagewarden node keygen` or `node identity` prints)")
-        })?;
-        Ok(TrustedNode { name, identity })
-    }
 }
 
 /// `[metrics]`: where `/metrics` is served and what its labels say. The exposition shows
@@ -479,41 +249,10 @@ fn builtin_defaults() -> Config {
         model_name: DEFAULT_MODEL_NAME.into(),
         threads: 0,
         context_window: None,
-        pool: PoolSettings { size: None, page_size: 16, dtype: KvDtype::F16, scrub: ScrubPolicy::OnFree },
-        engine: EngineSettings {
-            max_batch_tokens: 512,
-            max_running: 64,
-            max_queued: 256,
-            queue_timeout: Duration::from_millis(30_000),
-            prefix_cache: true,
-        },
-        limits: Limits {
-            max_body_bytes: 1 << 20,
-            request_timeout: Duration::from_secs(300),
-            drain_timeout: Duration::from_secs(30),
-            max_tokens_default: 256,
-            max_tokens_ceiling: DEFAULT_MAX_TOKENS_CEILING,
-            tenant_pool_share: DEFAULT_TENANT_POOL_SHARE,
-            body_timeout: Duration::from_millis(30_000),
-            connections: ConnLimits::default(),
-        },
-        cluster: ClusterSettings {
-            listen: "127.0.0.1:7100".into(),
-            gateway: "127.0.0.1:7100".into(),
-            secret_file: None,
-            accept_secret_files: Vec::new(),
-            node_key_file: None,
-            trusted_nodes: Vec::new(),
-            max_pending_handshakes: cluster::MAX_PENDING_HANDSHAKES,
-            max_pending_handshakes_per_source: cluster::MAX_PENDING_HANDSHAKES_PER_SOURCE,
-            kv_listen: "127.0.0.1:0".into(),
-            kv_advertise: None,
-            name: None,
-            metrics_listen: None,
-            transfer_timeout: Duration::from_secs(30),
-            handshake_timeout: Duration::from_secs(10),
-            link_lifetime: Duration::from_secs(3600),
-        },
+        pool: pool_settings::defaults(),
+        engine: engine_settings::defaults(),
+        limits: limits_settings::defaults(),
+        cluster: cluster_settings::defaults(),
         metrics: MetricsSettings::default(),
         usage: None,
         tls: None,
@@ -526,47 +265,9 @@ fn builtin_defaults() -> Config {
     }
 }
 
-pub const DEFAULT_MAX_TOKENS_CEILING: usize = 4096;
-pub const DEFAULT_TENANT_POOL_SHARE: f64 = 0.5;
-
-fn positive(field: &str, v: Option<usize>, default: usize) -> Result<usize, ConfigError> {
-    match v {
-        Some(0) => Err(invalid(field, "must be at least 1, got 0")),
-        Some(v) => Ok(v),
-        None => Ok(default),
-    }
-}
-
-fn positive_u64(field: &str, v: Option<u64>, default: u64) -> Result<u64, ConfigError> {
-    match v {
-        Some(0) => Err(invalid(field, "must be at least 1, got 0")),
-        Some(v) => Ok(v),
-        None => Ok(default),
-    }
-}
-
-/// Parses a 64-digit hex SHA-256 digest.
-pub fn parse_digest(hex: &str) -> Option<[u8; 32]> {
-    let hex = hex.trim();
-    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, byte) in out.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
-}
-
-/// Tenant names appear in logs and metric labels: keep them plain.
-pub fn valid_tenant_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 64
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
-}
-
 impl Config {
-    /// Reads and validates a config file.
+    /// Reads and validates a config file. Every error names the file; the line and column
+    /// too where the field is written in it.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|source| ConfigError::Read { path: path.display().to_string(), source })?;
@@ -575,15 +276,24 @@ impl Config {
         Ok(config)
     }
 
-    /// Validates a config given as TOML text.
+    /// Validates a config given as TOML text (errors name `<string>` for the file).
     pub fn from_toml_str(text: &str) -> Result<Config, ConfigError> {
         Self::parse(text, "<string>")
     }
 
-    fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
-        let raw: RawConfig = toml::from_str(text)
-            .map_err(|e| ConfigError::Parse { path: origin.to_string(), message: e.to_string() })?;
-        Self::validate(raw)
+    /// Validates `text`, naming `origin` as its file in errors.
+    pub(crate) fn parse(text: &str, origin: &str) -> Result<Config, ConfigError> {
+        let raw: RawConfig = toml::from_str(text).map_err(|e| config_span::parse_error(&e, text, origin))?;
+        Self::validate(raw).map_err(|e| config_span::locate(e, text, origin))
+    }
+
+    /// An error found after loading (a role checking its secret files or its trusted nodes),
+    /// tied to the file this config came from and the field's line in it.
+    pub fn locate(&self, e: ConfigError) -> ConfigError {
+        match &self.source {
+            Some(path) => config_span::locate_in_file(e, path),
+            None => e,
+        }
     }
 
     fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
@@ -600,68 +310,9 @@ impl Config {
             return Err(invalid("context_window", "must be at least 1, got 0"));
         }
 
-        let p = raw.pool;
-        let size = match (p.tokens, p.bytes) {
-            (Some(_), Some(_)) => return Err(invalid("pool", "set either `tokens` or `bytes`, not both")),
-            (Some(0), None) => return Err(invalid("pool.tokens", "must be at least 1, got 0")),
-            (None, Some(0)) => return Err(invalid("pool.bytes", "must be at least 1, got 0")),
-            (Some(t), None) => Some(PoolSize::Tokens(t)),
-            (None, Some(b)) => Some(PoolSize::Bytes(b)),
-            (None, None) => None,
-        };
-        let dtype = match p.dtype.as_deref() {
-            None | Some("f16") => KvDtype::F16,
-            Some("f32") => KvDtype::F32,
-            Some(other) => return Err(invalid("pool.dtype", format!("`{other}` is not one of \"f16\", \"f32\""))),
-        };
-        let scrub = match p.scrub.as_deref() {
-            None | Some("on_free") => ScrubPolicy::OnFree,
-            Some("on_alloc") => ScrubPolicy::OnAlloc,
-            Some(other) => {
-                return Err(invalid("pool.scrub", format!("`{other}` is not one of \"on_free\", \"on_alloc\"")))
-            }
-        };
-        let pool = PoolSettings { size, page_size: positive("pool.page_size", p.page_size, 16)?, dtype, scrub };
-
-        let e = raw.engine;
-        let engine = EngineSettings {
-            max_batch_tokens: positive("engine.max_batch_tokens", e.max_batch_tokens, 512)?,
-            max_running: positive("engine.max_running", e.max_running, 64)?,
-            max_queued: positive("engine.max_queued", e.max_queued, 256)?,
-            queue_timeout: Duration::from_millis(positive_u64("engine.queue_timeout_ms", e.queue_timeout_ms, 30_000)?),
-            prefix_cache: raw.prefix_cache.enabled.unwrap_or(true),
-        };
-
-        let l = raw.limits;
-        let limits = Limits {
-            max_body_bytes: positive("limits.max_body_bytes", l.max_body_bytes, 1 << 20)?,
-            request_timeout: Duration::from_secs(positive_u64("limits.request_timeout_s", l.request_timeout_s, 300)?),
-            drain_timeout: Duration::from_secs(l.drain_timeout_s.unwrap_or(30)),
-            max_tokens_default: positive("limits.max_tokens_default", l.max_tokens_default, 256)?,
-            max_tokens_ceiling: positive(
-                "limits.max_tokens_ceiling",
-                l.max_tokens_ceiling,
-                DEFAULT_MAX_TOKENS_CEILING,
-            )?,
-            tenant_pool_share: match l.tenant_pool_share {
-                None => DEFAULT_TENANT_POOL_SHARE,
-                Some(s) if s > 0.0 && s <= 1.0 => s,
-                Some(s) => return Err(invalid("limits.tenant_pool_share", format!("must be in (0, 1], got {s}"))),
-            },
-            body_timeout: Duration::from_millis(positive_u64("limits.body_timeout_ms", l.body_timeout_ms, 30_000)?),
-            connections: ConnLimits {
-                header_timeout: Duration::from_millis(positive_u64(
-                    "limits.header_timeout_ms",
-                    l.header_timeout_ms,
-                    listener::DEFAULT_HEADER_TIMEOUT.as_millis() as u64,
-                )?),
-                max_per_address: positive(
-                    "limits.max_connections_per_address",
-                    l.max_connections_per_address,
-                    listener::DEFAULT_MAX_PER_ADDRESS,
-                )?,
-            },
-        };
+        let pool = RawPool::settings(raw.pool)?;
+        let engine = RawEngine::settings(raw.engine, raw.prefix_cache)?;
+        let limits = RawLimits::settings(raw.limits)?;
 
         let m = raw.metrics;
         let metrics = MetricsSettings {
@@ -703,46 +354,7 @@ impl Config {
             }
         };
 
-        let c = raw.cluster;
-        let d = builtin_defaults().cluster;
-        let cluster = ClusterSettings {
-            listen: c.listen.unwrap_or(d.listen),
-            gateway: c.gateway.unwrap_or(d.gateway),
-            secret_file: c.secret_file,
-            accept_secret_files: c.accept_secret_files.unwrap_or_default(),
-            node_key_file: c.node_key_file,
-            trusted_nodes: c
-                .trusted_nodes
-                .unwrap_or_default()
-                .iter()
-                .map(|e| e.parse())
-                .collect::<Result<Vec<TrustedNode>, ConfigError>>()?,
-            max_pending_handshakes: positive(
-                "cluster.max_pending_handshakes",
-                c.max_pending_handshakes,
-                cluster::MAX_PENDING_HANDSHAKES,
-            )?,
-            max_pending_handshakes_per_source: positive(
-                "cluster.max_pending_handshakes_per_source",
-                c.max_pending_handshakes_per_source,
-                cluster::MAX_PENDING_HANDSHAKES_PER_SOURCE,
-            )?,
-            kv_listen: c.kv_listen.unwrap_or(d.kv_listen),
-            kv_advertise: c.kv_advertise,
-            name: c.name,
-            metrics_listen: c.metrics_listen,
-            transfer_timeout: Duration::from_millis(positive_u64(
-                "cluster.transfer_timeout_ms",
-                c.transfer_timeout_ms,
-                30_000,
-            )?),
-            handshake_timeout: Duration::from_millis(positive_u64(
-                "cluster.handshake_timeout_ms",
-                c.handshake_timeout_ms,
-                10_000,
-            )?),
-            link_lifetime: Duration::from_secs(positive_u64("cluster.link_lifetime_s", c.link_lifetime_s, 3600)?),
-        };
+        let cluster = RawCluster::settings(raw.cluster)?;
 
         let models = if raw.models.is_empty() {
             Vec::new()
@@ -759,72 +371,11 @@ impl Config {
             crate::model_list::parse(raw.models, pool.size)?
         };
 
-        let mut tenants: Vec<TenantConfig> = Vec::with_capacity(raw.tenants.len());
-        for (i, t) in raw.tenants.into_iter().enumerate() {
-            let field = |f: &str| format!("tenants[{i}].{f}");
-            if !valid_tenant_name(&t.name) {
-                return Err(invalid(
-                    field("name"),
-                    format!("`{}` must be 1-64 characters of A-Z a-z 0-9 - _ .", t.name),
-                ));
-            }
-            if tenants.iter().any(|o| o.name == t.name) {
-                return Err(invalid(field("name"), format!("`{}` appears twice", t.name)));
-            }
-            let key_sha256 = parse_digest(&t.key_sha256)
-                .ok_or_else(|| invalid(field("key_sha256"), "must be 64 hexadecimal digits (a SHA-256 digest)"))?;
-            if tenants.iter().any(|o| o.key_sha256 == key_sha256) {
-                return Err(invalid(field("key_sha256"), "the same key digest is given to two tenants"));
-            }
-            let id = match t.id {
-                None => {
-                    return Err(invalid(
-                        field("id"),
-                        "is missing: every tenant needs a numeric id, given once and never reused (it keys \
-                         caches, limits and metrics); `pagewarden tenant add` assigns one",
-                    ))
-                }
-                Some(0) => return Err(invalid(field("id"), "must be at least 1, got 0")),
-                Some(id) => id,
-            };
-            if tenants.iter().any(|o| o.id.0 == id) {
-                return Err(invalid(field("id"), format!("{id} is given to two tenants")));
-            }
-            if raw.last_tenant_id.is_some_and(|last| id > last) {
-                return Err(invalid(
-                    field("id"),
-                    format!("{id} is above last_tenant_id; ids above it may be given out again by `tenant add`"),
-                ));
-            }
-            tenants.push(TenantConfig {
-                id: kv::TenantId(id),
-                name: t.name,
-                key_sha256,
-                max_concurrent: positive(&field("max_concurrent"), t.max_concurrent, 8)?,
-                max_queued: positive(&field("max_queued"), t.max_queued, 32)?,
-                tokens_per_minute: t.tokens_per_minute.unwrap_or(0),
-                max_body_bytes: match t.max_body_bytes {
-                    Some(0) => return Err(invalid(field("max_body_bytes"), "must be at least 1, got 0")),
-                    v => v,
-                },
-                models: match t.models {
-                    Some(list) => {
-                        let names: Vec<&str> = match models.is_empty() {
-                            true => vec![model_name.as_str()],
-                            false => models.iter().map(|s| s.name.as_str()).collect(),
-                        };
-                        if let Some(m) = list.iter().find(|m| !names.contains(&m.as_str())) {
-                            return Err(invalid(
-                                field("models"),
-                                format!("`{m}` is not a served model; models: {}", names.join(", ")),
-                            ));
-                        }
-                        Some(list)
-                    }
-                    None => None,
-                },
-            });
-        }
+        let served: Vec<&str> = match models.is_empty() {
+            true => vec![model_name.as_str()],
+            false => models.iter().map(|m: &ModelSettings| m.name.as_str()).collect(),
+        };
+        let tenants = RawTenant::settings(raw.tenants, raw.last_tenant_id, &served)?;
 
         Ok(Config {
             listen,

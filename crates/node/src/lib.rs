@@ -14,21 +14,27 @@
 #![forbid(unsafe_code)]
 
 pub mod cli;
+mod cluster_settings;
 pub mod config;
 mod config_error;
+mod config_span;
+mod engine_settings;
 mod error;
 mod front;
 pub mod gateway_role;
+mod limits_settings;
 pub mod member;
 mod membership_settings;
 pub mod model;
 mod model_list;
 pub mod node_keys;
+mod pool_settings;
 mod private_file;
 pub mod secrets;
 pub mod serve;
 pub mod signals;
 pub mod tenant_file;
+mod tenants_settings;
 pub mod tls_files;
 pub mod usage_cli;
 pub mod worker;

@@ -11,7 +11,8 @@ use kv::{Capacity, KvLayout, KvPool, PoolConfig};
 use model::{Llama, LlamaConfig, LoadOptions};
 use text::{ChatTemplate, Tokenizer};
 
-use crate::config::{effective_context, pool_capacity_tokens, Config, ConfigError, PoolSize};
+use crate::config::{effective_context, pool_capacity_tokens, Config, PoolSize};
+use crate::config_error::invalid;
 use crate::error::ServeError;
 
 pub(crate) fn model_err(path: &Path) -> impl Fn(String) -> ServeError {
@@ -52,7 +53,7 @@ impl ModelInfo {
         let mcfg = LlamaConfig::from_gguf(&file).map_err(|e| err(e.to_string()))?;
         let context = effective_context(config.context_window, mcfg.context)?;
         let layout = mcfg.kv_layout(config.pool.page_size, config.pool.dtype);
-        layout.validate().map_err(|e| ConfigError::Invalid { field: "pool".into(), message: e.to_string() })?;
+        layout.validate().map_err(|e| invalid("pool", e.to_string()))?;
         let digest = cluster::model_digest(&path).map_err(|e| err(e.to_string()))?;
         Ok((ModelInfo { path, config: mcfg, context, layout, digest }, file))
     }
@@ -66,7 +67,7 @@ impl ModelInfo {
 /// A KV pool of `tokens` slots of this layout and the configured scrub policy.
 pub(crate) fn pool_of(config: &Config, layout: KvLayout, tokens: usize) -> Result<KvPool, ServeError> {
     Ok(KvPool::new(PoolConfig { layout, capacity: Capacity::Tokens(tokens), scrub: config.pool.scrub })
-        .map_err(|e| ConfigError::Invalid { field: "pool".into(), message: e.to_string() })?)
+        .map_err(|e| invalid("pool", e.to_string()))?)
 }
 
 /// A worker's model and pool, refusing to start when the pool cannot hold one request of the

@@ -41,7 +41,7 @@ pub fn reload_secrets_on_sighup(config: &Config, ring: &SecretRing) {
                         println!("cluster: reloaded: {}", ring.describe());
                     }
                     Err(e) => {
-                        tracing::error!(error = %e, "cluster trust: reload failed, keeping the secrets and trusted node keys in use")
+                        tracing::error!(error = %crate::config::Chain(&e), "cluster trust: reload failed, keeping the secrets and trusted node keys in use")
                     }
                 }
             }

@@ -67,7 +67,7 @@ pub fn reload_tenants(
                 let config = match Config::load(&path) {
                     Ok(c) => c,
                     Err(e) => {
-                        tracing::error!(error = %e, "tenants: reload failed, keeping the tenants in use");
+                        tracing::error!(error = %crate::config::Chain(&e), "tenants: reload failed, keeping the tenants in use");
                         continue;
                     }
                 };

@@ -64,7 +64,7 @@ pub(crate) fn read_document(path: &Path) -> Result<(String, toml_edit::DocumentM
         Err(e) => return Err(io_err("reading", path)(e)),
     };
     // Validate as a config first, so an edit never starts from a file the server would refuse.
-    Config::from_toml_str(&text)?;
+    Config::parse(&text, &path.display().to_string())?;
     let doc = text.parse::<toml_edit::DocumentMut>().map_err(|e| TenantError::Toml(e.to_string()))?;
     Ok((text, doc))
 }

@@ -11,7 +11,7 @@ use engine::Engine;
 use membership::WorkerRecord;
 use wire::Role;
 
-use crate::cli::runtime;
+use crate::cli::{located, runtime};
 use crate::config::{Config, PoolSize};
 use crate::error::ServeError;
 use crate::member;
@@ -81,6 +81,10 @@ impl WorkerOverrides {
 
 /// Runs a prefill or decode worker until SIGINT/SIGTERM or a refused registration.
 pub fn run(role: Role, overrides: &WorkerOverrides) -> Result<(), ServeError> {
+    run_worker(role, overrides).map_err(located(overrides.config.as_deref()))
+}
+
+fn run_worker(role: Role, overrides: &WorkerOverrides) -> Result<(), ServeError> {
     let config = overrides.config()?;
     // Read before the model loads, so a missing or loose secret file fails at once.
     let secrets = cluster_secrets(&config)?;
