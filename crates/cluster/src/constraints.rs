@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 use engine::GenRequest;
 use grammar::{Constraint, EncodedFormat, Grammars};
-use kv::TenantId;
+use types::TenantId;
 
 use crate::proto::Failure;
 

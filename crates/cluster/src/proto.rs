@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use engine::{AdmissionError, EngineError, FinishReason, GenRequest, TokenEvent, Usage, ViolationKind};
 use grammar::EncodedFormat;
-use kv::{RequestId, TenantId};
 use sampling::{RawSamplingParams, SamplingParams, StopTokens};
 use serde::{Deserialize, Serialize};
+use types::{RequestId, TenantId};
 use wire::{Ticket, TicketNonce};
 
 /// Sent by a worker right after the handshake.
@@ -255,7 +255,7 @@ impl Stats {
     /// The engine's part of these stats, as the gateway sums them over workers
     /// ([`EngineStats::absorb`]: one sum for every field, here and in `serve`).
     pub fn engine_stats(&self) -> engine::EngineStats {
-        let tenants = |v: &[(u64, usize)]| v.iter().map(|&(t, n)| (kv::TenantId(t), n)).collect();
+        let tenants = |v: &[(u64, usize)]| v.iter().map(|&(t, n)| (types::TenantId(t), n)).collect();
         engine::EngineStats {
             queued: self.queued,
             running: self.running,
@@ -383,8 +383,8 @@ mod tests {
         sum.absorb(&a.engine_stats());
         sum.absorb(&b.engine_stats());
         assert_eq!((sum.cached_tokens, sum.cached_pages, sum.prefill_tokens), (42, 4, 7));
-        assert_eq!(sum.cached_pages_by_tenant, vec![(kv::TenantId(1), 2), (kv::TenantId(2), 2)]);
-        assert_eq!(sum.pages_by_tenant, vec![(kv::TenantId(1), 5)]);
+        assert_eq!(sum.cached_pages_by_tenant, vec![(types::TenantId(1), 2), (types::TenantId(2), 2)]);
+        assert_eq!(sum.pages_by_tenant, vec![(types::TenantId(1), 5)]);
     }
 
     fn spec(deadline_ms: Option<u64>) -> Spec {

@@ -9,7 +9,7 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use engine::{Revoke, TenantPolicy};
-use kv::TenantId;
+use types::TenantId;
 
 use crate::proto::TenantTable;
 

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use kv::TenantId;
+use types::TenantId;
 
 use crate::error::ApiError;
 use crate::settings::TenantConfig;

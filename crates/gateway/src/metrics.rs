@@ -75,9 +75,9 @@ pub struct Metrics {
     itl: Histogram,
     /// Per tenant: (lookups, hits, hit tokens); labelled at scrape time, when the tenant's
     /// label (id or current name) is known.
-    prefix: Mutex<BTreeMap<kv::TenantId, [u64; 3]>>,
+    prefix: Mutex<BTreeMap<types::TenantId, [u64; 3]>>,
     /// Per tenant: its usage (labelled at scrape time, like `prefix`).
-    usage: Mutex<BTreeMap<kv::TenantId, TenantUsage>>,
+    usage: Mutex<BTreeMap<types::TenantId, TenantUsage>>,
 }
 
 /// One tenant's requests by outcome and tokens, as billed.
@@ -131,7 +131,7 @@ impl Metrics {
     }
 
     /// One request's prefix-cache lookup: `cached_tokens` served from the tenant's cache.
-    pub fn prefix_lookup(&self, tenant: kv::TenantId, cached_tokens: usize) {
+    pub fn prefix_lookup(&self, tenant: types::TenantId, cached_tokens: usize) {
         let mut m = self.prefix.lock().unwrap_or_else(|e| e.into_inner());
         let c = m.entry(tenant).or_default();
         c[0] += 1;
@@ -142,7 +142,7 @@ impl Metrics {
     }
 
     /// `tenant`'s usage so far: (requests, prompt, cached, completion tokens).
-    pub fn usage_of(&self, tenant: kv::TenantId) -> [u64; 4] {
+    pub fn usage_of(&self, tenant: types::TenantId) -> [u64; 4] {
         let m = self.usage.lock().unwrap_or_else(|e| e.into_inner());
         m.get(&tenant).map_or([0; 4], |u| [u.requests.values().sum(), u.prompt, u.cached, u.completion])
     }
@@ -158,7 +158,7 @@ impl Metrics {
     /// One generation request of `tenant` ended with `outcome`, having used these tokens.
     pub fn tenant_usage(
         &self,
-        tenant: kv::TenantId,
+        tenant: types::TenantId,
         outcome: &'static str,
         prompt: usize,
         cached: usize,
@@ -174,7 +174,7 @@ impl Metrics {
 
     /// Adds the gateway's own families to `e`; `tenant_label` gives a tenant's label value
     /// (its id, or its name when `[metrics] tenant_names` is set).
-    pub fn expose(&self, e: &mut Exposition, stats: &EngineStats, tenant_label: impl Fn(kv::TenantId) -> String) {
+    pub fn expose(&self, e: &mut Exposition, stats: &EngineStats, tenant_label: impl Fn(types::TenantId) -> String) {
         let one = |v: u64| [(vec![], v)];
         let gauge = |v: usize| [(vec![], v as i64)];
         e.live(REQUESTS_TOTAL, "API requests by HTTP status.", self.requests.clone())
@@ -213,7 +213,7 @@ impl Metrics {
         self.expose_usage(e, &tenant_label);
     }
 
-    fn expose_usage(&self, e: &mut Exposition, tenant_label: &impl Fn(kv::TenantId) -> String) {
+    fn expose_usage(&self, e: &mut Exposition, tenant_label: &impl Fn(types::TenantId) -> String) {
         let usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
         let rows: Vec<(String, &TenantUsage)> = usage.iter().map(|(t, u)| (tenant_label(*t), u)).collect();
         let per_tenant = |f: fn(&TenantUsage) -> u64| rows.iter().map(move |(t, u)| (vec![label("tenant", t)], f(u)));
@@ -248,11 +248,11 @@ mod tests {
         m.request(200);
         m.rejection("invalid_request");
         m.time_to_first_token(Duration::from_millis(30));
-        m.prefix_lookup(kv::TenantId(1), 0);
-        m.prefix_lookup(kv::TenantId(1), 32);
-        m.tenant_usage(kv::TenantId(1), "stop", 40, 32, 7);
-        m.tenant_usage(kv::TenantId(1), "rejected", 0, 0, 0);
-        let stats = EngineStats { pages_by_tenant: vec![(kv::TenantId(1), 3)], ..Default::default() };
+        m.prefix_lookup(types::TenantId(1), 0);
+        m.prefix_lookup(types::TenantId(1), 32);
+        m.tenant_usage(types::TenantId(1), "stop", 40, 32, 7);
+        m.tenant_usage(types::TenantId(1), "rejected", 0, 0, 0);
+        let stats = EngineStats { pages_by_tenant: vec![(types::TenantId(1), 3)], ..Default::default() };
         let mut e = Exposition::new();
         m.expose(&mut e, &stats, |t| format!("tenant-{}", t.0));
         let text = e.text();

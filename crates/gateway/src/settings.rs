@@ -34,7 +34,7 @@ pub struct Limits {
 /// reused), its name, the SHA-256 digest of its key, and its limits.
 #[derive(Clone)]
 pub struct TenantConfig {
-    pub id: kv::TenantId,
+    pub id: types::TenantId,
     pub name: String,
     pub key_sha256: [u8; 32],
     pub max_concurrent: usize,

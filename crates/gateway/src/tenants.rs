@@ -6,9 +6,9 @@
 use std::sync::{Arc, RwLock};
 
 use axum::http::{header, HeaderMap};
-use kv::TenantId;
 use sha2::{Digest, Sha256};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
+use types::TenantId;
 
 use crate::settings::TenantConfig;
 

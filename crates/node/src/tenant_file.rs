@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use gateway::settings::TenantConfig;
 use gateway::tenants::{hex, sha256};
-use kv::TenantId;
+use types::TenantId;
 use zeroize::Zeroizing;
 
 use crate::config::{valid_tenant_name, Config, ConfigError};

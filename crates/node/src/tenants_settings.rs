@@ -68,7 +68,7 @@ impl RawTenant {
                 ));
             }
             tenants.push(TenantConfig {
-                id: kv::TenantId(id),
+                id: types::TenantId(id),
                 name: t.name,
                 key_sha256,
                 max_concurrent: positive(&field("max_concurrent"), t.max_concurrent, 8)?,

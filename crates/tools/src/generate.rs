@@ -9,10 +9,10 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use engine::{AdmissionError, Engine, EngineConfig, Event, FinishReason, GenRequest, TokenEvent};
-use kv::{RequestId, TenantId};
 use sampling::{SamplingParams, StopTokens};
 use serde::Serialize;
 use text::{ChatMessage, ChatTemplate, StreamDecoder};
+use types::{RequestId, TenantId};
 
 use crate::runtime;
 use crate::ModelArgs;

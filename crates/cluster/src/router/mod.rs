@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use engine::{AdmissionError, EngineError, EngineStats, Event, GenRequest, RequestStream};
-use kv::TenantId;
+use types::TenantId;
 
 use crate::link::{HandshakeGate, Identity};
 use crate::metrics::LinkMetrics;

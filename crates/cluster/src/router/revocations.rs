@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use kv::TenantId;
+use types::TenantId;
 
 /// Which tenants were revoked (removed, key rotated), and when, counted in revocations: a
 /// request admitted before a revocation of its tenant ends; one admitted after runs.

@@ -273,7 +273,7 @@ mod tests {
     use super::*;
     use engine::FinishReason;
     use engine::RequestStream;
-    use kv::{RequestId, TenantId};
+    use types::{RequestId, TenantId};
 
     const VOCAB: usize = 100;
 

@@ -18,12 +18,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ::types::RequestId;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
 use engine::GenRequest;
-use kv::RequestId;
 
 use self::endpoint::Endpoint;
 use self::request_log::RequestLog;

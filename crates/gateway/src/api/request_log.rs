@@ -25,7 +25,7 @@ pub struct RequestLog {
     pub error: Option<&'static str>,
     pub ttft: Option<Duration>,
     /// Set once a generation request is authenticated: whose usage this request is.
-    pub billed: Option<(kv::TenantId, String)>,
+    pub billed: Option<(types::TenantId, String)>,
     /// Whether the request was submitted (its prompt computed or taken from the cache).
     pub ran: bool,
     pub cached_tokens: usize,
@@ -84,7 +84,7 @@ impl RequestLog {
     }
 
     /// The tenant's usage of this request: the metrics, and a record in the usage log.
-    fn bill(&self, tenant: kv::TenantId, name: &str, total: Duration) {
+    fn bill(&self, tenant: types::TenantId, name: &str, total: Duration) {
         // A request refused before it ran computed nothing: it is counted, with no tokens.
         let (prompt, cached) = if self.ran { (self.prompt_tokens, self.cached_tokens) } else { (0, 0) };
         self.st.metrics.tenant_usage(tenant, self.outcome, prompt, cached, self.completion_tokens);

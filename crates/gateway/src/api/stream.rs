@@ -100,7 +100,7 @@ pub struct Generation {
     /// Set once the prefix cache was consulted (the last report wins: a retried route
     /// reports again).
     cached_tokens: Option<usize>,
-    tenant: kv::TenantId,
+    tenant: types::TenantId,
     arrived: Instant,
     last_token: Option<Instant>,
     pub(crate) ttft: Option<Duration>,
@@ -119,7 +119,7 @@ impl Generation {
         prompt_tokens: usize,
         max_tokens: usize,
         arrived: Instant,
-        tenant: kv::TenantId,
+        tenant: types::TenantId,
     ) -> Self {
         Generation {
             st,
