@@ -43,6 +43,9 @@ pub const CLUSTER_WORKERS: &str = "pagewarden_cluster_workers";
 /// gauge; gateway: the live gateways it shares every tenant's limits with, itself included
 /// (1 without membership).
 pub const GATEWAYS_LIVE: &str = "pagewarden_gateways_live";
+/// counter; gateway, by reason: membership entries it ignored (not sealed under an accepted
+/// secret, not signed by a pinned node, stale, malformed), each entry value once.
+pub const MEMBERSHIP_ENTRIES_REJECTED_TOTAL: &str = "pagewarden_membership_entries_rejected_total";
 /// gauge; gateway, per worker.
 pub const WORKER_INFLIGHT: &str = "pagewarden_worker_inflight";
 /// gauge; gateway, per worker.
@@ -109,6 +112,7 @@ pub const ALL: &[&str] = &[
     DECODE_TOKENS_TOTAL,
     CLUSTER_WORKERS,
     GATEWAYS_LIVE,
+    MEMBERSHIP_ENTRIES_REJECTED_TOTAL,
     WORKER_INFLIGHT,
     WORKER_PAGES_USED,
     WORKER_VIOLATIONS_TOTAL,

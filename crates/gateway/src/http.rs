@@ -108,6 +108,9 @@ fn metrics_text(st: &AppState) -> Response {
     let workers: Vec<_> = st.backends().flat_map(|b| b.worker_info()).collect();
     crate::metrics::expose_workers(&mut e, &workers);
     crate::metrics::expose_gateways(&mut e, st.limiter.gateways());
+    if let Some(r) = &st.membership_rejected {
+        r.expose(&mut e);
+    }
     let failures: Vec<_> = st.backends().flat_map(|b| b.link_failures()).collect();
     cluster::metrics::expose_link_failures(&mut e, &vec![], &failures);
     text_response(StatusCode::OK, exposition::CONTENT_TYPE, e.text())
@@ -227,6 +230,8 @@ pub struct HttpSetup {
     pub tls: Option<Arc<ServerCertificate>>,
     /// With membership: the number of live gateways, which share every tenant's limits.
     pub gateways: Option<tokio::sync::watch::Receiver<usize>>,
+    /// With membership: the entries the membership watch ignored, for `/metrics`.
+    pub membership_rejected: Option<Arc<crate::metrics::RejectedEntries>>,
 }
 
 /// The HTTP side shared by `serve` and `gateway`: binds, serves, and on `shutdown` drains
@@ -252,6 +257,7 @@ where
         usage,
         tls,
         gateways,
+        membership_rejected,
     } = setup;
     let usage = usage.map(UsageLog::open).transpose()?;
     let limiter = Limiter::new(tenants.iter().map(|t| (t.id, &t.config)));
@@ -272,6 +278,7 @@ where
         next_id: AtomicU64::new(1),
         started_at,
         settings,
+        membership_rejected,
     });
 
     let updates_task = tenant_updates.map(|mut rx| {

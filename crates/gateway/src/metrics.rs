@@ -57,6 +57,32 @@ pub fn expose_workers(e: &mut Exposition, workers: &[cluster::WorkerInfo]) {
         );
 }
 
+/// Membership entries this gateway ignored, by reason (counted by the node's membership
+/// watch, each entry value once; exposed here with the gateway's other metrics).
+#[derive(Debug, Default)]
+pub struct RejectedEntries(Mutex<BTreeMap<&'static str, u64>>);
+
+impl RejectedEntries {
+    pub fn count(&self, reason: &'static str) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()).entry(reason).or_default() += 1;
+    }
+
+    pub fn expose(&self, e: &mut Exposition) {
+        let rows: Vec<_> = self
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .map(|(reason, n)| (vec![label("reason", reason)], *n))
+            .collect();
+        e.counters(
+            MEMBERSHIP_ENTRIES_REJECTED_TOTAL,
+            "Membership entries ignored (not sealed under an accepted secret, not signed by a pinned node, stale or malformed), by reason.",
+            rows,
+        );
+    }
+}
+
 /// The live gateways this one shares every tenant's limits with (see `crate::limits`).
 pub fn expose_gateways(e: &mut Exposition, live: usize) {
     e.gauges(GATEWAYS_LIVE, "Live gateways sharing every tenant's limits, this one included.", [(vec![], live as i64)]);

@@ -2,6 +2,7 @@
 //! the drain flag. The server builds it once; the API handlers read it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use crate::limits::Limiter;
 use crate::metrics::Metrics;
@@ -30,6 +31,8 @@ pub struct AppState {
     pub next_id: AtomicU64,
     /// Unix seconds at start (`created` of the model).
     pub started_at: u64,
+    /// With membership: the entries the membership watch ignored.
+    pub membership_rejected: Option<Arc<crate::metrics::RejectedEntries>>,
 }
 
 impl AppState {

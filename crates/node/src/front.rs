@@ -69,6 +69,7 @@ pub(crate) fn http_setup(
         usage: config.usage.clone(),
         tls,
         gateways: None,
+        membership_rejected: None,
     })
 }
 

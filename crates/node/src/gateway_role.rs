@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use cluster::Net;
 use gateway::served::ServedModel;
@@ -74,13 +75,16 @@ where
             };
             let record = membership::GatewayRecord { id: id.clone(), cluster_addr };
             println!("membership: gateway {id} published at {}", m.prefix);
-            let (publication, count) = member::join_as_gateway(m, &record, routers.clone(), &secrets)?;
-            Some((publication, id, count, member::tenant_announcements(m)?))
+            let rejected = Arc::new(gateway::metrics::RejectedEntries::default());
+            let (publication, count) =
+                member::join_as_gateway(m, &record, routers.clone(), &secrets, rejected.clone())?;
+            Some((publication, id, count, member::tenant_announcements(m)?, rejected))
         }
     };
-    let announced = publication.as_ref().map(|(_, _, _, a)| a.clone());
+    let announced = publication.as_ref().map(|(_, _, _, a, _)| a.clone());
     let mut setup = http_setup(&config, served, tenants, tls, announced)?;
-    setup.gateways = publication.as_ref().map(|(_, _, count, _)| count.clone());
+    setup.gateways = publication.as_ref().map(|(_, _, count, _, _)| count.clone());
+    setup.membership_rejected = publication.as_ref().map(|(.., rejected)| rejected.clone());
     let result = gateway::http::run(setup, shutdown, ready, move || routers.iter().for_each(|r| r.fail_all())).await;
     if let Some((p, id, ..)) = publication {
         member::withdraw(p, &id).await;

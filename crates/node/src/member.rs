@@ -12,6 +12,7 @@
 //! authenticated handshake every link runs (see SECURITY.md).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use cluster::SecretRing;
@@ -82,23 +83,53 @@ fn publish_record(c: EtcdClient, etcd_key: String, record: String, secrets: &Sec
     publish_sealed(c, etcd_key, make, ttl)
 }
 
+/// The entries rejected at the last look, by name, with their value and why: an entry is
+/// logged (and, at a gateway, counted) when its value is first rejected, not at every recheck.
+#[derive(Default)]
+struct Rejections {
+    seen: BTreeMap<String, (Vec<u8>, &'static str)>,
+    counter: Option<Arc<gateway::metrics::RejectedEntries>>,
+}
+
+impl Rejections {
+    fn counted(counter: Arc<gateway::metrics::RejectedEntries>) -> Self {
+        Rejections { seen: BTreeMap::new(), counter: Some(counter) }
+    }
+}
+
 /// The entries under `prefix` that open under a secret this node accepts now and are signed
-/// by a node it pins now, with their signers, by name; the others are logged by key and
-/// reason (never their content) and skipped.
-fn opened(members: &Members, prefix: &str, secrets: &SecretRing) -> BTreeMap<String, Opened> {
+/// by a node it pins now, with their signers, by name; the others are skipped, and logged by
+/// key and reason (never their content) and counted once per value.
+fn opened(
+    members: &Members,
+    prefix: &str,
+    secrets: &SecretRing,
+    rejected: &mut Rejections,
+) -> BTreeMap<String, Opened> {
     let keys: Vec<RecordKey> = secrets.accepted().iter().map(record_key).collect();
     let now = seal::now_ms();
-    members
-        .entries
-        .iter()
-        .filter_map(|(name, value)| match seal::open(&keys, &Pinned(secrets), &key(prefix, name), value, now) {
-            Ok(o) => Some((name.clone(), o)),
-            Err(why) => {
-                tracing::warn!(key = %name, prefix = %prefix, reason = why.label(), "membership: an entry not sealed by a node we trust; ignored");
-                None
+    let mut out = BTreeMap::new();
+    let mut now_rejected = BTreeMap::new();
+    for (name, value) in &members.entries {
+        match seal::open(&keys, &Pinned(secrets), &key(prefix, name), value, now) {
+            Ok(o) => {
+                out.insert(name.clone(), o);
             }
-        })
-        .collect()
+            Err(why) => {
+                let reason = why.label();
+                let before = rejected.seen.get(name);
+                if before.is_none_or(|(v, r)| v != value || *r != reason) {
+                    tracing::warn!(key = %name, prefix = %prefix, reason, "membership: an entry not sealed by a node we trust; ignored");
+                    if let Some(c) = &rejected.counter {
+                        c.count(reason);
+                    }
+                }
+                now_rejected.insert(name.clone(), (value.clone(), reason));
+            }
+        }
+    }
+    rejected.seen = now_rejected;
+    out
 }
 
 /// How many gateways share the limits: one per distinct signer among the gateway entries that
@@ -125,8 +156,9 @@ pub fn join_as_worker(
     let secrets = secrets.clone();
     tokio::spawn(async move {
         let mut recheck = tokio::time::interval(RECHECK);
+        let mut rejected = Rejections::default();
         loop {
-            let addrs = gateway_addrs(&opened(&members.borrow_and_update(), &prefix, &secrets));
+            let addrs = gateway_addrs(&opened(&members.borrow_and_update(), &prefix, &secrets, &mut rejected));
             tx.send_if_modified(|now| {
                 let changed = *now != addrs;
                 *now = addrs;
@@ -161,12 +193,14 @@ fn gateway_addrs(records: &BTreeMap<String, Opened>) -> BTreeSet<String> {
 /// A gateway joins: publishes where workers reach it, closes the links of the workers that
 /// leave the membership (their lease expired: the process or its host is gone, or cut off)
 /// so their routes fail over at once (a worker that drains says so over its link first), and
-/// counts the live gateways (the receiver), which share every tenant's limits.
+/// counts the live gateways (the receiver), which share every tenant's limits, and the
+/// entries it ignores (`rejected`).
 pub fn join_as_gateway(
     m: &MembershipSettings,
     record: &GatewayRecord,
     routers: Vec<cluster::Router>,
     secrets: &SecretRing,
+    rejected: Arc<gateway::metrics::RejectedEntries>,
 ) -> Result<(Publication, watch::Receiver<usize>), ServeError> {
     let c = client(m)?;
     let value = serde_json::to_string(record).map_err(|e| ServeError::Io(e.to_string()))?;
@@ -177,12 +211,13 @@ pub fn join_as_gateway(
     let ring = secrets.clone();
     tokio::spawn(async move {
         let mut recheck = tokio::time::interval(RECHECK);
+        let mut rejected = Rejections::counted(rejected);
         loop {
             let n = {
                 let g = gateways.borrow_and_update();
                 // Only gateway entries signed by pinned nodes share the limits, one share per
                 // node; itself included even before its own entry shows (never a share of zero).
-                g.synced.then(|| live_gateways(&opened(&g, &prefix, &ring)))
+                g.synced.then(|| live_gateways(&opened(&g, &prefix, &ring, &mut rejected)))
             };
             if let Some(n) = n {
                 count_tx.send_if_modified(|c| std::mem::replace(c, n) != n);

@@ -392,8 +392,15 @@ fn entries_written_without_the_cluster_secret_or_a_pinned_nodes_signature_neithe
     });
     // Long enough for every reader to see the entries and look at them again.
     std::thread::sleep(Duration::from_secs(6));
-    assert_eq!(metric(&c.gateway_metrics(), "pagewarden_gateways_live", ""), 1.0, "junk divided the limits");
+    let m = c.gateway_metrics();
+    assert_eq!(metric(&m, "pagewarden_gateways_live", ""), 1.0, "junk divided the limits");
     assert!(trap.accept().is_err(), "a worker dialled an unauthenticated entry");
+    // Each ignored entry counted once, by reason, however often it was looked at again.
+    let rejected =
+        |reason: &str| metric(&m, "pagewarden_membership_entries_rejected_total", &format!("reason=\"{reason}\""));
+    assert_eq!(rejected("malformed"), 50.0, "{m}");
+    assert_eq!(rejected("bad_mac"), 1.0, "the copy under another name");
+    assert_eq!(rejected("unknown_signer"), 5.0, "the rogue's entries");
     let (status, body) = c.post("/v1/chat/completions", &chat(PROMPTS[0], 4));
     assert_eq!(status, 200, "{body}");
 }
