@@ -342,15 +342,26 @@ mod tests {
             .collect(),
             synced: true,
         };
-        let open = opened(&members, prefix, &ring);
+        let counter = Arc::new(gateway::metrics::RejectedEntries::default());
+        let mut rejected = Rejections::counted(counter.clone());
+        let counted = |reason: &str| {
+            let mut e = cluster::exposition::Exposition::new();
+            counter.expose(&mut e);
+            launch::metric(&e.text(), "pagewarden_membership_entries_rejected_total", &format!("reason=\"{reason}\""))
+        };
+        let open = opened(&members, prefix, &ring, &mut rejected);
+        assert_eq!((counted("unknown_signer"), counted("bad_mac")), (1.0, 1.0), "forged and old-secret");
+        opened(&members, prefix, &ring, &mut rejected);
+        assert_eq!((counted("unknown_signer"), counted("bad_mac")), (1.0, 1.0), "counted once, not per look");
         assert_eq!(open.keys().map(String::as_str).collect::<Vec<_>>(), ["me", "other", "other-again"]);
         assert_eq!(open["me"].signer, me.identity().signing.0);
         assert_eq!(live_gateways(&open), 2);
         assert_eq!(gateway_addrs(&open).len(), 1, "one address, dialled once");
         // `other` revoked (a reload): its entries stop counting at once.
         ring.replace(secret.clone(), Vec::new(), vec![me.identity()]);
-        let open = opened(&members, prefix, &ring);
+        let open = opened(&members, prefix, &ring, &mut rejected);
         assert_eq!(open.keys().map(String::as_str).collect::<Vec<_>>(), ["me"]);
+        assert_eq!(counted("unknown_signer"), 3.0, "other's two entries, newly rejected");
         assert_eq!(live_gateways(&open), 1);
         assert_eq!(live_gateways(&BTreeMap::new()), 1, "never a share of zero");
     }
