@@ -83,17 +83,19 @@ impl CostFit {
 
     /// (fixed seconds, seconds per row), once two sizes have been seen often enough.
     fn line(&self) -> Option<(f64, f64)> {
-        let points: Vec<(f64, f64)> = (self.sizes.iter().enumerate())
-            .filter(|(_, &(_, seen))| seen >= FIT_MIN_STEPS)
-            .map(|(i, &(mean, _))| ((i + 1) as f64, mean))
-            .collect();
-        if points.len() < 2 {
+        // Asked every step: sums in one pass, nothing allocated.
+        let (mut k, mut sn, mut st, mut snn, mut snt) = (0.0, 0.0, 0.0, 0.0, 0.0);
+        for (i, &(mean, seen)) in self.sizes.iter().enumerate() {
+            if seen >= FIT_MIN_STEPS {
+                let n = (i + 1) as f64;
+                (k, sn, st, snn, snt) = (k + 1.0, sn + n, st + mean, snn + n * n, snt + n * mean);
+            }
+        }
+        if k < 2.0 {
             return None;
         }
-        let k = points.len() as f64;
-        let (mn, mt) = (points.iter().map(|p| p.0).sum::<f64>() / k, points.iter().map(|p| p.1).sum::<f64>() / k);
-        let spread: f64 = points.iter().map(|p| (p.0 - mn) * (p.0 - mn)).sum();
-        let slope = points.iter().map(|p| (p.0 - mn) * (p.1 - mt)).sum::<f64>() / spread;
+        let (mn, mt) = (sn / k, st / k);
+        let slope = (snt / k - mn * mt) / (snn / k - mn * mn);
         (slope > 0.0).then(|| ((mt - slope * mn).max(0.0), slope))
     }
 }

@@ -465,12 +465,14 @@ impl Loop {
     /// share the step ([`crate::row_share`]), each tenant's first ones in turn up to the cap.
     fn decode_rows(&mut self) -> Vec<usize> {
         let decoding = (0..self.running.len()).filter(|&i| self.running[i].decoding());
+        // Until the clock has a fixed part there is nothing to share by: no grouping per step.
+        let Some(fixed) = self.clock.fixed_in_rows() else { return decoding.collect() };
         let mut by_tenant: HashMap<TenantId, Vec<usize>> = HashMap::new();
         for i in decoding.clone() {
             by_tenant.entry(self.running[i].req.tenant).or_default().push(i);
         }
         let rows: Vec<usize> = by_tenant.values().map(Vec::len).collect();
-        let Some(cap) = row_share::tenant_row_cap(&rows, self.clock.fixed_in_rows()) else {
+        let Some(cap) = row_share::tenant_row_cap(&rows, Some(fixed)) else {
             return decoding.collect();
         };
         let mut chosen = Vec::new();

@@ -287,15 +287,6 @@ impl Config {
         Self::validate(raw).map_err(|e| config_span::locate(e, text, origin))
     }
 
-    /// An error found after loading (a role checking its secret files or its trusted nodes),
-    /// tied to the file this config came from and the field's line in it.
-    pub fn locate(&self, e: ConfigError) -> ConfigError {
-        match &self.source {
-            Some(path) => config_span::locate_in_file(e, path),
-            None => e,
-        }
-    }
-
     fn validate(raw: RawConfig) -> Result<Config, ConfigError> {
         let listen_text = raw.listen.unwrap_or_else(|| DEFAULT_LISTEN.to_string());
         let listen: SocketAddr = listen_text

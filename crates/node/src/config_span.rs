@@ -225,7 +225,7 @@ mod tests {
         // Found when a role starts, long after parsing: located from the file the config came from.
         let p = file("trusted", "[cluster]\nname = \"w\"\ntrusted_nodes = []\n");
         let c = Config::load(&p).unwrap();
-        let e = c.locate(c.cluster.trusted_identities().err().unwrap()).to_string();
+        let e = super::locate_in_file(c.cluster.trusted_identities().err().unwrap(), &p).to_string();
         std::fs::remove_file(&p).unwrap();
         for words in ["trusted.toml", "line 3, column 1", "cluster.trusted_nodes", "is empty"] {
             assert!(e.contains(words), "{e} does not say {words:?}");

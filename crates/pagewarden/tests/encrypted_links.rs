@@ -495,6 +495,13 @@ struct Outcome {
     result: Result<String, Value>,
 }
 
+/// `pagewarden node revoke KEY` on the cluster's config, as an operator runs it.
+fn revoke(c: &Cluster, key: &str) {
+    let out =
+        Command::new(bin()).args(["node", "revoke", key, "--config", c.config.to_str().unwrap()]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
 /// Streaming requests, two at a time, until `stop` is set.
 fn load(
     c: &Cluster,
@@ -530,11 +537,7 @@ fn a_revoked_node_is_evicted_within_seconds_gets_no_route_and_cannot_reconnect_w
 
     // The operator removes decode-b's key from the allow-list and reloads every node.
     let revoked = c.workers[d2].node_key.clone();
-    let out = Command::new(bin())
-        .args(["node", "revoke", &revoked, "--config", c.config.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    revoke(&c, &revoked);
     assert!(!std::fs::read_to_string(&c.config).unwrap().contains(&revoked));
     let t0 = Instant::now();
     assert!(Command::new("kill").args(["-HUP", &c.gateway_pid().to_string()]).status().unwrap().success());
@@ -653,12 +656,7 @@ fn a_kv_link_from_a_revoked_node_is_cut_within_seconds_not_left_to_its_idle_time
         .unwrap();
     let (mut io, _opener) = link.into_kv_opener();
 
-    let harness = common::cluster::harness_key().public().to_hex();
-    let out = Command::new(bin())
-        .args(["node", "revoke", &harness, "--config", c.config.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    revoke(&c, &common::cluster::harness_key().public().to_hex());
     let t0 = Instant::now();
     c.signal(d, "-HUP");
     let read = rt.block_on(async {

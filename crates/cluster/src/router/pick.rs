@@ -21,32 +21,14 @@ pub(super) fn pick<'a>(ws: &'a [Arc<WorkerConn>], role: Role, avoid: &[u64]) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::HashMap;
-    use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
-    use std::sync::Mutex;
 
     use tokio::sync::mpsc;
 
-    use crate::proto::Stats;
-
     fn worker(id: u64, role: Role, inflight: usize) -> Arc<WorkerConn> {
         let (tx, _) = mpsc::unbounded_channel();
-        Arc::new(WorkerConn {
-            id,
-            name: format!("w{id}"),
-            role,
-            kv_addr: None,
-            capacity: 4096,
-            tx,
-            inflight: AtomicUsize::new(inflight),
-            routes: Mutex::new(HashMap::new()),
-            stats: Mutex::new(Stats::default()),
-            draining: AtomicBool::new(false),
-            evict: tokio::sync::Notify::new(),
-            routed: AtomicU64::new(0),
-            sent: Arc::new(AtomicU64::new(0)),
-            received: AtomicU64::new(0),
-        })
+        let w = WorkerConn::new(id, format!("w{id}"), role, None, 4096, tx);
+        w.inflight.store(inflight, std::sync::atomic::Ordering::SeqCst);
+        Arc::new(w)
     }
 
     #[test]

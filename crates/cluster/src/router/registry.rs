@@ -3,8 +3,7 @@
 //! table every worker is sent, and what the dashboards and the stats read of the workers. Picking
 //! a worker for a route reads this list; the route itself lives in `route`.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -99,22 +98,8 @@ impl Registry {
         let table = self.tenants.lock().unwrap_or_else(|e| e.into_inner()).clone();
         wr.send(&Registered::Accepted(table)).await?;
         let (tx, mut rx) = mpsc::unbounded_channel::<ToWorker>();
-        let w = Arc::new(WorkerConn {
-            id: self.next_worker.fetch_add(1, Ordering::Relaxed),
-            name: reg.name.clone(),
-            role,
-            kv_addr: reg.kv_addr,
-            capacity: reg.capacity_tokens,
-            tx,
-            inflight: AtomicUsize::new(0),
-            routes: Mutex::new(HashMap::new()),
-            stats: Mutex::new(Stats::default()),
-            draining: AtomicBool::new(false),
-            evict: tokio::sync::Notify::new(),
-            routed: AtomicU64::new(0),
-            sent: Arc::new(AtomicU64::new(0)),
-            received: AtomicU64::new(0),
-        });
+        let id = self.next_worker.fetch_add(1, Ordering::Relaxed);
+        let w = Arc::new(WorkerConn::new(id, reg.name.clone(), role, reg.kv_addr, reg.capacity_tokens, tx));
         tracing::info!(role = role.name(), worker = %w.name, node_key = %peer_key.fingerprint(), "worker registered");
         self.workers().push(w.clone());
         let sent = w.sent.clone();

@@ -40,6 +40,33 @@ pub(super) struct WorkerConn {
 }
 
 impl WorkerConn {
+    /// A worker as it registers: no load, no routes, nothing reported yet.
+    pub(super) fn new(
+        id: u64,
+        name: String,
+        role: Role,
+        kv_addr: Option<String>,
+        capacity: usize,
+        tx: mpsc::UnboundedSender<ToWorker>,
+    ) -> Self {
+        WorkerConn {
+            id,
+            name,
+            role,
+            kv_addr,
+            capacity,
+            tx,
+            inflight: AtomicUsize::new(0),
+            routes: Mutex::new(HashMap::new()),
+            stats: Mutex::new(Stats::default()),
+            draining: AtomicBool::new(false),
+            evict: tokio::sync::Notify::new(),
+            routed: AtomicU64::new(0),
+            sent: Arc::new(AtomicU64::new(0)),
+            received: AtomicU64::new(0),
+        }
+    }
+
     pub(super) fn routes(&self) -> std::sync::MutexGuard<'_, HashMap<u64, mpsc::UnboundedSender<(Role, RouteMsg)>>> {
         self.routes.lock().unwrap_or_else(|e| e.into_inner())
     }
