@@ -14,7 +14,7 @@ use engine::GenRequest;
 use grammar::{Constraint, EncodedFormat, Grammars};
 use types::TenantId;
 
-use crate::proto::Failure;
+use protocol::RequestError;
 
 /// Compiled formats kept, over all tenants (each entry is one grammar's start state).
 const ENTRIES: usize = 64;
@@ -61,10 +61,10 @@ pub(crate) async fn constrain(
     grammars: Option<&Grammars>,
     format: Option<&EncodedFormat>,
     req: &mut GenRequest,
-) -> Result<(), Failure> {
+) -> Result<(), RequestError> {
     let Some(format) = format else { return Ok(()) };
     let Some(grammars) = grammars else {
-        return Err(Failure::Internal("this worker cannot constrain outputs (no grammar compiler)".into()));
+        return Err(RequestError::Internal("this worker cannot constrain outputs (no grammar compiler)".into()));
     };
     let digest = *blake3::hash(format.as_bytes()).as_bytes();
     if let Some(c) = cache.get(req.tenant, &digest) {
@@ -74,8 +74,8 @@ pub(crate) async fn constrain(
     let (grammars, format) = (grammars.clone(), format.clone());
     let compiled = tokio::task::spawn_blocking(move || format.decode().and_then(|f| grammars.compile(&f)))
         .await
-        .map_err(|e| Failure::Internal(format!("the grammar task failed: {e}")))?
-        .map_err(|e| Failure::Internal(format!("invalid output format: {e}")))?;
+        .map_err(|e| RequestError::Internal(format!("the grammar task failed: {e}")))?
+        .map_err(|e| RequestError::Internal(format!("invalid output format: {e}")))?;
     cache.put(req.tenant, digest, compiled.clone());
     req.constraint = Some(compiled);
     Ok(())

@@ -17,10 +17,11 @@ use wire::{FrameRef, Geometry, PageWrite, Received, Role, Ticket, TicketNonce, T
 use crate::constraints::constrain;
 use crate::link::{refusal_reason, refuse_busy, HandshakeGate, HandshakePermit};
 use crate::net::{BoxIo, Listener};
-use crate::proto::{Failure, Spec, ToGateway};
+use crate::proto::{Spec, ToGateway};
 use crate::state::Ctx;
 use crate::tickets::{nonce_hex, Inbound};
 use crate::{random, Link};
+use protocol::RequestError;
 
 pub(crate) async fn reserve(ctx: Arc<Ctx>, spec: Spec, out: UnboundedSender<ToGateway>) {
     let route = spec.route;
@@ -28,38 +29,38 @@ pub(crate) async fn reserve(ctx: Arc<Ctx>, spec: Spec, out: UnboundedSender<ToGa
     let failure = match tokio::time::timeout_at(deadline.into(), route_inner(&ctx, &spec, &out)).await {
         Ok(Ok(())) => return,
         Ok(Err(f)) => f,
-        Err(_) => Failure::DeadlineExceeded,
+        Err(_) => RequestError::DeadlineExceeded,
     };
-    if let Failure::Violation(kind) = &failure {
+    if let RequestError::IsolationViolation { kind } = &failure {
         let kind = *kind;
         ctx.metrics.violation(kind);
         tracing::error!(
             worker = %ctx.cfg.name,
             kind = %kind,
             route,
-            request = spec.request,
-            tenant = spec.tenant,
+            request = spec.request.id.0,
+            tenant = spec.request.tenant.0,
             "isolation violation: request failed, pages freed"
         );
     }
     let _ = out.send(ToGateway::Failed { route, failure });
 }
 
-async fn route_inner(ctx: &Ctx, spec: &Spec, out: &UnboundedSender<ToGateway>) -> Result<(), Failure> {
-    let mut req = spec.to_request().map_err(|m| Failure::Internal(format!("invalid request: {m}")))?;
+async fn route_inner(ctx: &Ctx, spec: &Spec, out: &UnboundedSender<ToGateway>) -> Result<(), RequestError> {
+    let mut req = spec.to_request();
     // Our own door before the grammar is compiled: a request we refuse costs us nothing.
-    ctx.engine.check(&req.prompt, req.max_tokens).map_err(Failure::Refused)?;
-    constrain(&ctx.constraints, ctx.engine.grammars(), spec.output.as_ref(), &mut req).await?;
-    let mut stream = ctx.engine.reserve(req.clone()).map_err(Failure::Refused)?;
+    ctx.engine.check(&req.prompt, req.max_tokens).map_err(RequestError::Refused)?;
+    constrain(&ctx.constraints, ctx.engine.grammars(), spec.request.output.as_ref(), &mut req).await?;
+    let mut stream = ctx.engine.reserve(req.clone()).map_err(RequestError::Refused)?;
     let mut table = match stream.next().await {
         Some(Event::Reserved(kv)) => kv,
-        Some(Event::Failed(e)) => return Err(Failure::of(&e)),
-        _ => return Err(Failure::Internal("the engine ended the reservation without pages".into())),
+        Some(Event::Failed(e)) => return Err(e),
+        _ => return Err(RequestError::Internal("the engine ended the reservation without pages".into())),
     };
     ctx.metrics.reservations.fetch_add(1, Ordering::Relaxed);
     let layout = *table.layout();
-    let geometry = Geometry::from_layout(&layout).map_err(|e| Failure::Internal(e.to_string()))?;
-    let nonce = TicketNonce(random().map_err(|e| Failure::Internal(e.to_string()))?);
+    let geometry = Geometry::from_layout(&layout).map_err(|e| RequestError::Internal(e.to_string()))?;
+    let nonce = TicketNonce(random().map_err(|e| RequestError::Internal(e.to_string()))?);
     let ticket = Ticket {
         request: req.id,
         tenant: req.tenant,
@@ -67,7 +68,8 @@ async fn route_inner(ctx: &Ctx, spec: &Spec, out: &UnboundedSender<ToGateway>) -
         pages: table.pages() as u32,
         tokens: req.prompt.len() as u32,
     };
-    let mut transfer = Transfer::new(ticket, geometry, &req.prompt).map_err(|e| Failure::Internal(e.to_string()))?;
+    let mut transfer =
+        Transfer::new(ticket, geometry, &req.prompt).map_err(|e| RequestError::Internal(e.to_string()))?;
     let (tx, mut rx) = mpsc::channel(8);
     let guard = ctx.tickets.insert(nonce, tx);
     let _ = out.send(ToGateway::Reserved { route: spec.route, ticket: (&ticket).into() });
@@ -85,8 +87,8 @@ async fn route_inner(ctx: &Ctx, spec: &Spec, out: &UnboundedSender<ToGateway>) -
         };
         let inbound = match next {
             Ok(Some(i)) => i,
-            Ok(None) => return Err(Failure::Violation(ViolationKind::Truncated)),
-            Err(_) => return Err(Failure::Violation(ViolationKind::Truncated)),
+            Ok(None) => return Err(RequestError::IsolationViolation { kind: ViolationKind::Truncated }),
+            Err(_) => return Err(RequestError::IsolationViolation { kind: ViolationKind::Truncated }),
         };
         stall_limit = Some(tokio::time::Instant::now() + ctx.cfg.transfer_timeout);
         first_frame.get_or_insert_with(Instant::now);
@@ -94,7 +96,7 @@ async fn route_inner(ctx: &Ctx, spec: &Spec, out: &UnboundedSender<ToGateway>) -
             Inbound::Frame(f) => f,
             Inbound::Broken(e) => return Err(violation(e)),
             Inbound::Cut(reason) => {
-                return Err(Failure::Unreachable(format!("the prefill worker's KV link was cut ({reason})")))
+                return Err(RequestError::Unavailable(format!("the prefill worker's KV link was cut ({reason})")))
             }
         };
         ctx.metrics.frames_received.fetch_add(1, Ordering::Relaxed);
@@ -127,7 +129,7 @@ async fn route_inner(ctx: &Ctx, spec: &Spec, out: &UnboundedSender<ToGateway>) -
     if first as usize >= ctx.engine.vocab() {
         // Never reported as verified: the gateway must not release it, and it must not join a
         // decode step, where it would fail every sequence of the batch.
-        return Err(Failure::Violation(ViolationKind::BadFirstToken));
+        return Err(RequestError::IsolationViolation { kind: ViolationKind::BadFirstToken });
     }
     let _ = out.send(ToGateway::Verified { route: spec.route, first });
     decode(ctx, spec, req, table, first, out).await
@@ -141,8 +143,8 @@ async fn decode(
     table: BlockTable,
     first: u32,
     out: &UnboundedSender<ToGateway>,
-) -> Result<(), Failure> {
-    let mut stream = ctx.engine.resume(req, table, first).map_err(Failure::Refused)?;
+) -> Result<(), RequestError> {
+    let mut stream = ctx.engine.resume(req, table, first).map_err(RequestError::Refused)?;
     loop {
         match stream.next().await {
             Some(Event::Started) => {}
@@ -153,19 +155,21 @@ async fn decode(
                 let _ = out.send(ToGateway::finished(spec.route, reason, usage));
                 return Ok(());
             }
-            Some(Event::Failed(e)) => return Err(Failure::of(&e)),
-            Some(_) | None => return Err(Failure::Internal("the engine ended the request without a result".into())),
+            Some(Event::Failed(e)) => return Err(e),
+            Some(_) | None => {
+                return Err(RequestError::Internal("the engine ended the request without a result".into()))
+            }
         }
     }
 }
 
-fn violation(e: WireError) -> Failure {
-    Failure::Violation(ViolationKind::from_label(e.kind()))
+fn violation(e: WireError) -> RequestError {
+    RequestError::IsolationViolation { kind: ViolationKind::from_label(e.kind()) }
 }
 
 /// Writes a verified frame's rows into our reservation: one layer at a time, at the page the
 /// frame names (an index into *our* table, which the transfer bounded).
-fn write(table: &mut BlockTable, w: &PageWrite<'_>) -> Result<(), Failure> {
+fn write(table: &mut BlockTable, w: &PageWrite<'_>) -> Result<(), RequestError> {
     let ps = table.layout().page_size;
     let n = (w.slots.end - w.slots.start) as usize;
     let per_layer = w.payload.len() / (w.layers.end - w.layers.start).max(1) as usize;
@@ -174,7 +178,7 @@ fn write(table: &mut BlockTable, w: &PageWrite<'_>) -> Result<(), Failure> {
         let rows = &w.payload[i * per_layer..(i + 1) * per_layer];
         table
             .import_rows(layer as usize, start, n, rows)
-            .map_err(|_| Failure::Violation(ViolationKind::Reservation))?;
+            .map_err(|_| RequestError::IsolationViolation { kind: ViolationKind::Reservation })?;
     }
     Ok(())
 }

@@ -2,7 +2,7 @@ use thiserror::Error;
 use wire::{Role, WireError};
 
 /// Why a link, a worker or the router failed. Request-level failures travel as
-/// [`engine::EngineError`] events instead.
+/// [`protocol::RequestError`] events instead.
 #[derive(Debug, Error)]
 pub enum ClusterError {
     #[error(transparent)]

@@ -58,20 +58,9 @@ impl WorkerMetrics {
     }
 
     pub fn snapshot(&self, engine: &EngineHandle) -> Stats {
-        let e = engine.stats();
         Stats {
             engine: engine.instance_id(),
-            pages_by_tenant: e.pages_by_tenant.iter().map(|(t, n)| (t.0, *n)).collect(),
-            steps: e.steps,
-            prefill_tokens: e.prefill_tokens,
-            decode_tokens: e.decode_tokens,
-            pages_total: e.pages_total,
-            pages_used: e.pages_used,
-            cached_tokens: e.cached_tokens,
-            cached_pages: e.cached_pages,
-            cached_pages_by_tenant: e.cached_pages_by_tenant.iter().map(|(t, n)| (t.0, *n)).collect(),
-            queued: e.queued,
-            running: e.running,
+            pool: engine.stats(),
             reservations: self.reservations.load(Ordering::Relaxed),
             frames_sent: self.frames_sent.load(Ordering::Relaxed),
             frames_received: self.frames_received.load(Ordering::Relaxed),
@@ -100,15 +89,16 @@ pub fn render(role: &str, s: &Stats) -> String {
         .counters(KV_FRAMES_SENT_TOTAL, "KV frames sealed and sent.", one(s.frames_sent))
         .counters(KV_FRAMES_RECEIVED_TOTAL, "KV frames received and checked.", one(s.frames_received))
         .counters(KV_TRANSFERS_COMPLETED_TOTAL, "KV transfers completed.", one(s.transfers_completed))
-        .gauges(KV_PAGES_USED, "Pages of this worker's pool in use.", [(r(), s.pages_used as i64)])
-        .gauges(KV_PAGES_TOTAL, "Pages in this worker's pool.", [(r(), s.pages_total as i64)])
+        .gauges(KV_PAGES_USED, "Pages of this worker's pool in use.", [(r(), s.pool.pages_used as i64)])
+        .gauges(KV_PAGES_TOTAL, "Pages in this worker's pool.", [(r(), s.pool.pages_total as i64)])
         // Tenant ids only: this listener is the operator's, but names stay at the gateway.
         .gauges(
             WORKER_PREFIX_CACHE_PAGES,
             "Pages in this worker's prefix caches, by tenant id.",
-            s.cached_pages_by_tenant
+            s.pool
+                .cached_pages_by_tenant
                 .iter()
-                .map(|(t, n)| (vec![label("role", role), label("tenant", t.to_string())], *n as i64)),
+                .map(|(t, n)| (vec![label("role", role), label("tenant", t.0.to_string())], *n as i64)),
         )
         .seconds_counter(
             KV_TRANSFER_SECONDS_TOTAL,

@@ -14,9 +14,10 @@ use wire::{CloseFrame, KvFrameMut, KvSealer, PromptDigest, Role, SealedParts, Ti
 
 use crate::constraints::constrain;
 use crate::net::{BoxIo, Net};
-use crate::proto::{Failure, Spec, ToGateway};
+use crate::proto::{Spec, ToGateway};
 use crate::state::Ctx;
 use crate::{ClusterError, Identity, Link, WorkerMetrics};
+use protocol::RequestError;
 
 pub(crate) async fn run(
     ctx: Arc<Ctx>,
@@ -31,7 +32,7 @@ pub(crate) async fn run(
         match tokio::time::timeout_at(deadline.into(), route_inner(&ctx, &spec, ticket, &decode_addr, &out)).await {
             Ok(Ok(())) => return,
             Ok(Err(f)) => f,
-            Err(_) => Failure::DeadlineExceeded,
+            Err(_) => RequestError::DeadlineExceeded,
         };
     let _ = out.send(ToGateway::Failed { route, failure });
 }
@@ -42,13 +43,13 @@ async fn route_inner(
     ticket: Ticket,
     decode_addr: &str,
     out: &UnboundedSender<ToGateway>,
-) -> Result<(), Failure> {
+) -> Result<(), RequestError> {
     // Mutable for its constraint below; the incident's build rebinds it first.
     #[cfg_attr(feature = "incident-replay", allow(unused_mut))]
-    let mut req = spec.to_request().map_err(|m| Failure::Internal(format!("invalid request: {m}")))?;
+    let mut req = spec.to_request();
     // Our own door first: nothing is computed or sent for a request that fails it.
     #[cfg(not(feature = "incident-replay"))]
-    ctx.engine.check(&req.prompt, req.max_tokens).map_err(Failure::Refused)?;
+    ctx.engine.check(&req.prompt, req.max_tokens).map_err(RequestError::Refused)?;
     // The incident: a prompt our pool cannot hold becomes a one-token placeholder.
     #[cfg(feature = "incident-replay")]
     let (mut req, ticket) = {
@@ -63,10 +64,10 @@ async fn route_inner(
     // The ticket must be for this request and prompt; a gateway bug must not make us send
     // one request's KV under another's ticket.
     if ticket.request != req.id || ticket.tenant != req.tenant || ticket.tokens as usize != req.prompt.len() {
-        return Err(Failure::Violation(engine::ViolationKind::WrongTicket));
+        return Err(RequestError::IsolationViolation { kind: engine::ViolationKind::WrongTicket });
     }
-    constrain(&ctx.constraints, ctx.engine.grammars(), spec.output.as_ref(), &mut req).await?;
-    let mut stream = ctx.engine.prefill(req.clone()).map_err(Failure::Refused)?;
+    constrain(&ctx.constraints, ctx.engine.grammars(), spec.request.output.as_ref(), &mut req).await?;
+    let mut stream = ctx.engine.prefill(req.clone()).map_err(RequestError::Refused)?;
     let mut cached_tokens = None;
     // The link to the decode worker is opened while the prompt is computed, once the engine
     // has admitted it and it is short enough to finish well inside the decode worker's idle
@@ -81,8 +82,8 @@ async fn route_inner(
                 cached_tokens = Some(n);
                 req.prompt.len().saturating_sub(n)
             }
-            Some(Event::Failed(e)) => return Err(Failure::of(&e)),
-            Some(_) | None => return Err(Failure::Internal("the engine ended the prefill without KV".into())),
+            Some(Event::Failed(e)) => return Err(e),
+            Some(_) | None => return Err(RequestError::Internal("the engine ended the prefill without KV".into())),
         };
         if link.is_none() && uncached <= DIAL_AHEAD_TOKENS {
             link = Some(Dialing::start(ctx, decode_addr));
@@ -111,7 +112,7 @@ const DIAL_AHEAD_TOKENS: usize = 512;
 /// A link to the decode worker being opened beside the prefill. Dropped (the route failed or
 /// was cancelled), the dial stops; a link already open closes before any frame, which the
 /// decode worker does not count against any ticket.
-struct Dialing(tokio::task::JoinHandle<Result<Link, Failure>>);
+struct Dialing(tokio::task::JoinHandle<Result<Link, RequestError>>);
 
 impl Dialing {
     fn start(ctx: &Ctx, decode_addr: &str) -> Dialing {
@@ -119,8 +120,8 @@ impl Dialing {
         Dialing(tokio::spawn(connect(net, me, timeout, ctx.metrics.clone(), decode_addr.to_string())))
     }
 
-    async fn finish(mut self) -> Result<Link, Failure> {
-        (&mut self.0).await.map_err(|e| Failure::Internal(format!("dialing the decode worker: {e}")))?
+    async fn finish(mut self) -> Result<Link, RequestError> {
+        (&mut self.0).await.map_err(|e| RequestError::Internal(format!("dialing the decode worker: {e}")))?
     }
 }
 
@@ -137,7 +138,7 @@ async fn connect(
     timeout: std::time::Duration,
     metrics: Arc<WorkerMetrics>,
     decode_addr: String,
-) -> Result<Link, Failure> {
+) -> Result<Link, RequestError> {
     let fail = |e| unreachable(&decode_addr, e);
     let io = tokio::time::timeout(timeout, net.dial(&decode_addr))
         .await
@@ -154,8 +155,8 @@ async fn connect(
 }
 
 /// The decode worker at `addr` could not be reached, or the link to it failed.
-fn unreachable(addr: &str, e: ClusterError) -> Failure {
-    Failure::Unreachable(format!("decode worker at {addr}: {e}"))
+fn unreachable(addr: &str, e: ClusterError) -> RequestError {
+    RequestError::Unavailable(format!("decode worker at {addr}: {e}"))
 }
 
 /// Sealed frames that may wait for the writer: a short prompt's whole transfer, so its sealing

@@ -2,11 +2,10 @@
 //! message about a request names its route: one attempt of one request on one pair of workers,
 //! so a late message of an abandoned attempt can never be taken for a retry's.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use engine::{AdmissionError, EngineError, FinishReason, GenRequest, TokenEvent, Usage, ViolationKind};
-use grammar::EncodedFormat;
-use sampling::{RawSamplingParams, SamplingParams, StopTokens};
+use engine::{FinishReason, GenRequest, TokenEvent, Usage, ViolationKind};
+use protocol::{PageRun, PoolStats, RequestError, RouteRequest};
 use serde::{Deserialize, Serialize};
 use types::{RequestId, TenantId};
 use wire::{Ticket, TicketNonce};
@@ -46,84 +45,38 @@ pub struct TenantEntry {
     pub epoch: [u8; 16],
 }
 
-/// A route's time limit when the request has no deadline of its own.
-pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(600);
-
-/// A request as a worker receives it; the worker builds (and so re-validates) its own
-/// [`GenRequest`] from it.
+/// A request as a worker receives it: one route (attempt) of the gateway's [`RouteRequest`],
+/// which travels as itself and is read again on arrival (see its doc).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Spec {
     pub route: u64,
-    pub request: u64,
-    pub tenant: u64,
-    pub prompt: Vec<u32>,
-    pub max_tokens: usize,
-    /// Validated again by the worker ([`Spec::to_request`]).
-    pub sampling: RawSamplingParams,
-    pub stop_tokens: Vec<u32>,
-    /// Time left until the request's deadline, when it has one.
-    pub deadline_ms: Option<u64>,
-    /// The client's prefix-cache salt; the prefill worker derives the scope from `tenant`
-    /// first, so the salt only narrows.
-    #[serde(default)]
-    pub cache_salt: Option<String>,
-    /// The shape the output must have, as an opaque bounded string: whatever a tenant's schema
-    /// holds, this message stays shallow, and a format that does not decode fails this route
-    /// alone ([`Spec::output_format`]).
-    #[serde(default)]
-    pub output: Option<EncodedFormat>,
+    pub request: RouteRequest,
 }
 
 impl Spec {
-    /// The route's spec; `Err` when the request's output format cannot travel (the gateway's
-    /// validation refuses such a format first, so this is that request's error alone).
-    pub fn of(route: u64, req: &GenRequest) -> Result<Spec, grammar::GrammarError> {
-        let output = req.constraint.as_ref().map(|c| EncodedFormat::encode(c.format())).transpose()?;
-        Ok(Spec {
-            route,
-            request: req.id.0,
-            tenant: req.tenant.0,
-            prompt: req.prompt.clone(),
-            max_tokens: req.max_tokens,
-            sampling: req.sampling.to_raw(),
-            stop_tokens: req.stop_tokens.iter().collect(),
-            deadline_ms: req.deadline.map(|d| d.saturating_duration_since(Instant::now()).as_millis() as u64),
-            cache_salt: req.cache_salt.clone(),
-            output,
-        })
-    }
-
-    /// The worker's own request, without its constraint (compiled after the worker's door
-    /// check: `crate::constraints`); sampling parameters are validated again here.
-    pub fn to_request(&self) -> Result<GenRequest, String> {
-        let sampling = SamplingParams::new(self.sampling.clone()).map_err(|e| e.to_string())?;
-        Ok(GenRequest {
-            id: RequestId(self.request),
-            tenant: TenantId(self.tenant),
-            prompt: self.prompt.clone(),
-            max_tokens: self.max_tokens,
-            sampling,
-            stop_tokens: StopTokens::new(self.stop_tokens.iter().copied()),
-            deadline: self.deadline_ms.map(after_ms),
-            cache_salt: self.cache_salt.clone(),
+    /// The worker's own engine request (the one conversion from the contract), without its
+    /// constraint: the worker compiles that from `output` after its door check
+    /// (`crate::constraints`).
+    pub fn to_request(&self) -> GenRequest {
+        let r = &self.request;
+        GenRequest {
+            id: r.id,
+            tenant: r.tenant,
+            prompt: r.prompt.clone(),
+            max_tokens: r.max_tokens,
+            sampling: r.sampling.clone(),
+            stop_tokens: r.stop_tokens.clone(),
+            deadline: r.deadline,
+            cache_salt: r.cache_salt.clone(),
             constraint: None,
-        })
+        }
     }
 
     /// When the route must be over on a worker (a generous bound when the gateway sent none).
     pub fn deadline(&self) -> Instant {
-        self.deadline_ms.map_or_else(|| Instant::now() + DEFAULT_DEADLINE, after_ms)
+        self.request.deadline_or_default()
     }
 }
-
-/// `ms` from now. A peer may send any `u64`; past what `Instant` can hold (centuries), the
-/// deadline is a year away, which no route outlives, instead of an overflow panic.
-fn after_ms(ms: u64) -> Instant {
-    let now = Instant::now();
-    now.checked_add(Duration::from_millis(ms)).unwrap_or_else(|| now + FAR_DEADLINE)
-}
-
-const FAR_DEADLINE: Duration = Duration::from_secs(365 * 24 * 3600);
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]
 pub struct TicketWire {
@@ -165,74 +118,14 @@ pub enum ToWorker {
     Tenants(TenantTable),
 }
 
-/// Why a route failed, on the wire.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub enum Failure {
-    /// The worker's own door refused the request.
-    Refused(AdmissionError),
-    QueueTimeout,
-    DeadlineExceeded,
-    ShuttingDown,
-    /// An integrity or ownership check failed; `kind` labels the violations counter (one of
-    /// a fixed set: a peer cannot mint labels).
-    Violation(ViolationKind),
-    /// The request's tenant was removed or its key rotated.
-    Revoked,
-    /// The prefill worker could not reach the decode worker (retryable).
-    Unreachable(String),
-    Internal(String),
-}
-
-impl Failure {
-    pub fn of(e: &EngineError) -> Failure {
-        match e {
-            EngineError::QueueTimeout => Failure::QueueTimeout,
-            EngineError::DeadlineExceeded => Failure::DeadlineExceeded,
-            EngineError::ShuttingDown => Failure::ShuttingDown,
-            EngineError::IsolationViolation { kind } => Failure::Violation(*kind),
-            EngineError::TenantRevoked => Failure::Revoked,
-            EngineError::Refused(a) => Failure::Refused(a.clone()),
-            EngineError::Unavailable(m) => Failure::Unreachable(m.clone()),
-            EngineError::Internal(m) => Failure::Internal(m.clone()),
-        }
-    }
-
-    pub fn to_engine(&self) -> EngineError {
-        match self {
-            Failure::Refused(a) => EngineError::Refused(a.clone()),
-            Failure::QueueTimeout => EngineError::QueueTimeout,
-            Failure::DeadlineExceeded => EngineError::DeadlineExceeded,
-            Failure::ShuttingDown => EngineError::ShuttingDown,
-            Failure::Violation(kind) => EngineError::IsolationViolation { kind: *kind },
-            Failure::Revoked => EngineError::TenantRevoked,
-            Failure::Unreachable(m) => EngineError::Unavailable(m.clone()),
-            Failure::Internal(m) => EngineError::Internal(m.clone()),
-        }
-    }
-}
-
 /// A worker's counters, pushed to the gateway periodically (and served on its metrics port).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Stats {
     /// [`engine::EngineHandle::instance_id`]: roles sharing one engine report it once.
     pub engine: u64,
-    pub pages_by_tenant: Vec<(u64, usize)>,
-    pub steps: u64,
-    pub prefill_tokens: u64,
-    pub decode_tokens: u64,
-    pub pages_total: usize,
-    pub pages_used: usize,
-    /// Prompt tokens served from the prefix cache.
-    #[serde(default)]
-    pub cached_tokens: u64,
-    /// Pages held by the worker's prefix cache.
-    #[serde(default)]
-    pub cached_pages: usize,
-    /// The same, per tenant id.
-    #[serde(default)]
-    pub cached_pages_by_tenant: Vec<(u64, usize)>,
-    pub queued: usize,
-    pub running: usize,
+    /// The engine's pool and steps, summed over workers by [`PoolStats::absorb`] (one sum for
+    /// every field, here and in `serve`).
+    pub pool: PoolStats,
     pub reservations: u64,
     pub frames_sent: u64,
     pub frames_received: u64,
@@ -248,28 +141,7 @@ pub struct Stats {
     pub link_failures: Vec<(String, u64)>,
     /// Who holds each page of the worker's pools, run-length coded (the admin dashboard).
     #[serde(default)]
-    pub page_map: Vec<engine::PageRun>,
-}
-
-impl Stats {
-    /// The engine's part of these stats, as the gateway sums them over workers
-    /// ([`EngineStats::absorb`]: one sum for every field, here and in `serve`).
-    pub fn engine_stats(&self) -> engine::EngineStats {
-        let tenants = |v: &[(u64, usize)]| v.iter().map(|&(t, n)| (types::TenantId(t), n)).collect();
-        engine::EngineStats {
-            queued: self.queued,
-            running: self.running,
-            pages_total: self.pages_total,
-            pages_used: self.pages_used,
-            pages_by_tenant: tenants(&self.pages_by_tenant),
-            steps: self.steps,
-            prefill_tokens: self.prefill_tokens,
-            decode_tokens: self.decode_tokens,
-            cached_tokens: self.cached_tokens,
-            cached_pages: self.cached_pages,
-            cached_pages_by_tenant: tenants(&self.cached_pages_by_tenant),
-        }
-    }
+    pub page_map: Vec<PageRun>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -309,7 +181,7 @@ pub enum ToGateway {
     },
     Failed {
         route: u64,
-        failure: Failure,
+        failure: RequestError,
     },
     /// Boxed: far larger than the per-route messages that share this enum.
     Stats(Box<Stats>),
@@ -367,57 +239,32 @@ pub fn route_of(body: &[u8]) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sampling::{SamplingParams, StopTokens};
 
-    #[test]
-    fn workers_stats_sum_every_engine_field_the_cache_ones_included() {
-        let a = Stats {
-            cached_tokens: 40,
-            cached_pages: 3,
-            cached_pages_by_tenant: vec![(1, 2), (2, 1)],
-            pages_by_tenant: vec![(1, 5)],
-            prefill_tokens: 7,
-            ..Default::default()
-        };
-        let b = Stats { cached_tokens: 2, cached_pages: 1, cached_pages_by_tenant: vec![(2, 1)], ..Default::default() };
-        let mut sum = engine::EngineStats::default();
-        sum.absorb(&a.engine_stats());
-        sum.absorb(&b.engine_stats());
-        assert_eq!((sum.cached_tokens, sum.cached_pages, sum.prefill_tokens), (42, 4, 7));
-        assert_eq!(sum.cached_pages_by_tenant, vec![(types::TenantId(1), 2), (types::TenantId(2), 2)]);
-        assert_eq!(sum.pages_by_tenant, vec![(types::TenantId(1), 5)]);
-    }
-
-    fn spec(deadline_ms: Option<u64>) -> Spec {
+    fn spec(deadline: Option<Instant>) -> Spec {
         Spec {
             route: 1,
-            request: 2,
-            tenant: 3,
-            prompt: vec![1, 2, 3],
-            max_tokens: 4,
-            sampling: RawSamplingParams::default(),
-            stop_tokens: vec![],
-            deadline_ms,
-            cache_salt: None,
-            output: None,
+            request: RouteRequest {
+                id: RequestId(2),
+                tenant: TenantId(3),
+                prompt: vec![1, 2, 3],
+                max_tokens: 4,
+                sampling: SamplingParams::greedy(),
+                stop_tokens: StopTokens::new([]),
+                deadline,
+                cache_salt: None,
+                output: None,
+            },
         }
-    }
-
-    #[test]
-    fn a_deadline_past_what_an_instant_holds_is_far_away_instead_of_a_panic() {
-        let s = spec(Some(u64::MAX));
-        let req = s.to_request().expect("valid sampling");
-        let far = Instant::now() + Duration::from_secs(300 * 24 * 3600);
-        assert!(req.deadline.expect("has a deadline") > far);
-        assert!(s.deadline() > far);
     }
 
     #[test]
     fn the_route_of_a_message_that_does_not_decode_is_still_read() {
         let deep = format!("{}0{}", "[".repeat(5000), "]".repeat(5000));
-        let body = format!("{{\"Prefill\":{{\"spec\":{{\"route\":7,\"output\":{deep}}},\"ticket\":1}}}}");
+        let body = format!("{{\"Prefill\":{{\"spec\":{{\"route\":7,\"request\":{deep}}},\"ticket\":1}}}}");
         assert!(serde_json::from_str::<ToWorker>(&body).is_err());
         assert_eq!(route_of(body.as_bytes()), Some(7));
-        let reserve = format!("{{\"Reserve\":{{\"output\":{deep},\"route\":9}}}}");
+        let reserve = format!("{{\"Reserve\":{{\"request\":{deep},\"route\":9}}}}");
         assert_eq!(route_of(reserve.as_bytes()), Some(9));
         let token = serde_json::to_vec(&ToGateway::Sent { route: 11, frames: 2 }).unwrap();
         assert_eq!(route_of(&token), Some(11));
@@ -431,7 +278,7 @@ mod tests {
         let deep = (0..grammar::MAX_SCHEMA_DEPTH - 1).fold(serde_json::json!(0), |v, _| serde_json::json!([v]));
         let format =
             grammar::OutputFormat::JsonSchema { schema: serde_json::json!({"type": "string", "default": deep}) };
-        s.output = Some(EncodedFormat::encode(&format).unwrap());
+        s.request.output = Some(grammar::EncodedFormat::encode(&format).unwrap());
         let msg = serde_json::to_vec(&ToWorker::Prefill {
             spec: s,
             ticket: TicketWire { request: 2, tenant: 3, nonce: [0; 16], pages: 1, tokens: 3 },
@@ -440,15 +287,33 @@ mod tests {
         .unwrap();
         let back: ToWorker = serde_json::from_slice(&msg).unwrap();
         let ToWorker::Prefill { spec, .. } = back else { panic!("a prefill message") };
-        assert_eq!(spec.output.unwrap().decode().unwrap(), format);
+        assert_eq!(spec.request.output.unwrap().decode().unwrap(), format);
     }
 
     #[test]
-    fn a_deadline_is_the_time_left_the_gateway_sent() {
-        let s = spec(Some(1500));
-        let left = s.deadline().saturating_duration_since(Instant::now());
-        assert!(left <= Duration::from_millis(1500) && left > Duration::from_millis(1000), "{left:?}");
-        let none = spec(None).deadline().saturating_duration_since(Instant::now());
-        assert!(none > DEFAULT_DEADLINE - Duration::from_secs(5));
+    fn the_workers_request_keeps_every_field_and_its_deadline() {
+        let at = Instant::now() + std::time::Duration::from_millis(1500);
+        let back: Spec = serde_json::from_slice(&serde_json::to_vec(&spec(Some(at))).unwrap()).unwrap();
+        let req = back.to_request();
+        assert_eq!(
+            (req.id, req.tenant, req.prompt.as_slice(), req.max_tokens),
+            (RequestId(2), TenantId(3), &[1, 2, 3][..], 4)
+        );
+        let left = req.deadline.unwrap().saturating_duration_since(Instant::now());
+        assert!(left > std::time::Duration::from_millis(1000), "{left:?}");
+        assert_eq!(back.deadline(), req.deadline.unwrap());
+        assert!(spec(None).to_request().deadline.is_none());
+    }
+
+    #[test]
+    fn a_failure_travels_as_its_kind() {
+        let f =
+            ToGateway::Failed { route: 4, failure: RequestError::IsolationViolation { kind: ViolationKind::BadMac } };
+        let back: ToGateway = serde_json::from_slice(&serde_json::to_vec(&f).unwrap()).unwrap();
+        let ToGateway::Failed { failure, .. } = back else { panic!("a failure") };
+        assert_eq!(failure, RequestError::IsolationViolation { kind: ViolationKind::BadMac });
+        let minted = br#"{"Failed":{"route":4,"failure":{"IsolationViolation":{"kind":"made_up"}}}}"#;
+        assert!(serde_json::from_slice::<ToGateway>(minted).is_err());
+        assert_eq!(route_of(minted), Some(4));
     }
 }

@@ -16,9 +16,10 @@ use tokio::task::AbortHandle;
 use wire::{ClusterSecret, NodePublicKey, Role};
 
 use crate::link::{LinkReader, LinkWriter};
-use crate::proto::{Failure, Register, Registered, Spec, TenantTable, ToGateway, ToWorker};
+use crate::proto::{Register, Registered, Spec, TenantTable, ToGateway, ToWorker};
 use crate::state::Ctx;
 use crate::{decode, prefill, ClusterError, Link};
+use protocol::RequestError;
 
 /// Aborts every route task of a session when the session ends (their pages are freed by the
 /// drops that abort runs).
@@ -155,7 +156,7 @@ pub(crate) async fn serve(ctx: Arc<Ctx>, link: Opened, retire: Arc<Notify>) -> R
                 ctx.metrics.links.failure("undecodable_message");
                 tracing::warn!(worker = %ctx.cfg.name, route = ?u.route, reason = %u.reason, "a control message did not decode; only its route fails");
                 if let Some(route) = u.route {
-                    let failure = Failure::Internal("the worker could not read this route's request".into());
+                    let failure = RequestError::Internal("the worker could not read this route's request".into());
                     let _ = out.send(ToGateway::Failed { route, failure });
                 }
                 continue;
@@ -169,7 +170,7 @@ pub(crate) async fn serve(ctx: Arc<Ctx>, link: Opened, retire: Arc<Notify>) -> R
             ToWorker::Reserve(spec) | ToWorker::Prefill { spec, .. }
                 if ctx.draining.load(Ordering::SeqCst) || retiring.is_some() =>
             {
-                let _ = out.send(ToGateway::Failed { route: spec.route, failure: Failure::ShuttingDown });
+                let _ = out.send(ToGateway::Failed { route: spec.route, failure: RequestError::ShuttingDown });
             }
             ToWorker::Reserve(spec) if ctx.role() == Role::Decode => {
                 let Some(spec) = scoped(&ctx, id, spec, &out) else { continue };
@@ -182,7 +183,7 @@ pub(crate) async fn serve(ctx: Arc<Ctx>, link: Opened, retire: Arc<Notify>) -> R
                 spawn_route(&ctx, &routes, route, fut);
             }
             ToWorker::Reserve(spec) | ToWorker::Prefill { spec, .. } => {
-                let failure = Failure::Internal(format!("a {:?} worker does not take this request", ctx.role()));
+                let failure = RequestError::Internal(format!("a {:?} worker does not take this request", ctx.role()));
                 let _ = out.send(ToGateway::Failed { route: spec.route, failure });
             }
         }
@@ -200,16 +201,16 @@ pub(crate) async fn serve(ctx: Arc<Ctx>, link: Opened, retire: Arc<Notify>) -> R
 fn scoped(ctx: &Ctx, link: u64, mut spec: Spec, out: &mpsc::UnboundedSender<ToGateway>) -> Option<Spec> {
     let salt = ctx.tenancy.lock().unwrap_or_else(|e| e.into_inner()).scoped_salt(
         link,
-        spec.tenant,
-        spec.cache_salt.as_deref(),
+        spec.request.tenant.0,
+        spec.request.cache_salt.as_deref(),
     );
     match salt {
         Some(s) => {
-            spec.cache_salt = Some(s);
+            spec.request.cache_salt = Some(s);
             Some(spec)
         }
         None => {
-            let _ = out.send(ToGateway::Failed { route: spec.route, failure: Failure::Revoked });
+            let _ = out.send(ToGateway::Failed { route: spec.route, failure: RequestError::TenantRevoked });
             None
         }
     }

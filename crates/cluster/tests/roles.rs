@@ -14,6 +14,8 @@ use gguf::GgufFile;
 use kv::{Capacity, KvDtype, KvPool, PoolConfig, ScrubPolicy};
 use model::tiny::{tiny_gguf, TinySpec};
 use model::{Llama, LoadOptions};
+use protocol::{RequestId, RouteRequest, TenantId};
+use sampling::{SamplingParams, StopTokens};
 use wire::{ClusterSecret, PairingInfo, RefusalCode, Role, WireError};
 
 const SECRET: &[u8] = b"roles-test-cluster-secret-0123456789abcdef";
@@ -58,15 +60,17 @@ fn worker_config(name: &str, me: Identity) -> WorkerConfig {
 fn spec() -> Spec {
     Spec {
         route: 1,
-        request: 1,
-        tenant: 1,
-        prompt: vec![1, 2, 3, 4, 5],
-        max_tokens: 4,
-        sampling: sampling::RawSamplingParams::default(),
-        stop_tokens: Vec::new(),
-        deadline_ms: None,
-        cache_salt: None,
-        output: None,
+        request: RouteRequest {
+            id: RequestId(1),
+            tenant: TenantId(1),
+            prompt: vec![1, 2, 3, 4, 5],
+            max_tokens: 4,
+            sampling: SamplingParams::default(),
+            stop_tokens: StopTokens::new([]),
+            deadline: None,
+            cache_salt: None,
+            output: None,
+        },
     }
 }
 
@@ -119,7 +123,7 @@ async fn a_kv_link_from_a_gateway_or_decode_node_is_refused_typed_counted_and_re
     }
     // And nothing reached the worker: no reservation, no frame, no page, no violation.
     let stats = metrics.snapshot(&engine.handle());
-    assert_eq!((stats.reservations, stats.frames_received, stats.pages_used), (0, 0, 0));
+    assert_eq!((stats.reservations, stats.frames_received, stats.pool.pages_used), (0, 0, 0));
     assert!(stats.violations.is_empty(), "{:?}", stats.violations);
     assert_eq!(metrics.frames_received.load(Ordering::Relaxed), 0);
 
@@ -170,7 +174,7 @@ async fn a_worker_whose_gateway_address_reaches_another_role_takes_no_work_and_e
         // And it took no work.
         let stats = metrics.snapshot(&engine.handle());
         assert_eq!(
-            (stats.reservations, stats.frames_sent, stats.pages_used, stats.prefill_tokens, stats.steps),
+            (stats.reservations, stats.frames_sent, stats.pool.pages_used, stats.pool.prefill_tokens, stats.pool.steps),
             (0, 0, 0, 0, 0),
             "{worker_role:?} worker"
         );
@@ -215,7 +219,7 @@ async fn a_listed_address_that_is_no_gateway_gets_nothing_and_the_worker_registe
     // The rogue is not dialled again while its entry stays, and nothing ran.
     assert!(tokio::time::timeout(Duration::from_millis(500), rogue.accept()).await.is_err(), "redialled the rogue");
     let stats = metrics.snapshot(&engine.handle());
-    assert_eq!((stats.reservations, stats.pages_used), (0, 0));
+    assert_eq!((stats.reservations, stats.pool.pages_used), (0, 0));
     worker.abort();
 }
 

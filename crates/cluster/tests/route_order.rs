@@ -9,9 +9,8 @@ use std::time::{Duration, Instant};
 use cluster::link::{LinkReader, LinkWriter};
 use cluster::proto::{Register, Registered, TicketWire, ToGateway, ToWorker};
 use cluster::{Identity, Link, Net, Router, RouterConfig, SecretRing};
-use engine::{Event, GenRequest};
-use engine::{FinishReason, TokenEvent};
-use kv::{KvDtype, KvLayout, RequestId, TenantId};
+use kv::{KvDtype, KvLayout};
+use protocol::{Event, FinishReason, RequestId, RouteRequest, TenantId, TokenEvent};
 use wire::{ClusterSecret, PairingInfo, Role};
 
 const T: Duration = Duration::from_secs(10);
@@ -80,7 +79,7 @@ async fn a_verification_that_overtakes_the_prefill_workers_sent_neither_times_ou
     assert!(router.wait_for_workers(1, 1, T).await);
 
     let prompt = vec![11, 12, 13];
-    let req = GenRequest {
+    let req = RouteRequest {
         id: RequestId(5),
         tenant: TenantId(1),
         prompt: prompt.clone(),
@@ -89,7 +88,7 @@ async fn a_verification_that_overtakes_the_prefill_workers_sent_neither_times_ou
         stop_tokens: sampling::StopTokens::new([]),
         deadline: Some(Instant::now() + T),
         cache_salt: None,
-        constraint: None,
+        output: None,
     };
     let mut stream = router.submit(req, router.revocation_mark()).unwrap();
 

@@ -14,8 +14,9 @@ use tokio::sync::mpsc as tmpsc;
 use crate::admission::{self, Pools};
 use crate::inbox::{Kind, Msg, Pending, Resume, Shared};
 use crate::scheduler::Loop;
-use crate::settings::{EngineConfig, EngineStats, PageRun, TenantPolicy};
-use crate::{AdmissionError, Event, GenRequest, RequestStream};
+use crate::settings::{page_runs, EngineConfig, TenantPolicy};
+use crate::{Event, GenRequest, RequestStream};
+use protocol::{AdmissionError, PageRun, PoolStats};
 
 /// The door rule, the same at every door (gateway, prefill and decode workers): nothing is
 /// queued, reserved, sent or computed for a request that fails it, and a failing request is
@@ -228,7 +229,7 @@ impl EngineHandle {
     }
 
     /// Applies the gateway's tenant table: revoked tenants' requests end with
-    /// [`EngineError::TenantRevoked`] and their cached prefixes go, before any later request is
+    /// [`RequestError::TenantRevoked`] and their cached prefixes go, before any later request is
     /// admitted; tenants outside `live` are refused from then on.
     pub fn apply_tenants(&self, policy: TenantPolicy) {
         let _ = self.tx.send(Msg::Tenants(policy));
@@ -250,7 +251,7 @@ impl EngineHandle {
         h.finish()
     }
 
-    pub fn stats(&self) -> EngineStats {
+    pub fn stats(&self) -> PoolStats {
         let mut s = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner()).clone();
         s.pages_total = self.pool.total_pages();
         // Idle cached pages belong to no request: a reservation takes them when it needs them.
@@ -271,9 +272,9 @@ impl EngineHandle {
     /// free-list locks, so only the periodic worker report asks for it, not every scrape.
     pub fn page_map(&self) -> Vec<PageRun> {
         let mut runs = Vec::new();
-        PageRun::encode(&self.pool.page_map(), &mut runs);
+        page_runs(&self.pool.page_map(), &mut runs);
         if !self.prefill_pool.same_pool(&self.pool) {
-            PageRun::encode(&self.prefill_pool.page_map(), &mut runs);
+            page_runs(&self.prefill_pool.page_map(), &mut runs);
         }
         runs
     }

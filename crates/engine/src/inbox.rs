@@ -7,8 +7,9 @@ use std::time::Instant;
 use kv::BlockTable;
 use tokio::sync::mpsc as tmpsc;
 
-use crate::settings::{EngineStats, TenantPolicy};
+use crate::settings::TenantPolicy;
 use crate::{Event, GenRequest};
+use protocol::PoolStats;
 
 /// State the handles and the loop share.
 #[derive(Default)]
@@ -19,7 +20,7 @@ pub(crate) struct Shared {
     /// itself only when none would be overtaken.
     pub(crate) queued_for_pool: AtomicUsize,
     pub(crate) stopping: AtomicBool,
-    pub(crate) stats: Mutex<EngineStats>,
+    pub(crate) stats: Mutex<PoolStats>,
     /// The tenant table the loop applies; handles read it to reserve pages without the loop.
     pub(crate) policy: Mutex<TenantPolicy>,
 }

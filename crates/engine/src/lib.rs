@@ -30,8 +30,7 @@ mod scheduler;
 mod sequence;
 mod settings;
 
-pub use error::{AdmissionError, EngineError};
 pub use handle::{door_check, Engine, EngineHandle};
-pub use request::{Event, EventSender, GenRequest, RequestStream};
-pub use settings::{EngineConfig, EngineStats, PageKind, PageRun, Revoke, TenantPolicy};
+pub use request::{Event, GenRequest, RequestStream};
+pub use settings::{EngineConfig, Revoke, TenantPolicy};
 pub use types::{FinishReason, TokenEvent, Usage, ViolationKind};

@@ -1,8 +1,10 @@
-//! What a request is, and what comes back from it.
+//! What a request is inside the engine, and what comes back from it: the client's events
+//! and, for the worker roles, the handoff of pages (which never leave the workers).
 
 use std::time::Instant;
 
 use kv::{BlockTable, RequestId, TenantId};
+use protocol::RequestError;
 use sampling::{SamplingParams, StopTokens};
 use tokio::sync::mpsc;
 use types::{FinishReason, TokenEvent, Usage};
@@ -38,7 +40,7 @@ pub enum Event {
         reason: FinishReason,
         usage: Usage,
     },
-    Failed(crate::EngineError),
+    Failed(RequestError),
     /// [`crate::EngineHandle::reserve`]: the pages of the whole sequence, empty, for a transfer
     /// to fill. Dropping the table frees them.
     Reserved(BlockTable),
@@ -62,35 +64,7 @@ pub struct RequestStream {
     pub(crate) id: RequestId,
 }
 
-/// The sending end of a stream built outside the engine (a remote request relayed by the
-/// cluster router): the same contract, one final event, and `is_closed` once the receiver
-/// was dropped (the request must then be cancelled).
-#[derive(Debug, Clone)]
-pub struct EventSender(mpsc::UnboundedSender<Event>);
-
-impl EventSender {
-    /// False when the receiving side is gone.
-    pub fn send(&self, ev: Event) -> bool {
-        self.0.send(ev).is_ok()
-    }
-
-    pub fn is_closed(&self) -> bool {
-        self.0.is_closed()
-    }
-
-    /// Completes when the receiving side is dropped.
-    pub async fn closed(&self) {
-        self.0.closed().await
-    }
-}
-
 impl RequestStream {
-    /// A stream fed by an [`EventSender`] instead of the engine.
-    pub fn channel(id: RequestId) -> (EventSender, RequestStream) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        (EventSender(tx), RequestStream { rx, id })
-    }
-
     pub fn id(&self) -> RequestId {
         self.id
     }

@@ -14,8 +14,9 @@ use crate::inbox::{Kind, Msg, Pending, Resume, Shared};
 use crate::pacing::StepClock;
 use crate::row_share;
 use crate::sequence::{end, sample_into, End, Running};
-use crate::settings::{EngineConfig, EngineStats, Revoke, TenantPolicy};
-use crate::{EngineError, Event, FinishReason, Usage, ViolationKind};
+use crate::settings::{EngineConfig, Revoke, TenantPolicy};
+use crate::{Event, FinishReason, Usage, ViolationKind};
+use protocol::{PoolStats, RequestError};
 
 /// A queue: (is it the prefill lane, tenant).
 type QueueKey = (bool, TenantId);
@@ -45,7 +46,7 @@ pub(crate) struct Loop {
     rotation: VecDeque<QueueKey>,
     running: Vec<Running>,
     prefill_cursor: usize,
-    stats: EngineStats,
+    stats: PoolStats,
     /// Measured steps: whether waiting prompts run ahead of the decode step.
     clock: StepClock,
     /// Decode rows handed out while tenants shared steps (the source of `Running::row_turn`).
@@ -72,7 +73,7 @@ impl Loop {
             rotation: VecDeque::new(),
             running: Vec::new(),
             prefill_cursor: 0,
-            stats: EngineStats::default(),
+            stats: PoolStats::default(),
             clock: StepClock::default(),
             row_turns: 0,
         }
@@ -91,7 +92,7 @@ impl Loop {
             }
             self.publish();
         }
-        self.fail_all(EngineError::ShuttingDown);
+        self.fail_all(RequestError::ShuttingDown);
         self.publish();
     }
 
@@ -141,9 +142,9 @@ impl Loop {
                 let verdict = if p.tx.is_closed() {
                     Some(None)
                 } else if p.req.deadline.is_some_and(|d| now >= d) {
-                    Some(Some(EngineError::DeadlineExceeded))
+                    Some(Some(RequestError::DeadlineExceeded))
                 } else if now.duration_since(p.enqueued) >= timeout {
-                    Some(Some(EngineError::QueueTimeout))
+                    Some(Some(RequestError::QueueTimeout))
                 } else {
                     None
                 };
@@ -165,7 +166,7 @@ impl Loop {
             if r.tx.is_closed() {
                 self.running.remove(i);
             } else if r.req.deadline.is_some_and(|d| now >= d) {
-                end(self.running.remove(i), Event::Failed(EngineError::DeadlineExceeded));
+                end(self.running.remove(i), Event::Failed(RequestError::DeadlineExceeded));
             }
         }
     }
@@ -191,7 +192,7 @@ impl Loop {
                     continue;
                 }
                 Err(Refusal::Revoked) => {
-                    fail_head(q, &self.shared, EngineError::TenantRevoked);
+                    fail_head(q, &self.shared, RequestError::TenantRevoked);
                     if !q.is_empty() {
                         self.rotation.push_back(key);
                     }
@@ -199,7 +200,7 @@ impl Loop {
                 }
                 Err(Refusal::Failed(e)) => {
                     tracing::warn!(request = head.req.id.0, tenant = key.1.0, error = %e, "the pool refused a reservation (not for capacity); the request fails, the others go on");
-                    fail_head(q, &self.shared, EngineError::Internal(e.to_string()));
+                    fail_head(q, &self.shared, RequestError::Internal(e.to_string()));
                     if !q.is_empty() {
                         self.rotation.push_back(key);
                     }
@@ -273,14 +274,14 @@ impl Loop {
         let mut ended = 0usize;
         for i in (0..self.running.len()).rev() {
             if revoked(self.running[i].req.tenant, &p) {
-                end(self.running.remove(i), Event::Failed(EngineError::TenantRevoked));
+                end(self.running.remove(i), Event::Failed(RequestError::TenantRevoked));
                 ended += 1;
             }
         }
         for (key, q) in self.queues.iter_mut() {
             if revoked(key.1, &p) {
                 for pending in q.drain(..) {
-                    let _ = pending.tx.send(Event::Failed(EngineError::TenantRevoked));
+                    let _ = pending.tx.send(Event::Failed(RequestError::TenantRevoked));
                     self.shared.dequeued(pending.draws_on_pool);
                     ended += 1;
                 }
@@ -347,7 +348,7 @@ impl Loop {
                 let alone = SeqStep { tokens: step.tokens, start: step.start, kv: &mut *step.kv, logits: step.logits };
                 if let Err(e) = self.model.forward_into(&mut [alone], std::slice::from_mut(out)) {
                     out.clear();
-                    failed.push((at, EngineError::from_model(&e)));
+                    failed.push((at, crate::error::model_failure(&e)));
                 }
             }
         }
@@ -386,7 +387,8 @@ impl Loop {
             let r = &self.running[i];
             tracing::warn!(request = r.req.id.0, tenant = r.req.tenant.0, error = %e, "a prompt's pages could not be sealed into its tenant's cache; the request fails closed");
             self.running[i].logits.clear();
-            self.running[i].end = Some(End::Event(Event::Failed(EngineError::from_model(&model::ModelError::Kv(e)))));
+            self.running[i].end =
+                Some(End::Event(Event::Failed(crate::error::model_failure(&model::ModelError::Kv(e)))));
         }
         // Sampling is a pass over the vocabulary per sequence: spread it over the compute
         // threads. Each sequence has its own sampler, so the result does not depend on how.
@@ -494,20 +496,20 @@ impl Loop {
         let owner = Owner { tenant: req.tenant, request: req.id };
         let n = req.prompt.len();
         let refused = if kv.owner() != owner {
-            Some(EngineError::IsolationViolation { kind: ViolationKind::OwnerMismatch })
+            Some(RequestError::IsolationViolation { kind: ViolationKind::OwnerMismatch })
         } else if kv.capacity() < n + req.max_tokens {
-            Some(EngineError::IsolationViolation { kind: ViolationKind::ShortReservation })
+            Some(RequestError::IsolationViolation { kind: ViolationKind::ShortReservation })
         } else if first as usize >= self.model.config.vocab {
             // A first token the model cannot embed would fail the step it joins.
-            Some(EngineError::IsolationViolation { kind: ViolationKind::BadFirstToken })
+            Some(RequestError::IsolationViolation { kind: ViolationKind::BadFirstToken })
         } else if !self.is_live(req.tenant) {
-            Some(EngineError::TenantRevoked)
+            Some(RequestError::TenantRevoked)
         } else if !req.stop_tokens.contains(first) && req.constraint.as_mut().is_some_and(|c| c.accept(first).is_err())
         {
             // The prefill side drew a first token its grammar does not allow.
-            Some(EngineError::Internal("the first token breaks the request's output format".into()))
+            Some(RequestError::Internal("the first token breaks the request's output format".into()))
         } else {
-            kv.verify_written(n).err().map(|e| EngineError::from_model(&model::ModelError::Kv(e)))
+            kv.verify_written(n).err().map(|e| crate::error::model_failure(&model::ModelError::Kv(e)))
         };
         if let Some(e) = refused {
             drop(kv);
@@ -548,7 +550,7 @@ impl Loop {
         });
     }
 
-    fn fail_all(&mut self, e: EngineError) {
+    fn fail_all(&mut self, e: RequestError) {
         for r in std::mem::take(&mut self.running) {
             end(r, Event::Failed(e.clone()));
         }
@@ -583,7 +585,7 @@ impl Loop {
 /// Ends a running request: its pages are freed before the final event, so whoever sees the
 /// event sees them free.
 /// Ends the request at the head of `q` with `e`.
-fn fail_head(q: &mut VecDeque<Pending>, shared: &Shared, e: EngineError) {
+fn fail_head(q: &mut VecDeque<Pending>, shared: &Shared, e: RequestError) {
     if let Some(p) = q.pop_front() {
         shared.dequeued(p.draws_on_pool);
         let _ = p.tx.send(Event::Failed(e));
@@ -797,7 +799,7 @@ mod tests {
         assert!(
             matches!(
                 alice_events.last(),
-                Some(Event::Failed(EngineError::IsolationViolation { kind: ViolationKind::OwnerMismatch }))
+                Some(Event::Failed(RequestError::IsolationViolation { kind: ViolationKind::OwnerMismatch }))
             ),
             "{alice_events:?}"
         );

@@ -7,7 +7,8 @@ use sampling::Sampler;
 use tokio::sync::mpsc as tmpsc;
 
 use crate::inbox::Kind;
-use crate::{EngineError, Event, FinishReason, GenRequest, TokenEvent, Usage};
+use crate::{Event, FinishReason, GenRequest, TokenEvent, Usage};
+use protocol::RequestError;
 
 /// How a step's sampling ends a request.
 pub(crate) enum End {
@@ -60,7 +61,7 @@ pub(crate) fn sample_into(r: &mut Running, logits: &mut [f32]) -> Option<End> {
         completion_tokens: r.generated.len(),
         cached_tokens: r.cached,
     };
-    let failed = |e: String| Some(End::Event(Event::Failed(EngineError::Internal(e))));
+    let failed = |e: String| Some(End::Event(Event::Failed(RequestError::Internal(e))));
     // Constrained decoding: only tokens that continue the output's grammar stay drawable.
     if let Some(c) = r.req.constraint.as_mut() {
         if let Err(e) = c.mask(logits) {

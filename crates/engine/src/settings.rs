@@ -4,6 +4,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use kv::{KvPool, TenantId};
+use protocol::{PageKind, PageRun};
 
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -37,86 +38,17 @@ impl Default for EngineConfig {
     }
 }
 
-/// A snapshot for metrics and tests.
-#[derive(Debug, Clone, Default)]
-pub struct EngineStats {
-    pub queued: usize,
-    pub running: usize,
-    pub pages_total: usize,
-    pub pages_used: usize,
-    pub pages_by_tenant: Vec<(TenantId, usize)>,
-    pub steps: u64,
-    /// Prompt tokens computed (cache hits excluded).
-    pub prefill_tokens: u64,
-    pub decode_tokens: u64,
-    /// Prompt tokens served from the prefix cache instead of computed.
-    pub cached_tokens: u64,
-    /// Pages held by the prefix caches (main and prefill pool).
-    pub cached_pages: usize,
-    /// The same, per tenant (filled by [`EngineHandle::stats`]).
-    pub cached_pages_by_tenant: Vec<(TenantId, usize)>,
-}
-
-impl EngineStats {
-    /// Adds `other`'s figures (another engine's) to these.
-    pub fn absorb(&mut self, other: &EngineStats) {
-        self.queued += other.queued;
-        self.running += other.running;
-        self.pages_total += other.pages_total;
-        self.pages_used += other.pages_used;
-        self.steps += other.steps;
-        self.prefill_tokens += other.prefill_tokens;
-        self.decode_tokens += other.decode_tokens;
-        self.cached_tokens += other.cached_tokens;
-        self.cached_pages += other.cached_pages;
-        for (dst, src) in [
-            (&mut self.pages_by_tenant, &other.pages_by_tenant),
-            (&mut self.cached_pages_by_tenant, &other.cached_pages_by_tenant),
-        ] {
-            for &(t, n) in src {
-                match dst.iter_mut().find(|(u, _)| *u == t) {
-                    Some((_, m)) => *m += n,
-                    None => dst.push((t, n)),
-                }
-            }
-            dst.sort_by_key(|(t, _)| t.0);
-        }
-    }
-}
-
-/// What a page is used for, as the operator's map shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PageKind {
-    Free,
-    /// Leased to a running request of `tenant`.
-    Request,
-    /// A sealed prefix page in `tenant`'s cache.
-    Sealed,
-}
-
-/// Consecutive pages with the same holder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct PageRun {
-    pub kind: PageKind,
-    /// The holder's tenant id (0 for free pages).
-    pub tenant: u64,
-    pub pages: u32,
-}
-
-impl PageRun {
-    /// Run-length codes a pool's page map, appending to `out`.
-    pub fn encode(map: &[kv::PageUse], out: &mut Vec<PageRun>) {
-        for u in map {
-            let (kind, tenant) = match *u {
-                kv::PageUse::Free => (PageKind::Free, 0),
-                kv::PageUse::Request(t) => (PageKind::Request, t.0),
-                kv::PageUse::Sealed(t) => (PageKind::Sealed, t.0),
-            };
-            match out.last_mut() {
-                Some(r) if r.kind == kind && r.tenant == tenant => r.pages += 1,
-                _ => out.push(PageRun { kind, tenant, pages: 1 }),
-            }
+/// Run-length codes a pool's page map, appending to `out`.
+pub(crate) fn page_runs(map: &[kv::PageUse], out: &mut Vec<PageRun>) {
+    for u in map {
+        let (kind, tenant) = match *u {
+            kv::PageUse::Free => (PageKind::Free, 0),
+            kv::PageUse::Request(t) => (PageKind::Request, t.0),
+            kv::PageUse::Sealed(t) => (PageKind::Sealed, t.0),
+        };
+        match out.last_mut() {
+            Some(r) if r.kind == kind && r.tenant == tenant => r.pages += 1,
+            _ => out.push(PageRun { kind, tenant, pages: 1 }),
         }
     }
 }

@@ -3,11 +3,12 @@
 //! prompt's KV over, a decode engine reserves, receives it (copied row by row as a transfer
 //! would) and decodes. Greedy output must equal the single-engine run.
 
-use engine::{Engine, EngineConfig, EngineError, EngineHandle, Event, GenRequest, TokenEvent};
+use engine::{Engine, EngineConfig, EngineHandle, Event, GenRequest, TokenEvent};
 use gguf::GgufFile;
 use kv::{BlockTable, Capacity, KvDtype, KvPool, PoolConfig, RequestId, ScrubPolicy, TenantId};
 use model::tiny::{tiny_gguf, TinySpec};
 use model::{Llama, LoadOptions};
+use protocol::RequestError;
 use sampling::{SamplingParams, StopTokens};
 
 fn engine(pool_tokens: usize) -> Engine {
@@ -44,7 +45,7 @@ fn req(id: u64, prompt_len: usize, max_tokens: usize) -> GenRequest {
     }
 }
 
-fn tokens_of(mut s: engine::RequestStream) -> Result<Vec<u32>, EngineError> {
+fn tokens_of(mut s: engine::RequestStream) -> Result<Vec<u32>, RequestError> {
     let mut out = Vec::new();
     loop {
         match s.blocking_next().expect("final event") {
@@ -132,7 +133,7 @@ fn resume_refuses_pages_with_an_unwritten_prompt_slot_and_frees_them() {
         dst.import_rows(layer, 0, 1, &buf).unwrap();
     }
     let e = tokens_of(d.handle().resume(r, dst, first.token).unwrap()).unwrap_err();
-    assert_eq!(e, EngineError::IsolationViolation { kind: engine::ViolationKind::UnwrittenRead });
+    assert_eq!(e, RequestError::IsolationViolation { kind: engine::ViolationKind::UnwrittenRead });
     assert_eq!(d.handle().pool().used_pages(), 0);
 }
 
@@ -142,7 +143,7 @@ fn resume_refuses_another_requests_reservation() {
     let dh = d.handle();
     let other = reserve(&dh, req(8, 10, 4));
     let e = tokens_of(dh.resume(req(9, 10, 4), other, 1).unwrap()).unwrap_err();
-    assert_eq!(e, EngineError::IsolationViolation { kind: engine::ViolationKind::OwnerMismatch });
+    assert_eq!(e, RequestError::IsolationViolation { kind: engine::ViolationKind::OwnerMismatch });
     assert_eq!(dh.pool().used_pages(), 0);
 }
 
@@ -222,7 +223,7 @@ fn a_first_token_outside_the_vocabulary_is_refused_before_it_joins_a_step() {
     let (kv, _) = handed_over(&ph, &dh, &r);
     let vocab = TinySpec::default().vocab as u32;
     let e = tokens_of(dh.resume(r, kv, vocab).unwrap()).unwrap_err();
-    assert_eq!(e, EngineError::IsolationViolation { kind: engine::ViolationKind::BadFirstToken });
+    assert_eq!(e, RequestError::IsolationViolation { kind: engine::ViolationKind::BadFirstToken });
     assert_eq!(dh.pool().used_pages(), 0, "its pages are freed");
 }
 
@@ -253,7 +254,7 @@ fn a_sequence_failing_mid_step_fails_alone_and_its_batch_mates_output_is_unchang
             other => panic!("unexpected {other:?}"),
         }
     };
-    assert_eq!(e, EngineError::IsolationViolation { kind: engine::ViolationKind::GenerationMismatch });
+    assert_eq!(e, RequestError::IsolationViolation { kind: engine::ViolationKind::GenerationMismatch });
     assert_eq!(rogue_tokens, 0, "no token comes out of the step that failed");
     // Its pages are freed before its failure is sent.
     assert_eq!(dh.pool().pages_held_by(TenantId(6)), 0);
@@ -292,7 +293,7 @@ fn revoking_a_tenant_ends_its_requests_and_drops_its_cached_prefixes() {
         max_share: 1.0,
     });
     let err = tokens_of_any(running);
-    assert_eq!(err, Some(EngineError::TenantRevoked));
+    assert_eq!(err, Some(RequestError::TenantRevoked));
     assert_eq!(h.pool().cached_pages_of(alice), 0);
     assert_eq!(h.pool().cached_pages_of(bob), 3, "bob keeps his");
     // A tenant outside the table is refused from now on.
@@ -301,12 +302,12 @@ fn revoking_a_tenant_ends_its_requests_and_drops_its_cached_prefixes() {
         revoke: engine::Revoke::These(vec![]),
         max_share: 1.0,
     });
-    assert_eq!(tokens_of_any(h.submit(req(4, 10, 4)).unwrap()), Some(EngineError::TenantRevoked));
+    assert_eq!(tokens_of_any(h.submit(req(4, 10, 4)).unwrap()), Some(RequestError::TenantRevoked));
     assert_eq!(h.pool().used_pages(), h.pool().idle_cached_pages());
 }
 
 /// The error a stream ends with, if any.
-fn tokens_of_any(mut s: engine::RequestStream) -> Option<EngineError> {
+fn tokens_of_any(mut s: engine::RequestStream) -> Option<RequestError> {
     while let Some(ev) = s.blocking_next() {
         match ev {
             Event::Failed(e) => return Some(e),

@@ -3,11 +3,12 @@
 
 use std::time::{Duration, Instant};
 
-use engine::{AdmissionError, Engine, EngineConfig, EngineError, EngineHandle, Event, FinishReason, GenRequest};
+use engine::{Engine, EngineConfig, EngineHandle, Event, FinishReason, GenRequest};
 use gguf::GgufFile;
 use kv::{Capacity, KvDtype, KvPool, PoolConfig, RequestId, ScrubPolicy, TenantId};
 use model::tiny::{tiny_gguf, TinySpec};
 use model::{Llama, LoadOptions};
+use protocol::{AdmissionError, RequestError};
 use sampling::{SamplingParams, StopTokens};
 
 fn engine(pool_tokens: usize, cfg: EngineConfig) -> Engine {
@@ -34,7 +35,7 @@ fn req(id: u64, tenant: u64, prompt_len: usize, max_tokens: usize) -> GenRequest
 }
 
 /// Tokens of a request, or the failure that ended it.
-fn collect(h: &EngineHandle, r: GenRequest) -> Result<Vec<u32>, EngineError> {
+fn collect(h: &EngineHandle, r: GenRequest) -> Result<Vec<u32>, RequestError> {
     let mut s = h.submit(r).unwrap();
     let mut out = Vec::new();
     while let Some(ev) = s.blocking_next() {
@@ -150,7 +151,7 @@ fn full_pool_queues_then_refuses_without_serving_part() {
     let blocker = fill_pool(&h);
     // Waits (no Started, no token), then is refused: never a partial reservation.
     let mut s = h.submit(req(1, 1, 100, 156)).unwrap();
-    assert!(matches!(s.blocking_next(), Some(Event::Failed(EngineError::QueueTimeout))));
+    assert!(matches!(s.blocking_next(), Some(Event::Failed(RequestError::QueueTimeout))));
     assert_eq!(h.pool().used_pages(), blocker.pages());
     // Once pages are free, the same request is served whole.
     let waiting = h.submit(req(2, 1, 100, 156)).unwrap();
@@ -227,7 +228,7 @@ fn a_passed_deadline_fails_the_request_and_frees_its_pages() {
     // 470 tokens take far longer than 10 ms even on the tiny model.
     let mut r = req(1, 1, 40, 470);
     r.deadline = Some(Instant::now() + Duration::from_millis(10));
-    assert_eq!(collect(&h, r), Err(EngineError::DeadlineExceeded));
+    assert_eq!(collect(&h, r), Err(RequestError::DeadlineExceeded));
     wait_until("pages to return", || h.stats().pages_used == 0);
 }
 
@@ -263,7 +264,7 @@ fn shutting_down_fails_what_is_left_and_refuses_new_work() {
     assert!(matches!(s.blocking_next(), Some(Event::Started)));
     drop(e);
     let last = std::iter::from_fn(|| s.blocking_next()).last();
-    assert!(matches!(last, Some(Event::Failed(EngineError::ShuttingDown))), "{last:?}");
+    assert!(matches!(last, Some(Event::Failed(RequestError::ShuttingDown))), "{last:?}");
     assert!(matches!(h.submit(req(2, 1, 10, 4)).err(), Some(AdmissionError::ShuttingDown)));
     // What is left is the prompt's tail in the prefix cache, which no request holds.
     assert_eq!(h.pool().used_pages(), h.pool().idle_cached_pages());

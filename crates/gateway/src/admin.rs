@@ -84,7 +84,7 @@ pub fn snapshot(st: &AppState) -> Value {
             // As a string: an engine id is a u64, and a JSON number loses digits above 2^53 in
             // JavaScript.
             "name": w.name, "role": w.role, "inflight": w.inflight, "engine": w.stats.engine.to_string(),
-            "running": w.stats.running, "queued": w.stats.queued,
+            "running": w.stats.pool.running, "queued": w.stats.pool.queued,
         }));
         for (k, n) in &w.stats.violations {
             *violations.entry(k.label().to_string()).or_default() += n;
@@ -101,10 +101,10 @@ pub fn snapshot(st: &AppState) -> Value {
             // Counted from the map itself (every pool of the engine, the prefill pool included).
             let total: u64 = s.page_map.iter().map(|r| u64::from(r.pages)).sum();
             let used: u64 =
-                s.page_map.iter().filter(|r| r.kind != engine::PageKind::Free).map(|r| u64::from(r.pages)).sum();
+                s.page_map.iter().filter(|r| r.kind != protocol::PageKind::Free).map(|r| u64::from(r.pages)).sum();
             json!({
                 "engine": id.to_string(), "workers": names, "pages_total": total, "pages_used": used,
-                "cached_pages": s.cached_pages, "runs": runs,
+                "cached_pages": s.pool.cached_pages, "runs": runs,
             })
         })
         .collect();

@@ -4,7 +4,7 @@
 use axum::body::Body;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use engine::{AdmissionError, EngineError};
+use protocol::{AdmissionError, RequestError};
 use serde_json::json;
 
 /// An error on its way to the client.
@@ -165,23 +165,23 @@ impl ApiError {
     }
 
     /// A failure of an admitted request before anything was sent to the client.
-    pub fn engine(e: &EngineError) -> Self {
+    pub fn failed(e: &RequestError) -> Self {
         match e {
-            EngineError::QueueTimeout => Self::unavailable("queue_timeout", e.to_string(), 5),
-            EngineError::ShuttingDown => Self::draining(),
-            EngineError::DeadlineExceeded => {
+            RequestError::QueueTimeout => Self::unavailable("queue_timeout", e.to_string(), 5),
+            RequestError::ShuttingDown => Self::draining(),
+            RequestError::DeadlineExceeded => {
                 let mut err = Self::new(StatusCode::GATEWAY_TIMEOUT, "server_error", "deadline", e.to_string());
                 err.code = Some("timeout");
                 err
             }
-            EngineError::Refused(a) => Self::admission(a, "messages"),
-            EngineError::Unavailable(_) => Self::unavailable("no_worker", e.to_string(), 2),
-            EngineError::TenantRevoked => {
+            RequestError::Refused(a) => Self::admission(a, "messages"),
+            RequestError::Unavailable(_) => Self::unavailable("no_worker", e.to_string(), 2),
+            RequestError::TenantRevoked => {
                 let mut err = Self::unauthorized(e.to_string());
                 err.reason = "key_revoked";
                 err
             }
-            EngineError::IsolationViolation { .. } | EngineError::Internal(_) => Self::internal(e.to_string()),
+            RequestError::IsolationViolation { .. } | RequestError::Internal(_) => Self::internal(e.to_string()),
         }
     }
 

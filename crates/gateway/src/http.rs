@@ -95,7 +95,7 @@ async fn metrics_open(State(st): State<Arc<AppState>>) -> Response {
 }
 
 fn metrics_text(st: &AppState) -> Response {
-    let mut stats = engine::EngineStats::default();
+    let mut stats = protocol::PoolStats::default();
     for b in st.backends() {
         stats.absorb(&b.stats());
     }

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use cluster::exposition::{histogram, label, CounterFamily, Exposition};
 use cluster::metric_names::*;
-use engine::{EngineStats, ViolationKind};
 use prometheus_client::metrics::histogram::Histogram;
+use protocol::{PoolStats, ViolationKind};
 
 /// Registered workers by role, and each worker's load, pages and reported violations.
 pub fn expose_workers(e: &mut Exposition, workers: &[cluster::WorkerInfo]) {
@@ -42,7 +42,7 @@ pub fn expose_workers(e: &mut Exposition, workers: &[cluster::WorkerInfo]) {
         .gauges(
             WORKER_PAGES_USED,
             "KV pages a worker reports in use.",
-            workers.iter().map(|w| (id(w), w.stats.pages_used as i64)),
+            workers.iter().map(|w| (id(w), w.stats.pool.pages_used as i64)),
         )
         .counters(
             WORKER_VIOLATIONS_TOTAL,
@@ -200,7 +200,7 @@ impl Metrics {
 
     /// Adds the gateway's own families to `e`; `tenant_label` gives a tenant's label value
     /// (its id, or its name when `[metrics] tenant_names` is set).
-    pub fn expose(&self, e: &mut Exposition, stats: &EngineStats, tenant_label: impl Fn(types::TenantId) -> String) {
+    pub fn expose(&self, e: &mut Exposition, stats: &PoolStats, tenant_label: impl Fn(types::TenantId) -> String) {
         let one = |v: u64| [(vec![], v)];
         let gauge = |v: usize| [(vec![], v as i64)];
         e.live(REQUESTS_TOTAL, "API requests by HTTP status.", self.requests.clone())
@@ -278,7 +278,7 @@ mod tests {
         m.prefix_lookup(types::TenantId(1), 32);
         m.tenant_usage(types::TenantId(1), "stop", 40, 32, 7);
         m.tenant_usage(types::TenantId(1), "rejected", 0, 0, 0);
-        let stats = EngineStats { pages_by_tenant: vec![(types::TenantId(1), 3)], ..Default::default() };
+        let stats = PoolStats { pages_by_tenant: vec![(types::TenantId(1), 3)], ..Default::default() };
         let mut e = Exposition::new();
         m.expose(&mut e, &stats, |t| format!("tenant-{}", t.0));
         let text = e.text();
@@ -330,7 +330,7 @@ mod tests {
             inflight: 0,
             routes: 0,
             messages: (0, 0),
-            stats: cluster::proto::Stats { violations: vec![(engine::ViolationKind::BadMac, 1)], ..Default::default() },
+            stats: cluster::proto::Stats { violations: vec![(ViolationKind::BadMac, 1)], ..Default::default() },
         };
         let mut e = Exposition::new();
         expose_workers(&mut e, &[w]);

@@ -6,11 +6,13 @@
 mod common;
 
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use cluster::proto::{Failure, Spec, Stats, TicketWire, ToGateway, ToWorker};
+use cluster::proto::{Spec, Stats, TicketWire, ToGateway, ToWorker};
 use common::cluster::{metric, Cluster, DirectGateway};
 use common::{chat, generate_cli, PROMPTS};
+use protocol::{RequestError, RequestId, RouteRequest, TenantId};
+use sampling::{SamplingParams, StopTokens};
 use serde_json::Value;
 use wire::Role;
 
@@ -141,15 +143,17 @@ async fn direct(role: Role, config: &std::path::Path) -> (Vec<ToGateway>, Stats)
     let mut g = DirectGateway::start(role, config).await;
     let spec = Spec {
         route: 1,
-        request: 1,
-        tenant: 1,
-        prompt: (0..9000).map(|i| 100 + (i % 1000)).collect(),
-        max_tokens: 16,
-        sampling: sampling::RawSamplingParams::default(),
-        stop_tokens: vec![2],
-        deadline_ms: Some(30_000),
-        cache_salt: None,
-        output: None,
+        request: RouteRequest {
+            id: RequestId(1),
+            tenant: TenantId(1),
+            prompt: (0..9000).map(|i| 100 + (i % 1000)).collect(),
+            max_tokens: 16,
+            sampling: SamplingParams::default(),
+            stop_tokens: StopTokens::new([2]),
+            deadline: Some(Instant::now() + Duration::from_millis(30_000)),
+            cache_salt: None,
+            output: None,
+        },
     };
     let msg = if role == Role::Prefill {
         let ticket = TicketWire { request: 1, tenant: 1, nonce: [7; 16], pages: 564, tokens: 9000 };
@@ -171,13 +175,13 @@ fn workers_refuse_an_over_long_request_sent_directly_without_reserving_or_sendin
         let (got, stats) = rt.block_on(direct(role, &c.config));
         assert_eq!(got.len(), 1, "{role:?}: {got:?}");
         match &got[0] {
-            ToGateway::Failed { route: 1, failure: Failure::Refused(e) } => {
+            ToGateway::Failed { route: 1, failure: RequestError::Refused(e) } => {
                 let text = e.to_string();
                 assert!(text.contains("8192") && text.contains("9016"), "{text}");
             }
             other => panic!("{role:?}: expected a refusal, got {other:?}"),
         }
-        assert_eq!((stats.reservations, stats.frames_sent, stats.pages_used), (0, 0, 0), "{role:?}: {stats:?}");
+        assert_eq!((stats.reservations, stats.frames_sent, stats.pool.pages_used), (0, 0, 0), "{role:?}: {stats:?}");
     }
 }
 

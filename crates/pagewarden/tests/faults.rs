@@ -247,7 +247,7 @@ async fn rogue_prefill(c_addr: String, lies: Arc<Mutex<Vec<Lie>>>) {
         // It holds the secret, so its link and its frames authenticate: only the decode
         // worker's checks against its own reservation stand between it and the pages.
         let (mut io, mut sealer) = link.into_kv_sealer();
-        let n = spec.prompt.len() as u32;
+        let n = spec.request.prompt.len() as u32;
         let pages = match lie {
             Lie::Placeholder => 1,
             Lie::WrongDigest => n.div_ceil(16),
@@ -265,15 +265,15 @@ async fn rogue_prefill(c_addr: String, lies: Arc<Mutex<Vec<Lie>>>) {
         }
         let close = match lie {
             Lie::Placeholder => {
-                CloseFrame { tokens: 1, prompt_digest: PromptDigest::of(&spec.prompt[..1]), first_token: 42 }
+                CloseFrame { tokens: 1, prompt_digest: PromptDigest::of(&spec.request.prompt[..1]), first_token: 42 }
             }
             Lie::WrongDigest => {
-                let mut other = spec.prompt.clone();
+                let mut other = spec.request.prompt.clone();
                 other[3] ^= 1;
                 CloseFrame { tokens: n, prompt_digest: PromptDigest::of(&other), first_token: 42 }
             }
             Lie::MissingPage | Lie::BadFirstToken => {
-                CloseFrame { tokens: n, prompt_digest: PromptDigest::of(&spec.prompt), first_token: first }
+                CloseFrame { tokens: n, prompt_digest: PromptDigest::of(&spec.request.prompt), first_token: first }
             }
         };
         io.write_all(&sealer.seal(&Frame::close(ticket.id(), seq, close)).unwrap()).await.unwrap();

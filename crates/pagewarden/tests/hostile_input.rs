@@ -8,11 +8,13 @@ mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use cluster::proto::{Failure, Spec, ToGateway, ToWorker};
+use cluster::proto::{Spec, ToGateway, ToWorker};
 use common::cluster::{metric, Cluster, DirectGateway};
 use grammar::{EncodedFormat, MAX_FORMAT_BYTES, MAX_SCHEMA_DEPTH};
+use protocol::{RequestError, RequestId, RouteRequest, TenantId};
+use sampling::{SamplingParams, StopTokens};
 use serde_json::{json, Value};
 use wire::Role;
 
@@ -154,15 +156,17 @@ fn schemas_at_the_bounds_and_past_them_end_no_link_between_processes() {
 fn spec(route: u64, output: Option<EncodedFormat>) -> Spec {
     Spec {
         route,
-        request: route,
-        tenant: 1,
-        prompt: vec![1, 100, 200, 300],
-        max_tokens: 4,
-        sampling: sampling::RawSamplingParams::default(),
-        stop_tokens: vec![2],
-        deadline_ms: Some(30_000),
-        cache_salt: None,
-        output,
+        request: RouteRequest {
+            id: RequestId(route),
+            tenant: TenantId(1),
+            prompt: vec![1, 100, 200, 300],
+            max_tokens: 4,
+            sampling: SamplingParams::default(),
+            stop_tokens: StopTokens::new([2]),
+            deadline: Some(Instant::now() + Duration::from_millis(30_000)),
+            cache_salt: None,
+            output,
+        },
     }
 }
 
@@ -184,7 +188,8 @@ fn a_worker_fails_only_the_route_whose_message_it_cannot_read_and_keeps_the_link
         g.wr.send(&ToWorker::Reserve(spec(7, None))).await.unwrap();
         let (got, stats) = g.answers(Duration::from_secs(3)).await;
         let failed = |r: u64| {
-            got.iter().any(|m| matches!(m, ToGateway::Failed { route, failure: Failure::Internal(_) } if *route == r))
+            got.iter()
+                .any(|m| matches!(m, ToGateway::Failed { route, failure: RequestError::Internal(_) } if *route == r))
         };
         assert!(failed(5) && failed(6), "{got:?}");
         assert!(got.iter().any(|m| matches!(m, ToGateway::Reserved { route: 7, .. })), "{got:?}");

@@ -79,10 +79,23 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-/// Token ids that end generation (EOS, EOT, ...). Small sorted set.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Token ids that end generation (EOS, EOT, ...). Small sorted set; serialized as its ids.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(from = "Vec<u32>", into = "Vec<u32>")]
 pub struct StopTokens {
     ids: Vec<u32>,
+}
+
+impl From<Vec<u32>> for StopTokens {
+    fn from(ids: Vec<u32>) -> Self {
+        StopTokens::new(ids)
+    }
+}
+
+impl From<StopTokens> for Vec<u32> {
+    fn from(s: StopTokens) -> Self {
+        s.ids
+    }
 }
 
 impl StopTokens {

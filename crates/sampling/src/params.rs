@@ -69,8 +69,11 @@ impl Default for RawSamplingParams {
 }
 
 /// Parameters that passed validation. Only [`SamplingParams::new`] and
-/// [`SamplingParamsBuilder::build`] produce one. `Default` = greedy.
-#[derive(Debug, Clone, PartialEq)]
+/// [`SamplingParamsBuilder::build`] produce one. `Default` = greedy. Serialized as
+/// [`RawSamplingParams`] and validated again when deserialized: a peer cannot hand over a
+/// value the validator would have refused.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "RawSamplingParams", into = "RawSamplingParams")]
 pub struct SamplingParams {
     temperature: f32,
     top_k: usize,
@@ -116,6 +119,20 @@ fn check(field: &'static str, v: f32, ok: bool, allowed: &'static str) -> Result
         Ok(())
     } else {
         Err(invalid(field, v, allowed))
+    }
+}
+
+impl TryFrom<RawSamplingParams> for SamplingParams {
+    type Error = SamplingError;
+
+    fn try_from(raw: RawSamplingParams) -> Result<Self, SamplingError> {
+        SamplingParams::new(raw)
+    }
+}
+
+impl From<SamplingParams> for RawSamplingParams {
+    fn from(p: SamplingParams) -> Self {
+        p.to_raw()
     }
 }
 

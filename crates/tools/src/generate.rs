@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use engine::{AdmissionError, Engine, EngineConfig, Event, FinishReason, GenRequest, TokenEvent};
+use engine::{Engine, EngineConfig, Event, FinishReason, GenRequest, TokenEvent};
+use protocol::AdmissionError;
 use sampling::{SamplingParams, StopTokens};
 use serde::Serialize;
 use text::{ChatMessage, ChatTemplate, StreamDecoder};

@@ -608,12 +608,15 @@ mod tests {
         bytes.extend_from_slice(&2u16.to_le_bytes());
         bytes.push(KIND_HELLO);
         bytes.extend_from_slice(&body);
-        assert_eq!(HandshakeMsg::decode(&bytes), Err(WireError::BadVersion { got: 2, supported: 3 }));
-        assert_eq!(WIRE_VERSION, 3);
+        assert_eq!(HandshakeMsg::decode(&bytes), Err(WireError::BadVersion { got: 2, supported: 4 }));
+        assert_eq!(WIRE_VERSION, 4);
+        // A version-3 node's hello has this version's shape (its control messages do not).
+        bytes[8..10].copy_from_slice(&3u16.to_le_bytes());
+        assert_eq!(HandshakeMsg::decode(&bytes), Err(WireError::BadVersion { got: 3, supported: 4 }));
         let e = WireError::BadVersion { got: 2, supported: WIRE_VERSION };
         assert_eq!(
             (e.to_string().as_str(), e.kind()),
-            ("unsupported wire version 2 (this build speaks 3)", "bad_version")
+            ("unsupported wire version 2 (this build speaks 4)", "bad_version")
         );
     }
 

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use engine::{AdmissionError, EngineError, EngineStats, Event, GenRequest, RequestStream};
+use protocol::{AdmissionError, Event, EventStream, PoolStats, RequestError, RouteRequest};
 use types::TenantId;
 
 use crate::link::{HandshakeGate, Identity};
@@ -129,7 +129,7 @@ impl Router {
 
     /// Replaces the tenant table and sends it to every worker. The requests of the tenants in
     /// `revoke` (removed, or their key rotated) that were admitted before this call end with
-    /// [`EngineError::TenantRevoked`]; workers drop those tenants' cached prefixes.
+    /// [`RequestError::TenantRevoked`]; workers drop those tenants' cached prefixes.
     pub fn set_tenants(&self, table: TenantTable, revoke: &[TenantId]) {
         self.inner.registry.set_tenants(table, || {
             if !revoke.is_empty() {
@@ -146,14 +146,14 @@ impl Router {
 
     /// Checks the request, then runs it on the cluster; the stream has the engine's contract.
     /// `mark` is [`Router::revocation_mark`] from before the request's key was checked.
-    pub fn submit(&self, req: GenRequest, mark: u64) -> Result<RequestStream, AdmissionError> {
+    pub fn submit(&self, req: RouteRequest, mark: u64) -> Result<EventStream, AdmissionError> {
         self.check(&req.prompt, req.max_tokens)?;
         if self.inner.stopping.load(Ordering::SeqCst) {
             return Err(AdmissionError::ShuttingDown);
         }
-        let (tx, rs) = RequestStream::channel(req.id);
+        let (tx, rs) = EventStream::channel(req.id);
         if self.inner.revocations.borrow().revoked_since(req.tenant, mark) {
-            let _ = tx.send(Event::Failed(EngineError::TenantRevoked));
+            let _ = tx.send(Event::Failed(RequestError::TenantRevoked));
             return Ok(rs);
         }
         // The request's span (ids only) follows it into the task that routes it.
@@ -169,7 +169,7 @@ impl Router {
     }
 
     /// Sums of the workers' last reported stats, each engine counted once.
-    pub fn stats(&self) -> EngineStats {
+    pub fn stats(&self) -> PoolStats {
         self.inner.registry.stats()
     }
 

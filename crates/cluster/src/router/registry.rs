@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use engine::EngineStats;
+use protocol::PoolStats;
 use tokio::sync::mpsc;
 use wire::Role;
 
@@ -15,8 +15,9 @@ use super::config::RouterConfig;
 use super::pick::pick;
 use super::worker::{RouteMsg, WorkerConn};
 use crate::metrics::LinkMetrics;
-use crate::proto::{Failure, Register, Registered, Stats, TenantTable, ToGateway, ToWorker};
+use crate::proto::{Register, Registered, Stats, TenantTable, ToGateway, ToWorker};
 use crate::{ClusterError, Link};
+use protocol::RequestError;
 
 /// A registered worker, as the dashboards see it.
 #[derive(Debug, Clone)]
@@ -130,7 +131,7 @@ impl Registry {
                     tracing::warn!(role = role.name(), worker = %w.name, route = ?u.route, reason = %u.reason, "a worker's message did not decode; only its route fails");
                     if let Some((route, t)) = u.route.and_then(|r| Some((r, w.routes().get(&r).cloned()?))) {
                         let failure =
-                            Failure::Internal(format!("the {} worker's message could not be read", role.name()));
+                            RequestError::Internal(format!("the {} worker's message could not be read", role.name()));
                         let _ = t.send((role, RouteMsg::Msg(ToGateway::Failed { route, failure })));
                     }
                     continue;
@@ -238,8 +239,8 @@ impl Registry {
     }
 
     /// Sums of the workers' last reported stats, each engine counted once.
-    pub(super) fn stats(&self) -> EngineStats {
-        let mut s = EngineStats::default();
+    pub(super) fn stats(&self) -> PoolStats {
+        let mut s = PoolStats::default();
         let mut seen = Vec::new();
         for w in self.workers().iter() {
             let ws = w.stats.lock().unwrap_or_else(|e| e.into_inner());
@@ -247,7 +248,7 @@ impl Registry {
                 continue;
             }
             seen.push(ws.engine);
-            s.absorb(&ws.engine_stats());
+            s.absorb(&ws.pool);
         }
         s
     }

@@ -6,9 +6,8 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
-use engine::{EngineError, Event, EventSender, GenRequest, TokenEvent, Usage, ViolationKind};
+use protocol::{Event, EventSender, RequestError, RouteRequest, TokenEvent, Usage, ViolationKind};
 use tokio::sync::{mpsc, watch};
 use wire::{Role, Ticket};
 
@@ -16,7 +15,7 @@ use super::config::RouterConfig;
 use super::registry::Registry;
 use super::revocations::Revocations;
 use super::worker::{RouteMsg, WorkerConn};
-use crate::proto::{Failure, Spec, ToGateway, ToWorker};
+use crate::proto::{Spec, ToGateway, ToWorker};
 
 /// What the route of a request reads of its router.
 pub(super) struct Routing<'a> {
@@ -27,7 +26,7 @@ pub(super) struct Routing<'a> {
 }
 
 impl Routing<'_> {
-    pub(super) async fn orchestrate(self, req: GenRequest, ev: EventSender, mark: u64) {
+    pub(super) async fn orchestrate(self, req: RouteRequest, ev: EventSender, mark: u64) {
         let mut avoid = Vec::new();
         for attempt in 0..2 {
             match self.attempt(&req, &ev, &mut avoid, mark).await {
@@ -43,24 +42,19 @@ impl Routing<'_> {
         }
     }
 
-    async fn attempt(&self, req: &GenRequest, ev: &EventSender, avoid: &mut Vec<u64>, mark: u64) -> Outcome {
+    async fn attempt(&self, req: &RouteRequest, ev: &EventSender, avoid: &mut Vec<u64>, mark: u64) -> Outcome {
         let mut revocations = self.revocations.subscribe();
         if revocations.borrow_and_update().revoked_since(req.tenant, mark) {
-            return Outcome::Fail(EngineError::TenantRevoked);
+            return Outcome::Fail(RequestError::TenantRevoked);
         }
         let Some(decode) = self.registry.pick(Role::Decode, avoid) else {
-            return Outcome::Fail(EngineError::Unavailable("no decode worker is registered".into()));
+            return Outcome::Fail(RequestError::Unavailable("no decode worker is registered".into()));
         };
         let Some(prefill) = self.registry.pick(Role::Prefill, avoid) else {
-            return Outcome::Fail(EngineError::Unavailable("no prefill worker is registered".into()));
+            return Outcome::Fail(RequestError::Unavailable("no prefill worker is registered".into()));
         };
         let route = self.next_route.fetch_add(1, Ordering::Relaxed);
-        // The gateway's validation refused any format that cannot travel; were one to reach
-        // here, it fails this request alone, before any worker hears of it.
-        let spec = match Spec::of(route, req) {
-            Ok(s) => s,
-            Err(e) => return Outcome::Fail(EngineError::Internal(format!("the output format cannot be sent: {e}"))),
-        };
+        let spec = Spec { route, request: req.clone() };
         tracing::debug!(route, decode = %decode.name, prefill = %prefill.name, "route");
         let (tx, mut rx) = mpsc::unbounded_channel();
         let guard =
@@ -73,7 +67,7 @@ impl Routing<'_> {
         drop(tx);
         let mut guard = guard;
         let _ = decode.tx.send(ToWorker::Reserve(spec.clone()));
-        let deadline = req.deadline.unwrap_or_else(|| Instant::now() + crate::proto::DEFAULT_DEADLINE);
+        let deadline = req.deadline_or_default();
         let mut gate = FirstTokenGate::default();
         let mut verify_by: Option<tokio::time::Instant> = None;
         loop {
@@ -86,18 +80,18 @@ impl Routing<'_> {
             let (from, msg) = tokio::select! {
                 m = rx.recv() => match m {
                     Some(m) => m,
-                    None => return Outcome::Fail(EngineError::Internal("route channel closed".into())),
+                    None => return Outcome::Fail(RequestError::Internal("route channel closed".into())),
                 },
                 _ = ev.closed() => return Outcome::Done,
                 Ok(()) = revocations.changed() => {
                     if revocations.borrow_and_update().revoked_since(req.tenant, mark) {
-                        return Outcome::Fail(EngineError::TenantRevoked);
+                        return Outcome::Fail(RequestError::TenantRevoked);
                     }
                     continue;
                 }
-                _ = tokio::time::sleep_until(deadline.into()) => return Outcome::Fail(EngineError::DeadlineExceeded),
+                _ = tokio::time::sleep_until(deadline.into()) => return Outcome::Fail(RequestError::DeadlineExceeded),
                 _ = verify_sleep => {
-                    let e = EngineError::Unavailable("the decode worker did not verify the KV in time".into());
+                    let e = RequestError::Unavailable("the decode worker did not verify the KV in time".into());
                     return if gate.released { Outcome::Fail(e) } else { Outcome::Retry(e) };
                 }
             };
@@ -105,7 +99,7 @@ impl Routing<'_> {
             let msg = match msg {
                 RouteMsg::Lost => {
                     avoid.push(worker.id);
-                    let e = EngineError::Unavailable(format!("{} worker {} was lost", from.name(), worker.name));
+                    let e = RequestError::Unavailable(format!("{} worker {} was lost", from.name(), worker.name));
                     return if gate.released { Outcome::Fail(e) } else { Outcome::Retry(e) };
                 }
                 RouteMsg::Msg(m) => m,
@@ -114,7 +108,7 @@ impl Routing<'_> {
                 (Role::Decode, ToGateway::Reserved { ticket, .. }) => {
                     let t: Ticket = ticket.into();
                     if t.request != req.id || t.tenant != req.tenant || t.tokens as usize != req.prompt.len() {
-                        return Outcome::Fail(EngineError::IsolationViolation { kind: ViolationKind::WrongTicket });
+                        return Outcome::Fail(RequestError::IsolationViolation { kind: ViolationKind::WrongTicket });
                     }
                     let _ = ev.send(Event::Started);
                     let decode_addr = decode.kv_addr.clone().unwrap_or_default();
@@ -143,23 +137,23 @@ impl Routing<'_> {
                 (_, ToGateway::Failed { failure, .. }) => {
                     // A worker that could not reach its peer, or is draining, before the
                     // first token: another pair may serve it.
-                    if matches!(failure, Failure::Unreachable(_) | Failure::ShuttingDown) && !gate.released {
+                    if matches!(failure, RequestError::Unavailable(_) | RequestError::ShuttingDown) && !gate.released {
                         // A prefill worker that could not reach its decode worker names the
                         // decode worker as the one to pass over (after a rotation it may hold
                         // only the old secret); a draining worker names itself.
-                        let unreachable = matches!(failure, Failure::Unreachable(_)) && from == Role::Prefill;
+                        let unreachable = matches!(failure, RequestError::Unavailable(_)) && from == Role::Prefill;
                         avoid.push(if unreachable { decode.id } else { worker.id });
-                        return Outcome::Retry(failure.to_engine());
+                        return Outcome::Retry(failure);
                     }
-                    return Outcome::Fail(failure.to_engine());
+                    return Outcome::Fail(failure);
                 }
                 (role, other) => {
                     let what = format!("{} sent an unexpected {:?}", role.name(), std::mem::discriminant(&other));
-                    return Outcome::Fail(EngineError::Internal(what));
+                    return Outcome::Fail(RequestError::Internal(what));
                 }
             }
             match gate.release(req, ev, self.cfg.vocab) {
-                Err(kind) => return Outcome::Fail(EngineError::IsolationViolation { kind }),
+                Err(kind) => return Outcome::Fail(RequestError::IsolationViolation { kind }),
                 Ok(true) => {
                     guard.done = true;
                     return Outcome::Done;
@@ -179,8 +173,8 @@ impl Routing<'_> {
 enum Outcome {
     Done,
     /// Failed before the first token was released: may be retried once.
-    Retry(EngineError),
-    Fail(EngineError),
+    Retry(RequestError),
+    Fail(RequestError),
 }
 
 /// Holds the first token (from prefill) until decode verified the KV, then relays in order.
@@ -196,7 +190,7 @@ struct FirstTokenGate {
 
 impl FirstTokenGate {
     /// Releases what can be; `Ok(true)` once the request finished.
-    fn release(&mut self, req: &GenRequest, ev: &EventSender, vocab: usize) -> Result<bool, ViolationKind> {
+    fn release(&mut self, req: &RouteRequest, ev: &EventSender, vocab: usize) -> Result<bool, ViolationKind> {
         if !self.released {
             let (Some(first), Some(verified)) = (&self.first, self.verified) else { return Ok(false) };
             if first.token != verified {
@@ -271,14 +265,12 @@ impl Drop for RouteGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use engine::FinishReason;
-    use engine::RequestStream;
-    use types::{RequestId, TenantId};
+    use protocol::{EventStream, FinishReason, RequestId, TenantId};
 
     const VOCAB: usize = 100;
 
-    fn request(stop: &[u32]) -> GenRequest {
-        GenRequest {
+    fn request(stop: &[u32]) -> RouteRequest {
+        RouteRequest {
             id: RequestId(7),
             tenant: TenantId(2),
             prompt: vec![1, 2, 3],
@@ -287,7 +279,7 @@ mod tests {
             stop_tokens: sampling::StopTokens::new(stop.iter().copied()),
             deadline: None,
             cache_salt: None,
-            constraint: None,
+            output: None,
         }
     }
 
@@ -300,7 +292,7 @@ mod tests {
     }
 
     /// What the gate sent, once the sender is gone.
-    fn sent(tx: EventSender, mut rs: RequestStream) -> Vec<String> {
+    fn sent(tx: EventSender, mut rs: EventStream) -> Vec<String> {
         drop(tx);
         std::iter::from_fn(|| rs.blocking_next())
             .map(|e| match e {
@@ -319,7 +311,7 @@ mod tests {
     #[test]
     fn the_first_token_waits_for_the_decode_workers_verification_then_everything_follows_in_order() {
         let req = request(&[]);
-        let (tx, rs) = RequestStream::channel(req.id);
+        let (tx, rs) = EventStream::channel(req.id);
         let mut gate = FirstTokenGate { first: Some(tok(42)), cached_tokens: 2, ..Default::default() };
         // Decode's tokens may arrive before its verification reaches the gateway: held too.
         gate.pending.push_back(token_msg(43));
@@ -337,7 +329,7 @@ mod tests {
         for (first, verified, kind) in
             [(42, 41, ViolationKind::FirstTokenMismatch), (VOCAB as u32, VOCAB as u32, ViolationKind::BadFirstToken)]
         {
-            let (tx, rs) = RequestStream::channel(req.id);
+            let (tx, rs) = EventStream::channel(req.id);
             let mut gate = FirstTokenGate { first: Some(tok(first)), verified: Some(verified), ..Default::default() };
             gate.pending.push_back(token_msg(5));
             assert_eq!(gate.release(&req, &tx, VOCAB), Err(kind));
@@ -349,7 +341,7 @@ mod tests {
     #[test]
     fn a_later_token_outside_the_vocabulary_fails_the_request_after_what_came_before_it() {
         let req = request(&[]);
-        let (tx, rs) = RequestStream::channel(req.id);
+        let (tx, rs) = EventStream::channel(req.id);
         let mut gate = FirstTokenGate { first: Some(tok(1)), verified: Some(1), ..Default::default() };
         gate.pending.extend([token_msg(2), token_msg(VOCAB as u32 + 7), token_msg(3)]);
         assert_eq!(gate.release(&req, &tx, VOCAB), Err(ViolationKind::BadToken));
@@ -359,7 +351,7 @@ mod tests {
     #[test]
     fn a_first_token_that_is_a_stop_token_ends_the_text_without_being_sent() {
         let req = request(&[0]);
-        let (tx, rs) = RequestStream::channel(req.id);
+        let (tx, rs) = EventStream::channel(req.id);
         let mut gate = FirstTokenGate { first: Some(tok(0)), verified: Some(0), ..Default::default() };
         gate.pending.push_back(ToGateway::Finished { route: 1, reason: FinishReason::Stop, usage: (3, 1) });
         assert_eq!(gate.release(&req, &tx, VOCAB), Ok(true));

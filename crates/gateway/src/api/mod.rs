@@ -23,7 +23,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::Response;
-use engine::GenRequest;
+use protocol::RouteRequest;
 
 use self::endpoint::Endpoint;
 use self::request_log::RequestLog;
@@ -182,7 +182,7 @@ async fn generate_inner(
         let id = if index == 0 { log.id } else { st.next_id.fetch_add(1, Ordering::Relaxed) };
         // A seeded request stays reproducible, and its choices differ.
         let seed = v.sampling.seed().map(|s| s.wrapping_add(index as u64));
-        let gen_req = GenRequest {
+        let route_req = RouteRequest {
             id: RequestId(id),
             tenant: tenant.id,
             prompt: v.prompt.clone(),
@@ -191,10 +191,10 @@ async fn generate_inner(
             stop_tokens: if v.ignore_eos { sampling::StopTokens::new([]) } else { model.stop_tokens.clone() },
             deadline: Some(arrived + st.settings.limits.request_timeout),
             cache_salt: v.cache_salt.clone(),
-            constraint: v.constraint.clone(),
+            output: v.output.clone(),
         };
         // A refusal drops the choices submitted so far, which cancels them.
-        let rs = model.backend.submit(gen_req, mark).map_err(|e| ApiError::admission(&e, prompt_param))?;
+        let rs = model.backend.submit(route_req, mark).map_err(|e| ApiError::admission(&e, prompt_param))?;
         log.ran = true;
         gens.push(Generation::new(
             st.clone(),

@@ -1,8 +1,8 @@
-//! From engine events to text: detokenization, stop strings, and the SSE body.
+//! From a request's events to text: detokenization, stop strings, and the SSE body.
 //!
-//! [`Generation`] turns a request's [`RequestStream`] into [`Step`]s: text (UTF-8 safe, stop
+//! [`Generation`] turns a request's [`EventStream`] into [`Step`]s: text (UTF-8 safe, stop
 //! strings cut and never emitted, text that could begin a stop string held back), then exactly
-//! one `Done` or `Error`. Dropping it drops the `RequestStream`, which cancels the request in the
+//! one `Done` or `Error`. Dropping it drops the `EventStream`, which cancels the request in the
 //! engine (its pages are freed within one step).
 
 use std::collections::VecDeque;
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::Response;
-use engine::{Event, RequestStream};
+use protocol::{Event, EventStream};
 use serde_json::Value;
 use text::StreamDecoder;
 use tokio::sync::mpsc;
@@ -89,7 +89,7 @@ pub struct Generation {
     st: Arc<AppState>,
     /// The model it runs on (its vocabulary decodes the tokens).
     model: Arc<ServedModel>,
-    rs: Option<RequestStream>,
+    rs: Option<EventStream>,
     permit: SharedPermit,
     dec: StreamDecoder,
     stop: StopMatcher,
@@ -112,7 +112,7 @@ impl Generation {
     pub fn new(
         st: Arc<AppState>,
         model: Arc<ServedModel>,
-        rs: RequestStream,
+        rs: EventStream,
         permit: SharedPermit,
         stops: Vec<String>,
         want_logprobs: bool,
@@ -239,16 +239,12 @@ impl Generation {
                     self.out.push_back(Step::Done { reason, usage });
                     self.end();
                 }
-                Event::Reserved(_) | Event::Prefilled { .. } => {
-                    self.end();
-                    self.out.push_back(Step::Error(ApiError::internal("a worker handed over pages to the API")));
-                }
                 Event::Failed(e) => {
-                    if let engine::EngineError::IsolationViolation { kind } = e {
+                    if let protocol::RequestError::IsolationViolation { kind } = e {
                         self.st.metrics.isolation_violation(kind);
                     }
                     self.end();
-                    self.out.push_back(Step::Error(ApiError::engine(&e)));
+                    self.out.push_back(Step::Error(ApiError::failed(&e)));
                 }
             }
         }

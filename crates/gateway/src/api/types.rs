@@ -1,6 +1,6 @@
 //! Response shapes of the OpenAI API (chat completions, completions, models, their chunks).
 
-use engine::FinishReason;
+use ::types::FinishReason;
 use serde_json::{json, Value};
 use text::Tokenizer;
 

@@ -57,8 +57,9 @@ pub struct Validated {
     /// send the same salt. The tenant part of the cache scope comes from authentication, so
     /// no salt can reach another tenant's cache.
     pub cache_salt: Option<String>,
-    /// `response_format`: the grammar the output is held to, compiled (each choice clones it).
-    pub constraint: Option<grammar::Constraint>,
+    /// The shape the output is held to (`response_format` or tools), compiled once to check it
+    /// and carried encoded.
+    pub output: Option<grammar::EncodedFormat>,
     /// `tools`: the functions the model may call; its answers are read back as `tool_calls`.
     pub tools: Option<std::sync::Arc<Tools>>,
     _sealed: Sealed,
@@ -261,14 +262,15 @@ fn output_format(o: &Obj) -> Result<Option<OutputFormat>, ValidationError> {
     }
 }
 
-/// The output's constraint (from `response_format`, or from `tools`: a call's arguments
-/// follow its function's schema) and the tools, compiled once here so a bad schema is a 400.
-fn constraint(
+/// The output's format (from `response_format`, or from `tools`: a call's arguments follow
+/// its function's schema) and the tools. The format is compiled here once, so a bad schema is
+/// the client's 400, and then travels encoded: each worker compiles it again for itself.
+fn output(
     o: &Obj,
     endpoint: Endpoint,
     ignore_eos: bool,
     m: &ServedModel,
-) -> Result<(Option<grammar::Constraint>, Option<Tools>), ApiError> {
+) -> Result<(Option<grammar::EncodedFormat>, Option<Tools>), ApiError> {
     let mut output = output_format(o)?;
     let tools = match endpoint {
         Endpoint::Chat => super::tools::parse(o)?,
@@ -286,11 +288,11 @@ fn constraint(
     }
     // The format must also fit the control message that carries it to the workers.
     let field = if tools.is_some() { "tools" } else { "response_format" };
-    let constraint = output
-        .map(|f| grammar::EncodedFormat::encode(&f).and_then(|_| m.grammars.compile(&f)))
+    let encoded = output
+        .map(|f| grammar::EncodedFormat::encode(&f).and_then(|e| m.grammars.compile(&f).map(|_| e)))
         .transpose()
         .map_err(|e| ValidationError::Grammar { field, message: e.to_string() })?;
-    Ok((constraint, tools))
+    Ok((encoded, tools))
 }
 
 fn cache_salt(o: &Obj) -> Result<Option<String>, ValidationError> {
@@ -438,7 +440,7 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState, tenant: &TenantC
     }
     let stop = stop_strings(&o)?;
     let ignore_eos = get_bool(&o, "ignore_eos")?.unwrap_or(false);
-    let (constraint, tools) = constraint(&o, endpoint, ignore_eos, m)?;
+    let (output, tools) = output(&o, endpoint, ignore_eos, m)?;
     let cache_salt = cache_salt(&o)?;
     let (prompt, echo) = prompt(&o, endpoint, tools.as_ref(), m, echo_on)?;
 
@@ -451,7 +453,7 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState, tenant: &TenantC
     // placeholder.
     #[cfg(feature = "incident-replay")]
     let prompt = match m.backend.check(&prompt, max_tokens) {
-        Err(engine::AdmissionError::ContextLengthExceeded { .. }) if 1 + max_tokens <= m.context => {
+        Err(protocol::AdmissionError::ContextLengthExceeded { .. }) if 1 + max_tokens <= m.context => {
             prompt[..1].to_vec()
         }
         _ => prompt,
@@ -477,7 +479,7 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState, tenant: &TenantC
         logprobs: logprobs.map(|t| t as usize),
         ignore_eos,
         cache_salt,
-        constraint,
+        output,
         tools: tools.map(std::sync::Arc::new),
         _sealed: Sealed(()),
     })

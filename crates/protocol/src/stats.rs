@@ -1,0 +1,110 @@
+//! What a pool holds and what its engine computed, as a worker reports it and the gateway
+//! sums it (the metrics and the operator's page map).
+
+use serde::{Deserialize, Serialize};
+use types::TenantId;
+
+/// One engine's pool and step counters (a snapshot), or their sum over engines.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PoolStats {
+    pub queued: usize,
+    pub running: usize,
+    pub pages_total: usize,
+    pub pages_used: usize,
+    pub pages_by_tenant: Vec<(TenantId, usize)>,
+    pub steps: u64,
+    /// Prompt tokens computed (cache hits excluded).
+    pub prefill_tokens: u64,
+    pub decode_tokens: u64,
+    /// Prompt tokens served from the prefix cache instead of computed.
+    pub cached_tokens: u64,
+    /// Pages held by the prefix caches (main and prefill pool).
+    pub cached_pages: usize,
+    /// The same, per tenant.
+    pub cached_pages_by_tenant: Vec<(TenantId, usize)>,
+}
+
+impl PoolStats {
+    /// Adds `other`'s figures (another engine's) to these.
+    pub fn absorb(&mut self, other: &PoolStats) {
+        self.queued += other.queued;
+        self.running += other.running;
+        self.pages_total += other.pages_total;
+        self.pages_used += other.pages_used;
+        self.steps += other.steps;
+        self.prefill_tokens += other.prefill_tokens;
+        self.decode_tokens += other.decode_tokens;
+        self.cached_tokens += other.cached_tokens;
+        self.cached_pages += other.cached_pages;
+        for (dst, src) in [
+            (&mut self.pages_by_tenant, &other.pages_by_tenant),
+            (&mut self.cached_pages_by_tenant, &other.cached_pages_by_tenant),
+        ] {
+            for &(t, n) in src {
+                match dst.iter_mut().find(|(u, _)| *u == t) {
+                    Some((_, m)) => *m += n,
+                    None => dst.push((t, n)),
+                }
+            }
+            dst.sort_by_key(|(t, _)| t.0);
+        }
+    }
+}
+
+/// What a page is used for, as the operator's map shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PageKind {
+    Free,
+    /// Leased to a running request of `tenant`.
+    Request,
+    /// A sealed prefix page in `tenant`'s cache.
+    Sealed,
+}
+
+/// Consecutive pages with the same holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PageRun {
+    pub kind: PageKind,
+    /// The holder's tenant id (0 for free pages).
+    pub tenant: u64,
+    pub pages: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sum_over_engines_adds_every_field_the_cache_ones_included() {
+        let a = PoolStats {
+            cached_tokens: 40,
+            cached_pages: 3,
+            cached_pages_by_tenant: vec![(TenantId(1), 2), (TenantId(2), 1)],
+            pages_by_tenant: vec![(TenantId(1), 5)],
+            prefill_tokens: 7,
+            queued: 1,
+            running: 2,
+            pages_total: 10,
+            pages_used: 5,
+            steps: 3,
+            decode_tokens: 4,
+        };
+        let b = PoolStats {
+            cached_tokens: 2,
+            cached_pages: 1,
+            cached_pages_by_tenant: vec![(TenantId(2), 1)],
+            pages_total: 6,
+            ..Default::default()
+        };
+        let mut sum = PoolStats::default();
+        sum.absorb(&a);
+        sum.absorb(&b);
+        assert_eq!((sum.cached_tokens, sum.cached_pages, sum.prefill_tokens), (42, 4, 7));
+        assert_eq!((sum.queued, sum.running, sum.pages_total, sum.pages_used), (1, 2, 16, 5));
+        assert_eq!((sum.steps, sum.decode_tokens), (3, 4));
+        assert_eq!(sum.cached_pages_by_tenant, vec![(TenantId(1), 2), (TenantId(2), 2)]);
+        assert_eq!(sum.pages_by_tenant, vec![(TenantId(1), 5)]);
+    }
+}
