@@ -14,7 +14,7 @@ use serde::Deserialize;
 
 use crate::cluster_settings::{self, RawCluster};
 pub use crate::cluster_settings::{parse_node_identity, parse_node_public_key, ClusterSettings, TrustedNode};
-use crate::config_error::{invalid, positive, positive_u64};
+use crate::config_error::invalid;
 pub use crate::config_error::{Chain, ConfigError, Location};
 use crate::config_span;
 pub use crate::engine_settings::EngineSettings;
@@ -23,6 +23,8 @@ use crate::limits_settings::{self, RawLimits};
 pub use crate::limits_settings::{DEFAULT_MAX_TOKENS_CEILING, DEFAULT_TENANT_POOL_SHARE};
 pub use crate::membership_settings::MembershipSettings;
 use crate::membership_settings::RawMembership;
+pub use crate::metrics_settings::MetricsSettings;
+use crate::metrics_settings::RawMetrics;
 use crate::model_list::RawModel;
 pub use crate::model_list::{ModelSettings, ModelSource, PoolSize};
 pub use crate::pool_settings::PoolSettings;
@@ -30,15 +32,13 @@ use crate::pool_settings::{self, RawPool};
 use crate::private_file::read_private_text;
 use crate::tenants_settings::RawTenant;
 pub use crate::tenants_settings::{parse_digest, valid_tenant_name};
+use crate::tls_files::RawTls;
 pub use crate::tls_files::TlsSettings;
+use crate::usage_settings::RawUsage;
+pub use crate::usage_settings::{DEFAULT_USAGE_KEEP, DEFAULT_USAGE_MAX_BYTES};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 pub const DEFAULT_MODEL_NAME: &str = "SmolLM2-135M-Instruct";
-/// `[usage] max_bytes`: the log rotates past 64 MiB ...
-pub const DEFAULT_USAGE_MAX_BYTES: u64 = 64 << 20;
-/// ... and `[usage] keep` rotated files are kept.
-pub const DEFAULT_USAGE_KEEP: usize = 8;
-
 /// The file as written. Unknown fields are errors (a typo must not be silently ignored).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -79,49 +79,6 @@ struct RawConfig {
 #[serde(deny_unknown_fields)]
 struct RawAdmin {
     key_file: Option<PathBuf>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawTls {
-    cert_file: Option<PathBuf>,
-    key_file: Option<PathBuf>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawUsage {
-    log: Option<PathBuf>,
-    max_bytes: Option<u64>,
-    keep: Option<usize>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RawMetrics {
-    listen: Option<String>,
-    token_file: Option<PathBuf>,
-    tenant_names: Option<bool>,
-}
-
-/// `[metrics]`: where `/metrics` is served and what its labels say. The exposition shows
-/// per-tenant load and cache use, so the public listener serves it only with the token.
-#[derive(Debug, Clone, Default)]
-pub struct MetricsSettings {
-    /// A listener of its own (no authentication: for a private network or a local scraper).
-    pub listen: Option<SocketAddr>,
-    /// A file holding the bearer token `/metrics` on the public listener asks for.
-    pub token_file: Option<PathBuf>,
-    /// Tenant labels are names (true) or numeric ids (false, the default).
-    pub tenant_names: bool,
-}
-
-impl MetricsSettings {
-    /// Reads the token file, if one is configured (mode 600, 32+ characters, like a cluster
-    /// secret: whoever holds it sees every tenant's load).
-    pub fn token(&self) -> Result<Option<zeroize::Zeroizing<String>>, ConfigError> {
-        self.token_file.as_deref().map(|p| read_private_text("metrics.token_file", p)).transpose()
-    }
 }
 
 impl Config {
@@ -305,45 +262,9 @@ impl Config {
         let engine = RawEngine::settings(raw.engine, raw.prefix_cache)?;
         let limits = RawLimits::settings(raw.limits)?;
 
-        let m = raw.metrics;
-        let metrics = MetricsSettings {
-            listen: m
-                .listen
-                .map(|a| {
-                    a.parse().map_err(|_| {
-                        invalid("metrics.listen", format!("`{a}` is not an address such as 127.0.0.1:9090"))
-                    })
-                })
-                .transpose()?,
-            token_file: m.token_file,
-            tenant_names: m.tenant_names.unwrap_or(false),
-        };
-
-        let u = raw.usage;
-        let usage = match u.log {
-            Some(path) => Some(UsageSettings {
-                path,
-                max_bytes: positive_u64("usage.max_bytes", u.max_bytes, DEFAULT_USAGE_MAX_BYTES)?,
-                keep: positive("usage.keep", u.keep, DEFAULT_USAGE_KEEP)?,
-            }),
-            None if u.max_bytes.is_some() || u.keep.is_some() => {
-                return Err(invalid("usage.log", "`max_bytes` and `keep` need a `log` file to apply to"))
-            }
-            None => None,
-        };
-
-        let tls = match raw.tls {
-            None => None,
-            Some(RawTls { cert_file: Some(cert_file), key_file: Some(key_file) }) => {
-                Some(TlsSettings { cert_file, key_file })
-            }
-            Some(RawTls { cert_file: None, .. }) => {
-                return Err(invalid("tls.cert_file", "`[tls]` needs `cert_file` (PEM, the chain leaf first)"))
-            }
-            Some(RawTls { key_file: None, .. }) => {
-                return Err(invalid("tls.key_file", "`[tls]` needs `key_file` (PEM, readable by its owner only)"))
-            }
-        };
+        let metrics = RawMetrics::settings(raw.metrics)?;
+        let usage = RawUsage::settings(raw.usage)?;
+        let tls = raw.tls.map(RawTls::settings).transpose()?;
 
         let cluster = RawCluster::settings(raw.cluster)?;
 

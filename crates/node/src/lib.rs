@@ -25,6 +25,7 @@ pub mod gateway_role;
 mod limits_settings;
 pub mod member;
 mod membership_settings;
+mod metrics_settings;
 pub mod model;
 mod model_list;
 pub mod node_keys;
@@ -37,6 +38,7 @@ pub mod tenant_file;
 mod tenants_settings;
 pub mod tls_files;
 pub mod usage_cli;
+mod usage_settings;
 pub mod worker;
 
 pub use cli::{

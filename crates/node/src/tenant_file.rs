@@ -35,7 +35,9 @@ pub enum TenantError {
     LastNodeKey(String),
     #[error("cannot make a node key: {0}")]
     NodeKey(String),
-    #[error("{action} {path}: {source}")]
+    /// The OS error is the source, not part of this message: the CLI prints the chain, and
+    /// putting it in both printed it twice.
+    #[error("{action} {path}")]
     Io { action: &'static str, path: String, source: std::io::Error },
 }
 
@@ -238,6 +240,16 @@ mod tests {
     use gateway::tenants::{TenantDirectory, Tenants};
 
     use super::*;
+
+    #[test]
+    fn a_file_that_cannot_be_written_says_its_os_error_once() {
+        let p = std::env::temp_dir().join(format!("pw-tenant-{}-absent-dir", std::process::id())).join("pw.toml");
+        let e = add_tenant(&p, "acme").err().unwrap();
+        assert!(matches!(e, TenantError::Io { .. }), "{e:?}");
+        let text = crate::config_error::Chain(&e).to_string();
+        assert!(text.contains("absent-dir"), "{text}");
+        assert_eq!(text.matches("os error 2").count(), 1, "{text}");
+    }
 
     #[test]
     fn dev_tenant_key_is_made_once_and_kept_private() {

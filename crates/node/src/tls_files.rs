@@ -10,6 +10,29 @@ use gateway::tls::{certified_key, CertifiedKey, ServerCertificate};
 use crate::config_error::{invalid, ConfigError};
 use crate::private_file::check_private;
 
+/// The section as written.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTls {
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+}
+
+impl RawTls {
+    /// Both files are needed (a section with one is a mistake, not plain HTTP).
+    pub(crate) fn settings(self) -> Result<TlsSettings, ConfigError> {
+        match self {
+            RawTls { cert_file: Some(cert_file), key_file: Some(key_file) } => Ok(TlsSettings { cert_file, key_file }),
+            RawTls { cert_file: None, .. } => {
+                Err(invalid("tls.cert_file", "`[tls]` needs `cert_file` (PEM, the chain leaf first)"))
+            }
+            RawTls { key_file: None, .. } => {
+                Err(invalid("tls.key_file", "`[tls]` needs `key_file` (PEM, readable by its owner only)"))
+            }
+        }
+    }
+}
+
 /// `[tls] cert_file` and `key_file`: PEM, the chain leaf first; the key readable by its owner
 /// only.
 #[derive(Debug, Clone)]
