@@ -95,7 +95,7 @@ impl Server {
     fn start(dir: &Path, label: &'static str, enabled: bool, b: &PrefixCacheBench) -> Result<Server, ToolError> {
         let exe = std::env::current_exe().map_err(ToolError::process("locating the pagewarden executable"))?;
         std::fs::create_dir_all(dir).map_err(ToolError::file("creating", dir))?;
-        let server = |source| ToolError::Launch { what: format!("the {label} server"), source };
+        let server = |source| ToolError::Launch { what: format!("the {label} server"), source: Box::new(source) };
         let config = dir.join("pagewarden.toml");
         // The server's /metrics needs a token; this one is only for the bench's own scrapes.
         let token_file = dir.join("metrics-token");
@@ -120,20 +120,32 @@ impl Server {
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
             .arg(&config)
             .stderr(std::fs::File::create(&log).map_err(ToolError::file("creating", &log))?);
-        let mut p = launch::spawn(cmd)
-            .map_err(|source| ToolError::Launch { what: "starting pagewarden serve".into(), source })?;
+        let mut p = launch::spawn(cmd).map_err(|source| ToolError::Launch {
+            what: "starting pagewarden serve".into(),
+            source: Box::new(source),
+        })?;
         let url = p.expect_lines(&[launch::listening::API], Duration::from_secs(180));
         let mut s = Server { label, child: p.child, url: String::new(), key, log, metrics_token };
         s.url = match url {
             Ok(u) => u.into_iter().next().unwrap_or_default(),
             Err(reason) => {
                 let log_tail = tail(&s.log, 20);
-                return Err(ToolError::ServerStart { label, failure: "did not start", reason, log_tail });
+                return Err(ToolError::ServerStart {
+                    label,
+                    failure: "did not start",
+                    reason: Box::new(reason),
+                    log_tail,
+                });
             }
         };
         if let Err(reason) = launch::wait_ready(&s.url, Duration::from_secs(120)) {
             let log_tail = tail(&s.log, 20);
-            return Err(ToolError::ServerStart { label, failure: "never became ready", reason, log_tail });
+            return Err(ToolError::ServerStart {
+                label,
+                failure: "never became ready",
+                reason: Box::new(reason),
+                log_tail,
+            });
         }
         Ok(s)
     }

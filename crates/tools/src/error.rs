@@ -90,17 +90,18 @@ pub enum ToolError {
     /// The measured server answered, but wrongly (a status, an error event, a cut stream).
     #[error("{0}")]
     Server(String),
-    /// A `pagewarden` process a benchmark starts could not be started.
+    /// A `pagewarden` process a benchmark starts could not be started (boxed: the error is large,
+    /// and every `Result` of the crate carries this type).
     #[error("{what}")]
     Launch {
         what: String,
         #[source]
-        source: launch::LaunchError,
+        source: Box<launch::LaunchError>,
     },
     /// A server a benchmark started did not serve; its log's last lines say why. `reason` is
     /// in the message, not a source, so the log stays the last thing printed.
     #[error("the {label} server {failure} ({reason}):\n{log_tail}")]
-    ServerStart { label: &'static str, failure: &'static str, reason: launch::LaunchError, log_tail: String },
+    ServerStart { label: &'static str, failure: &'static str, reason: Box<launch::LaunchError>, log_tail: String },
     /// A program (this executable, llama-bench, the transfer's receiver) could not be run.
     #[error("{what}")]
     Process {

@@ -28,7 +28,6 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::ToolError;
 use audit::stats::median_or_nan;
 use clap::Args;
 use serde::Serialize;
@@ -37,10 +36,12 @@ use wire::{
     DEFAULT_MAX_FRAME,
 };
 
+use crate::ToolError;
+
 /// Ends the run with [`ToolError::Transfer`]: the other process, or a frame, broke the protocol.
 macro_rules! fail {
     ($($why:tt)*) => {
-        return Err(ToolError::Transfer(format!($($why)*)))
+        return Err(crate::ToolError::Transfer(format!($($why)*)))
     };
 }
 

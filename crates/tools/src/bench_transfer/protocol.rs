@@ -6,10 +6,11 @@ use std::io::Read;
 use std::net::TcpStream;
 use std::time::Duration;
 
-use crate::ToolError;
 use kv::{KvDtype, KvLayout, RequestId, TenantId};
 use serde::{Deserialize, Serialize};
 use wire::{CloseFrame, Geometry, HandshakeMsg, PromptDigest, Ticket, TicketNonce, MAX_HANDSHAKE_MSG};
+
+use crate::ToolError;
 
 /// The default model's KV geometry (SmolLM2-135M: 30 layers, 3 KV heads of 64, f16), 16-token
 /// pages: one frame per page carries 30 x 16 x 2 x 3 x 64 x 2 = 368,640 payload bytes.

@@ -6,12 +6,12 @@ use std::net::TcpStream;
 use std::sync::mpsc;
 use std::time::Instant;
 
-use crate::ToolError;
 use wire::{
     ClusterSecret, Geometry, Initiator, KvFrameRef, KvSealer, Role, SealedParts, DEFAULT_MAX_FRAME, HEADER_LEN,
 };
 
 use super::protocol::*;
+use crate::ToolError;
 
 /// Page payloads with varied bytes (never all-zero pages, which the kernel may share).
 pub(super) fn sender_sources(g: &Geometry) -> Result<Vec<Vec<u8>>, ToolError> {

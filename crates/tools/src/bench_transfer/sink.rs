@@ -4,13 +4,13 @@
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 
-use crate::ToolError;
 use wire::{
     CloseFrame, ClusterSecret, FrameBodyRef, FrameRef, Geometry, KvFrameRef, KvOpener, PromptDigest, Received,
     Responder, Role, TicketId, TicketNonce, Transfer, DEFAULT_MAX_FRAME,
 };
 
 use super::protocol::*;
+use crate::ToolError;
 
 /// The receiving process: serves runs until the sender closes the connection.
 pub(super) fn sink(addr: &str) -> Result<(), ToolError> {
