@@ -3,8 +3,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
-
+use crate::error::AuditError;
 use crate::options::{AuditOptions, NoHooks, SkippedCheck, TokenizerFile};
 use crate::run::{run_audit, AuditOutcome};
 use crate::spawn;
@@ -115,32 +114,31 @@ impl AuditArgs {
 
 /// `pagewarden audit --url ... --tenants ...`: runs, prints the summary, and fails (non-zero
 /// exit) when the audit does.
-pub fn run(args: &AuditArgs) -> Result<()> {
+pub fn run(args: &AuditArgs) -> Result<(), AuditError> {
     if args.spawn {
         let outcome = spawn::run(args.seed, args.tenant_count, args.faults.as_deref(), &|url, tenants| {
             args.options(url, tenants)
         })?;
         return conclude(&outcome);
     }
-    let url = args.url.clone().context("--url is required")?;
-    let path = args.tenants.as_deref().context("--tenants FILE is required")?;
+    let url = args.url.clone().ok_or_else(|| AuditError::Usage("--url is required".into()))?;
+    let path = args.tenants.as_deref().ok_or_else(|| AuditError::Usage("--tenants FILE is required".into()))?;
     let mut opts = args.options(url, tenants::load(path)?);
     if let Some(f) = &args.metrics_token_file {
-        let text =
-            std::fs::read_to_string(f).with_context(|| format!("reading --metrics-token-file {}", f.display()))?;
+        let text = std::fs::read_to_string(f).map_err(AuditError::file("reading --metrics-token-file", f))?;
         opts.metrics_token = Some(text.trim().to_string());
     }
     conclude(&run_audit(&opts, &NoHooks)?)
 }
 
 /// Prints the summary; an error (non-zero exit) naming the failing kinds when the audit failed.
-fn conclude(outcome: &AuditOutcome) -> Result<()> {
+fn conclude(outcome: &AuditOutcome) -> Result<(), AuditError> {
     print!("{}", outcome.summary);
     if !outcome.passed {
         let mut kinds: Vec<&str> = outcome.findings.iter().filter(|f| f.fails).map(|f| f.kind).collect();
         kinds.sort_unstable();
         kinds.dedup();
-        bail!("the audit failed: {} failing findings ({})", outcome.counts.failing_findings, kinds.join(", "));
+        return Err(AuditError::Failed { failing: outcome.counts.failing_findings, kinds });
     }
     Ok(())
 }

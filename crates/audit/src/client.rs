@@ -5,11 +5,11 @@
 use std::io::{BufRead, BufReader};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
 use serde::Serialize;
 use serde_json::Value;
 
 use super::workload::ReqSpec;
+use crate::error::AuditError;
 
 /// How a request ended, from the client's side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -215,7 +215,7 @@ impl Client {
     }
 
     /// GET an absolute URL (metrics) or a path on the deployment; (status, body).
-    pub fn get(&self, url_or_path: &str, key: Option<&str>) -> Result<(u16, String)> {
+    pub fn get(&self, url_or_path: &str, key: Option<&str>) -> Result<(u16, String), AuditError> {
         let url = if url_or_path.starts_with("http") {
             url_or_path.to_string()
         } else {
@@ -225,14 +225,17 @@ impl Client {
         if let Some(k) = key {
             req = req.header("Authorization", format!("Bearer {k}"));
         }
-        let mut resp = req.call().with_context(|| format!("GET {url}"))?;
+        let mut resp = req.call().map_err(|source| AuditError::Http { request: format!("GET {url}"), source })?;
         let status = resp.status().as_u16();
-        let body = resp.body_mut().read_to_string().with_context(|| format!("reading GET {url}"))?;
+        let body = resp
+            .body_mut()
+            .read_to_string()
+            .map_err(|source| AuditError::Http { request: format!("reading GET {url}"), source })?;
         Ok((status, body))
     }
 
     /// POST a JSON body; (status, body).
-    pub fn post(&self, path: &str, key: &str, body: &Value) -> Result<(u16, String)> {
+    pub fn post(&self, path: &str, key: &str, body: &Value) -> Result<(u16, String), AuditError> {
         let url = format!("{}{path}", self.base);
         let mut resp = self
             .agent
@@ -240,9 +243,12 @@ impl Client {
             .header("Authorization", format!("Bearer {key}"))
             .header("Content-Type", "application/json")
             .send(body.to_string().as_bytes())
-            .with_context(|| format!("POST {url}"))?;
+            .map_err(|source| AuditError::Http { request: format!("POST {url}"), source })?;
         let status = resp.status().as_u16();
-        let text = resp.body_mut().read_to_string().with_context(|| format!("reading POST {url}"))?;
+        let text = resp
+            .body_mut()
+            .read_to_string()
+            .map_err(|source| AuditError::Http { request: format!("reading POST {url}"), source })?;
         Ok((status, text))
     }
 

@@ -3,9 +3,8 @@
 
 use serde_json::{json, Value};
 
-use anyhow::{bail, Result};
-
 use crate::client::Client;
+use crate::error::AuditError;
 use crate::meter::Meter;
 use crate::options::AuditOptions;
 use crate::rng::Rng;
@@ -58,14 +57,14 @@ pub(crate) fn probe(client: &Client, key: &str, endpoint: &str, body: &Value) ->
 }
 
 /// The context window: from `/v1/models` when the server lists it, else from a probe.
-pub(crate) fn discover_window(client: &Client, key: &str, model: &str, models: &Value) -> Result<usize> {
+pub(crate) fn discover_window(client: &Client, key: &str, model: &str, models: &Value) -> Result<usize, AuditError> {
     if let Some(n) = listed_window(models, model) {
         return Ok(n);
     }
     let body = workload::body(model, Endpoint::Chat, "Say hello.", 1, false, 0);
     match probe(client, key, Endpoint::Chat.path(), &body) {
         (Some(n), _) => Ok(n),
-        _ => bail!("cannot find the deployment's context window: pass --context-window N"),
+        _ => Err(AuditError::Target("cannot find the deployment's context window: pass --context-window N".into())),
     }
 }
 

@@ -30,6 +30,7 @@ mod canary;
 mod cli;
 mod client;
 mod discover;
+mod error;
 mod examine;
 mod finding;
 mod meter;
@@ -57,6 +58,7 @@ mod timing;
 mod workload;
 
 pub use self::cli::{run, AuditArgs};
+pub use self::error::AuditError;
 pub use self::finding::Finding;
 pub use self::options::{AuditHooks, AuditOptions, NoHooks, SkippedCheck, TokenizerFile};
 pub use self::prose::filler;

@@ -19,11 +19,11 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
 use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::client::Client;
+use crate::error::AuditError;
 
 /// The most bytes of prompt text one token of a packaged model's vocabulary stands for in the
 /// audit's prompts (prose and pseudo-words; the longest pieces are whole words with their
@@ -86,10 +86,12 @@ pub struct Meter<'a> {
 }
 
 /// Loads the tokenizer and chat template of a GGUF file.
-fn local_from(path: &Path) -> Result<Local> {
-    let f = gguf::GgufFile::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let tokenizer = text::Tokenizer::from_gguf(&f).context("reading the tokenizer")?;
-    let template = text::ChatTemplate::from_gguf(&f).context("reading the chat template")?;
+fn local_from(path: &Path) -> Result<Local, AuditError> {
+    let f = gguf::GgufFile::open(path).map_err(|source| AuditError::ModelFile { path: path.to_path_buf(), source })?;
+    let tokenizer = text::Tokenizer::from_gguf(&f)
+        .map_err(|source| AuditError::Tokenizer { what: "reading the tokenizer", source })?;
+    let template = text::ChatTemplate::from_gguf(&f)
+        .map_err(|source| AuditError::Tokenizer { what: "reading the chat template", source })?;
     let context_length = f
         .str("general.architecture")
         .ok()
@@ -116,7 +118,12 @@ impl<'a> Meter<'a> {
     /// Picks the best source the target and the options allow: a given `--tokenizer` file wins
     /// (the operator said so), then the packaged model's file (by the served name, or by the
     /// endpoint's fingerprint behind an alias), then the target's endpoint alone.
-    pub fn discover(client: &'a Client, key: &str, model: &str, tokenizer: Option<&Path>) -> Result<Meter<'a>> {
+    pub fn discover(
+        client: &'a Client,
+        key: &str,
+        model: &str,
+        tokenizer: Option<&Path>,
+    ) -> Result<Meter<'a>, AuditError> {
         let mut m = Meter {
             source: MeterSource::Estimate,
             client,

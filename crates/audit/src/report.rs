@@ -7,15 +7,15 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
 use serde::Serialize;
 
 use super::prom::ViolationDelta;
 use super::timing::TimingProbe;
 use super::workload::Calibration;
 use crate::client::Outcome;
+use crate::error::AuditError;
 use crate::finding::{kind, Finding, RequestRow};
 
 /// Nearest-rank percentiles of a sample.
@@ -508,12 +508,15 @@ impl Report {
     }
 
     /// Writes `report.json`, `report.md` and `report.svg` into `dir` (created if missing).
-    pub fn write(&self, dir: &Path) -> Result<()> {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        let json = serde_json::to_string_pretty(self).context("serialising the report")?;
+    pub fn write(&self, dir: &Path) -> Result<(), AuditError> {
+        let report = |action: &'static str, path: PathBuf| {
+            move |source: std::io::Error| AuditError::Report { action, path, source }
+        };
+        std::fs::create_dir_all(dir).map_err(report("creating", dir.to_path_buf()))?;
+        let json = serde_json::to_string_pretty(self).map_err(AuditError::ReportJson)?;
         let write = |name: &str, text: &str| {
             let p = dir.join(name);
-            std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))
+            std::fs::write(&p, text).map_err(report("writing", p))
         };
         write("report.json", &json)?;
         write("report.md", &self.markdown())?;

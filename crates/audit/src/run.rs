@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
 use serde_json::json;
 
 use crate::canary::CanaryIndex;
 use crate::client::{Client, Exchange};
+use crate::error::AuditError;
 use crate::examine::Examiner;
 use crate::finding::{kind, Finding, RequestRow};
 use crate::options::{AuditHooks, AuditOptions, SkippedCheck};
@@ -51,7 +51,7 @@ pub struct AuditOutcome {
 }
 
 /// Runs the audit against `opts.url`.
-pub fn run_audit(opts: &AuditOptions, hooks: &dyn AuditHooks) -> Result<AuditOutcome> {
+pub fn run_audit(opts: &AuditOptions, hooks: &dyn AuditHooks) -> Result<AuditOutcome, AuditError> {
     let client = Client::new(&opts.url, REQUEST_TIMEOUT);
     let mut run = Run::discover(opts, hooks, &client)?.plan();
     let load = run.load();
@@ -120,18 +120,20 @@ impl<'a> Run<'a> {
         opts: &'a AuditOptions,
         hooks: &'a dyn AuditHooks,
         client: &'a Client,
-    ) -> Result<Discovered<'a>> {
+    ) -> Result<Discovered<'a>, AuditError> {
         if opts.tenants.is_empty() {
-            bail!("the audit needs at least one tenant");
+            return Err(AuditError::Usage("the audit needs at least one tenant".into()));
         }
         if opts.concurrency == 0 {
-            bail!("--concurrency must be at least 1");
+            return Err(AuditError::Usage("--concurrency must be at least 1".into()));
         }
         let started_unix =
             std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         let before = settle::scrape_all(client, metrics_urls(opts, hooks), opts.metrics_token.as_deref());
         if opts.timing_probe == 0 && !opts.skips(SkippedCheck::TimingProbe) {
-            bail!("a timing probe of 0 samples checks nothing: skip it by name with --skip-check timing-probe");
+            return Err(AuditError::Usage(
+                "a timing probe of 0 samples checks nothing: skip it by name with --skip-check timing-probe".into(),
+            ));
         }
         let mut notes = Vec::new();
         let mut findings = Vec::new();
@@ -429,7 +431,7 @@ impl<'a> Run<'a> {
         timing_probe: Option<TimingProbe>,
         duration: Duration,
         settled: Settled,
-    ) -> Result<AuditOutcome> {
+    ) -> Result<AuditOutcome, AuditError> {
         let Run { d, plan, probes, rows, findings, .. } = self;
         let opts = d.opts;
         let mut findings = findings.into_inner().unwrap_or_else(|e| e.into_inner());

@@ -28,7 +28,7 @@ fn scrape(client: &Client, url: &str, token: Option<&str>) -> Result<Vec<prom::S
     match client.get(url, token) {
         Ok((200, body)) => Ok(prom::parse(&body)),
         Ok((status, _)) => Err(format!("HTTP {status}")),
-        Err(e) => Err(format!("{e:#}")),
+        Err(e) => Err(crate::error::chain(&e)),
     }
 }
 

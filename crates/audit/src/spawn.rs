@@ -12,8 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, bail, Context};
-
+use crate::error::AuditError;
 use crate::options::{AuditHooks, AuditOptions};
 use crate::proxy::{Fault, Proxy};
 use crate::run::{run_audit, AuditOutcome};
@@ -62,13 +61,13 @@ pub struct Deployment {
     injector: Option<std::thread::JoinHandle<()>>,
 }
 
-fn exe() -> anyhow::Result<PathBuf> {
-    std::env::current_exe().context("locating the pagewarden executable")
+fn exe() -> Result<PathBuf, AuditError> {
+    std::env::current_exe().map_err(AuditError::spawn("locating the pagewarden executable"))
 }
 
 /// Spawns `args`; waits for a stdout line containing each marker; returns the text after
 /// each marker.
-fn spawn(args: &[&str], markers: &[&str]) -> anyhow::Result<(Child, Vec<String>)> {
+fn spawn(args: &[&str], markers: &[&str]) -> Result<(Child, Vec<String>), AuditError> {
     let mut cmd = Command::new(exe()?);
     if INCIDENT {
         // The incident build refuses to serve unless told this is the audit's self-test.
@@ -80,14 +79,14 @@ fn spawn(args: &[&str], markers: &[&str]) -> anyhow::Result<(Child, Vec<String>)
     Ok((p.child, got))
 }
 
-fn tenant_add(config: &Path, name: &str) -> anyhow::Result<String> {
+fn tenant_add(config: &Path, name: &str) -> Result<String, AuditError> {
     Ok(launch::tenant_add(&exe()?, config, name)?)
 }
 
 impl Deployment {
-    pub fn start(tenants: usize, faults: &[String], seed: u64) -> anyhow::Result<Deployment> {
+    pub fn start(tenants: usize, faults: &[String], seed: u64) -> Result<Deployment, AuditError> {
         let dir = std::env::temp_dir().join(format!("pw-audit-{}-{seed}", std::process::id()));
-        std::fs::create_dir_all(&dir)?;
+        std::fs::create_dir_all(&dir).map_err(AuditError::file("creating", &dir))?;
         let secret = launch::random_hex(32)?;
         launch::write_private(&dir.join("secret"), secret.as_bytes())?;
         let metrics_token = launch::random_hex(24)?;
@@ -107,21 +106,22 @@ impl Deployment {
             pinned.join(", "),
             dir.join(METRICS_TOKEN_FILE).display()
         );
-        std::fs::write(&config, text)?;
+        std::fs::write(&config, text).map_err(AuditError::file("writing", &config))?;
         // `tenant add` gives each its id and appends it (the [[tenants]] tables come last).
         let mut keys = Vec::new();
         for i in 0..tenants {
             keys.push((format!("tenant-{i}"), tenant_add(&config, &format!("tenant-{i}"))?));
         }
-        let text = std::fs::read_to_string(&config)?
+        let text = std::fs::read_to_string(&config)
+            .map_err(AuditError::file("reading", &config))?
             .replace("[[tenants]]", "[[tenants]]\nmax_concurrent = 64\nmax_queued = 128\ntokens_per_minute = 0");
-        std::fs::write(&config, text)?;
+        std::fs::write(&config, text).map_err(AuditError::file("writing", &config))?;
         let tenants_file = dir.join("tenants.toml");
         let mut t = String::new();
         for (name, key) in &keys {
             t.push_str(&format!("[[tenants]]\nname = \"{name}\"\nkey = \"{key}\"\n"));
         }
-        std::fs::write(&tenants_file, t)?;
+        std::fs::write(&tenants_file, t).map_err(AuditError::file("writing", &tenants_file))?;
 
         let cfg = config.to_string_lossy().to_string();
         let gw_key = node_key_file(&dir, "gateway").to_string_lossy().to_string();
@@ -159,7 +159,7 @@ impl Deployment {
         let frame_faults: Vec<Fault> = faults.iter().filter_map(|f| Fault::parse(f)).collect();
         for (i, name) in ["prefill-0", "prefill-1"].into_iter().enumerate() {
             let w = d.start_worker("prefill", name, None)?;
-            d.workers.lock().map_err(|_| anyhow!("lock"))?.push(w);
+            d.workers.lock().map_err(|_| AuditError::Poisoned)?.push(w);
             let _ = i;
         }
         for (i, name) in ["decode-0", "decode-1"].into_iter().enumerate() {
@@ -174,9 +174,9 @@ impl Deployment {
                 }
                 *rng.pick(&ff)
             });
-            let proxy = Proxy::start(String::new(), chooser)?;
+            let proxy = Proxy::start(String::new(), chooser).map_err(AuditError::spawn("starting the fault proxy"))?;
             let w = d.start_worker("decode", name, Some(proxy))?;
-            d.workers.lock().map_err(|_| anyhow!("lock"))?.push(w);
+            d.workers.lock().map_err(|_| AuditError::Poisoned)?.push(w);
         }
         d.wait_ready()?;
         d.started = Instant::now();
@@ -186,11 +186,11 @@ impl Deployment {
         Ok(d)
     }
 
-    fn start_worker(&self, role: &'static str, name: &str, proxy: Option<Proxy>) -> anyhow::Result<Proc> {
+    fn start_worker(&self, role: &'static str, name: &str, proxy: Option<Proxy>) -> Result<Proc, AuditError> {
         start_worker(&self.config, &self.cluster_addr, role, name, proxy)
     }
 
-    fn wait_ready(&self) -> anyhow::Result<()> {
+    fn wait_ready(&self) -> Result<(), AuditError> {
         let t0 = Instant::now();
         loop {
             let metrics = format!("{}/metrics", self.url);
@@ -200,7 +200,7 @@ impl Deployment {
                 return Ok(());
             }
             if t0.elapsed() > launch::START_TIMEOUT {
-                bail!("the workers did not register with the gateway");
+                return Err(AuditError::NotRegistered);
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -294,10 +294,17 @@ fn node_key_file(dir: &Path, name: &str) -> std::path::PathBuf {
 
 /// `pagewarden node keygen --out FILE` (a fresh file: one left by an earlier run of the same
 /// seed goes first); the node identity it printed.
-fn node_keygen(file: &Path) -> anyhow::Result<String> {
+fn node_keygen(file: &Path) -> Result<String, AuditError> {
     let _ = std::fs::remove_file(file);
-    let out = Command::new(exe()?).args(["node", "keygen", "--out"]).arg(file).output()?;
-    anyhow::ensure!(out.status.success(), "node keygen failed: {}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(exe()?)
+        .args(["node", "keygen", "--out"])
+        .arg(file)
+        .output()
+        .map_err(AuditError::spawn("running pagewarden node keygen"))?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        return Err(AuditError::Process { process: "node keygen", stderr });
+    }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
@@ -307,7 +314,7 @@ fn start_worker(
     role: &'static str,
     name: &str,
     proxy: Option<Proxy>,
-) -> anyhow::Result<Proc> {
+) -> Result<Proc, AuditError> {
     let cfg = config.to_string_lossy().to_string();
     let key = node_key_file(config.parent().unwrap_or(Path::new(".")), name).to_string_lossy().to_string();
     let mut args: Vec<String> = [
@@ -391,7 +398,7 @@ impl AuditHooks for SpawnHooks<'_> {
 }
 
 /// Parses `--faults` (comma-separated; default: all of [`ALL_FAULTS`]).
-pub fn parse_faults(list: Option<&str>) -> anyhow::Result<Vec<String>> {
+pub fn parse_faults(list: Option<&str>) -> Result<Vec<String>, AuditError> {
     let Some(list) = list else { return Ok(ALL_FAULTS.iter().map(|s| s.to_string()).collect()) };
     let mut out = Vec::new();
     for f in list.split(',').map(str::trim).filter(|f| !f.is_empty()) {
@@ -399,7 +406,7 @@ pub fn parse_faults(list: Option<&str>) -> anyhow::Result<Vec<String>> {
             continue;
         }
         if !ALL_FAULTS.contains(&f) {
-            bail!("unknown fault `{f}`; known: {} (or none)", ALL_FAULTS.join(", "));
+            return Err(AuditError::Usage(format!("unknown fault `{f}`; known: {} (or none)", ALL_FAULTS.join(", "))));
         }
         out.push(f.to_string());
     }
@@ -413,7 +420,7 @@ pub fn run(
     tenants: usize,
     faults: Option<&str>,
     options: &dyn Fn(String, Vec<TenantKey>) -> AuditOptions,
-) -> anyhow::Result<AuditOutcome> {
+) -> Result<AuditOutcome, AuditError> {
     let faults = parse_faults(faults)?;
     let seed = seed.unwrap_or_else(crate::rng::random_seed);
     let d = Deployment::start(tenants, &faults, seed)?;

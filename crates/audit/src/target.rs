@@ -9,12 +9,12 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::client::Client;
 use crate::discover;
+use crate::error::AuditError;
 use crate::finding::{kind, Finding};
 use crate::meter::{Meter, MeterSource};
 use crate::options::AuditOptions;
@@ -51,16 +51,19 @@ pub struct ModelRow {
 }
 
 /// The model ids `/v1/models` lists for `key`, and the answer.
-fn listed(client: &Client, key: &str, tenant: &str) -> Result<(Vec<String>, Value)> {
-    let (status, body) = client.get("/v1/models", Some(key)).context("the deployment does not answer")?;
+fn listed(client: &Client, key: &str, tenant: &str) -> Result<(Vec<String>, Value), AuditError> {
+    let (status, body) = client.get("/v1/models", Some(key)).map_err(AuditError::no_answer)?;
     if status != 200 {
-        bail!("GET /v1/models answered {status} for tenant {tenant} (is its key right?)");
+        return Err(AuditError::Target(format!(
+            "GET /v1/models answered {status} for tenant {tenant} (is its key right?)"
+        )));
     }
-    let v: Value = serde_json::from_str(&body).context("GET /v1/models: not JSON")?;
+    let v: Value =
+        serde_json::from_str(&body).map_err(|source| AuditError::NotJson { what: "GET /v1/models".into(), source })?;
     let ids: Vec<String> =
         v["data"].as_array().into_iter().flatten().filter_map(|m| m["id"].as_str().map(str::to_string)).collect();
     if ids.is_empty() {
-        bail!("GET /v1/models lists no model for tenant {tenant}");
+        return Err(AuditError::Target(format!("GET /v1/models lists no model for tenant {tenant}")));
     }
     Ok((ids, v))
 }
@@ -80,7 +83,7 @@ impl<'a> Targets<'a> {
         client: &'a Client,
         notes: &mut Vec<String>,
         findings: &mut Vec<Finding>,
-    ) -> Result<Self> {
+    ) -> Result<Self, AuditError> {
         let mut allowed = Vec::new();
         let mut listings = Vec::new();
         for t in &opts.tenants {

@@ -12,7 +12,14 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use crate::error::AuditError;
+
+/// Returns the file's problem (`line N: ...`); [`load`] names the file.
+macro_rules! refuse {
+    ($($why:tt)*) => {
+        return Err(AuditError::Tenants { file: None, problem: format!($($why)*) })
+    };
+}
 
 /// One tenant the audit acts as.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,7 +29,7 @@ pub struct TenantKey {
 }
 
 /// A TOML string value: `"basic"` with escapes or `'literal'`, then only a comment.
-fn parse_string(v: &str, line: usize) -> Result<String> {
+fn parse_string(v: &str, line: usize) -> Result<String, AuditError> {
     let mut chars = v.chars();
     let quote = chars.next();
     let mut out = String::new();
@@ -30,7 +37,7 @@ fn parse_string(v: &str, line: usize) -> Result<String> {
     match quote {
         Some('\'') => {
             let body: String = chars.collect();
-            let Some(end) = body.find('\'') else { bail!("line {line}: unterminated string") };
+            let Some(end) = body.find('\'') else { refuse!("line {line}: unterminated string") };
             out.push_str(&body[..end]);
             rest = body[end + 1..].to_string();
         }
@@ -54,31 +61,31 @@ fn parse_string(v: &str, line: usize) -> Result<String> {
                             Some('u') => {
                                 let hex: String = body.iter().skip(i + 1).take(4).collect();
                                 let c = u32::from_str_radix(&hex, 16).ok().and_then(char::from_u32);
-                                let Some(c) = c else { bail!("line {line}: bad \\u escape") };
+                                let Some(c) = c else { refuse!("line {line}: bad \\u escape") };
                                 out.push(c);
                                 i += 4;
                             }
-                            _ => bail!("line {line}: unsupported escape in string"),
+                            _ => refuse!("line {line}: unsupported escape in string"),
                         }
                     }
                     c => out.push(c),
                 }
                 i += 1;
             }
-            let Some(end) = closed else { bail!("line {line}: unterminated string") };
+            let Some(end) = closed else { refuse!("line {line}: unterminated string") };
             rest = body[end + 1..].iter().collect();
         }
-        _ => bail!("line {line}: expected a quoted string"),
+        _ => refuse!("line {line}: expected a quoted string"),
     }
     let rest = rest.trim();
     if !rest.is_empty() && !rest.starts_with('#') {
-        bail!("line {line}: unexpected text after the string");
+        refuse!("line {line}: unexpected text after the string");
     }
     Ok(out)
 }
 
 /// Parses the tenants file's text.
-pub fn parse(text: &str) -> Result<Vec<TenantKey>> {
+pub fn parse(text: &str) -> Result<Vec<TenantKey>, AuditError> {
     let mut tenants: Vec<(Option<String>, Option<String>, usize)> = Vec::new();
     for (i, raw) in text.lines().enumerate() {
         let line = i + 1;
@@ -89,46 +96,49 @@ pub fn parse(text: &str) -> Result<Vec<TenantKey>> {
         if l.starts_with('[') {
             let header = l.split('#').next().unwrap_or_default().trim();
             if header != "[[tenants]]" {
-                bail!("line {line}: only [[tenants]] entries are allowed, found {header}");
+                refuse!("line {line}: only [[tenants]] entries are allowed, found {header}");
             }
             tenants.push((None, None, line));
             continue;
         }
-        let Some((k, v)) = l.split_once('=') else { bail!("line {line}: expected `key = \"value\"`") };
-        let Some(entry) = tenants.last_mut() else { bail!("line {line}: a value before the first [[tenants]]") };
+        let Some((k, v)) = l.split_once('=') else { refuse!("line {line}: expected `key = \"value\"`") };
+        let Some(entry) = tenants.last_mut() else { refuse!("line {line}: a value before the first [[tenants]]") };
         let k = k.trim().trim_matches('"');
         let v = parse_string(v.trim(), line)?;
         let slot = match k {
             "name" => &mut entry.0,
             "key" => &mut entry.1,
-            other => bail!("line {line}: unknown field `{other}` (a tenant has `name` and `key`)"),
+            other => refuse!("line {line}: unknown field `{other}` (a tenant has `name` and `key`)"),
         };
         if slot.is_some() {
-            bail!("line {line}: `{k}` given twice");
+            refuse!("line {line}: `{k}` given twice");
         }
         *slot = Some(v);
     }
     let mut out: Vec<TenantKey> = Vec::new();
     for (name, key, line) in tenants {
-        let Some(name) = name.filter(|n| !n.is_empty()) else { bail!("the tenant at line {line} has no `name`") };
-        let Some(key) = key.filter(|k| !k.is_empty()) else { bail!("tenant `{name}` (line {line}) has no `key`") };
+        let Some(name) = name.filter(|n| !n.is_empty()) else { refuse!("the tenant at line {line} has no `name`") };
+        let Some(key) = key.filter(|k| !k.is_empty()) else { refuse!("tenant `{name}` (line {line}) has no `key`") };
         if out.iter().any(|t| t.name == name) {
-            bail!("tenant `{name}` appears twice");
+            refuse!("tenant `{name}` appears twice");
         }
         if out.iter().any(|t| t.key == key) {
-            bail!("tenant `{name}` has the same key as another tenant: the audit needs distinct tenants");
+            refuse!("tenant `{name}` has the same key as another tenant: the audit needs distinct tenants");
         }
         out.push(TenantKey { name, key });
     }
     if out.is_empty() {
-        bail!("no [[tenants]] entries");
+        refuse!("no [[tenants]] entries");
     }
     Ok(out)
 }
 
-pub fn load(path: &Path) -> Result<Vec<TenantKey>> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    parse(&text).with_context(|| format!("tenants file {}", path.display()))
+pub fn load(path: &Path) -> Result<Vec<TenantKey>, AuditError> {
+    let text = std::fs::read_to_string(path).map_err(AuditError::file("reading", path))?;
+    parse(&text).map_err(|e| match e {
+        AuditError::Tenants { problem, .. } => AuditError::Tenants { file: Some(path.to_path_buf()), problem },
+        other => other,
+    })
 }
 
 #[cfg(test)]

@@ -255,7 +255,7 @@ fn main() {
         Cmd::Decode(_) => incident_guard("decode"),
         _ => {}
     }
-    let result = match cli.cmd {
+    let result: anyhow::Result<()> = match cli.cmd {
         Cmd::Serve { config, listen } => node::run_serve_cli(config.as_deref(), listen.as_deref()).map_err(Into::into),
         Cmd::Gateway { config, listen, cluster_listen, node_key } => {
             node::run_gateway_cli(config.as_deref(), listen.as_deref(), cluster_listen.as_deref(), node_key.as_deref())
@@ -295,12 +295,12 @@ fn main() {
         }
         .map(|p| println!("{}", p.display()))
         .map_err(Into::into),
-        Cmd::Tokenize { m, parse_special, text } => textcmd::tokenize(&m, parse_special, &text),
-        Cmd::Detokenize { m, ids } => textcmd::detokenize(&m, &ids),
-        Cmd::Generate(args) => generate::run(&args),
-        Cmd::Eval { what } => eval::run(&what),
-        Cmd::Audit(args) => audit::run(&args),
-        Cmd::Bench { what } => bench::run(&what),
+        Cmd::Tokenize { m, parse_special, text } => textcmd::tokenize(&m, parse_special, &text).map_err(Into::into),
+        Cmd::Detokenize { m, ids } => textcmd::detokenize(&m, &ids).map_err(Into::into),
+        Cmd::Generate(args) => generate::run(&args).map_err(Into::into),
+        Cmd::Eval { what } => eval::run(&what).map_err(Into::into),
+        Cmd::Audit(args) => audit::run(&args).map_err(Into::into),
+        Cmd::Bench { what } => bench::run(&what).map_err(Into::into),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

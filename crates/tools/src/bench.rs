@@ -6,7 +6,6 @@
 
 use std::time::Instant;
 
-use anyhow::Result;
 use clap::{Args, Subcommand};
 use kv::{BlockTable, KvPool, Owner, RequestId, TenantId};
 use model::region::{self, BufMut, Packable, WeightBuf};
@@ -15,7 +14,7 @@ use serde::Serialize;
 
 use crate::llama_bench::{self, LlamaBenchTest};
 use crate::runtime;
-use crate::ModelArgs;
+use crate::{ModelArgs, ToolError};
 use audit::stats::median_or_nan;
 
 #[derive(Subcommand)]
@@ -154,7 +153,7 @@ fn versus(rows: &[Row], tests: &[LlamaBenchTest], prompt: usize, decode: usize) 
         .collect()
 }
 
-pub fn run(cmd: &BenchCmd) -> Result<()> {
+pub fn run(cmd: &BenchCmd) -> Result<(), ToolError> {
     match cmd {
         BenchCmd::Model(b) => model_bench(b),
         BenchCmd::Serve(b) => crate::bench_serve::run(b),
@@ -210,12 +209,12 @@ fn tokens(n: usize, vocab: usize, salt: usize) -> Vec<u32> {
     (0..n).map(|i| ((i * 7919 + salt * 104_729 + 17) % (vocab - 100) + 100) as u32).collect()
 }
 
-fn reserve_all(pool: &KvPool, batch: usize, len: usize) -> Result<Vec<BlockTable>> {
+fn reserve_all(pool: &KvPool, batch: usize, len: usize) -> Result<Vec<BlockTable>, ToolError> {
     (0..batch).map(|i| Ok(pool.reserve(Owner { tenant: TenantId(1), request: RequestId(i as u64) }, len)?)).collect()
 }
 
 /// Fills `depth` positions of every table, untimed, in chunks as the engine prefills.
-fn fill(model: &Llama, tables: &mut [BlockTable], depth: usize) -> Result<()> {
+fn fill(model: &Llama, tables: &mut [BlockTable], depth: usize) -> Result<(), ToolError> {
     const CHUNK: usize = 512;
     let ctx: Vec<Vec<u32>> = (0..tables.len()).map(|i| tokens(depth, model.config.vocab, i + 1000)).collect();
     for start in (0..depth).step_by(CHUNK) {
@@ -231,7 +230,7 @@ fn fill(model: &Llama, tables: &mut [BlockTable], depth: usize) -> Result<()> {
 }
 
 /// Prefill of `n` tokens per sequence after `depth` tokens of context.
-fn prefill(model: &Llama, pool: &KvPool, batch: usize, n: usize, depth: usize) -> Result<f64> {
+fn prefill(model: &Llama, pool: &KvPool, batch: usize, n: usize, depth: usize) -> Result<f64, ToolError> {
     let prompts: Vec<Vec<u32>> = (0..batch).map(|i| tokens(n, model.config.vocab, i)).collect();
     let mut tables = reserve_all(pool, batch, depth + n)?;
     fill(model, &mut tables, depth)?;
@@ -246,7 +245,7 @@ fn prefill(model: &Llama, pool: &KvPool, batch: usize, n: usize, depth: usize) -
 }
 
 /// Decode of `n` tokens per sequence, one step at a time, after `depth` tokens of context.
-fn decode(model: &Llama, pool: &KvPool, batch: usize, n: usize, depth: usize) -> Result<f64> {
+fn decode(model: &Llama, pool: &KvPool, batch: usize, n: usize, depth: usize) -> Result<f64, ToolError> {
     let mut tables = reserve_all(pool, batch, depth + n)?;
     fill(model, &mut tables, depth)?;
     let toks: Vec<Vec<u32>> = (0..batch).map(|i| tokens(n, model.config.vocab, i)).collect();
@@ -266,14 +265,16 @@ fn decode(model: &Llama, pool: &KvPool, batch: usize, n: usize, depth: usize) ->
     Ok((batch * n) as f64 / t0.elapsed().as_secs_f64())
 }
 
-fn model_bench(b: &ModelBench) -> Result<()> {
+fn model_bench(b: &ModelBench) -> Result<(), ToolError> {
     if let Some(bin) = &b.llama_bench {
         // Refused before minutes of measuring, not after.
         if !bin.is_file() {
-            anyhow::bail!("--llama-bench {}: no such file", bin.display());
+            return Err(ToolError::Usage(format!("--llama-bench {}: no such file", bin.display())));
         }
         if !b.batch.contains(&1) {
-            anyhow::bail!("--llama-bench compares batch 1 (llama-bench runs one sequence): add 1 to --batch");
+            return Err(ToolError::Usage(
+                "--llama-bench compares batch 1 (llama-bench runs one sequence): add 1 to --batch".into(),
+            ));
         }
     }
     let margs = ModelArgs { model: b.model.clone(), threads: 0 };
@@ -304,12 +305,12 @@ fn model_bench(b: &ModelBench) -> Result<()> {
                     let pf = median_or_nan(
                         &(0..b.reps)
                             .map(|_| prefill(&model, &pool, batch, b.prompt, depth))
-                            .collect::<Result<Vec<_>>>()?,
+                            .collect::<Result<Vec<_>, _>>()?,
                     );
                     let dc = median_or_nan(
                         &(0..b.reps)
                             .map(|_| decode(&model, &pool, batch, b.decode, depth))
-                            .collect::<Result<Vec<_>>>()?,
+                            .collect::<Result<Vec<_>, _>>()?,
                     );
                     let kv = model.config.kv_read_bytes(depth + b.decode / 2 + 1, pool.layout().dtype);
                     let bytes = weight_bytes / batch + kv;
@@ -382,7 +383,7 @@ fn model_bench(b: &ModelBench) -> Result<()> {
         llama_cpp,
     };
     if b.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        println!("{}", serde_json::to_string_pretty(&report).map_err(ToolError::json("serialising the report"))?);
     } else {
         println!(
             "scrub: {:.0} ns per {} KiB page ({:.1} GiB/s), {:.3}% of a batch-1 decode token's time per token freed",
@@ -431,7 +432,7 @@ fn print_llama_cpp(l: Option<&LlamaCpp>, prompt: usize, decode: usize) {
     }
 }
 
-fn parse_isas(names: &[String]) -> Result<Vec<Isa>> {
+fn parse_isas(names: &[String]) -> Result<Vec<Isa>, ToolError> {
     if names.is_empty() {
         return Ok(vec![Isa::detect()]);
     }
@@ -443,10 +444,12 @@ fn parse_isas(names: &[String]) -> Result<Vec<Isa>> {
                 "avx2" => Isa::Avx2,
                 "avx512" | "avx512-vnni" => Isa::Avx512,
                 "amx" | "avx512-amx" => Isa::Amx,
-                other => anyhow::bail!("unknown kernel set {other:?} (scalar, avx2, avx512, amx)"),
+                other => {
+                    return Err(ToolError::Usage(format!("unknown kernel set {other:?} (scalar, avx2, avx512, amx)")))
+                }
             };
             if !Isa::available().contains(&isa) {
-                anyhow::bail!("{} kernels are not supported by this CPU", isa.name());
+                return Err(ToolError::Usage(format!("{} kernels are not supported by this CPU", isa.name())));
             }
             Ok(isa)
         })

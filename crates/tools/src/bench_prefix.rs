@@ -14,13 +14,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 use serde_json::{json, Value};
 
 use audit::stats::median_or_nan;
 use audit::{filler, Rng};
+
+use crate::ToolError;
 
 #[derive(Args, Debug, Clone)]
 pub struct PrefixCacheBench {
@@ -91,14 +92,15 @@ use launch::agent;
 impl Server {
     /// Writes the configuration into `dir`, adds a tenant, starts `serve` on a free port and
     /// waits until it is ready.
-    fn start(dir: &Path, label: &'static str, enabled: bool, b: &PrefixCacheBench) -> Result<Server> {
-        let exe = std::env::current_exe().context("locating the pagewarden executable")?;
-        std::fs::create_dir_all(dir)?;
+    fn start(dir: &Path, label: &'static str, enabled: bool, b: &PrefixCacheBench) -> Result<Server, ToolError> {
+        let exe = std::env::current_exe().map_err(ToolError::process("locating the pagewarden executable"))?;
+        std::fs::create_dir_all(dir).map_err(ToolError::file("creating", dir))?;
+        let server = |source| ToolError::Launch { what: format!("the {label} server"), source: Box::new(source) };
         let config = dir.join("pagewarden.toml");
         // The server's /metrics needs a token; this one is only for the bench's own scrapes.
         let token_file = dir.join("metrics-token");
         let metrics_token: String = cluster::random::<24>()?.iter().map(|b| format!("{b:02x}")).collect();
-        launch::write_private(&token_file, metrics_token.as_bytes())?;
+        launch::write_private(&token_file, metrics_token.as_bytes()).map_err(server)?;
         let model = b.model.as_ref().map_or(String::new(), |m| format!("model = {:?}\n", m.display().to_string()));
         std::fs::write(
             &config,
@@ -110,31 +112,62 @@ impl Server {
                 4 * b.context_window,
                 token_file.display().to_string(),
             ),
-        )?;
-        let key = launch::tenant_add(&exe, &config, "bench").with_context(|| format!("the {label} server"))?;
+        )
+        .map_err(ToolError::file("writing", &config))?;
+        let key = launch::tenant_add(&exe, &config, "bench").map_err(server)?;
         let log = dir.join("serve.log");
         let mut cmd = Command::new(&exe);
-        cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"]).arg(&config).stderr(std::fs::File::create(&log)?);
-        let mut p = launch::spawn(cmd).context("starting pagewarden serve")?;
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&config)
+            .stderr(std::fs::File::create(&log).map_err(ToolError::file("creating", &log))?);
+        let mut p = launch::spawn(cmd).map_err(|source| ToolError::Launch {
+            what: "starting pagewarden serve".into(),
+            source: Box::new(source),
+        })?;
         let url = p.expect_lines(&[launch::listening::API], Duration::from_secs(180));
         let mut s = Server { label, child: p.child, url: String::new(), key, log, metrics_token };
         s.url = match url {
             Ok(u) => u.into_iter().next().unwrap_or_default(),
-            Err(e) => bail!("the {label} server did not start ({e}):\n{}", tail(&s.log, 20)),
+            Err(reason) => {
+                let log_tail = tail(&s.log, 20);
+                return Err(ToolError::ServerStart {
+                    label,
+                    failure: "did not start",
+                    reason: Box::new(reason),
+                    log_tail,
+                });
+            }
         };
-        if let Err(e) = launch::wait_ready(&s.url, Duration::from_secs(120)) {
-            bail!("the {label} server never became ready ({e}):\n{}", tail(&s.log, 20));
+        if let Err(reason) = launch::wait_ready(&s.url, Duration::from_secs(120)) {
+            let log_tail = tail(&s.log, 20);
+            return Err(ToolError::ServerStart {
+                label,
+                failure: "never became ready",
+                reason: Box::new(reason),
+                log_tail,
+            });
         }
         Ok(s)
     }
 
-    fn model_name(&self) -> Result<String> {
+    /// An exchange with this server that failed below HTTP.
+    fn http(&self, what: &str) -> impl FnOnce(ureq::Error) -> ToolError {
+        let what = format!("the {} server: {what}", self.label);
+        move |source| ToolError::Http { what, source }
+    }
+
+    fn model_name(&self) -> Result<String, ToolError> {
         let mut r = agent(Duration::from_secs(30))
             .get(format!("{}/v1/models", self.url))
             .header("Authorization", format!("Bearer {}", self.key))
-            .call()?;
-        let v: Value = serde_json::from_str(&r.body_mut().read_to_string()?)?;
-        v["data"][0]["id"].as_str().map(str::to_string).context("no model in /v1/models")
+            .call()
+            .map_err(self.http("GET /v1/models"))?;
+        let text = r.body_mut().read_to_string().map_err(self.http("reading GET /v1/models"))?;
+        let v: Value = serde_json::from_str(&text).map_err(ToolError::json("GET /v1/models: not JSON"))?;
+        v["data"][0]["id"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| ToolError::Server("no model in /v1/models".into()))
     }
 
     /// The `pagewarden_prefix_cache*` samples of `/metrics`.
@@ -151,7 +184,7 @@ impl Server {
     }
 
     /// One streamed, greedy chat turn.
-    fn turn(&self, model: &str, messages: &[Value], max_tokens: usize) -> Result<Reply> {
+    fn turn(&self, model: &str, messages: &[Value], max_tokens: usize) -> Result<Reply, ToolError> {
         let body = json!({
             "model": model,
             "messages": messages,
@@ -167,24 +200,27 @@ impl Server {
             .header("Authorization", format!("Bearer {}", self.key))
             .header("Content-Type", "application/json")
             .send(body.to_string().as_bytes())
-            .with_context(|| format!("the {} server", self.label))?;
+            .map_err(self.http("POST /v1/chat/completions"))?;
         if resp.status() != 200 {
             let status = resp.status();
             let text = resp.into_body().read_to_string().unwrap_or_default();
-            bail!("the {} server answered {status}: {text}", self.label);
+            return Err(ToolError::Server(format!("the {} server answered {status}: {text}", self.label)));
         }
         let mut r = Reply::default();
         let mut done = false;
         for line in BufReader::new(resp.into_body().into_reader()).lines() {
-            let line = line?;
+            let line = line.map_err(|e| self.http("reading the stream")(ureq::Error::Io(e)))?;
             let Some(data) = line.strip_prefix("data:").map(str::trim_start) else { continue };
             if data == "[DONE]" {
                 done = true;
                 break;
             }
-            let v: Value = serde_json::from_str(data)?;
+            let v: Value = serde_json::from_str(data).map_err(ToolError::json("a stream event: not JSON"))?;
             if v.get("error").is_some() {
-                bail!("the {} server sent an error event: {}", self.label, v["error"]);
+                return Err(ToolError::Server(format!(
+                    "the {} server sent an error event: {}",
+                    self.label, v["error"]
+                )));
             }
             let choice = &v["choices"][0];
             if let Some(piece) = choice["delta"]["content"].as_str().filter(|p| !p.is_empty()) {
@@ -207,7 +243,7 @@ impl Server {
             }
         }
         if !done {
-            bail!("the {} server's stream ended without [DONE]", self.label);
+            return Err(ToolError::Server(format!("the {} server's stream ended without [DONE]", self.label)));
         }
         r.total_ms = t0.elapsed().as_secs_f64() * 1e3;
         // An empty reply has no first token; its whole time stands in.
@@ -309,13 +345,13 @@ fn command_line(b: &PrefixCacheBench) -> String {
     s
 }
 
-pub fn run(b: &PrefixCacheBench) -> Result<()> {
+pub fn run(b: &PrefixCacheBench) -> Result<(), ToolError> {
     if b.conversations == 0 || b.turns == 0 {
-        bail!("--conversations and --turns must be at least 1");
+        return Err(ToolError::Usage("--conversations and --turns must be at least 1".into()));
     }
     if b.model.is_none() {
         // Once, before two servers would both fetch it.
-        fetch::ensure_default_model().context("fetching the default model")?;
+        fetch::ensure_default_model().map_err(ToolError::Fetch)?;
     }
     let base = std::env::temp_dir().join(format!("pw-bench-prefix-{}", std::process::id()));
     let result = run_in(b, &base);
@@ -323,7 +359,7 @@ pub fn run(b: &PrefixCacheBench) -> Result<()> {
     result
 }
 
-fn run_in(b: &PrefixCacheBench, base: &Path) -> Result<()> {
+fn run_in(b: &PrefixCacheBench, base: &Path) -> Result<(), ToolError> {
     let on = Server::start(&base.join("on"), "ON", true, b)?;
     let off = Server::start(&base.join("off"), "OFF", false, b)?;
     let model = on.model_name()?;
@@ -432,7 +468,7 @@ fn run_in(b: &PrefixCacheBench, base: &Path) -> Result<()> {
             "metrics_off": metrics_off,
             "requests": results,
         });
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        println!("{}", serde_json::to_string_pretty(&report).map_err(ToolError::json("serialising the report"))?);
     } else {
         println!(
             "prefix cache on vs off: {} conversations x {} turns, shared system prompt of {} tokens (first prompt), \
@@ -491,15 +527,17 @@ fn run_in(b: &PrefixCacheBench, base: &Path) -> Result<()> {
                 )
             })
             .collect();
-        bail!(
+        return Err(ToolError::Check(format!(
             "the prefix cache changed the output in {} of {} turns: {}",
             mismatches.len(),
             results.len(),
             list.join("; ")
-        );
+        )));
     }
     if cached_off > 0 {
-        bail!("the server with the prefix cache off reported {cached_off} cached tokens");
+        return Err(ToolError::Check(format!(
+            "the server with the prefix cache off reported {cached_off} cached tokens"
+        )));
     }
     if !cached_reported {
         eprintln!("warning: the ON server reports no usage.prompt_tokens_details.cached_tokens");

@@ -9,10 +9,11 @@ use std::io::{BufRead, BufReader};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde::Serialize;
 use serde_json::{json, Value};
+
+use crate::ToolError;
 
 #[derive(Args)]
 pub struct ServeBench {
@@ -90,7 +91,12 @@ struct Sample {
 
 use launch::agent;
 
-fn model_name(agent: &ureq::Agent, b: &ServeBench) -> Result<String> {
+/// An exchange with the server that failed below HTTP.
+fn http(what: &'static str) -> impl FnOnce(ureq::Error) -> ToolError {
+    move |source| ToolError::Http { what: what.into(), source }
+}
+
+fn model_name(agent: &ureq::Agent, b: &ServeBench) -> Result<String, ToolError> {
     if let Some(m) = &b.model {
         return Ok(m.clone());
     }
@@ -98,13 +104,14 @@ fn model_name(agent: &ureq::Agent, b: &ServeBench) -> Result<String> {
         .get(format!("{}/v1/models", b.url))
         .header("Authorization", format!("Bearer {}", b.key))
         .call()
-        .context("GET /v1/models")?;
-    let body: Value = serde_json::from_str(&resp.body_mut().read_to_string()?)?;
-    body["data"][0]["id"].as_str().map(str::to_string).context("no model in /v1/models")
+        .map_err(http("GET /v1/models"))?;
+    let text = resp.body_mut().read_to_string().map_err(http("reading GET /v1/models"))?;
+    let body: Value = serde_json::from_str(&text).map_err(ToolError::json("GET /v1/models: not JSON"))?;
+    body["data"][0]["id"].as_str().map(str::to_string).ok_or_else(|| ToolError::Server("no model in /v1/models".into()))
 }
 
 /// One streaming request; token count from the usage chunk, else from content chunks.
-fn one(agent: &ureq::Agent, b: &ServeBench, model: &str, prompt: &str) -> Result<Sample> {
+fn one(agent: &ureq::Agent, b: &ServeBench, model: &str, prompt: &str) -> Result<Sample, ToolError> {
     let mut body = json!({
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
@@ -123,23 +130,25 @@ fn one(agent: &ureq::Agent, b: &ServeBench, model: &str, prompt: &str) -> Result
         .post(format!("{}/v1/chat/completions", b.url))
         .header("Authorization", format!("Bearer {}", b.key))
         .header("Content-Type", "application/json")
-        .send(body.to_string().as_bytes())?;
+        .send(body.to_string().as_bytes())
+        .map_err(http("POST /v1/chat/completions"))?;
     if resp.status() != 200 {
-        bail!("HTTP {}", resp.status());
+        return Err(ToolError::Server(format!("HTTP {}", resp.status())));
     }
     let reader = BufReader::new(resp.into_body().into_reader());
     let (mut first, mut last) = (None, t0);
     let (mut gaps, mut chunks, mut usage, mut prompt_tokens, mut cached_tokens) =
         (Vec::new(), 0usize, None, None, None);
     for line in reader.lines() {
-        let line = line?;
+        let line =
+            line.map_err(|e| ToolError::Http { what: "reading the stream".into(), source: ureq::Error::Io(e) })?;
         let Some(data) = line.strip_prefix("data: ") else { continue };
         if data == "[DONE]" {
             break;
         }
-        let v: Value = serde_json::from_str(data)?;
+        let v: Value = serde_json::from_str(data).map_err(ToolError::json("a stream event: not JSON"))?;
         if v.get("error").is_some() {
-            bail!("error event: {}", v["error"]["message"]);
+            return Err(ToolError::Server(format!("error event: {}", v["error"]["message"])));
         }
         if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
             usage = Some(n as usize);
@@ -161,15 +170,17 @@ fn one(agent: &ureq::Agent, b: &ServeBench, model: &str, prompt: &str) -> Result
             chunks += 1;
         }
     }
-    let ttft = first.context("no content in the stream")?;
+    let ttft = first.ok_or_else(|| ToolError::Server("no content in the stream".into()))?;
     Ok(Sample { ttft, gaps, tokens: usage.unwrap_or(chunks), prompt_tokens, cached_tokens })
 }
 
 /// The schema every answer is held to, if any: `--schema FILE`, or `--structured`'s own.
-fn schema_of(b: &ServeBench) -> Result<Option<Value>> {
+fn schema_of(b: &ServeBench) -> Result<Option<Value>, ToolError> {
     if let Some(path) = &b.schema {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        return Ok(Some(serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))?));
+        let text = std::fs::read_to_string(path).map_err(ToolError::file("reading", path))?;
+        return Ok(Some(
+            serde_json::from_str(&text).map_err(ToolError::json(format!("{} is not JSON", path.display())))?,
+        ));
     }
     if !b.structured {
         return Ok(None);
@@ -204,7 +215,7 @@ fn level(b: &ServeBench, model: &str, c: usize) -> Level {
                     match one(&agent, b, model, PROMPTS[(client + r) % PROMPTS.len()]) {
                         Ok(x) => samples.lock().unwrap_or_else(|e| e.into_inner()).push(x),
                         Err(e) => {
-                            eprintln!("request failed: {e:#}");
+                            eprintln!("request failed: {}", crate::error::chain(&e));
                             *errors.lock().unwrap_or_else(|e| e.into_inner()) += 1;
                         }
                     }
@@ -241,7 +252,7 @@ fn level(b: &ServeBench, model: &str, c: usize) -> Level {
     }
 }
 
-pub fn run(b: &ServeBench) -> Result<()> {
+pub fn run(b: &ServeBench) -> Result<(), ToolError> {
     let model = model_name(&agent(Duration::from_secs(30)), b)?;
     let mut levels = Vec::new();
     for &c in &b.concurrency {
@@ -259,7 +270,8 @@ pub fn run(b: &ServeBench) -> Result<()> {
             "{}",
             serde_json::to_string_pretty(
                 &json!({ "url": b.url, "model": model, "max_tokens": b.max_tokens, "levels": levels })
-            )?
+            )
+            .map_err(ToolError::json("serialising the report"))?
         );
     }
     Ok(())

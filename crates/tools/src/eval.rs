@@ -4,14 +4,13 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context, Result};
 use clap::Subcommand;
 use kv::{Owner, RequestId, TenantId};
 use model::{Logits, SeqStep};
 use serde::Serialize;
 
 use crate::runtime;
-use crate::ModelArgs;
+use crate::{ModelArgs, ToolError};
 
 #[derive(Subcommand)]
 pub enum EvalCmd {
@@ -43,11 +42,11 @@ pub struct PerplexityReport {
     pub seconds: f64,
 }
 
-pub fn run(cmd: &EvalCmd) -> Result<()> {
+pub fn run(cmd: &EvalCmd) -> Result<(), ToolError> {
     let EvalCmd::Perplexity { m, file, ctx, chunks, json } = cmd;
     let r = perplexity(m, file, *ctx, *chunks, !json)?;
     if *json {
-        println!("{}", serde_json::to_string_pretty(&r)?);
+        println!("{}", serde_json::to_string_pretty(&r).map_err(ToolError::json("serialising the report"))?);
     } else {
         println!(
             "perplexity {:.4} +/- {:.4} over {} chunks of {} tokens ({} scored) in {:.1} s",
@@ -67,21 +66,24 @@ pub fn perplexity(
     ctx: usize,
     max_chunks: Option<usize>,
     progress: bool,
-) -> Result<PerplexityReport> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+) -> Result<PerplexityReport, ToolError> {
+    let text = std::fs::read_to_string(path).map_err(ToolError::file("reading", path))?;
     let file = runtime::open(m)?;
     let tok = runtime::tokenizer(&file)?;
     let model = runtime::load_model(&file, m.threads)?;
     let tokens = tok.encode(&text, false)?;
     if ctx < 4 || ctx > model.config.context {
-        bail!("--ctx must be between 4 and the model's context window ({})", model.config.context);
+        return Err(ToolError::Usage(format!(
+            "--ctx must be between 4 and the model's context window ({})",
+            model.config.context
+        )));
     }
     let mut n_chunks = tokens.len() / ctx;
     if let Some(c) = max_chunks {
         n_chunks = n_chunks.min(c);
     }
     if n_chunks == 0 {
-        bail!("{} tokens is less than one chunk of {ctx}", tokens.len());
+        return Err(ToolError::Usage(format!("{} tokens is less than one chunk of {ctx}", tokens.len())));
     }
     let pool = runtime::pool_for(&model, ctx)?;
     let vocab = model.config.vocab;

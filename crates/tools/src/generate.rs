@@ -6,17 +6,15 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
 use clap::Args;
 use engine::{Engine, EngineConfig, Event, FinishReason, GenRequest, TokenEvent};
-use protocol::AdmissionError;
 use sampling::{SamplingParams, StopTokens};
 use serde::Serialize;
 use text::{ChatMessage, ChatTemplate, StreamDecoder};
 use types::{RequestId, TenantId};
 
 use crate::runtime;
-use crate::ModelArgs;
+use crate::{ModelArgs, ToolError};
 
 #[derive(Args)]
 pub struct GenerateArgs {
@@ -94,11 +92,11 @@ struct TokenLogprob {
     top: Vec<(u32, f32)>,
 }
 
-fn messages(a: &GenerateArgs) -> Result<Option<Vec<ChatMessage>>> {
+fn messages(a: &GenerateArgs) -> Result<Option<Vec<ChatMessage>>, ToolError> {
     if let Some(path) = &a.messages {
-        let raw = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let raw = std::fs::read_to_string(path).map_err(ToolError::file("reading", path))?;
         let msgs: Vec<ChatMessage> =
-            serde_json::from_str(&raw).context("messages must be [{\"role\", \"content\"}, ...]")?;
+            serde_json::from_str(&raw).map_err(ToolError::json("messages must be [{\"role\", \"content\"}, ...]"))?;
         return Ok(Some(msgs));
     }
     if !(a.chat || a.system.is_some()) {
@@ -112,7 +110,7 @@ fn messages(a: &GenerateArgs) -> Result<Option<Vec<ChatMessage>>> {
     Ok(Some(msgs))
 }
 
-pub fn run(a: &GenerateArgs) -> Result<()> {
+pub fn run(a: &GenerateArgs) -> Result<(), ToolError> {
     let params = SamplingParams::builder()
         .temperature(a.temperature)
         .top_k(a.top_k)
@@ -134,7 +132,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
         }
         None => match &a.prompt {
             Some(p) => tok.encode_prompt(p, a.parse_special)?,
-            None => bail!("give a prompt, or --messages FILE"),
+            None => return Err(ToolError::Usage("give a prompt, or --messages FILE".into())),
         },
     };
     let model = runtime::load_model(&file, a.m.threads)?;
@@ -142,7 +140,7 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
     let context = model.config.context;
     // The door rule, before a pool is built: a request that cannot be served whole is refused.
     if let Err(e) = engine::door_check(&prompt, a.max_tokens, context, usize::MAX, model.config.vocab) {
-        bail!("{}", door_message(&e));
+        return Err(ToolError::refused(e));
     }
     let pool = runtime::pool_for(&model, prompt.len() + a.max_tokens)?;
     let engine = Engine::start(model, pool, EngineConfig { prefix_cache: false, ..EngineConfig::default() });
@@ -163,15 +161,13 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
     let g = run_request(&engine, request, |t| {
         let piece = dec.push(&tok, t.token)?;
         if stream {
-            out.write_all(piece.as_bytes())?;
-            out.flush()?;
+            out.write_all(piece.as_bytes()).and_then(|()| out.flush()).map_err(ToolError::Stdout)?;
         }
         Ok(())
     })?;
     drop(engine);
     if stream {
-        out.write_all(dec.finish().as_bytes())?;
-        out.write_all(b"\n")?;
+        out.write_all(dec.finish().as_bytes()).and_then(|()| out.write_all(b"\n")).map_err(ToolError::Stdout)?;
         return Ok(());
     }
     let ids: Vec<u32> = g.tokens.iter().map(|t| t.token).collect();
@@ -194,28 +190,19 @@ pub fn run(a: &GenerateArgs) -> Result<()> {
         prefill_ms: g.prefill.as_secs_f64() * 1e3,
         decode_ms: decode_s * 1e3,
     };
-    writeln!(out, "{}", serde_json::to_string(&o)?)?;
+    let json = serde_json::to_string(&o).map_err(ToolError::json("serialising the output"))?;
+    writeln!(out, "{json}").map_err(ToolError::Stdout)?;
     Ok(())
-}
-
-/// The CLI's wording of a refusal at the door.
-fn door_message(e: &AdmissionError) -> String {
-    match e {
-        AdmissionError::ContextLengthExceeded { prompt, max_tokens, context, .. } => format!(
-            "prompt of {prompt} tokens plus {max_tokens} new tokens exceeds the context window of {context} tokens"
-        ),
-        other => other.to_string(),
-    }
 }
 
 /// Submits `request` and follows its events to the end, calling `on_token` for each token.
 fn run_request(
     engine: &Engine,
     request: GenRequest,
-    mut on_token: impl FnMut(&TokenEvent) -> Result<()>,
-) -> Result<Generation> {
+    mut on_token: impl FnMut(&TokenEvent) -> Result<(), ToolError>,
+) -> Result<Generation, ToolError> {
     let t0 = Instant::now();
-    let mut stream = engine.handle().submit(request).map_err(|e| anyhow::anyhow!(door_message(&e)))?;
+    let mut stream = engine.handle().submit(request).map_err(ToolError::refused)?;
     let mut tokens = Vec::new();
     let mut first: Option<Instant> = None;
     loop {
@@ -229,9 +216,9 @@ fn run_request(
                 let first = first.unwrap_or_else(Instant::now);
                 return Ok(Generation { tokens, finish: reason, prefill: first - t0, decode: first.elapsed() });
             }
-            Some(Event::Failed(e)) => bail!("generation failed: {e}"),
+            Some(Event::Failed(e)) => return Err(ToolError::Generation(e)),
             Some(_) => {}
-            None => bail!("the engine stopped before the request finished"),
+            None => return Err(ToolError::EngineStopped),
         }
     }
 }

@@ -8,6 +8,7 @@ pub mod bench;
 mod bench_prefix;
 mod bench_serve;
 mod bench_transfer;
+mod error;
 pub mod eval;
 pub mod generate;
 mod llama_bench;
@@ -17,6 +18,8 @@ pub mod textcmd;
 use std::path::PathBuf;
 
 use clap::Args;
+
+pub use self::error::ToolError;
 
 /// Options every model-using subcommand takes.
 #[derive(Args, Clone, Debug)]

@@ -6,8 +6,12 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
+
+use crate::ToolError;
+
+/// What the output is, in errors about it.
+const OUTPUT: &str = "reading llama-bench's `-o json` output";
 
 /// One test of `llama-bench -o json` (the fields used here; the others are ignored). A
 /// prompt-processing test has `n_gen` 0 (llama.cpp's `ppN`), a generation test `n_prompt` 0
@@ -27,8 +31,14 @@ pub struct LlamaBenchTest {
 }
 
 /// Parses llama-bench's `-o json` output: one JSON array of tests.
-pub fn parse(json: &str) -> Result<Vec<LlamaBenchTest>> {
-    serde_json::from_str(json).context("reading llama-bench's `-o json` output")
+#[cfg(test)]
+pub fn parse(json: &str) -> Result<Vec<LlamaBenchTest>, ToolError> {
+    parse_as(json, OUTPUT.to_string())
+}
+
+/// Parses llama-bench's `-o json` output, the error saying `what` the output was.
+fn parse_as(json: &str, what: String) -> Result<Vec<LlamaBenchTest>, ToolError> {
+    serde_json::from_str(json).map_err(ToolError::json(what))
 }
 
 /// Runs `bin` on `model`: a `pp{prompt}` and a `tg{decode}` test at each of `threads` and
@@ -42,7 +52,7 @@ pub fn run(
     prompt: usize,
     decode: usize,
     reps: usize,
-) -> Result<Vec<LlamaBenchTest>> {
+) -> Result<Vec<LlamaBenchTest>, ToolError> {
     let list = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
     let mut cmd = Command::new(bin);
     cmd.arg("-m").arg(model).args(["-p", &prompt.to_string(), "-n", &decode.to_string(), "-t", &list(threads)]);
@@ -53,14 +63,14 @@ pub fn run(
         .args(["-r", &reps.max(1).to_string(), "-o", "json"])
         .stdin(Stdio::null())
         .output()
-        .with_context(|| format!("running llama-bench at {}", bin.display()))?;
+        .map_err(ToolError::process(format!("running llama-bench at {}", bin.display())))?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         let tail: Vec<&str> = err.lines().rev().take(5).collect();
         let tail: Vec<&str> = tail.into_iter().rev().collect();
-        bail!("{} exited with {}:\n{}", bin.display(), out.status, tail.join("\n"));
+        return Err(ToolError::Exited { program: bin.to_path_buf(), status: out.status, stderr_tail: tail.join("\n") });
     }
-    parse(&String::from_utf8_lossy(&out.stdout)).with_context(|| format!("from {}", bin.display()))
+    parse_as(&String::from_utf8_lossy(&out.stdout), format!("from {}: {OUTPUT}", bin.display()))
 }
 
 /// llama.cpp's `pp{prompt}` and `tg{decode}` tokens/s at `threads` and `depth`, when it
@@ -108,8 +118,8 @@ mod tests {
     #[test]
     fn output_that_is_not_llama_bench_json_is_an_error_naming_the_format() {
         for bad in ["", "| model | size |", "{\"avg_ts\": 1}", "[{\"n_threads\": 1}]"] {
-            let e = parse(bad).unwrap_err();
-            assert!(format!("{e:#}").contains("llama-bench's `-o json` output"), "{e:#}");
+            let e = crate::error::chain(&parse(bad).unwrap_err());
+            assert!(e.contains("llama-bench's `-o json` output"), "{e}");
         }
     }
 
@@ -141,13 +151,14 @@ mod tests {
     #[test]
     fn a_failing_llama_bench_is_an_error_with_its_last_words() {
         let bin = stand_in("fails", "echo 'error: failed to load model' >&2; exit 1");
-        let e = format!("{:#}", run(&bin, Path::new("m.gguf"), &[1], &[0], 512, 128, 1).unwrap_err());
+        let e = crate::error::chain(&run(&bin, Path::new("m.gguf"), &[1], &[0], 512, 128, 1).unwrap_err());
         assert!(e.contains("failed to load model") && e.contains("exit status: 1"), "{e}");
     }
 
     #[test]
     fn a_missing_llama_bench_binary_is_an_error_naming_its_path() {
         let e = run(Path::new("/nonexistent/llama-bench"), Path::new("m.gguf"), &[1], &[0], 512, 128, 1).unwrap_err();
-        assert!(format!("{e:#}").contains("/nonexistent/llama-bench"), "{e:#}");
+        let e = crate::error::chain(&e);
+        assert!(e.contains("/nonexistent/llama-bench"), "{e}");
     }
 }

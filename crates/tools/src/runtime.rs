@@ -2,37 +2,36 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
 use gguf::GgufFile;
 use kv::{Capacity, KvDtype, KvPool, PoolConfig, ScrubPolicy};
 use model::{Llama, LoadOptions};
 
-use crate::ModelArgs;
+use crate::{ModelArgs, ToolError};
 
 pub const PAGE_SIZE: usize = 16;
 
-pub fn model_path(m: &ModelArgs) -> Result<PathBuf> {
+pub fn model_path(m: &ModelArgs) -> Result<PathBuf, ToolError> {
     match &m.model {
         Some(p) => Ok(p.clone()),
-        None => Ok(fetch::ensure_default_model()?),
+        None => fetch::ensure_default_model().map_err(ToolError::Fetch),
     }
 }
 
-pub fn open(m: &ModelArgs) -> Result<GgufFile> {
+pub fn open(m: &ModelArgs) -> Result<GgufFile, ToolError> {
     let path = model_path(m)?;
-    GgufFile::open(&path).with_context(|| format!("loading {}", path.display()))
+    GgufFile::open(&path).map_err(|source| ToolError::ModelFile { path, source })
 }
 
-pub fn tokenizer(f: &GgufFile) -> Result<text::Tokenizer> {
-    text::Tokenizer::from_gguf(f).context("building the tokenizer from the model file")
+pub fn tokenizer(f: &GgufFile) -> Result<text::Tokenizer, ToolError> {
+    text::Tokenizer::from_gguf(f).map_err(ToolError::Tokenizer)
 }
 
-pub fn load_model(f: &GgufFile, threads: usize) -> Result<Llama> {
-    Llama::from_file(f, LoadOptions { threads }).context("loading the model")
+pub fn load_model(f: &GgufFile, threads: usize) -> Result<Llama, ToolError> {
+    Llama::from_file(f, LoadOptions { threads }).map_err(ToolError::LoadModel)
 }
 
 /// A pool for at least `tokens` token slots in pages of 16, f16, scrubbed on free.
-pub fn pool_for(model: &Llama, tokens: usize) -> Result<KvPool> {
+pub fn pool_for(model: &Llama, tokens: usize) -> Result<KvPool, ToolError> {
     let layout = model.config.kv_layout(PAGE_SIZE, KvDtype::F16);
     let capacity = Capacity::Tokens(tokens.div_ceil(PAGE_SIZE) * PAGE_SIZE);
     Ok(KvPool::new(PoolConfig { layout, capacity, scrub: ScrubPolicy::OnFree })?)

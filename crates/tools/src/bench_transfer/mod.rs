@@ -28,7 +28,6 @@ use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context, Result};
 use audit::stats::median_or_nan;
 use clap::Args;
 use serde::Serialize;
@@ -36,6 +35,24 @@ use wire::{
     ClusterSecret, Geometry, Initiator, KvFrameMut, KvOpener, KvSealer, Responder, Role, SessionKeys, TicketNonce,
     DEFAULT_MAX_FRAME,
 };
+
+use crate::ToolError;
+
+/// Ends the run with [`ToolError::Transfer`]: the other process, or a frame, broke the protocol.
+macro_rules! fail {
+    ($($why:tt)*) => {
+        return Err(crate::ToolError::Transfer(format!($($why)*)))
+    };
+}
+
+/// [`fail!`] unless `cond` holds.
+macro_rules! check {
+    ($cond:expr, $($why:tt)*) => {
+        if !$cond {
+            fail!($($why)*);
+        }
+    };
+}
 
 mod protocol;
 mod sender;
@@ -116,7 +133,7 @@ struct Report {
     in_process: InProcess,
 }
 
-pub fn run(args: &TransferArgs) -> Result<()> {
+pub fn run(args: &TransferArgs) -> Result<(), ToolError> {
     match &args.sink {
         Some(addr) => sink(addr),
         None => bench(args),
@@ -133,23 +150,24 @@ impl Drop for Reaped {
     }
 }
 
-fn bench(args: &TransferArgs) -> Result<()> {
-    ensure!(args.mib >= 1 && args.reps >= 1, "--mib and --reps must be at least 1");
-    let chosen = args.modes.iter().map(|m| Mode::parse(m)).collect::<Result<Vec<_>>>()?;
+fn bench(args: &TransferArgs) -> Result<(), ToolError> {
+    check!(args.mib >= 1 && args.reps >= 1, "--mib and --reps must be at least 1");
+    let chosen = args.modes.iter().map(|m| Mode::parse(m)).collect::<Result<Vec<_>, _>>()?;
     let g = geometry()?;
     let page = payload_len(&g)?;
-    let frames = u32::try_from((args.mib << 20).div_ceil(page)).context("--mib too large")?;
+    let frames =
+        u32::try_from((args.mib << 20).div_ceil(page)).map_err(|_| ToolError::Usage("--mib too large".into()))?;
 
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    let addr = listener.local_addr()?;
-    let exe = std::env::current_exe().context("locating the pagewarden executable")?;
+    let listener = TcpListener::bind("127.0.0.1:0").map_err(ToolError::Link)?;
+    let addr = listener.local_addr().map_err(ToolError::Link)?;
+    let exe = std::env::current_exe().map_err(ToolError::process("locating the pagewarden executable"))?;
     let child = Command::new(exe)
         .args(["bench", "transfer", "--sink", &addr.to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .spawn()
-        .context("starting the receiving process")?;
+        .map_err(ToolError::process("starting the receiving process"))?;
     let mut child = Reaped(child);
     let stream = accept_within(&listener, &mut child.0, IO_TIMEOUT)?;
     let mut sender = Sender::new(stream, frames, &g)?;
@@ -219,7 +237,7 @@ fn bench(args: &TransferArgs) -> Result<()> {
         modes,
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        println!("{}", serde_json::to_string_pretty(&report).map_err(ToolError::json("serialising the report"))?);
     } else {
         print_report(&report);
     }
@@ -288,41 +306,41 @@ impl Cpu {
     }
 }
 
-fn accept_within(listener: &TcpListener, child: &mut Child, limit: Duration) -> Result<TcpStream> {
-    listener.set_nonblocking(true)?;
+fn accept_within(listener: &TcpListener, child: &mut Child, limit: Duration) -> Result<TcpStream, ToolError> {
+    listener.set_nonblocking(true).map_err(ToolError::Link)?;
     let deadline = Instant::now() + limit;
     loop {
         match listener.accept() {
             Ok((stream, _)) => {
-                stream.set_nonblocking(false)?;
+                stream.set_nonblocking(false).map_err(ToolError::Link)?;
                 return configure(stream);
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                if let Some(status) = child.try_wait()? {
-                    bail!("the receiving process exited before connecting ({status})");
+                if let Some(status) = child.try_wait().map_err(ToolError::Link)? {
+                    fail!("the receiving process exited before connecting ({status})");
                 }
-                ensure!(Instant::now() < deadline, "the receiving process did not connect within {limit:?}");
+                check!(Instant::now() < deadline, "the receiving process did not connect within {limit:?}");
                 std::thread::sleep(Duration::from_millis(5));
             }
-            Err(e) => return Err(e.into()),
+            Err(e) => return Err(ToolError::Link(e)),
         }
     }
 }
 
-fn wait_within(child: &mut Child, limit: Duration) -> Result<()> {
+fn wait_within(child: &mut Child, limit: Duration) -> Result<(), ToolError> {
     let deadline = Instant::now() + limit;
     loop {
-        if let Some(status) = child.try_wait()? {
-            ensure!(status.success(), "the receiving process failed ({status})");
+        if let Some(status) = child.try_wait().map_err(ToolError::Link)? {
+            check!(status.success(), "the receiving process failed ({status})");
             return Ok(());
         }
-        ensure!(Instant::now() < deadline, "the receiving process did not exit within {limit:?}");
+        check!(Instant::now() < deadline, "the receiving process did not exit within {limit:?}");
         std::thread::sleep(Duration::from_millis(5));
     }
 }
 
 /// Single-core costs of the pieces, for reading the two-process figures.
-fn in_process(sources: &[Vec<u8>], g: &Geometry) -> Result<InProcess> {
+fn in_process(sources: &[Vec<u8>], g: &Geometry) -> Result<InProcess, ToolError> {
     let p = plan(sources.len() as u32, 0, g)?;
     let id = p.ticket.id();
     let bytes: usize = sources.iter().map(Vec::len).sum();

@@ -6,10 +6,11 @@ use std::io::Read;
 use std::net::TcpStream;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
 use kv::{KvDtype, KvLayout, RequestId, TenantId};
 use serde::{Deserialize, Serialize};
 use wire::{CloseFrame, Geometry, HandshakeMsg, PromptDigest, Ticket, TicketNonce, MAX_HANDSHAKE_MSG};
+
+use crate::ToolError;
 
 /// The default model's KV geometry (SmolLM2-135M: 30 layers, 3 KV heads of 64, f16), 16-token
 /// pages: one frame per page carries 30 x 16 x 2 x 3 x 64 x 2 = 368,640 payload bytes.
@@ -62,8 +63,8 @@ impl Mode {
         self as u8
     }
 
-    pub(super) fn from_code(c: u8) -> Result<Self> {
-        MODES.into_iter().find(|m| m.code() == c).with_context(|| format!("unknown mode {c}"))
+    pub(super) fn from_code(c: u8) -> Result<Self, ToolError> {
+        MODES.into_iter().find(|m| m.code() == c).ok_or_else(|| ToolError::Transfer(format!("unknown mode {c}")))
     }
 
     pub(super) fn label(self) -> &'static str {
@@ -75,11 +76,11 @@ impl Mode {
         }
     }
 
-    pub(super) fn parse(s: &str) -> Result<Self> {
+    pub(super) fn parse(s: &str) -> Result<Self, ToolError> {
         MODES
             .into_iter()
             .find(|m| m.name() == s)
-            .with_context(|| format!("unknown mode {s:?} (raw, framed, mac, encrypted)"))
+            .ok_or_else(|| ToolError::Usage(format!("unknown mode {s:?} (raw, framed, mac, encrypted)")))
     }
 
     pub(super) fn name(self) -> &'static str {
@@ -108,13 +109,13 @@ pub(super) struct Reply {
     pub(super) error: Option<String>,
 }
 
-pub(super) fn geometry() -> Result<Geometry> {
+pub(super) fn geometry() -> Result<Geometry, ToolError> {
     Ok(Geometry::from_layout(&LAYOUT)?)
 }
 
-pub(super) fn payload_len(g: &Geometry) -> Result<usize> {
-    let n = g.payload_len(g.n_layers, g.page_size).context("page payload size")?;
-    Ok(usize::try_from(n)?)
+pub(super) fn payload_len(g: &Geometry) -> Result<usize, ToolError> {
+    let n = g.payload_len(g.n_layers, g.page_size).and_then(|n| usize::try_from(n).ok());
+    n.ok_or_else(|| ToolError::Transfer("page payload size".into()))
 }
 
 /// What both ends know of run `run`: one ticket per run (a fresh nonce, as a decode worker
@@ -124,8 +125,9 @@ pub(super) struct Plan {
     pub(super) prompt: Vec<u32>,
 }
 
-pub(super) fn plan(frames: u32, run: u64, g: &Geometry) -> Result<Plan> {
-    let tokens = frames.checked_mul(g.page_size).context("prompt too long for one ticket")?;
+pub(super) fn plan(frames: u32, run: u64, g: &Geometry) -> Result<Plan, ToolError> {
+    let tokens =
+        frames.checked_mul(g.page_size).ok_or_else(|| ToolError::Usage("prompt too long for one ticket".into()))?;
     let mut nonce = [0u8; 16];
     nonce[..8].copy_from_slice(&run.to_le_bytes());
     nonce[8..].copy_from_slice(b"benchxfr");
@@ -145,11 +147,11 @@ pub(super) fn thread_cpu_ns() -> Option<u64> {
     s.split_whitespace().next()?.parse().ok()
 }
 
-pub(super) fn configure(stream: TcpStream) -> Result<TcpStream> {
+pub(super) fn configure(stream: TcpStream) -> Result<TcpStream, ToolError> {
     // The header and the reply are small messages each waited on: send them at once.
-    stream.set_nodelay(true)?;
-    stream.set_read_timeout(Some(IO_TIMEOUT))?;
-    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    stream.set_nodelay(true).map_err(ToolError::Link)?;
+    stream.set_read_timeout(Some(IO_TIMEOUT)).map_err(ToolError::Link)?;
+    stream.set_write_timeout(Some(IO_TIMEOUT)).map_err(ToolError::Link)?;
     Ok(stream)
 }
 
@@ -177,11 +179,11 @@ pub(super) fn close_body(c: &CloseFrame) -> [u8; CLOSE_BODY] {
     b
 }
 
-pub(super) fn read_handshake(r: &mut impl Read) -> Result<HandshakeMsg> {
+pub(super) fn read_handshake(r: &mut impl Read) -> Result<HandshakeMsg, ToolError> {
     let mut buf = [0u8; MAX_HANDSHAKE_MSG];
-    r.read_exact(&mut buf[..4])?;
+    r.read_exact(&mut buf[..4]).map_err(ToolError::Link)?;
     let len = u32::from_le_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
-    let all = buf.get_mut(..4 + len).context("handshake message too long")?;
-    r.read_exact(&mut all[4..])?;
+    let all = buf.get_mut(..4 + len).ok_or_else(|| ToolError::Transfer("handshake message too long".into()))?;
+    r.read_exact(&mut all[4..]).map_err(ToolError::Link)?;
     Ok(HandshakeMsg::decode(all)?)
 }

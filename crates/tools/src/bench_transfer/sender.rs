@@ -6,15 +6,15 @@ use std::net::TcpStream;
 use std::sync::mpsc;
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
 use wire::{
     ClusterSecret, Geometry, Initiator, KvFrameRef, KvSealer, Role, SealedParts, DEFAULT_MAX_FRAME, HEADER_LEN,
 };
 
 use super::protocol::*;
+use crate::ToolError;
 
 /// Page payloads with varied bytes (never all-zero pages, which the kernel may share).
-pub(super) fn sender_sources(g: &Geometry) -> Result<Vec<Vec<u8>>> {
+pub(super) fn sender_sources(g: &Geometry) -> Result<Vec<Vec<u8>>, ToolError> {
     let n = payload_len(g)?;
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
     Ok((0..SOURCES)
@@ -48,8 +48,8 @@ enum Outgoing {
 }
 
 impl Sender {
-    pub(super) fn new(stream: TcpStream, frames: u32, g: &Geometry) -> Result<Self> {
-        let replies = BufReader::new(stream.try_clone()?);
+    pub(super) fn new(stream: TcpStream, frames: u32, g: &Geometry) -> Result<Self, ToolError> {
+        let replies = BufReader::new(stream.try_clone().map_err(ToolError::Link)?);
         let sources = sender_sources(g)?;
         let unit = |body: &[u8]| {
             let mut v = ((HEADER_LEN - 4 + body.len() + wire::AEAD_TAG_LEN) as u32).to_le_bytes().to_vec();
@@ -65,7 +65,7 @@ impl Sender {
 
     /// One run of `mode`: (seconds from the first write to the receiver's reply, CPU ns of
     /// the sending threads meanwhile, the reply).
-    pub(super) fn run(&mut self, mode: Mode, run: u64, g: &Geometry) -> Result<(f64, Option<u64>, Reply)> {
+    pub(super) fn run(&mut self, mode: Mode, run: u64, g: &Geometry) -> Result<(f64, Option<u64>, Reply), ToolError> {
         let p = plan(self.frames, run, g)?;
         let mut header = [0u8; 13];
         header[0] = mode.code();
@@ -73,20 +73,20 @@ impl Sender {
         header[5..].copy_from_slice(&run.to_le_bytes());
         let cpu0 = thread_cpu_ns();
         let t0 = Instant::now();
-        self.stream.write_all(&header)?;
+        self.stream.write_all(&header).map_err(ToolError::Link)?;
         let n = self.sources.len();
         let mut helper_cpu = Some(0);
         match mode {
             Mode::Raw => {
                 for i in 0..self.frames as usize {
-                    self.stream.write_all(&self.sources[i % n])?;
+                    self.stream.write_all(&self.sources[i % n]).map_err(ToolError::Link)?;
                 }
             }
             Mode::Framed => {
                 for i in 0..self.frames as usize {
-                    self.stream.write_all(&self.framed[i % n])?;
+                    self.stream.write_all(&self.framed[i % n]).map_err(ToolError::Link)?;
                 }
-                self.stream.write_all(&self.framed_close)?;
+                self.stream.write_all(&self.framed_close).map_err(ToolError::Link)?;
             }
             Mode::Mac => {
                 for seq in 0..self.frames {
@@ -94,23 +94,24 @@ impl Sender {
                     let body = &self.sources[seq as usize % n];
                     let head = mac_head(1, seq, seq, t0..t1, body.len());
                     let tag = mac_of(&head, body);
-                    write_all_vectored(&mut self.stream, [&head, body, &tag])?;
+                    write_all_vectored(&mut self.stream, [&head, body, &tag]).map_err(ToolError::Link)?;
                 }
                 let body = close_body(&close_of(&p));
                 let head = mac_head(2, self.frames, 0, 0..0, body.len());
                 let tag = mac_of(&head, &body);
-                write_all_vectored(&mut self.stream, [&head, &body, &tag])?;
+                write_all_vectored(&mut self.stream, [&head, &body, &tag]).map_err(ToolError::Link)?;
             }
             Mode::Encrypted => helper_cpu = self.send_encrypted(&p, g)?,
         }
-        self.stream.flush()?;
+        self.stream.flush().map_err(ToolError::Link)?;
         let mut line = String::new();
-        self.replies.read_line(&mut line).context("reading the receiver's reply")?;
+        self.replies.read_line(&mut line).map_err(ToolError::Link)?;
         let secs = t0.elapsed().as_secs_f64();
         let cpu = thread_cpu_ns().zip(cpu0).map(|(b, a)| b.saturating_sub(a)).zip(helper_cpu).map(|(a, b)| a + b);
-        let reply: Reply = serde_json::from_str(&line).with_context(|| format!("receiver replied {line:?}"))?;
+        let reply: Reply =
+            serde_json::from_str(&line).map_err(ToolError::json(format!("receiver replied {line:?}")))?;
         if !reply.ok {
-            bail!("receiver refused the {mode:?} run: {}", reply.error.as_deref().unwrap_or("?"));
+            fail!("receiver refused the {mode:?} run: {}", reply.error.as_deref().unwrap_or("?"));
         }
         Ok((secs, cpu, reply))
     }
@@ -118,19 +119,19 @@ impl Sender {
     /// A fresh link (a real Noise handshake), then every page copied out of its source, sealed
     /// in place and handed to a writer thread, which writes it while the next one is sealed.
     /// Returns the writer thread's CPU time.
-    fn send_encrypted(&mut self, p: &Plan, g: &Geometry) -> Result<Option<u64>> {
+    fn send_encrypted(&mut self, p: &Plan, g: &Geometry) -> Result<Option<u64>, ToolError> {
         let (init, hello) = Initiator::start(
             &ClusterSecret::from_bytes(BENCH_SECRET),
             &super::protocol::bench_node_key()?,
             Role::Prefill,
         )?;
-        self.stream.write_all(&hello.encode())?;
+        self.stream.write_all(&hello.encode()).map_err(ToolError::Link)?;
         let reply = read_handshake(&mut self.replies)?;
         let (keys, _, _) = init.on_reply(&reply, &super::protocol::bench_trusts)?;
         let mut sealer = KvSealer::new(keys, DEFAULT_MAX_FRAME)?;
         let (tx, rx) = mpsc::sync_channel::<Outgoing>(2);
         let (recycle, recycled) = mpsc::channel::<Vec<u8>>();
-        let mut out = self.stream.try_clone()?;
+        let mut out = self.stream.try_clone().map_err(ToolError::Link)?;
         let writer = std::thread::spawn(move || -> std::io::Result<Option<u64>> {
             let cpu0 = thread_cpu_ns();
             for frame in rx {
@@ -167,9 +168,12 @@ impl Sender {
             let _ = tx.send(Outgoing::Whole(close));
         }
         drop(tx);
-        let cpu = writer.join().map_err(|_| anyhow::anyhow!("the writer thread panicked"))??;
+        let cpu = writer
+            .join()
+            .map_err(|_| ToolError::Transfer("the writer thread panicked".into()))?
+            .map_err(ToolError::Link)?;
         if let Some(why) = failed {
-            bail!("{why}");
+            fail!("{why}");
         }
         Ok(cpu)
     }
