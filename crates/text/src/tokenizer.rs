@@ -41,6 +41,8 @@ struct SpecialText {
     id: u32,
     /// User-defined tokens are matched even when `parse_special` is false (as in llama.cpp).
     always: bool,
+    /// llama.cpp's `LLAMA_TOKEN_ATTR_RSTRIP`: blanks right after the token are dropped.
+    rstrip: bool,
 }
 
 /// How plain text (between special tokens) becomes ids: one variant per `tokenizer.ggml.model`.
@@ -192,6 +194,17 @@ impl Tokenizer {
             }
         };
 
+        // llama.cpp gives Phi-3's special tokens RSTRIP, recognising the model by its name: the
+        // chat template's newline after `<|user|>` is then not part of the prompt's text.
+        let phi3 = match g.get("general.name").and_then(|v| v.as_str()) {
+            Some(name) => {
+                let name = name.to_ascii_lowercase();
+                name.contains("phi-3") || name.contains("phi3")
+            }
+            None => false,
+        };
+        let rstrip = |text: &str| phi3 && !matches!(text, "<unk>" | "<s>" | "<|endoftext|>");
+
         let mut vocab: HashMap<String, u32> = HashMap::with_capacity(n);
         let mut pieces = Vec::with_capacity(n);
         let mut special = Vec::with_capacity(n);
@@ -211,7 +224,12 @@ impl Tokenizer {
             pieces.push(bytes.into_boxed_slice());
             special.push(matches!(ty, TYPE_CONTROL | TYPE_UNKNOWN));
             if matches!(ty, TYPE_CONTROL | TYPE_UNKNOWN | TYPE_USER_DEFINED) && !text.is_empty() {
-                special_texts.push(SpecialText { text: text.to_string(), id, always: ty == TYPE_USER_DEFINED });
+                special_texts.push(SpecialText {
+                    text: text.to_string(),
+                    id,
+                    always: ty == TYPE_USER_DEFINED,
+                    rstrip: rstrip(text),
+                });
             }
         }
         // Longest first, so that a token whose text contains another's is matched whole.
@@ -241,8 +259,9 @@ impl Tokenizer {
         let (encoder, add_bos) = if is_spm {
             (Encoder::Spm(Box::new(Self::spm(g, vocab, n)?)), optional_bool(g, "tokenizer.ggml.add_bos_token", true)?)
         } else {
-            let (pre, bpe) = Self::bpe(g, &vocab, &to_char)?;
-            (Encoder::Bpe { pre, bpe: Box::new(bpe) }, optional_bool(g, "tokenizer.ggml.add_bos_token", false)?)
+            let (pre, bpe) = Self::bpe(g, &vocab, &to_char, &char_to_byte)?;
+            let add_bos = optional_bool(g, "tokenizer.ggml.add_bos_token", pre.adds_bos_by_default())?;
+            (Encoder::Bpe { pre, bpe: Box::new(bpe) }, add_bos)
         };
 
         Ok(Tokenizer { encoder, pieces, special, special_texts, bos, eos, stop, add_bos })
@@ -253,6 +272,7 @@ impl Tokenizer {
         g: &gguf::Gguf,
         vocab: &HashMap<String, u32>,
         to_char: &[char; 256],
+        char_to_byte: &HashMap<char, u8>,
     ) -> Result<(PreTokenizer, Bpe), TextError> {
         // llama.cpp treats a missing pre-tokenizer key as "default".
         let pre_name = match g.get("tokenizer.ggml.pre") {
@@ -285,7 +305,18 @@ impl Tokenizer {
             merge_map.entry((l, r)).or_insert((rank as u32, merged));
         }
         let byte_token = std::array::from_fn(|b| vocab.get(to_char[b].encode_utf8(&mut [0u8; 4]) as &str).copied());
-        Ok((pre, Bpe { byte_token, merges: merge_map }))
+        // llama.cpp compares the byte-level encoded word with every token's text, special tokens
+        // included; a text with a character outside the byte-level alphabet can never be equal.
+        let whole_words = pre.ignores_merges().then(|| {
+            vocab
+                .iter()
+                .filter_map(|(text, &id)| {
+                    let bytes: Option<Box<[u8]>> = text.chars().map(|c| char_to_byte.get(&c).copied()).collect();
+                    Some((bytes?, id))
+                })
+                .collect()
+        });
+        Ok((pre, Bpe { byte_token, merges: merge_map, whole_words }))
     }
 
     /// The SentencePiece encoder: scores (0 when the file has none, as in llama.cpp) and the
@@ -376,6 +407,10 @@ impl Tokenizer {
                     }
                     next.push(Fragment::Token(st.id));
                     s = &s[at + st.text.len()..];
+                    if st.rstrip {
+                        // C's isspace, as llama.cpp strips byte by byte.
+                        s = s.trim_start_matches([' ', '\t', '\n', '\x0B', '\x0C', '\r']);
+                    }
                 }
                 if !s.is_empty() {
                     next.push(Fragment::Text(s));
