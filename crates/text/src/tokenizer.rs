@@ -91,6 +91,33 @@ const EOG_TEXTS: [&str; 12] = [
     "<end_of_utterance>",
 ];
 
+/// llama.cpp's list of end-of-generation texts that make a token a control token whatever its
+/// type in the file (`llama_vocab::impl::load`, the `special_eog_ids` loop).
+const CONTROL_LOOKING: [&str; 22] = [
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>",
+    "[e~[",
+];
+
 /// GPT-2's reversible map from bytes to printable characters: the alphabet of byte-level BPE
 /// vocabularies (a vocabulary for a test or a fuzz target is built from it).
 pub fn bytes_to_chars() -> [char; 256] {
@@ -211,6 +238,11 @@ impl Tokenizer {
         let mut special_texts = Vec::new();
         for (id, (&text, &ty)) in tokens.iter().zip(&types).enumerate() {
             let id = id as u32;
+            // llama.cpp makes a user-defined token with an end-of-generation text a control
+            // token ("control-looking token ... its type will be overridden"), so that plain
+            // text never produces it: Phi-3's user-defined "</s>" stays text without
+            // `parse_special`.
+            let ty = if ty == TYPE_USER_DEFINED && CONTROL_LOOKING.contains(&text) { TYPE_CONTROL } else { ty };
             // Later duplicates win, as in llama.cpp's token_to_id map.
             vocab.insert(text.to_string(), id);
             let bytes = match ty {

@@ -135,3 +135,15 @@ fn phi3_special_tokens_swallow_the_blanks_after_them() {
     assert_eq!(bos, [1]);
     assert_ne!(id("<s>\nHi"), [&bos[..], &hi[..]].concat());
 }
+
+#[test]
+fn phi3_user_defined_end_of_text_is_control_as_in_llama_cpp() {
+    // "</s>" is user-defined in this file; llama.cpp makes it control for its end-of-generation
+    // text, so without special parsing it is plain text, not token 2.
+    let (tok, _) = tokenizer("phi-3");
+    assert_eq!(tok.encode("</s>", true).expect("encode"), [2]);
+    let plain = tok.encode("</s>", false).expect("encode");
+    assert!(!plain.contains(&2), "{plain:?}");
+    assert_eq!(tok.decode(&plain).expect("decode"), " </s>");
+    assert!(tok.is_special(2));
+}
