@@ -3,7 +3,8 @@
 //!
 //! * `"gpt2"`: byte-level BPE (`Encoder::Bpe`);
 //! * `"llama"`: SentencePiece-style BPE by token score with `▁` for spaces and `<0xXX>` byte
-//!   fallback (`Encoder::Spm`, spm.rs), as llama.cpp's `llm_tokenizer_spm` (Gemma 3).
+//!   fallback (`Encoder::Spm`, spm.rs), as llama.cpp's `llm_tokenizer_spm` (Llama 2, Phi-3,
+//!   Gemma 3).
 //!
 //! Encoding runs in two stages, as in llama.cpp: the text is first partitioned on special-token
 //! texts (control tokens only when `parse_special`, user-defined tokens always), then every plain
