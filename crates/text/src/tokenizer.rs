@@ -92,8 +92,10 @@ const EOG_TEXTS: [&str; 12] = [
     "<end_of_utterance>",
 ];
 
-/// llama.cpp's list of end-of-generation texts that make a token a control token whatever its
-/// type in the file (`llama_vocab::impl::load`, the `special_eog_ids` loop).
+/// llama.cpp's end-of-generation texts (`llama_vocab::impl::load`, the `special_eog_ids` loop):
+/// it adds the control attribute to a token with one of these texts whatever its type. Only
+/// user-defined tokens are changed here (Phi-3's `</s>`); a normal token with such a text, which
+/// llama.cpp would then also split out under `parse_special`, stays normal.
 const CONTROL_LOOKING: [&str; 22] = [
     "<|eot_id|>",
     "<|im_end|>",
