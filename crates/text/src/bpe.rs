@@ -14,6 +14,9 @@ pub(crate) struct Bpe {
     pub(crate) byte_token: [Option<u32>; 256],
     /// (left, right) -> (rank, merged token); first occurrence of a pair wins, as in llama.cpp.
     pub(crate) merges: HashMap<(u32, u32), (u32, u32)>,
+    /// llama.cpp's `ignore_merges` (Llama 3): the token of each byte string that is a token's
+    /// text, byte-level decoded; a word found here is that token, whatever the merges would make.
+    pub(crate) whole_words: Option<HashMap<Box<[u8]>, u32>>,
 }
 
 impl Bpe {
@@ -21,6 +24,10 @@ impl Bpe {
     /// repeatedly merge the adjacent pair of lowest rank, leftmost first. A byte without a token
     /// stays a symbol that never merges and is dropped from the output.
     pub(crate) fn word(&self, word: &[u8], s: &mut Scratch, out: &mut Vec<u32>) {
+        if let Some(&id) = self.whole_words.as_ref().and_then(|w| w.get(word)) {
+            out.push(id);
+            return;
+        }
         if let [b] = word {
             out.extend(self.byte_token[usize::from(*b)]);
             return;

@@ -9,8 +9,13 @@ pub enum TextError {
         "unsupported tokenizer model {0:?} (tokenizer.ggml.model): supported are \"gpt2\" (byte-level BPE) and \"llama\" (SentencePiece)"
     )]
     UnsupportedModel(String),
-    /// `tokenizer.ggml.pre` names a pre-tokenizer (split regex) this crate does not implement.
-    #[error("unsupported pre-tokenizer {0:?} (tokenizer.ggml.pre): supported are \"smollm\", \"gpt2\", \"default\"")]
+    /// `tokenizer.ggml.pre` names a pre-tokenizer (split regex) this crate does not implement, or
+    /// one that no test proves exact against llama.cpp yet.
+    #[error(
+        "unsupported pre-tokenizer {name:?} (tokenizer.ggml.pre): supported are {supported}",
+        name = .0,
+        supported = crate::pretokenize::supported_names()
+    )]
     UnsupportedPre(String),
     /// A required metadata key is missing or has the wrong type.
     #[error("GGUF metadata: {0}")]

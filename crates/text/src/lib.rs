@@ -6,9 +6,12 @@
 //! differs by one newline changes what the model does. This crate builds both from the model
 //! file itself, from GGUF metadata only, so there is no second source of truth to drift:
 //!
-//! * [`Tokenizer`]: byte-level BPE (`"gpt2"`) or SentencePiece (`"llama"`, e.g. Gemma 3) from
-//!   `tokenizer.ggml.*`, matching llama.cpp's tokenization (special-token parsing, pre-tokenizer
-//!   splits, merge ranks or scores, byte fallback) and decoding losslessly to bytes;
+//! * [`Tokenizer`]: byte-level BPE (`"gpt2"`) or SentencePiece (`"llama"`: Llama 2, Phi-3,
+//!   Gemma 3) from `tokenizer.ggml.*`, matching llama.cpp's tokenization (special-token parsing,
+//!   pre-tokenizer splits, merge ranks or scores, byte fallback) and decoding losslessly to
+//!   bytes. BPE pre-tokenizers (`tokenizer.ggml.pre`): GPT-2, SmolLM/StarCoder, Llama 3, Qwen2
+//!   (Qwen2.5, Qwen3) and Qwen 3.5, each proven id for id on llama.cpp's own test vectors
+//!   (tests/llama_cpp_vocabs.rs; the list and how each is verified: pretokenize.rs);
 //! * [`StreamDecoder`]: incremental detokenization that never emits half a UTF-8 character;
 //! * [`ChatTemplate`]: the model's own Jinja chat template (`tokenizer.chat_template`), or
 //!   llama.cpp's ChatML fallback when the model has none.

@@ -1,19 +1,45 @@
 //! The pre-tokenizer splits of llama.cpp: plain text into the words that BPE merges within.
 //!
-//! Hand-written rather than run as a regex, as llama.cpp also hand-writes its GPT-2 splitter: the
-//! pattern's `\s+(?!\S)` needs a look-ahead, which only a backtracking engine (fancy-regex) runs,
-//! and that engine dominated tokenization time. The GPT-2 pattern (llama.cpp's, with the trailing
-//! `\s+` its custom matcher implements), matched repeatedly from the end of the previous match:
+//! Hand-written rather than run as a regex, as llama.cpp also hand-writes its splitters: the
+//! patterns' `\s+(?!\S)` needs a look-ahead, which only a backtracking engine (fancy-regex) runs,
+//! and that engine dominated tokenization time. Each splitter tries its pattern's alternatives in
+//! the same leftmost-first order, one branch each, matched repeatedly from the end of the
+//! previous match. The `tokenizer.ggml.pre` values implemented, and how each is verified:
+//!
+//! | `tokenizer.ggml.pre` | pattern | verified against |
+//! | --- | --- | --- |
+//! | `gpt-2` | GPT-2 ([`gpt2_match`]) | regex splits (golden file); llama.cpp's `ggml-vocab-gpt-2` test |
+//! | `gpt2`, `default` (and no key) | GPT-2 | this crate's reading, kept from before: llama.cpp knows no `gpt2`, and its `default` adds three more splits |
+//! | `smollm`, `starcoder` | every `\p{N}` alone, then GPT-2 | the same golden file; the real SmolLM2 model; llama.cpp's `ggml-vocab-starcoder` test (llama.cpp runs both names through the same regexes) |
+//! | `llama-bpe`, `llama3`, `llama-v3` | Llama 3 (llama3.rs) | llama.cpp's `ggml-vocab-llama-bpe` test |
+//! | `qwen2`, `deepseek-r1-qwen` | Qwen2 (llama3.rs) | llama.cpp's `ggml-vocab-qwen2` test |
+//! | `qwen35` | Qwen 3.5 (llama3.rs) | llama.cpp's `ggml-vocab-qwen35` test |
+//!
+//! The llama.cpp tests (tests/llama_cpp_vocabs.rs) run every input of llama.cpp's own
+//! `ggml-vocab-*.gguf.inp` files, fetched from the pinned llama-cpp-python sdist, and require
+//! exactly the ids of the matching `.gguf.out`. The names on one row are those llama.cpp sends
+//! down the same code with the same settings; other names llama.cpp knows (`tekken`, `falcon3`,
+//! `deepseek-v3`, ...) are refused with [`crate::TextError::UnsupportedPre`] until a test proves
+//! them. SentencePiece vocabularies (`tokenizer.ggml.model = "llama"`: Llama 2, Phi-3, Gemma)
+//! have no pre-tokenizer at all: llama.cpp ignores the key for them, and so does this crate.
+//!
+//! The GPT-2 pattern (llama.cpp's, with the trailing `\s+` its custom matcher implements):
 //!
 //! ```text
 //! 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 //! ```
 //!
-//! Every branch of [`gpt2_match`] is one alternative, tried in the same leftmost-first order, so
-//! the words are the regex's, byte for byte: tests/data/pretokenize_golden.json holds splits
-//! recorded from the regex implementation (the `tokenizers` crate's) that this one replaced.
+//! Every branch of [`gpt2_match`] is one alternative, so the words are the regex's, byte for
+//! byte: tests/data/pretokenize_golden.json holds splits recorded from the regex implementation
+//! (the `tokenizers` crate's) that this one replaced. Llama 3 and Qwen are in llama3.rs, with
+//! llama.cpp's own character table (table.rs).
 
 use unicode_general_category::{get_general_category, GeneralCategory as Gc};
+
+use llama3::Style;
+
+mod llama3;
+mod table;
 
 /// A `tokenizer.ggml.pre` this crate implements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,16 +49,48 @@ pub(crate) enum PreTokenizer {
     /// "smollm": every `\p{N}` character a word of its own, then the GPT-2 pattern within each
     /// stretch between them (whose end is an end of text for the look-ahead).
     SmolLm,
+    /// Llama 3 (llama.cpp's `LLAMA_VOCAB_PRE_TYPE_LLAMA3`), Qwen2 and Qwen 3.5: llama3.rs.
+    Llama3(Style),
+}
+
+/// Every `tokenizer.ggml.pre` value accepted, and what it selects (see the module doc for how
+/// each is verified). The error for any other value lists these.
+pub(crate) const NAMES: &[(&str, PreTokenizer)] = &[
+    ("default", PreTokenizer::Gpt2),
+    ("gpt2", PreTokenizer::Gpt2),
+    ("gpt-2", PreTokenizer::Gpt2),
+    ("smollm", PreTokenizer::SmolLm),
+    ("starcoder", PreTokenizer::SmolLm),
+    ("llama-bpe", PreTokenizer::Llama3(Style::LLAMA3)),
+    ("llama3", PreTokenizer::Llama3(Style::LLAMA3)),
+    ("llama-v3", PreTokenizer::Llama3(Style::LLAMA3)),
+    ("qwen2", PreTokenizer::Llama3(Style::QWEN2)),
+    ("deepseek-r1-qwen", PreTokenizer::Llama3(Style::QWEN2)),
+    ("qwen35", PreTokenizer::Llama3(Style::QWEN35)),
+];
+
+/// The accepted names, quoted and comma-separated, for the error message.
+pub(crate) fn supported_names() -> String {
+    NAMES.iter().map(|(n, _)| format!("{n:?}")).collect::<Vec<_>>().join(", ")
 }
 
 impl PreTokenizer {
     /// The pre-tokenizer llama.cpp selects for a `tokenizer.ggml.pre` value.
     pub(crate) fn from_name(name: &str) -> Option<PreTokenizer> {
-        match name {
-            "gpt2" | "default" => Some(PreTokenizer::Gpt2),
-            "smollm" => Some(PreTokenizer::SmolLm),
-            _ => None,
-        }
+        NAMES.iter().find(|&&(n, _)| n == name).map(|&(_, pre)| pre)
+    }
+
+    /// llama.cpp's `ignore_merges` for this pre-tokenizer: a word that is a token as a whole
+    /// becomes that token without merging (Llama 3's vocabulary has tokens its merges never
+    /// build).
+    pub(crate) fn ignores_merges(self) -> bool {
+        self == PreTokenizer::Llama3(Style::LLAMA3)
+    }
+
+    /// Whether prompts start with BOS when `tokenizer.ggml.add_bos_token` is missing: llama.cpp
+    /// turns it on for Llama 3 (BPE vocabularies are otherwise without).
+    pub(crate) fn adds_bos_by_default(self) -> bool {
+        self == PreTokenizer::Llama3(Style::LLAMA3)
     }
 
     /// The words of `text`, in order; they concatenate back to `text`.
@@ -57,7 +115,7 @@ impl<'t> Iterator for Words<'t> {
         if self.piece.is_empty() {
             let c = self.rest.chars().next()?;
             match self.pre {
-                PreTokenizer::Gpt2 => (self.piece, self.rest) = (self.rest, ""),
+                PreTokenizer::Gpt2 | PreTokenizer::Llama3(_) => (self.piece, self.rest) = (self.rest, ""),
                 // `char::is_numeric`, not the \p{N} table below: the digit split of the
                 // implementation this replaces (tokenizers' `Digits`) used the standard library's.
                 PreTokenizer::SmolLm if c.is_numeric() => {
@@ -71,7 +129,11 @@ impl<'t> Iterator for Words<'t> {
                 }
             }
         }
-        let (word, piece) = self.piece.split_at(gpt2_match(self.piece));
+        let len = match self.pre {
+            PreTokenizer::Llama3(style) => llama3::word_len(self.piece, style),
+            PreTokenizer::Gpt2 | PreTokenizer::SmolLm => gpt2_match(self.piece),
+        };
+        let (word, piece) = self.piece.split_at(len);
         self.piece = piece;
         Some(word)
     }
@@ -203,10 +265,32 @@ mod tests {
         }
     }
 
+    #[test]
+    fn every_name_resolves_and_the_refusal_lists_them_all() {
+        let msg = crate::TextError::UnsupportedPre("tekken".into()).to_string();
+        for &(name, pre) in NAMES {
+            assert_eq!(PreTokenizer::from_name(name), Some(pre));
+            assert!(msg.contains(&format!("{name:?}")), "{msg}");
+        }
+        // Known to llama.cpp, not proven here.
+        for name in ["tekken", "falcon3", "deepseek-v3", "stablelm2", "command-r", ""] {
+            assert_eq!(PreTokenizer::from_name(name), None, "{name}");
+        }
+    }
+
+    #[test]
+    fn llama3_words_come_from_its_own_matcher() {
+        let l = PreTokenizer::Llama3(Style::LLAMA3);
+        assert_eq!(words(l, "Hello world's 12345\n\n"), ["Hello", " world", "'s", " ", "123", "45", "\n\n"]);
+        assert_eq!(words(PreTokenizer::Llama3(Style::QWEN2), "x 12"), ["x", " ", "1", "2"]);
+        assert!(l.ignores_merges() && l.adds_bos_by_default());
+        assert!(!PreTokenizer::Llama3(Style::QWEN2).ignores_merges());
+    }
+
     proptest! {
         #[test]
         fn words_tile_the_text(s in any::<String>()) {
-            for pre in [PreTokenizer::Gpt2, PreTokenizer::SmolLm] {
+            for &(_, pre) in NAMES {
                 let w = words(pre, &s);
                 prop_assert!(w.iter().all(|w| !w.is_empty()));
                 prop_assert_eq!(w.concat(), s.as_str());

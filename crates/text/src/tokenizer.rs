@@ -3,7 +3,8 @@
 //!
 //! * `"gpt2"`: byte-level BPE (`Encoder::Bpe`);
 //! * `"llama"`: SentencePiece-style BPE by token score with `▁` for spaces and `<0xXX>` byte
-//!   fallback (`Encoder::Spm`, spm.rs), as llama.cpp's `llm_tokenizer_spm` (Gemma 3).
+//!   fallback (`Encoder::Spm`, spm.rs), as llama.cpp's `llm_tokenizer_spm` (Llama 2, Phi-3,
+//!   Gemma 3).
 //!
 //! Encoding runs in two stages, as in llama.cpp: the text is first partitioned on special-token
 //! texts (control tokens only when `parse_special`, user-defined tokens always), then every plain
@@ -41,6 +42,8 @@ struct SpecialText {
     id: u32,
     /// User-defined tokens are matched even when `parse_special` is false (as in llama.cpp).
     always: bool,
+    /// llama.cpp's `LLAMA_TOKEN_ATTR_RSTRIP`: blanks right after the token are dropped.
+    rstrip: bool,
 }
 
 /// How plain text (between special tokens) becomes ids: one variant per `tokenizer.ggml.model`.
@@ -87,6 +90,35 @@ const EOG_TEXTS: [&str; 12] = [
     "<EOT>",
     "_<EOT>",
     "<end_of_utterance>",
+];
+
+/// llama.cpp's end-of-generation texts (`llama_vocab::impl::load`, the `special_eog_ids` loop):
+/// it adds the control attribute to a token with one of these texts whatever its type. Only
+/// user-defined tokens are changed here (Phi-3's `</s>`); a normal token with such a text, which
+/// llama.cpp would then also split out under `parse_special`, stays normal.
+const CONTROL_LOOKING: [&str; 22] = [
+    "<|eot_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<|return|>",
+    "<|call|>",
+    "<|flush|>",
+    "<|calls|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "</s>",
+    "<|eom_id|>",
+    "<EOT>",
+    "_<EOT>",
+    "[EOT]",
+    "[EOS]",
+    "<|end_of_text|>",
+    "<end_of_utterance>",
+    "<eos>",
+    "<turn|>",
+    "<|tool_response>",
+    "<\u{ff5c}end\u{2581}of\u{2581}sentence\u{ff5c}>",
+    "[e~[",
 ];
 
 /// GPT-2's reversible map from bytes to printable characters: the alphabet of byte-level BPE
@@ -192,12 +224,28 @@ impl Tokenizer {
             }
         };
 
+        // llama.cpp gives Phi-3's special tokens RSTRIP, recognising the model by its name: the
+        // chat template's newline after `<|user|>` is then not part of the prompt's text.
+        let phi3 = match g.get("general.name").and_then(|v| v.as_str()) {
+            Some(name) => {
+                let name = name.to_ascii_lowercase();
+                name.contains("phi-3") || name.contains("phi3")
+            }
+            None => false,
+        };
+        let rstrip = |text: &str| phi3 && !matches!(text, "<unk>" | "<s>" | "<|endoftext|>");
+
         let mut vocab: HashMap<String, u32> = HashMap::with_capacity(n);
         let mut pieces = Vec::with_capacity(n);
         let mut special = Vec::with_capacity(n);
         let mut special_texts = Vec::new();
         for (id, (&text, &ty)) in tokens.iter().zip(&types).enumerate() {
             let id = id as u32;
+            // llama.cpp makes a user-defined token with an end-of-generation text a control
+            // token ("control-looking token ... its type will be overridden"), so that plain
+            // text never produces it: Phi-3's user-defined "</s>" stays text without
+            // `parse_special`.
+            let ty = if ty == TYPE_USER_DEFINED && CONTROL_LOOKING.contains(&text) { TYPE_CONTROL } else { ty };
             // Later duplicates win, as in llama.cpp's token_to_id map.
             vocab.insert(text.to_string(), id);
             let bytes = match ty {
@@ -211,7 +259,12 @@ impl Tokenizer {
             pieces.push(bytes.into_boxed_slice());
             special.push(matches!(ty, TYPE_CONTROL | TYPE_UNKNOWN));
             if matches!(ty, TYPE_CONTROL | TYPE_UNKNOWN | TYPE_USER_DEFINED) && !text.is_empty() {
-                special_texts.push(SpecialText { text: text.to_string(), id, always: ty == TYPE_USER_DEFINED });
+                special_texts.push(SpecialText {
+                    text: text.to_string(),
+                    id,
+                    always: ty == TYPE_USER_DEFINED,
+                    rstrip: rstrip(text),
+                });
             }
         }
         // Longest first, so that a token whose text contains another's is matched whole.
@@ -241,8 +294,9 @@ impl Tokenizer {
         let (encoder, add_bos) = if is_spm {
             (Encoder::Spm(Box::new(Self::spm(g, vocab, n)?)), optional_bool(g, "tokenizer.ggml.add_bos_token", true)?)
         } else {
-            let (pre, bpe) = Self::bpe(g, &vocab, &to_char)?;
-            (Encoder::Bpe { pre, bpe: Box::new(bpe) }, optional_bool(g, "tokenizer.ggml.add_bos_token", false)?)
+            let (pre, bpe) = Self::bpe(g, &vocab, &to_char, &char_to_byte)?;
+            let add_bos = optional_bool(g, "tokenizer.ggml.add_bos_token", pre.adds_bos_by_default())?;
+            (Encoder::Bpe { pre, bpe: Box::new(bpe) }, add_bos)
         };
 
         Ok(Tokenizer { encoder, pieces, special, special_texts, bos, eos, stop, add_bos })
@@ -253,6 +307,7 @@ impl Tokenizer {
         g: &gguf::Gguf,
         vocab: &HashMap<String, u32>,
         to_char: &[char; 256],
+        char_to_byte: &HashMap<char, u8>,
     ) -> Result<(PreTokenizer, Bpe), TextError> {
         // llama.cpp treats a missing pre-tokenizer key as "default".
         let pre_name = match g.get("tokenizer.ggml.pre") {
@@ -285,7 +340,18 @@ impl Tokenizer {
             merge_map.entry((l, r)).or_insert((rank as u32, merged));
         }
         let byte_token = std::array::from_fn(|b| vocab.get(to_char[b].encode_utf8(&mut [0u8; 4]) as &str).copied());
-        Ok((pre, Bpe { byte_token, merges: merge_map }))
+        // llama.cpp compares the byte-level encoded word with every token's text, special tokens
+        // included; a text with a character outside the byte-level alphabet can never be equal.
+        let whole_words = pre.ignores_merges().then(|| {
+            vocab
+                .iter()
+                .filter_map(|(text, &id)| {
+                    let bytes: Option<Box<[u8]>> = text.chars().map(|c| char_to_byte.get(&c).copied()).collect();
+                    Some((bytes?, id))
+                })
+                .collect()
+        });
+        Ok((pre, Bpe { byte_token, merges: merge_map, whole_words }))
     }
 
     /// The SentencePiece encoder: scores (0 when the file has none, as in llama.cpp) and the
@@ -376,6 +442,10 @@ impl Tokenizer {
                     }
                     next.push(Fragment::Token(st.id));
                     s = &s[at + st.text.len()..];
+                    if st.rstrip {
+                        // C's isspace, as llama.cpp strips byte by byte.
+                        s = s.trim_start_matches([' ', '\t', '\n', '\x0B', '\x0C', '\r']);
+                    }
                 }
                 if !s.is_empty() {
                     next.push(Fragment::Text(s));
