@@ -8,10 +8,17 @@ use crate::error::ModelError;
 /// The model families whose forward pass this crate implements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Arch {
+    /// Llama 1-3 and Mistral 7B; Llama 3.1+'s long-context rotary factors come from the file's
+    /// `rope_freqs` tensor.
     Llama,
     /// Gemma 3: RMS norms after attention and FFN as well as before, per-head Q/K norms, GeGLU,
     /// a scaled embedding, and local sliding-window layers between global ones.
     Gemma3,
+    /// Qwen2 / Qwen2.5: llama with biases on the Q, K and V projections and rotary pairs of
+    /// halves (NeoX).
+    Qwen2,
+    /// Qwen3: llama with per-head RMS norms of Q and K (before the rotation) and NeoX pairs.
+    Qwen3,
 }
 
 impl Arch {
@@ -19,6 +26,8 @@ impl Arch {
         match name {
             "llama" => Ok(Arch::Llama),
             "gemma3" => Ok(Arch::Gemma3),
+            "qwen2" => Ok(Arch::Qwen2),
+            "qwen3" => Ok(Arch::Qwen3),
             other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -27,6 +36,8 @@ impl Arch {
         match self {
             Arch::Llama => "llama",
             Arch::Gemma3 => "gemma3",
+            Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
         }
     }
 }
@@ -157,16 +168,31 @@ impl LlamaConfig {
     pub fn rope_style(&self) -> RopeStyle {
         match self.arch {
             Arch::Llama => RopeStyle::Interleaved,
-            Arch::Gemma3 => RopeStyle::Halves,
+            Arch::Gemma3 | Arch::Qwen2 | Arch::Qwen3 => RopeStyle::Halves,
         }
     }
 
-    /// Gemma scales the embedding by sqrt(n_embd); llama does not scale it.
+    /// Gemma scales the embedding by sqrt(n_embd); the others do not scale it.
     pub fn embed_scale(&self) -> Option<f32> {
         match self.arch {
-            Arch::Llama => None,
             Arch::Gemma3 => Some((self.n_embd as f32).sqrt()),
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => None,
         }
+    }
+
+    /// Whether each head of Q and K is RMS-normalized before its rotation.
+    pub fn has_qk_norms(&self) -> bool {
+        matches!(self.arch, Arch::Gemma3 | Arch::Qwen3)
+    }
+
+    /// Whether the Q, K and V projections carry biases.
+    pub fn has_qkv_bias(&self) -> bool {
+        self.arch == Arch::Qwen2
+    }
+
+    /// The FFN's gate: GELU for Gemma, SiLU for the others.
+    pub fn gelu_gate(&self) -> bool {
+        self.arch == Arch::Gemma3
     }
 
     pub fn layer_attention(&self, layer: usize) -> LayerAttention {

@@ -11,7 +11,7 @@ use gguf::GgufFile;
 use kv::BlockTable;
 
 use crate::attention::{AttnInput, AttnShape};
-use crate::config::{Arch, LlamaConfig};
+use crate::config::LlamaConfig;
 use crate::error::ModelError;
 use crate::kernels::Isa;
 use crate::layer_attention;
@@ -161,7 +161,7 @@ impl Llama {
                     let r = *off + i;
                     let row = &qkv[r * qkv_w..(r + 1) * qkv_w];
                     vr.copy_from_slice(&row[q_dim + kv_dim..]);
-                    match &layer.extra_norms {
+                    match &layer.qk_norms {
                         Some(n) => ops::rms_norm(&row[q_dim..q_dim + kv_dim], &n.k, c.rms_eps, kr),
                         None => kr.copy_from_slice(&row[q_dim..q_dim + kv_dim]),
                     }
@@ -286,7 +286,8 @@ impl Llama {
             if !ropes.iter().any(|(b, _)| *b == base) {
                 let mut tab = vec![(0f32, 0f32); t * hd / 2];
                 for (r, &pos) in positions.iter().enumerate() {
-                    ops::rope_table(pos, hd, base, &mut tab[r * hd / 2..(r + 1) * hd / 2]);
+                    let factors = self.weights.rope_freqs.as_deref();
+                    ops::rope_table(pos, hd, base, factors, &mut tab[r * hd / 2..(r + 1) * hd / 2]);
                 }
                 ropes.push((base, tab));
             }
@@ -311,14 +312,19 @@ impl Llama {
             self.rms_norm(x, &layer.attn_norm, c.rms_eps, xn);
             self.quantize_for(&layer.wqkv, xn, t, acts);
             matmul(&self.pool, self.isa, &layer.wqkv, acts, qkv);
+            if let Some(bias) = &layer.qkv_bias {
+                self.par_rows(qkv, qkv_w, &|_, part| {
+                    part.chunks_exact_mut(qkv_w).for_each(|row| ops::add_in_place(row, bias));
+                });
+            }
             // Queries (most of the rows' work) in parallel, then keys and values.
             let qkv = &*qkv;
             self.par_rows(q, q_dim, &|r0, part| {
                 for (i, qr) in part.chunks_exact_mut(q_dim).enumerate() {
                     let r = r0 + i;
                     let row = &qkv[r * qkv_w..(r + 1) * qkv_w];
-                    match &layer.extra_norms {
-                        // Gemma normalizes each head of Q and K before rotating it.
+                    match &layer.qk_norms {
+                        // Gemma and Qwen3 normalize each head of Q and K before rotating it.
                         Some(n) => ops::rms_norm(&row[..q_dim], &n.q, c.rms_eps, qr),
                         None => qr.copy_from_slice(&row[..q_dim]),
                     }
@@ -338,8 +344,8 @@ impl Llama {
             drop(inputs);
             self.quantize_for(&layer.wo, attn, t, acts);
             matmul(&self.pool, self.isa, &layer.wo, acts, proj);
-            if let Some(n) = &layer.extra_norms {
-                self.rms_norm(proj, &n.post_attn, c.rms_eps, normed);
+            if let Some(n) = &layer.post_norms {
+                self.rms_norm(proj, &n.attn, c.rms_eps, normed);
                 std::mem::swap(proj, normed);
             }
             ops::add_in_place(x, proj);
@@ -353,16 +359,16 @@ impl Llama {
                     let r = r0 + i;
                     let row = &gate_up[r * 2 * c.n_ff..(r + 1) * 2 * c.n_ff];
                     h.copy_from_slice(&row[..c.n_ff]);
-                    match c.arch {
-                        Arch::Llama => ops::swiglu(h, &row[c.n_ff..]),
-                        Arch::Gemma3 => ops::geglu(h, &row[c.n_ff..]),
+                    match c.gelu_gate() {
+                        true => ops::geglu(h, &row[c.n_ff..]),
+                        false => ops::swiglu(h, &row[c.n_ff..]),
                     }
                 }
             });
             self.quantize_for(&layer.w_down, hidden, t, acts);
             matmul(&self.pool, self.isa, &layer.w_down, acts, proj);
-            if let Some(n) = &layer.extra_norms {
-                self.rms_norm(proj, &n.post_ffn, c.rms_eps, normed);
+            if let Some(n) = &layer.post_norms {
+                self.rms_norm(proj, &n.ffn, c.rms_eps, normed);
                 std::mem::swap(proj, normed);
             }
             ops::add_in_place(x, proj);

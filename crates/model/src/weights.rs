@@ -20,15 +20,22 @@ pub struct Layer {
     /// Gate and up projections stacked (rows `[gate | up]`).
     pub w_gate_up: QMatrix,
     pub w_down: QMatrix,
-    /// Gemma 3 only: RMS norms of each query and key head, and of the attention and FFN outputs.
-    pub extra_norms: Option<GemmaNorms>,
+    /// Gemma 3 and Qwen3: RMS norms of each query and key head, before the rotation.
+    pub qk_norms: Option<QkNorms>,
+    /// Gemma 3: RMS norms of the attention and FFN outputs, before the residual.
+    pub post_norms: Option<PostNorms>,
+    /// Qwen2: the biases of `wqkv`'s rows (`[q | k | v]`), added to its output.
+    pub qkv_bias: Option<Vec<f32>>,
 }
 
-pub struct GemmaNorms {
+pub struct QkNorms {
     pub q: Vec<f32>,
     pub k: Vec<f32>,
-    pub post_attn: Vec<f32>,
-    pub post_ffn: Vec<f32>,
+}
+
+pub struct PostNorms {
+    pub attn: Vec<f32>,
+    pub ffn: Vec<f32>,
 }
 
 pub struct LlamaWeights {
@@ -37,6 +44,9 @@ pub struct LlamaWeights {
     pub out_norm: Vec<f32>,
     /// None when the output projection is tied to the embedding.
     pub output: Option<QMatrix>,
+    /// Llama 3.1+: a divisor of each rotary pair's angle (`rope_freqs`, head_dim / 2 values),
+    /// slowing the low frequencies for long contexts.
+    pub rope_freqs: Option<Vec<f32>>,
     /// Where the matrices live once loaded (see [`crate::region`]); None when the system
     /// gave no mapping and they stayed in ordinary allocations.
     pub region: Option<Arc<Region>>,
@@ -107,14 +117,29 @@ impl LlamaWeights {
         let mut layers = Vec::new();
         for i in 0..c.n_layers {
             let n = |s: &str| format!("blk.{i}.{s}.weight");
-            let extra_norms = match c.arch {
-                Arch::Llama => None,
-                Arch::Gemma3 => Some(GemmaNorms {
+            let qk_norms = match c.has_qk_norms() {
+                true => Some(QkNorms {
                     q: vector(f, &n("attn_q_norm"), c.head_dim)?,
                     k: vector(f, &n("attn_k_norm"), c.head_dim)?,
-                    post_attn: vector(f, &n("post_attention_norm"), c.n_embd)?,
-                    post_ffn: vector(f, &n("post_ffw_norm"), c.n_embd)?,
                 }),
+                false => None,
+            };
+            let post_norms = match c.arch {
+                Arch::Gemma3 => Some(PostNorms {
+                    attn: vector(f, &n("post_attention_norm"), c.n_embd)?,
+                    ffn: vector(f, &n("post_ffw_norm"), c.n_embd)?,
+                }),
+                Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => None,
+            };
+            let qkv_bias = match c.has_qkv_bias() {
+                true => {
+                    let b = |s: &str, len| vector(f, &format!("blk.{i}.{s}.bias"), len);
+                    let mut bias = b("attn_q", q_dim)?;
+                    bias.extend(b("attn_k", kv_dim)?);
+                    bias.extend(b("attn_v", kv_dim)?);
+                    Some(bias)
+                }
+                false => None,
             };
             layers.push(Layer {
                 attn_norm: vector(f, &n("attn_norm"), c.n_embd)?,
@@ -123,18 +148,30 @@ impl LlamaWeights {
                 ffn_norm: vector(f, &n("ffn_norm"), c.n_embd)?,
                 w_gate_up: stacked(f, &[(&n("ffn_gate"), c.n_ff), (&n("ffn_up"), c.n_ff)], c.n_embd)?,
                 w_down: matrix(f, &n("ffn_down"), c.n_ff, c.n_embd)?,
-                extra_norms,
+                qk_norms,
+                post_norms,
+                qkv_bias,
             });
         }
         let output = match f.tensor("output.weight") {
             Ok(_) => Some(matrix(f, "output.weight", c.n_embd, c.vocab)?),
             Err(_) => None,
         };
+        // Only llama files carry it (llama.cpp reads it for no other architecture here).
+        let rope_freqs = match (c.arch, f.tensor("rope_freqs.weight")) {
+            (Arch::Llama, Ok(_)) => Some(vector(f, "rope_freqs.weight", c.head_dim / 2)?),
+            _ => None,
+        };
+        // A divisor of an angle: zero or NaN would turn every rotated key into NaN.
+        if rope_freqs.as_ref().is_some_and(|v| v.iter().any(|&x| !(x.is_finite() && x > 0.0))) {
+            return Err(ModelError::Config("rope_freqs holds a factor that is not a positive number".into()));
+        }
         let mut w = LlamaWeights {
             tok_embd: matrix(f, "token_embd.weight", c.n_embd, c.vocab)?,
             layers,
             out_norm: vector(f, "output_norm.weight", c.n_embd)?,
             output,
+            rope_freqs,
             region: None,
         };
         // In the order a step reads them.
@@ -168,10 +205,9 @@ impl LlamaWeights {
             .layers
             .iter()
             .map(|l| {
-                let extra = l
-                    .extra_norms
-                    .as_ref()
-                    .map_or(0, |n| norms(&n.q) + norms(&n.k) + norms(&n.post_attn) + norms(&n.post_ffn));
+                let extra = l.qk_norms.as_ref().map_or(0, |n| norms(&n.q) + norms(&n.k))
+                    + l.post_norms.as_ref().map_or(0, |n| norms(&n.attn) + norms(&n.ffn))
+                    + l.qkv_bias.as_deref().map_or(0, norms);
                 l.wqkv.bytes()
                     + l.wo.bytes()
                     + l.w_gate_up.bytes()
