@@ -167,6 +167,22 @@ check(call.function.name in params, "the call names an offered function")
 jsonschema.validate(json.loads(call.function.arguments), params[call.function.name])
 check(True, "the call's arguments validate against the function's parameters")
 
+# Most clients write parameters without `additionalProperties`: such an object admits no other
+# keys (as llama.cpp reads it), so the call closes instead of inventing keys until max_tokens.
+OPEN = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+r = client.chat.completions.create(
+    model=model,
+    messages=[{"role": "user", "content": "What is the weather in Rome?"}],
+    max_tokens=120,
+    temperature=0,
+    tools=[{"type": "function", "function": {"name": "get_weather", "parameters": OPEN}}],
+    tool_choice="required",
+)
+check(r.choices[0].finish_reason == "tool_calls", "an object schema without additionalProperties still ends in a call")
+open_args = json.loads(r.choices[0].message.tool_calls[0].function.arguments)
+jsonschema.validate(open_args, OPEN)
+check(set(open_args) <= {"city"}, f"no key beyond the listed properties ({sorted(open_args)})")
+
 named = client.chat.completions.create(
     model=model,
     messages=[{"role": "user", "content": "What time is it in Tokyo?"}],

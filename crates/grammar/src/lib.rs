@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 mod encoded;
+mod schema;
 
 use std::sync::Arc;
 
@@ -21,6 +22,7 @@ use serde_json::{json, Value};
 use text::Tokenizer;
 
 pub use encoded::{check_schema_depth, depth, EncodedFormat, MAX_FORMAT_BYTES, MAX_SCHEMA_DEPTH};
+pub use schema::compact;
 
 /// What constrained decoding refused.
 #[derive(Debug, thiserror::Error)]
@@ -55,16 +57,6 @@ impl OutputFormat {
             OutputFormat::Lark { grammar } => TopLevelGrammar::from_lark(grammar.clone()),
         }
     }
-}
-
-/// JSON without free whitespace between tokens, unless the schema asks otherwise: a small
-/// model offered "any whitespace" can spend its whole budget on newlines. Public for schemas
-/// embedded in a Lark grammar (`%json`), which do not pass through [`OutputFormat::JsonSchema`].
-pub fn compact(mut schema: Value) -> Value {
-    if let Value::Object(o) = &mut schema {
-        o.entry("x-guidance").or_insert_with(|| json!({"whitespace_flexible": false}));
-    }
-    schema
 }
 
 /// The model's vocabulary as llguidance sees it: every token's bytes, control tokens marked so
