@@ -17,14 +17,18 @@
 #       -L$LLAMA_CPP/build/bin -lllama -lggml -lggml-base -Wl,-rpath,$LLAMA_CPP/build/bin
 #
 # Each file is written by `cargo run -p model --example synth_arch -- --arch V --out F`, then
-# `llama-cpp-logits F SEED 256 8` decodes 8 random token ids then samples 248 more from the
-# model itself, and prints the teacher-forced top-1, next-token log-prob and top 5 per position.
+# `llama-cpp-logits F SEED 256 8 0.8` decodes 8 random token ids then samples 248 more from the
+# model itself at temperature 0.8, and prints the teacher-forced top-1, next-token log-prob and
+# top 5 per position (log-probs rounded to 4 decimals). With NOISE_FLOOR=1 it also prints, on
+# stderr, how far llama.cpp drifts from itself on the file with other numerics (no flash
+# attention, F32 K/V cache): the room the test's thresholds must leave.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LLAMA_CPP=${LLAMA_CPP:-/work/llama/llama_cpp_python-0.3.36/vendor/llama.cpp}
 SEED=${SEED:-20261206}
 POSITIONS=256
 PROMPT=8
+TEMPERATURE=${TEMPERATURE:-0.8}
 variants=("${@:-}")
 [[ -n "${variants[0]}" ]] || variants=(llama llama3-rope qwen2 qwen3)
 
@@ -42,7 +46,7 @@ mkdir -p "$out"
 for v in "${variants[@]}"; do
   "$synth" --arch "$v" --out "$work/$v.gguf"
   sha=$(sha256sum "$work/$v.gguf" | cut -d' ' -f1)
-  "$work/llama-cpp-logits" "$work/$v.gguf" "$SEED" "$POSITIONS" "$PROMPT" \
+  "$work/llama-cpp-logits" "$work/$v.gguf" "$SEED" "$POSITIONS" "$PROMPT" "$TEMPERATURE" \
     "variant=$v" "sha256=$sha" "llama_cpp_commit=$commit" \
     "generated_by=scripts/arch-references.sh (model::tiny::arch_gguf, Variant::spec)" >"$out/$v.json"
   python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[2], "perplexity", d["perplexity"], "of", d["n_vocab"], "tokens")' "$out/$v.json" "$v"
