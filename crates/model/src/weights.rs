@@ -63,7 +63,39 @@ fn check_shape(t: &TensorInfo, expected: &[u64]) -> Result<(), ModelError> {
     Ok(())
 }
 
-fn vector(f: &GgufFile, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+/// The file's tensors as the loader reads them, remembering which it read: a tensor the file
+/// holds and this runtime never reads is one llama.cpp would apply (a bias, a rotary factor),
+/// so the file is refused rather than answered without it ([`Tensors::all_read`]).
+struct Tensors<'f> {
+    file: &'f GgufFile,
+    read: std::cell::RefCell<std::collections::HashSet<String>>,
+}
+
+impl<'f> Tensors<'f> {
+    fn new(file: &'f GgufFile) -> Self {
+        Tensors { file, read: Default::default() }
+    }
+
+    fn data(&self, name: &str) -> Result<(&'f TensorInfo, &'f [u8]), ModelError> {
+        let found = self.file.data(name)?;
+        self.read.borrow_mut().insert(name.to_string());
+        Ok(found)
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.file.tensor(name).is_ok()
+    }
+
+    fn all_read(&self, arch: Arch) -> Result<(), ModelError> {
+        let read = self.read.borrow();
+        match self.file.tensors().iter().find(|t| !read.contains(&t.name)) {
+            Some(t) => Err(ModelError::UnreadTensor { name: t.name.clone(), arch: arch.name() }),
+            None => Ok(()),
+        }
+    }
+}
+
+fn vector(f: &Tensors<'_>, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
     let (t, bytes) = f.data(name)?;
     check_shape(t, &[len as u64])?;
     match t.ty {
@@ -86,14 +118,14 @@ pub fn encode_q8_0(x: &[f32]) -> Vec<u8> {
     out
 }
 
-fn matrix(f: &GgufFile, name: &str, cols: usize, rows: usize) -> Result<QMatrix, ModelError> {
+fn matrix(f: &Tensors<'_>, name: &str, cols: usize, rows: usize) -> Result<QMatrix, ModelError> {
     stacked(f, &[(name, rows)], cols)
 }
 
 /// Matrices sharing an input, stacked by rows into one. Parts keep their exact values when all
 /// their types map onto one kernel format (Q5_0 and Q8_0 both do: Q8_0; see
 /// [`QKind::of_stack`]); otherwise all are requantized to Q8_0 so the stack has one.
-fn stacked(f: &GgufFile, parts: &[(&str, usize)], cols: usize) -> Result<QMatrix, ModelError> {
+fn stacked(f: &Tensors<'_>, parts: &[(&str, usize)], cols: usize) -> Result<QMatrix, ModelError> {
     let mut tensors = Vec::with_capacity(parts.len());
     for &(name, rows) in parts {
         let (t, bytes) = f.data(name)?;
@@ -110,7 +142,8 @@ fn stacked(f: &GgufFile, parts: &[(&str, usize)], cols: usize) -> Result<QMatrix
 }
 
 impl LlamaWeights {
-    pub fn load(f: &GgufFile, c: &LlamaConfig) -> Result<LlamaWeights, ModelError> {
+    pub fn load(file: &GgufFile, c: &LlamaConfig) -> Result<LlamaWeights, ModelError> {
+        let f = &Tensors::new(file);
         let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
         // No capacity from metadata: a damaged count must fail on a missing tensor, not on an
         // allocation.
@@ -153,13 +186,13 @@ impl LlamaWeights {
                 qkv_bias,
             });
         }
-        let output = match f.tensor("output.weight") {
-            Ok(_) => Some(matrix(f, "output.weight", c.n_embd, c.vocab)?),
-            Err(_) => None,
+        let output = match f.has("output.weight") {
+            true => Some(matrix(f, "output.weight", c.n_embd, c.vocab)?),
+            false => None,
         };
         // Only llama files carry it (llama.cpp reads it for no other architecture here).
-        let rope_freqs = match (c.arch, f.tensor("rope_freqs.weight")) {
-            (Arch::Llama, Ok(_)) => Some(vector(f, "rope_freqs.weight", c.head_dim / 2)?),
+        let rope_freqs = match (c.arch, f.has("rope_freqs.weight")) {
+            (Arch::Llama, true) => Some(vector(f, "rope_freqs.weight", c.head_dim / 2)?),
             _ => None,
         };
         // A divisor of an angle: zero or NaN would turn every rotated key into NaN.
@@ -174,6 +207,7 @@ impl LlamaWeights {
             rope_freqs,
             region: None,
         };
+        f.all_read(c.arch)?;
         // In the order a step reads them.
         let mut all: Vec<&mut dyn Packable> = Vec::new();
         for l in &mut w.layers {

@@ -86,6 +86,40 @@ fn wrong_shape_is_named_with_both_shapes() {
     }
 }
 
+/// A tiny model with one more tensor than it reads.
+fn with_extra(name: &str, dims: &[u64], data: Vec<u8>) -> Vec<u8> {
+    let src = tiny_gguf(&TinySpec::default());
+    let g = Gguf::parse(&src).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in g.metadata() {
+        w.meta(k, v.clone());
+    }
+    for t in g.tensors() {
+        w.tensor(&t.name, &t.dims, t.ty, g.tensor_data(&src, &t.name).unwrap().1.to_vec());
+    }
+    w.tensor(name, dims, gguf::GgmlType::F32, data);
+    w.to_bytes()
+}
+
+#[test]
+fn a_tensor_the_runtime_would_not_apply_is_refused_by_name_not_ignored() {
+    // llama.cpp adds an output projection's bias where a llama file has one (and a Llama 3.1
+    // file's rope_freqs, read since): running without it would answer as another model.
+    let bias = with_extra("blk.0.attn_output.bias", &[64], vec![0; 64 * 4]);
+    match load(bias) {
+        Err(ModelError::UnreadTensor { name, arch }) => {
+            assert_eq!((name.as_str(), arch), ("blk.0.attn_output.bias", "llama"))
+        }
+        other => panic!("expected UnreadTensor, got {:?}", other.err()),
+    }
+    // Read and applied for llama: the same file with rotary factors of 1 loads.
+    let ones: Vec<u8> = (0..8).flat_map(|_| 1f32.to_le_bytes()).collect();
+    assert!(load(with_extra("rope_freqs.weight", &[8], ones)).is_ok());
+    // A factor that is not a positive number would turn every rotated key into NaN.
+    let zero: Vec<u8> = (0..8).flat_map(|i| if i == 3 { 0f32 } else { 1f32 }.to_le_bytes()).collect();
+    assert!(matches!(load(with_extra("rope_freqs.weight", &[8], zero)), Err(ModelError::Config(_))));
+}
+
 #[test]
 fn missing_hyperparameter_is_named() {
     let bytes = rewrite(
