@@ -1,6 +1,7 @@
-//! The model runtime: a forward pass on CPU for the llama and Gemma 3 architectures
-//! (`config::Arch`) whose K and V live only in the paged, ownership-checked pool of the `kv`
-//! crate.
+//! The model runtime: a forward pass on CPU for the llama (with Llama 3.1's rotary factors),
+//! Gemma 3, Qwen2 and Qwen3 architectures (`config::Arch`) whose K and V live only in the paged,
+//! ownership-checked pool of the `kv` crate. A file is loaded whole or refused: every tensor it
+//! holds is read and applied, or the file is refused naming the one that is not.
 //!
 //! Weights stay quantized (each GGUF block type mapped exactly onto a kernel format) and are
 //! multiplied with integer kernels chosen at run time for the CPU (AMX, AVX-512 VNNI, AVX2, or
