@@ -40,6 +40,14 @@ pub enum TextError {
     /// (for example roles that do not alternate).
     #[error("chat template rejected the conversation: {0}")]
     TemplateRaised(String),
+    /// A tool call's `arguments` are not JSON, for a template that reads them as an object
+    /// (llama.cpp refuses such a conversation too).
+    #[error("the arguments of the call to {function:?} are not JSON: {source}")]
+    ToolArguments {
+        function: String,
+        #[source]
+        source: serde_json::Error,
+    },
     /// Any other failure while rendering the template.
     #[error("chat template failed to render: {0:#}")]
     TemplateRender(#[source] minijinja::Error),

@@ -14,7 +14,9 @@
 //!   (tests/llama_cpp_vocabs.rs; the list and how each is verified: pretokenize.rs);
 //! * [`StreamDecoder`]: incremental detokenization that never emits half a UTF-8 character;
 //! * [`ChatTemplate`]: the model's own Jinja chat template (`tokenizer.chat_template`), or
-//!   llama.cpp's ChatML fallback when the model has none.
+//!   llama.cpp's ChatML fallback when the model has none, rendering a [`Conversation`] (tools,
+//!   tool calls and results included) byte for byte as llama.cpp's `--jinja` does
+//!   (tests/templates_vs_llamacpp.rs).
 //!
 //! Unsupported tokenizers are refused with a typed [`TextError`] at load time rather than
 //! approximated.
@@ -29,7 +31,7 @@ mod spm;
 mod stream;
 mod tokenizer;
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, Conversation, FunctionCall, Json, Message, TemplateCaps, Tool, ToolCall};
 pub use error::TextError;
 pub use stream::StreamDecoder;
 pub use tokenizer::{bytes_to_chars, Tokenizer};

@@ -2,9 +2,19 @@
 //! the settings HF transformers and llama.cpp use, so that the prompt the model sees is the one
 //! it was trained on.
 
-use minijinja::value::{Value, ValueKind};
-use minijinja::{context, Environment, Error, ErrorKind, State, UndefinedBehavior};
+mod caps;
+mod clock;
+mod context;
+mod conversation;
+mod functions;
+mod json;
+
+use minijinja::{Environment, UndefinedBehavior};
 use serde::{Deserialize, Serialize};
+
+pub use caps::TemplateCaps;
+pub use conversation::{Conversation, FunctionCall, Message, Tool, ToolCall};
+pub use json::Json;
 
 use crate::TextError;
 
@@ -14,7 +24,8 @@ const NAME: &str = "chat";
 /// (`CHATML_TEMPLATE_SRC` in llama.cpp's common/chat.cpp): ChatML, no system prompt added.
 pub(crate) const CHATML_FALLBACK: &str = "{%- for message in messages -%}\n  {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}\n{%- endfor -%}\n{%- if add_generation_prompt -%}\n  {{- '<|im_start|>assistant\n' -}}\n{%- endif -%}";
 
-/// One turn of a conversation, as in the OpenAI chat API.
+/// One turn of a plain-text conversation, as in the OpenAI chat API. (A turn with tool calls
+/// or a tool result is a [`Message`].)
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
@@ -27,94 +38,17 @@ impl ChatMessage {
     }
 }
 
-/// A compiled chat template plus the BOS/EOS texts it may reference.
+/// A compiled chat template, what it supports (probed once, as llama.cpp does at load) and the
+/// BOS/EOS texts it may reference.
 #[derive(Debug)]
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos: String,
     eos: String,
-}
-
-/// The message `raise_exception` was called with, carried through minijinja as an error source.
-#[derive(Debug)]
-struct Raised(String);
-
-impl std::fmt::Display for Raised {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for Raised {}
-
-fn raise_exception(msg: String) -> Result<Value, Error> {
-    Err(Error::new(ErrorKind::InvalidOperation, "raise_exception called").with_source(Raised(msg)))
-}
-
-fn to_json(v: Value) -> Result<Value, Error> {
-    serde_json::to_string(&v)
-        .map(Value::from_safe_string)
-        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))
-}
-
-fn str_arg(args: &[Value], i: usize) -> Option<&str> {
-    args.get(i).and_then(|v| v.as_str())
-}
-
-/// The Python `str`/`dict` methods chat templates written for HF transformers commonly call.
-fn python_method(state: &State, value: &Value, method: &str, args: &[Value]) -> Result<Value, Error> {
-    let unknown = || Err(Error::from(ErrorKind::UnknownMethod));
-    match value.kind() {
-        ValueKind::String => {
-            let s = value.as_str().unwrap_or_default();
-            let chars: Option<Vec<char>> = str_arg(args, 0).map(|c| c.chars().collect());
-            let strip_set = |c: char| match &chars {
-                Some(set) => set.contains(&c),
-                None => c.is_whitespace(),
-            };
-            Ok(match method {
-                "strip" => Value::from(s.trim_matches(strip_set)),
-                "lstrip" => Value::from(s.trim_start_matches(strip_set)),
-                "rstrip" => Value::from(s.trim_end_matches(strip_set)),
-                "startswith" => Value::from(str_arg(args, 0).is_some_and(|p| s.starts_with(p))),
-                "endswith" => Value::from(str_arg(args, 0).is_some_and(|p| s.ends_with(p))),
-                "upper" => Value::from(s.to_uppercase()),
-                "lower" => Value::from(s.to_lowercase()),
-                "title" | "capitalize" | "replace" | "split" => state.apply_filter(
-                    method,
-                    &std::iter::once(value.clone()).chain(args.iter().cloned()).collect::<Vec<_>>(),
-                )?,
-                "join" => state.apply_filter("join", &[args.first().cloned().unwrap_or_default(), value.clone()])?,
-                _ => return unknown(),
-            })
-        }
-        ValueKind::Map => match method {
-            "items" => state.apply_filter("items", std::slice::from_ref(value)),
-            "keys" => Ok(Value::from(value.try_iter()?.collect::<Vec<_>>())),
-            "values" => {
-                let vals: Result<Vec<Value>, Error> = value.try_iter()?.map(|k| value.get_item(&k)).collect();
-                Ok(Value::from(vals?))
-            }
-            "get" => {
-                let key = args.first().cloned().unwrap_or_default();
-                let v = value.get_item(&key)?;
-                Ok(if v.is_undefined() { args.get(1).cloned().unwrap_or(Value::from(())) } else { v })
-            }
-            _ => unknown(),
-        },
-        _ => unknown(),
-    }
-}
-
-fn map_render_error(e: Error) -> TextError {
-    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(&e);
-    while let Some(s) = src {
-        if let Some(r) = s.downcast_ref::<Raised>() {
-            return TextError::TemplateRaised(r.0.clone());
-        }
-        src = s.source();
-    }
-    TextError::TemplateRender(e)
+    caps: TemplateCaps,
+    /// GPT-OSS style templates (`<|channel|>`) know the `developer` role; llama.cpp maps it to
+    /// `system` for every other template.
+    knows_developer: bool,
 }
 
 impl ChatTemplate {
@@ -143,31 +77,44 @@ impl ChatTemplate {
 
     /// Compiles `src` with Jinja settings matching HF transformers / llama.cpp: `trim_blocks`,
     /// `lstrip_blocks`, no trailing newline kept, lenient undefined values (as Jinja2's default
-    /// `Undefined`), and `raise_exception`, `tojson` and common Python string methods available.
+    /// `Undefined`), llama.cpp's `tojson` and `strftime_now`, `raise_exception` and common Python
+    /// string methods; then probes what the template supports ([`TemplateCaps`]).
     pub fn from_source(src: &str, bos: &str, eos: &str) -> Result<ChatTemplate, TextError> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_keep_trailing_newline(false);
         env.set_undefined_behavior(UndefinedBehavior::Lenient);
-        env.add_function("raise_exception", raise_exception);
-        env.add_filter("tojson", to_json);
-        env.set_unknown_method_callback(python_method);
+        env.add_function("raise_exception", functions::raise_exception);
+        env.add_filter("tojson", functions::tojson);
+        env.set_unknown_method_callback(functions::python_method);
         env.add_template_owned(NAME, src.to_string()).map_err(TextError::TemplateSyntax)?;
-        Ok(ChatTemplate { env, bos: bos.to_string(), eos: eos.to_string() })
+        let caps = caps::detect(&env.get_template(NAME).map_err(TextError::TemplateSyntax)?);
+        let knows_developer = src.contains("<|channel|>");
+        Ok(ChatTemplate { env, bos: bos.to_string(), eos: eos.to_string(), caps, knows_developer })
     }
 
-    /// The prompt for `messages`; with `add_generation_prompt` it ends where the assistant's
-    /// reply begins.
+    /// What the template was found to support; decides how conversations are adapted to it.
+    pub fn caps(&self) -> TemplateCaps {
+        self.caps
+    }
+
+    /// The prompt for plain-text `messages`; with `add_generation_prompt` it ends where the
+    /// assistant's reply begins. The same as [`render_with`](Self::render_with) on them.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, TextError> {
+        let mut conv =
+            Conversation::new(messages.iter().map(|m| Message::new(m.role.as_str(), m.content.as_str())).collect());
+        conv.add_generation_prompt = add_generation_prompt;
+        self.render_with(&conv)
+    }
+
+    /// The prompt for `conv` as llama.cpp's `--jinja` renders it: messages adapted to the
+    /// template's [`caps`](Self::caps) (context.rs), tools, tool calls and results, and the
+    /// variables llama-server always sets.
+    pub fn render_with(&self, conv: &Conversation) -> Result<String, TextError> {
         let tmpl = self.env.get_template(NAME).map_err(TextError::TemplateRender)?;
-        let ctx = context! {
-            messages => Value::from_serialize(messages),
-            add_generation_prompt => add_generation_prompt,
-            bos_token => self.bos.as_str(),
-            eos_token => self.eos.as_str(),
-        };
-        tmpl.render(ctx).map_err(map_render_error)
+        let ctx = context::globals(conv, &self.caps, self.knows_developer, &self.bos, &self.eos)?;
+        tmpl.render(ctx).map_err(functions::map_render_error)
     }
 }
 
@@ -203,5 +150,17 @@ mod tests {
         w.meta("tokenizer.chat_template", gguf::Value::U32(1));
         let g = gguf::Gguf::parse(&w.to_bytes()).expect("parses");
         assert!(matches!(ChatTemplate::from_gguf(&g), Err(TextError::MissingChatTemplate)));
+    }
+
+    #[test]
+    fn arguments_that_are_not_json_are_refused_where_read_as_objects() {
+        let src = "{% for m in messages %}{% for c in m.tool_calls or [] %}{{ c.function.arguments | tojson }}{% endfor %}{% endfor %}";
+        let t = ChatTemplate::from_source(src, "", "").expect("compiles");
+        assert!(t.caps().supports_object_arguments);
+        let mut call = Message::new("assistant", "");
+        call.tool_calls
+            .push(ToolCall { id: None, function: FunctionCall { name: "f".into(), arguments: "{not json".into() } });
+        let conv = Conversation::new(vec![Message::new("user", "x"), call]);
+        assert!(matches!(t.render_with(&conv), Err(TextError::ToolArguments { .. })));
     }
 }
