@@ -238,7 +238,7 @@ impl<'a> Meter<'a> {
                             .collect();
                         let rendered = l.template.render(&msgs, true).ok()?;
                         // As the server does: the rendered template with control-token parsing.
-                        l.tokenizer.encode_prompt(&rendered, true).ok()
+                        l.template.encode(&l.tokenizer, &rendered).ok()
                     }
                     (None, Some(p)) => l.tokenizer.encode_prompt(p, false).ok(),
                     _ => None,
@@ -333,7 +333,7 @@ mod tests {
         let text = "The secret code is kavorimu-tezulani-4821. Repeat the secret code exactly.";
         let chat = json!({"model": "x", "messages": [{"role": "user", "content": text}]});
         let rendered = l.template.render(&[text::ChatMessage::new("user", text)], true).unwrap();
-        assert_eq!(m.count(&chat), Some(l.tokenizer.encode_prompt(&rendered, true).unwrap().len()));
+        assert_eq!(m.count(&chat), Some(l.template.encode(&l.tokenizer, &rendered).unwrap().len()));
         // The template adds its turn markers: a chat prompt is longer than its text alone.
         let raw = json!({"model": "x", "prompt": text});
         let n = m.count(&raw).unwrap();

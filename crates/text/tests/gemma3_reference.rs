@@ -294,3 +294,25 @@ proptest! {
         prop_assert_eq!(tok().decode(&ids).expect("decode"), s);
     }
 }
+
+#[test]
+fn a_template_that_prints_bos_on_a_vocabulary_that_adds_it_gives_one_bos() {
+    // Llama 3's templates begin with `{{ bos_token }}` and its vocabulary adds BOS: llama.cpp
+    // drops the printed one before tokenizing. Gemma's vocabulary adds BOS too.
+    assert!(tok().add_bos());
+    let bos_text = std::str::from_utf8(tok().token_bytes(BOS).expect("BOS has text")).expect("utf-8");
+    let t = ChatTemplate::from_source("{{ bos_token }}{{ messages[0]['content'] }}", bos_text, "").expect("compiles");
+    let rendered = t.render(&[ChatMessage::new("user", "Hello")], false).expect("renders");
+    assert!(rendered.starts_with(bos_text), "{rendered:?}");
+    let ids = t.encode(tok(), &rendered).expect("encodes");
+    assert_eq!(ids.iter().filter(|&&i| i == BOS).count(), 1, "{ids:?}");
+    assert_eq!(ids[0], BOS);
+    assert_eq!(&ids[1..], tok().encode("Hello", true).expect("encodes"));
+    // A template that prints no BOS still gets the vocabulary's one.
+    let plain = ChatTemplate::from_source("{{ messages[0]['content'] }}", bos_text, "").expect("compiles");
+    let ids = plain
+        .encode(tok(), &plain.render(&[ChatMessage::new("user", "Hello")], false).expect("renders"))
+        .expect("encodes");
+    assert_eq!(ids[0], BOS);
+    assert_eq!(ids.iter().filter(|&&i| i == BOS).count(), 1);
+}

@@ -127,8 +127,8 @@ pub fn run(a: &GenerateArgs) -> Result<(), ToolError> {
     let tok = runtime::tokenizer(&file)?;
     let prompt = match messages(a)? {
         Some(msgs) => {
-            let text = ChatTemplate::from_gguf(&file)?.render(&msgs, true)?;
-            tok.encode_prompt(&text, true)?
+            let template = ChatTemplate::from_gguf(&file)?;
+            template.encode(&tok, &template.render(&msgs, true)?)?
         }
         None => match &a.prompt {
             Some(p) => tok.encode_prompt(p, a.parse_special)?,

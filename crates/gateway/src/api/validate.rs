@@ -394,7 +394,7 @@ fn prompt(
             // text inside a user's message becomes a control token (prompt-structure injection: a user
             // can close their turn and forge another). It is the behaviour clients expect from
             // llama.cpp-compatible servers; the model, not the server, is the trust boundary here.
-            let ids = m.tokenizer.encode_prompt(&rendered, true).map_err(|e| ValidationError::Tokenize {
+            let ids = m.template.encode(&m.tokenizer, &rendered).map_err(|e| ValidationError::Tokenize {
                 field: "messages",
                 what: "messages",
                 message: e.to_string(),

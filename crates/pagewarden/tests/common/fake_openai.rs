@@ -143,7 +143,7 @@ impl Fake {
                 .map(|m| text::ChatMessage::new(m["role"].as_str().unwrap_or(""), m["content"].as_str().unwrap_or("")))
                 .collect();
             let rendered = self.template.render(&msgs, true).unwrap();
-            self.tokenizer.encode(&rendered, true).unwrap().len()
+            self.template.encode(&self.tokenizer, &rendered).unwrap().len()
         } else {
             self.tokenizer.encode(body["prompt"].as_str().unwrap_or(""), false).unwrap().len()
         }

@@ -94,6 +94,18 @@ impl ChatTemplate {
         Ok(ChatTemplate { env, bos: bos.to_string(), eos: eos.to_string(), caps, knows_developer })
     }
 
+    /// The ids of a prompt this template rendered, as llama.cpp tokenizes one: control-token
+    /// texts parsed, BOS added when the vocabulary adds it, and then a BOS text the template
+    /// printed at the start dropped first, so the model never sees two (Llama 3's templates
+    /// print `bos_token` and its vocabulary adds BOS too).
+    pub fn encode(&self, tokenizer: &crate::Tokenizer, rendered: &str) -> Result<Vec<u32>, TextError> {
+        let text = match tokenizer.add_bos() && !self.bos.is_empty() {
+            true => rendered.strip_prefix(self.bos.as_str()).unwrap_or(rendered),
+            false => rendered,
+        };
+        tokenizer.encode_prompt(text, true)
+    }
+
     /// What the template was found to support; decides how conversations are adapted to it.
     pub fn caps(&self) -> TemplateCaps {
         self.caps
