@@ -123,8 +123,9 @@ fn in_file(file: Option<&Path>) -> String {
 }
 
 /// `e` and its sources joined by `: `, as the binary prints an error (`{:#}`): for the errors
-/// the audit records instead of returning (a metrics endpoint it could not read).
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+/// the audit records instead of returning (a metrics endpoint it could not read), and those the
+/// tools report and go on from (a benchmark request that failed).
+pub fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut next = e.source();
     while let Some(cause) = next {

@@ -58,7 +58,7 @@ mod timing;
 mod workload;
 
 pub use self::cli::{run, AuditArgs};
-pub use self::error::AuditError;
+pub use self::error::{chain, AuditError};
 pub use self::finding::Finding;
 pub use self::options::{AuditHooks, AuditOptions, NoHooks, SkippedCheck, TokenizerFile};
 pub use self::prose::filler;

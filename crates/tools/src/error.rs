@@ -157,18 +157,7 @@ impl ToolError {
     }
 }
 
-/// `e` and its sources joined by `: `, as the binary prints an error (`{:#}`): for the errors
-/// a tool reports and goes on (a benchmark request that failed).
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut next = e.source();
-    while let Some(cause) = next {
-        s.push_str(": ");
-        s.push_str(&cause.to_string());
-        next = cause.source();
-    }
-    s
-}
+pub(crate) use audit::chain;
 
 #[cfg(test)]
 mod tests {
