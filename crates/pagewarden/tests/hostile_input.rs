@@ -179,7 +179,7 @@ fn a_worker_fails_only_the_route_whose_message_it_cannot_read_and_keeps_the_link
         // A message nested deeper than any decoder reads, naming route 5 (what a peer with a
         // bug, or a bound that was missed, would send).
         let mut msg = serde_json::to_value(ToWorker::Reserve(spec(5, None))).unwrap();
-        msg["Reserve"]["output"] = nested(300);
+        msg["Reserve"]["request"]["output"] = nested(300);
         g.wr.send(&msg).await.unwrap();
         // A format that arrives whole but is no format: route 6.
         let garbage = EncodedFormat::from_wire(format!("{{\"kind\":\"json_schema\",\"schema\":{}}}", nested(100)));
