@@ -36,7 +36,8 @@ const ANNOUNCED_WAIT: Duration = Duration::from_secs(60);
 /// requests in flight end with an error and every worker drops its cached prefixes. A file
 /// that fails to load keeps the tenants in use; with `dev` (the development tenant stands in
 /// for an empty table), a file that still names no tenant changes nothing. A file that is not
-/// yet the announced table is read again every second for a minute, then logged as stale.
+/// yet the announced table is not applied (it may be half-copied); it is read again every
+/// second for a minute, then logged as stale.
 /// `serving` is the digest of the table in use. Needs a running Tokio runtime.
 pub fn reload_tenants(
     path: Option<PathBuf>,
@@ -77,11 +78,11 @@ pub fn reload_tenants(
                 let next = Tenants::new(config.tenants);
                 let digest = next.digest();
                 if let Some(want) = &wanted {
-                    if *want == hex(&digest) {
-                        if pending.take().is_some() || digest != serving {
-                            tracing::info!(digest = %want, "tenants: serving the announced tenant table");
-                        }
-                    } else {
+                    if *want != hex(&digest) {
+                        // Not applied: a file read because of an announcement takes effect only
+                        // as the announced table. Otherwise a file caught half-copied (scp, cp)
+                        // would serve for a second: a tenant table cut short refuses every key
+                        // after the cut. SIGHUP still applies whatever the file says.
                         match &pending {
                             Some((d, until)) if d == want => {
                                 if Instant::now() >= *until {
@@ -95,6 +96,10 @@ pub fn reload_tenants(
                             }
                             _ => pending = Some((want.clone(), Instant::now() + ANNOUNCED_WAIT)),
                         }
+                        continue;
+                    }
+                    if pending.take().is_some() || digest != serving {
+                        tracing::info!(digest = %want, "tenants: serving the announced tenant table");
                     }
                 }
                 if digest == serving {

@@ -297,6 +297,20 @@ fn a_tenant_change_announced_through_etcd_reaches_every_gateway_without_a_signal
     )
     .unwrap();
     assert_eq!(status, 200, "the workers serve the tenant A announced: {body}");
+    // While B waits for the announced table, a file that is not it (here: the new table less
+    // the first tenant, as a copy caught half-way can be) is never applied: B keeps serving
+    // its table through several of its one-second re-reads.
+    let text = std::fs::read_to_string(&c.config).unwrap();
+    let mut blocks = text.split("[[tenants]]");
+    let head = blocks.next().unwrap().to_string();
+    let others: Vec<&str> = blocks.filter(|b| !b.contains("\"tester\"")).collect();
+    assert_eq!(others.len(), 1, "only the newcomer's block is left");
+    std::fs::write(&b_config, others.iter().fold(head, |t, b| t + "[[tenants]]" + b)).unwrap();
+    for _ in 0..6 {
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(models_status(&b_url, &c.key), 200, "B applied a file that is not the announced table");
+        assert_eq!(models_status(&b_url, &key), 401, "B applied a file that is not the announced table");
+    }
     // The new file reaches B's host: B takes it within its retry window, still no signal.
     std::fs::copy(&c.config, &b_config).unwrap();
     until(Duration::from_secs(20), "gateway B accepting the new tenant once its file has it", || {
