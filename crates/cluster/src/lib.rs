@@ -7,7 +7,8 @@
 //!    decode worker to reserve the whole sequence. The decode worker checks again at its own
 //!    door, reserves all pages or none through its engine's fair queue, and answers with a
 //!    [`wire::Ticket`] (its nonce a fresh random capability).
-//! 2. The router hands prompt and ticket to the least loaded prefill worker, which checks
+//! 2. The router hands prompt and ticket to a prefill worker (the one with the least work once
+//!    its cache of the request's own tenant is counted: `router::cache_map`), which checks
 //!    again at its door, computes the prompt's KV, reports the first sampled token and streams
 //!    KV frames straight to the decode worker over an encrypted link; the frames' keys are
 //!    derived on both ends of that link, never sent.
@@ -36,6 +37,7 @@ mod router;
 pub mod secrets;
 mod session;
 mod state;
+mod tag_report;
 mod tenancy;
 mod tickets;
 mod worker;
@@ -48,7 +50,7 @@ pub use link::{
 pub use metrics::WorkerMetrics;
 pub use models::serve_models;
 pub use net::{BoxIo, Listener, Net};
-pub use router::{Router, RouterConfig, WorkerInfo};
+pub use router::{Router, RouterConfig, RoutingPolicy, WorkerInfo};
 pub use secrets::SecretRing;
 pub use state::{Gateways, WorkerConfig};
 pub use worker::{run_worker, Worker};

@@ -48,6 +48,12 @@ pub const GATEWAYS_LIVE: &str = "pagewarden_gateways_live";
 pub const MEMBERSHIP_ENTRIES_REJECTED_TOTAL: &str = "pagewarden_membership_entries_rejected_total";
 /// gauge; gateway, per worker.
 pub const WORKER_INFLIGHT: &str = "pagewarden_worker_inflight";
+/// gauge{worker, role}; gateway: route tags (pages of tenants' prompts) a prefill worker
+/// reported cached, which cache-aware routing matches requests against.
+pub const WORKER_ROUTE_TAGS: &str = "pagewarden_worker_route_tags";
+/// gauge{worker, role}; gateway: prompt tokens its routes in flight still compute on a prefill
+/// worker (as estimated when routed; cache-aware routing weighs it against a cached prefix).
+pub const WORKER_QUEUED_PROMPT_TOKENS: &str = "pagewarden_worker_queued_prompt_tokens";
 /// gauge; gateway, per worker.
 pub const WORKER_PAGES_USED: &str = "pagewarden_worker_kv_pages_used";
 /// counter; gateway, per worker (as reported).
@@ -114,6 +120,8 @@ pub const ALL: &[&str] = &[
     GATEWAYS_LIVE,
     MEMBERSHIP_ENTRIES_REJECTED_TOTAL,
     WORKER_INFLIGHT,
+    WORKER_ROUTE_TAGS,
+    WORKER_QUEUED_PROMPT_TOKENS,
     WORKER_PAGES_USED,
     WORKER_VIOLATIONS_TOTAL,
     WORKER_ROUTES_TOTAL,

@@ -51,6 +51,11 @@ pub struct TenantEntry {
 pub struct Spec {
     pub route: u64,
     pub request: RouteRequest,
+    /// The router's names for the prompt's shareable pages (`router::cache_map`): a prefill
+    /// worker attaches them to the pages it caches and reports them back. Hints only: a worker
+    /// never trusts them for a hit.
+    #[serde(default)]
+    pub cache_tags: Vec<[u8; 16]>,
 }
 
 impl Spec {
@@ -69,6 +74,7 @@ impl Spec {
             deadline: r.deadline,
             cache_salt: r.cache_salt.clone(),
             constraint: None,
+            route_tags: self.cache_tags.iter().map(|t| kv::RouteTag(*t)).collect(),
         }
     }
 
@@ -185,6 +191,13 @@ pub enum ToGateway {
     },
     /// Boxed: far larger than the per-route messages that share this enum.
     Stats(Box<Stats>),
+    /// Prefill: route tags whose pages became cached or were dropped since the last report;
+    /// on `reset`, `cached` is everything tagged now (a new link's first report).
+    CacheTags {
+        reset: bool,
+        cached: Vec<[u8; 16]>,
+        dropped: Vec<[u8; 16]>,
+    },
     /// The worker is shutting down: it finishes the routes it has and takes no new one.
     Draining,
 }
@@ -200,7 +213,7 @@ impl ToGateway {
             | Token { route, .. }
             | Finished { route, .. }
             | Failed { route, .. } => Some(*route),
-            Stats(_) | Draining => None,
+            Stats(_) | CacheTags { .. } | Draining => None,
         }
     }
 
@@ -255,6 +268,7 @@ mod tests {
                 cache_salt: None,
                 output: None,
             },
+            cache_tags: Vec::new(),
         }
     }
 

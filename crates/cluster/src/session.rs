@@ -100,7 +100,11 @@ pub(crate) async fn open(ctx: &Arc<Ctx>, addr: &str) -> Result<Opened, ClusterEr
 pub(crate) async fn serve(ctx: Arc<Ctx>, link: Opened, retire: Arc<Notify>) -> Result<(), ClusterError> {
     let Opened { mut rd, mut wr, secret, peer_key, id, .. } = link;
     let (out, mut out_rx) = mpsc::unbounded_channel::<ToGateway>();
-    ctx.links.lock().unwrap_or_else(|e| e.into_inner()).insert(id, out.clone());
+    {
+        let mut links = ctx.links.lock().unwrap_or_else(|e| e.into_inner());
+        links.insert(id, out.clone());
+        crate::tag_report::first_report(&ctx, &out);
+    }
     if ctx.draining.load(Ordering::SeqCst) {
         let _ = out.send(ToGateway::Draining);
     }

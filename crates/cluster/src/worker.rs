@@ -18,7 +18,7 @@ use crate::net::Net;
 use crate::proto::ToGateway;
 use crate::state::{Ctx, Gateways, WorkerConfig};
 use crate::tickets::TicketTable;
-use crate::{decode, session, ClusterError};
+use crate::{decode, session, tag_report, ClusterError};
 
 /// Runs a worker until `drain` completes (then drains: see [`Gateways`] and the module doc)
 /// or its engine stops: [`Worker::bind`], then [`Worker::run`].
@@ -73,6 +73,9 @@ impl Worker {
         });
         if let Some(listener) = kv {
             tokio::spawn(decode::accept_kv(ctx.clone(), listener));
+        }
+        if ctx.role() == Role::Prefill {
+            tokio::spawn(tag_report::report_cache_tags(Arc::downgrade(&ctx)));
         }
         Ok(Worker { ctx })
     }

@@ -71,6 +71,7 @@ fn spec() -> Spec {
             cache_salt: None,
             output: None,
         },
+        cache_tags: Vec::new(),
     }
 }
 

@@ -72,6 +72,7 @@ async fn a_verification_that_overtakes_the_prefill_workers_sent_neither_times_ou
         transfer_timeout: TRANSFER_TIMEOUT,
         max_pending_handshakes: 8,
         max_pending_handshakes_per_source: 8,
+        routing: cluster::RoutingPolicy::default(),
     });
     tokio::spawn(cluster::serve_models(vec![router.clone()], listener));
     let (mut d_rd, mut d_wr) = worker(&net, &addr, Role::Decode).await;

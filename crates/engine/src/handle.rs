@@ -267,6 +267,30 @@ impl EngineHandle {
         s
     }
 
+    /// Route tags that became cached or were dropped since the last call, in the pools whose
+    /// prefix cache prompts are sealed into (see [`kv::RouteTag`]).
+    pub fn take_tag_changes(&self) -> kv::TagChanges {
+        let mut c = self.prefill_pool.take_tag_changes();
+        if !self.prefill_pool.same_pool(&self.pool) {
+            let main = self.pool.take_tag_changes();
+            if main.reset || c.reset {
+                return kv::TagChanges { reset: true, cached: self.route_tags(), dropped: Vec::new() };
+            }
+            c.cached.extend(main.cached);
+            c.dropped.extend(main.dropped);
+        }
+        c
+    }
+
+    /// Every route tag naming a cached page now.
+    pub fn route_tags(&self) -> Vec<kv::RouteTag> {
+        let mut all = self.prefill_pool.route_tags();
+        if !self.prefill_pool.same_pool(&self.pool) {
+            all.extend(self.pool.route_tags());
+        }
+        all
+    }
+
     /// Who holds each page of the main pool, then of the prefill pool when it is another one,
     /// run-length coded: the admin dashboard's map. A pass over every page under the pools'
     /// free-list locks, so only the periodic worker report asks for it, not every scrape.

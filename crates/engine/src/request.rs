@@ -27,6 +27,9 @@ pub struct GenRequest {
     /// The grammar every sampled token must continue (`response_format`, tools); its state
     /// advances with each token.
     pub constraint: Option<grammar::Constraint>,
+    /// A router's names for the prompt's whole pages, attached to them when they are sealed
+    /// into the prefix cache (see [`kv::RouteTag`]); empty when no router asks.
+    pub route_tags: Vec<kv::RouteTag>,
 }
 
 /// One message of a request's stream. A stream ends with exactly one `Finished` or `Failed`,

@@ -374,7 +374,7 @@ impl Loop {
                 if r.decoding() {
                     if let Some(scope) = &r.scope {
                         // The prompt's whole pages are final now (decode writes after them).
-                        if let Err(e) = r.kv.seal_prefix(scope, &r.req.prompt) {
+                        if let Err(e) = r.kv.seal_prefix(scope, &r.req.prompt, &r.req.route_tags) {
                             sealing_failed.push((i, e));
                         }
                     }
@@ -628,6 +628,7 @@ mod tests {
             deadline: None,
             cache_salt: None,
             constraint: None,
+            route_tags: Vec::new(),
         }
     }
 

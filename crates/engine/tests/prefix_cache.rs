@@ -34,6 +34,7 @@ fn req(id: u64, tenant: u64, prompt: &[u32], salt: Option<&str>) -> GenRequest {
         deadline: None,
         cache_salt: salt.map(str::to_string),
         constraint: None,
+        route_tags: Vec::new(),
     }
 }
 

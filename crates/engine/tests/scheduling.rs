@@ -31,6 +31,7 @@ fn req(id: u64, tenant: u64, prompt_len: usize, max_tokens: usize) -> GenRequest
         deadline: None,
         cache_salt: None,
         constraint: None,
+        route_tags: Vec::new(),
     }
 }
 

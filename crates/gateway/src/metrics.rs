@@ -21,8 +21,19 @@ pub fn expose_workers(e: &mut Exposition, workers: &[cluster::WorkerInfo]) {
     let by_role = ["prefill", "decode"]
         .map(|role| (vec![label("role", role)], workers.iter().filter(|w| w.role == role).count() as i64));
     let id = |w: &cluster::WorkerInfo| vec![label("worker", &w.name), label("role", w.role)];
+    let prefill = || workers.iter().filter(|w| w.role == "prefill");
     e.gauges(CLUSTER_WORKERS, "Workers registered with this gateway.", by_role)
         .gauges(WORKER_INFLIGHT, "Requests in flight on a worker.", workers.iter().map(|w| (id(w), w.inflight as i64)))
+        .gauges(
+            WORKER_ROUTE_TAGS,
+            "Route tags (pages of tenants' prompts) a prefill worker reported cached.",
+            prefill().map(|w| (id(w), w.route_tags as i64)),
+        )
+        .gauges(
+            WORKER_QUEUED_PROMPT_TOKENS,
+            "Prompt tokens a prefill worker's routes in flight still compute.",
+            prefill().map(|w| (id(w), w.queued_prompt_tokens as i64)),
+        )
         .counters(
             WORKER_ROUTES_TOTAL,
             "Routes sent to a worker since it registered.",
@@ -330,6 +341,8 @@ mod tests {
             inflight: 0,
             routes: 0,
             messages: (0, 0),
+            route_tags: 0,
+            queued_prompt_tokens: 0,
             stats: cluster::proto::Stats { violations: vec![(ViolationKind::BadMac, 1)], ..Default::default() },
         };
         let mut e = Exposition::new();

@@ -190,6 +190,17 @@ impl KvPool {
         drop(gone);
     }
 
+    /// Which route tags became cached or were dropped since the last call (see
+    /// [`crate::RouteTag`]): a worker reports them to its gateways.
+    pub fn take_tag_changes(&self) -> crate::TagChanges {
+        self.inner.cache().take_tag_changes()
+    }
+
+    /// Every route tag naming a cached page now (a new gateway link's first report).
+    pub fn route_tags(&self) -> Vec<crate::RouteTag> {
+        self.inner.cache().tags()
+    }
+
     /// Zeroes one free page, exactly as a scrub does, so benchmarks can time the scrub cost
     /// (`layout().page_bytes()` bytes). Returns false when no page is free. The page is off the
     /// free list for the duration of the call.

@@ -20,6 +20,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::route_tags::{RouteTag, TagChanges, TagLog, TAGS_PER_PAGE};
 use crate::{RequestId, TenantId};
 
 /// The request id sealed pages are recorded under: no live request has it.
@@ -109,17 +110,20 @@ struct Entry<P> {
     last_used: u64,
     /// Position of the page in its chain: deeper pages of a chain go first at equal age.
     depth: usize,
+    /// The routers' names for this page ([`RouteTag`]), oldest first.
+    tags: Vec<RouteTag>,
 }
 
 /// The cache's entries; lives in the pool behind its own mutex.
 pub(crate) struct PrefixCache<P> {
     entries: HashMap<PrefixKey, Entry<P>>,
     tick: u64,
+    tag_log: TagLog,
 }
 
 impl<P> Default for PrefixCache<P> {
     fn default() -> Self {
-        PrefixCache { entries: HashMap::new(), tick: 0 }
+        PrefixCache { entries: HashMap::new(), tick: 0, tag_log: TagLog::default() }
     }
 }
 
@@ -152,8 +156,50 @@ impl<P> PrefixCache<P> {
         if self.entries.contains_key(&key) {
             return false;
         }
-        self.entries.insert(key, Entry { tenant, page: Arc::clone(page), last_used: self.tick, depth });
+        self.entries
+            .insert(key, Entry { tenant, page: Arc::clone(page), last_used: self.tick, depth, tags: Vec::new() });
         true
+    }
+
+    /// Names the cached page under `key` by `tag` too (nothing when the key is not cached or
+    /// the tag names it already); a page named by too many tags forgets its oldest.
+    pub(crate) fn tag(&mut self, key: &PrefixKey, tag: RouteTag) {
+        let Some(e) = self.entries.get_mut(key) else { return };
+        if e.tags.contains(&tag) {
+            return;
+        }
+        if e.tags.len() >= TAGS_PER_PAGE {
+            let old = e.tags.remove(0);
+            self.tag_log.dropped(old);
+        }
+        e.tags.push(tag);
+        self.tag_log.cached(tag);
+    }
+
+    /// Tag changes since the last call (see [`crate::route_tags`]).
+    pub(crate) fn take_tag_changes(&mut self) -> TagChanges {
+        let entries = &self.entries;
+        self.tag_log.take(|| {
+            let mut all: Vec<RouteTag> = entries.values().flat_map(|e| e.tags.iter().copied()).collect();
+            all.sort_unstable();
+            all
+        })
+    }
+
+    /// Every tag naming a cached page now.
+    pub(crate) fn tags(&self) -> Vec<RouteTag> {
+        let mut all: Vec<RouteTag> = self.entries.values().flat_map(|e| e.tags.iter().copied()).collect();
+        all.sort_unstable();
+        all
+    }
+
+    /// Takes the entry of `key` out of the cache, logging its tags as dropped.
+    fn remove(&mut self, key: &PrefixKey) -> Option<Arc<P>> {
+        let e = self.entries.remove(key)?;
+        for t in e.tags {
+            self.tag_log.dropped(t);
+        }
+        Some(e.page)
     }
 
     /// Removes up to `n` entries nobody but the cache holds, least recently used first, and
@@ -166,7 +212,7 @@ impl<P> PrefixCache<P> {
             .map(|(k, e)| (e.last_used, std::cmp::Reverse(e.depth), *k))
             .collect();
         idle.sort_unstable_by_key(|(t, d, _)| (*t, *d));
-        idle.into_iter().take(n).filter_map(|(_, _, k)| self.entries.remove(&k)).map(|e| e.page).collect()
+        idle.into_iter().take(n).filter_map(|(_, _, k)| self.remove(&k)).collect()
     }
 
     /// Entries nobody but the cache holds (the pages a reservation may evict).
@@ -182,7 +228,7 @@ impl<P> PrefixCache<P> {
     /// freed when its last holder drops it), and returns them for the caller to drop.
     pub(crate) fn forget(&mut self, forget: &dyn Fn(TenantId) -> bool) -> Vec<Arc<P>> {
         let keys: Vec<PrefixKey> = self.entries.iter().filter(|(_, e)| forget(e.tenant)).map(|(k, _)| *k).collect();
-        keys.iter().filter_map(|k| self.entries.remove(k)).map(|e| e.page).collect()
+        keys.iter().filter_map(|k| self.remove(k)).collect()
     }
 
     /// Entries of `tenant` nobody but the cache holds.
@@ -206,6 +252,7 @@ impl<P> PrefixCache<P> {
 
     /// Empties the cache; the returned pages are freed when the caller drops them.
     pub(crate) fn clear(&mut self) -> Vec<Arc<P>> {
-        self.entries.drain().map(|(_, e)| e.page).collect()
+        let keys: Vec<PrefixKey> = self.entries.keys().copied().collect();
+        keys.iter().filter_map(|k| self.remove(k)).collect()
     }
 }

@@ -68,9 +68,15 @@ impl BlockTable {
     /// the page holding the prompt's last token as the prompt's tail (the page itself stays
     /// this table's: decode writes after the prompt). Pages already shared stay as they are;
     /// a page whose key is already cached (sealed by another request first) stays private to
-    /// this table; a tail is not kept when no page is free for it. Returns how many pages were
-    /// added to the cache.
-    pub fn seal_prefix(&mut self, scope: &CacheScope, prompt: &[u32]) -> Result<usize, KvError> {
+    /// this table; a tail is not kept when no page is free for it. `tags[i]` (where given) names
+    /// whole page `i` for a router ([`crate::RouteTag`]), whether this table sealed it or found
+    /// it cached. Returns how many pages were added to the cache.
+    pub fn seal_prefix(
+        &mut self,
+        scope: &CacheScope,
+        prompt: &[u32],
+        tags: &[crate::RouteTag],
+    ) -> Result<usize, KvError> {
         if scope.tenant() != self.owner.tenant {
             return Err(KvError::WrongOwner {
                 page: 0,
@@ -105,6 +111,12 @@ impl BlockTable {
                 other => other,
             })
             .collect();
+        {
+            let mut cache = self.pool.cache();
+            for (key, tag) in keys.iter().zip(tags) {
+                cache.tag(key, *tag);
+            }
+        }
         let last = prompt.len().saturating_sub(1) / ps;
         if !prompt.is_empty() && last < self.leases.len() {
             let key = scope.tail(last.checked_sub(1).and_then(|i| keys.get(i)), &prompt[last * ps..]);

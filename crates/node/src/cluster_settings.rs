@@ -31,6 +31,7 @@ pub(crate) struct RawCluster {
     max_pending_handshakes: Option<usize>,
     link_lifetime_s: Option<u64>,
     max_pending_handshakes_per_source: Option<usize>,
+    routing: Option<cluster::RoutingPolicy>,
 }
 
 /// How the roles of a disaggregated deployment find and trust each other.
@@ -73,6 +74,10 @@ pub struct ClusterSettings {
     /// Workers: a gateway link is replaced by a freshly handshaken one (new link first) after
     /// this long.
     pub link_lifetime: Duration,
+    /// Gateway: how a route's prefill worker is chosen, `"cache_aware"` (default: where the
+    /// request's own tenant has the longest cached prefix, weighed against the work queued
+    /// there) or `"least_loaded"`.
+    pub routing: cluster::RoutingPolicy,
 }
 
 impl ClusterSettings {
@@ -199,6 +204,7 @@ pub(crate) fn defaults() -> ClusterSettings {
         transfer_timeout: Duration::from_secs(30),
         handshake_timeout: Duration::from_secs(10),
         link_lifetime: Duration::from_secs(3600),
+        routing: cluster::RoutingPolicy::CacheAware,
     }
 }
 
@@ -242,6 +248,7 @@ impl RawCluster {
                 10_000,
             )?),
             link_lifetime: Duration::from_secs(positive_u64("cluster.link_lifetime_s", c.link_lifetime_s, 3600)?),
+            routing: c.routing.unwrap_or(d.routing),
         })
     }
 }

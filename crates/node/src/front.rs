@@ -32,6 +32,7 @@ pub(crate) fn router_config(
         transfer_timeout: config.cluster.transfer_timeout,
         max_pending_handshakes: config.cluster.max_pending_handshakes,
         max_pending_handshakes_per_source: config.cluster.max_pending_handshakes_per_source,
+        routing: config.cluster.routing,
     })
 }
 

@@ -154,6 +154,7 @@ async fn direct(role: Role, config: &std::path::Path) -> (Vec<ToGateway>, Stats)
             cache_salt: None,
             output: None,
         },
+        cache_tags: Vec::new(),
     };
     let msg = if role == Role::Prefill {
         let ticket = TicketWire { request: 1, tenant: 1, nonce: [7; 16], pages: 564, tokens: 9000 };
@@ -273,4 +274,91 @@ fn structured_outputs_and_tool_calls_across_processes_equal_one_process_and_vali
     let args: Value = serde_json::from_str(f["arguments"].as_str().unwrap()).unwrap();
     assert!(args["city"].is_string(), "{args}");
     c.wait_pools_empty(&[0, 1]);
+}
+
+/// One chat turn of `messages` from `key`: (reply, prompt tokens, cached tokens).
+fn turn(url: &str, key: &str, messages: &[Value]) -> (String, u64, u64) {
+    let body =
+        serde_json::json!({"model": common::MODEL_NAME, "messages": messages, "max_tokens": 6, "temperature": 0});
+    let (status, text) =
+        launch::post_json(&format!("{url}/v1/chat/completions"), key, &body.to_string(), Duration::from_secs(180))
+            .unwrap();
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let usage = &v["usage"];
+    (
+        content(&text),
+        usage["prompt_tokens"].as_u64().unwrap(),
+        usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap(),
+    )
+}
+
+#[test]
+fn each_conversations_next_turns_find_its_prefix_on_whichever_prefill_worker_holds_it_and_no_other_tenant_does() {
+    let mut c = Cluster::start("");
+    c.add_worker("prefill", "prefill-a", None);
+    c.add_worker("prefill", "prefill-b", None);
+    c.add_worker("decode", "decode-a", None);
+    c.wait_workers(2, 1);
+    let shops = ["bicycle", "garden", "book", "coffee"];
+    let mut conversations: Vec<Vec<Value>> = shops
+        .iter()
+        .map(|shop| {
+            let system = format!(
+                "You are the assistant of a {shop} shop. Answer briefly and politely. We sell {shop} goods of \
+                 every kind; delivery takes three to five days; returns are accepted within thirty days with \
+                 a receipt; gift cards never expire; our {shop} experts answer questions on weekdays."
+            );
+            vec![serde_json::json!({"role": "system", "content": system})]
+        })
+        .collect();
+    let questions = ["What do you sell?", "How long is delivery?", "Can I return a gift?"];
+    let mut previous_prompt = vec![0u64; shops.len()];
+    for (t, q) in questions.iter().enumerate() {
+        // Every conversation's turn at once: least-loaded routing would spread them over the
+        // two workers whatever each one holds.
+        let results: Vec<(String, u64, u64)> = std::thread::scope(|s| {
+            let handles: Vec<_> = conversations
+                .iter_mut()
+                .map(|m| {
+                    m.push(serde_json::json!({"role": "user", "content": q}));
+                    let (url, key, m) = (&c.url, &c.key, &*m);
+                    s.spawn(move || turn(url, key, m))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (i, (reply, prompt, cached)) in results.into_iter().enumerate() {
+            if t > 0 {
+                // The previous turn's prompt is a prefix of this one: all its whole pages but
+                // the one that held its last token are cached where it ran.
+                let ideal = (previous_prompt[i] - 1) / 16 * 16;
+                assert!(cached >= ideal, "turn {t} of conversation {i}: {cached} cached of {prompt}, ideal {ideal}");
+            }
+            previous_prompt[i] = prompt;
+            conversations[i].push(serde_json::json!({"role": "assistant", "content": reply}));
+        }
+    }
+    let m = c.gateway_metrics();
+    let tags: Vec<f64> = ["prefill-a", "prefill-b"]
+        .iter()
+        .map(|w| metric(&m, "pagewarden_worker_route_tags", &format!("worker=\"{w}\"")))
+        .collect();
+    assert!(tags.iter().sum::<f64>() > 0.0, "the workers reported the pages they cache: {m}");
+    // Another tenant sending a conversation's exact messages gains nothing from it.
+    let other = c.add_tenant("other");
+    c.reload();
+    let until = Instant::now() + Duration::from_secs(20);
+    let probe = common::chat("hello", 1).to_string();
+    while launch::post_json(&format!("{}/v1/chat/completions", c.url), &other, &probe, Duration::from_secs(60))
+        .unwrap()
+        .0
+        != 200
+    {
+        assert!(Instant::now() < until, "the gateway never took the new tenant");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (_, prompt, cached) = turn(&c.url, &other, &conversations[0][..conversations[0].len() - 1]);
+    assert!(prompt > 64);
+    assert_eq!(cached, 0, "another tenant's prefix is never a hit");
 }

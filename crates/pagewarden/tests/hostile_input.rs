@@ -167,6 +167,7 @@ fn spec(route: u64, output: Option<EncodedFormat>) -> Spec {
             cache_salt: None,
             output,
         },
+        cache_tags: Vec::new(),
     }
 }
 

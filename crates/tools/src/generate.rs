@@ -154,6 +154,7 @@ pub fn run(a: &GenerateArgs) -> Result<(), ToolError> {
         deadline: None,
         cache_salt: None,
         constraint: None,
+        route_tags: Vec::new(),
     };
     let mut dec = StreamDecoder::new();
     let mut out = std::io::stdout().lock();

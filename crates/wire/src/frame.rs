@@ -4,14 +4,15 @@ use crate::ct::ct_eq32;
 use kv::{RequestId, TenantId};
 use std::ops::Range;
 
-/// The wire format version written in every frame and handshake header. Version 4: control
-/// messages carry the request contract as itself (`protocol::RouteRequest` in a route's spec,
+/// The wire format version written in every frame and handshake header. Version 5: a route's
+/// spec carries the router's route tags and a prefill worker reports the tags it caches
+/// (`ToGateway::CacheTags`), for cache-aware routing. Version 4: control messages carry the request contract as itself (`protocol::RouteRequest` in a route's spec,
 /// `protocol::RequestError` for a failure, `protocol::PoolStats` in a worker's stats). Version
 /// 3 brought the Noise IXpsk0 handshake, each node proving its own static key (version 2 ran
 /// NNpsk0, the cluster secret only; version 1 sent MAC'd plaintext). Bumped so an older peer is
 /// refused by name ([`crate::WireError::BadVersion`]) at the handshake, rather than failing
 /// every route on messages it cannot read.
-pub const WIRE_VERSION: u16 = 4;
+pub const WIRE_VERSION: u16 = 5;
 
 const CTX_PROMPT: &str = "pagewarden wire v1 prompt digest";
 

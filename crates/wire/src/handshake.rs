@@ -608,15 +608,17 @@ mod tests {
         bytes.extend_from_slice(&2u16.to_le_bytes());
         bytes.push(KIND_HELLO);
         bytes.extend_from_slice(&body);
-        assert_eq!(HandshakeMsg::decode(&bytes), Err(WireError::BadVersion { got: 2, supported: 4 }));
-        assert_eq!(WIRE_VERSION, 4);
-        // A version-3 node's hello has this version's shape (its control messages do not).
-        bytes[8..10].copy_from_slice(&3u16.to_le_bytes());
-        assert_eq!(HandshakeMsg::decode(&bytes), Err(WireError::BadVersion { got: 3, supported: 4 }));
+        assert_eq!(HandshakeMsg::decode(&bytes), Err(WireError::BadVersion { got: 2, supported: 5 }));
+        assert_eq!(WIRE_VERSION, 5);
+        // Version-3 and 4 nodes' hellos have this version's shape (their control messages do not).
+        for old in [3u16, 4] {
+            bytes[8..10].copy_from_slice(&old.to_le_bytes());
+            assert_eq!(HandshakeMsg::decode(&bytes), Err(WireError::BadVersion { got: old, supported: 5 }));
+        }
         let e = WireError::BadVersion { got: 2, supported: WIRE_VERSION };
         assert_eq!(
             (e.to_string().as_str(), e.kind()),
-            ("unsupported wire version 2 (this build speaks 4)", "bad_version")
+            ("unsupported wire version 2 (this build speaks 5)", "bad_version")
         );
     }
 

@@ -19,4 +19,18 @@ pub struct RouterConfig {
     pub max_pending_handshakes: usize,
     /// Handshakes the cluster listener runs at once for one source address.
     pub max_pending_handshakes_per_source: usize,
+    /// How a route's prefill worker is chosen.
+    pub routing: RoutingPolicy,
+}
+
+/// How a route's prefill worker is chosen (decode workers are always the least loaded).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RoutingPolicy {
+    /// The least work once the worker's cache of the request's own tenant is counted
+    /// (`router::pick::pick_prefill`).
+    #[default]
+    CacheAware,
+    /// The fewest routes in flight, whatever is cached where.
+    LeastLoaded,
 }

@@ -8,10 +8,13 @@
 //! - `worker`: one registered worker as the router holds it (its link's sender, load, routes).
 //! - `registry`: the registered workers: registration and the worker's messages until it
 //!   leaves, eviction, the tenant table sent to every worker, the workers' stats.
-//! - `pick`: choosing the least loaded worker of a role for a route.
+//! - `pick`: choosing the least loaded worker of a role for a route, or for prefill the one
+//!   with the least work once its cache of the request's tenant is counted.
+//! - `cache_map`: the route tags naming a prompt's pages, and which each prefill worker holds.
 //! - `route`: one request's route: the attempt, the first-token gate, the one retry, cancel.
 //! - `revocations`: which tenants were revoked when, against the mark a request was admitted at.
 
+mod cache_map;
 mod config;
 mod pick;
 mod registry;
@@ -34,7 +37,7 @@ use registry::Registry;
 use revocations::Revocations;
 use route::Routing;
 
-pub use config::RouterConfig;
+pub use config::{RouterConfig, RoutingPolicy};
 pub use registry::WorkerInfo;
 
 struct Inner {
@@ -45,6 +48,7 @@ struct Inner {
     gate: HandshakeGate,
     links: LinkMetrics,
     revocations: tokio::sync::watch::Sender<Revocations>,
+    tag_key: cache_map::TagKey,
 }
 
 /// Cheap to clone; every clone is the same router.
@@ -64,6 +68,7 @@ impl Router {
                 next_route: AtomicU64::new(1),
                 stopping: AtomicBool::new(false),
                 revocations: tokio::sync::watch::Sender::new(Revocations::default()),
+                tag_key: cache_map::TagKey::random(),
             }),
         }
     }
@@ -185,6 +190,7 @@ impl Router {
             registry: &self.inner.registry,
             next_route: &self.inner.next_route,
             revocations: &self.inner.revocations,
+            tag_key: &self.inner.tag_key,
         }
     }
 }

@@ -1,10 +1,12 @@
-//! Choosing a worker for a route: the least loaded of a role, passing over the workers a first
-//! attempt failed on, never a draining one. A pure function of the registered workers, so its
-//! rule is tested here without links.
+//! Choosing a worker for a route: the least loaded of a role, or for prefill the one with the
+//! least work once its cache of the request's own tenant is counted, passing over the workers a
+//! first attempt failed on, never a draining one. Pure functions of the registered workers, so
+//! their rules are tested here without links.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use kv::RouteTag;
 use wire::Role;
 
 use super::worker::WorkerConn;
@@ -16,6 +18,36 @@ pub(super) fn pick<'a>(ws: &'a [Arc<WorkerConn>], role: Role, avoid: &[u64]) -> 
     let of_role = || ws.iter().filter(|w| w.role == role && !w.draining.load(Ordering::SeqCst));
     let fresh = of_role().filter(|w| !avoid.contains(&w.id)).min_by_key(|w| w.inflight.load(Ordering::Relaxed));
     fresh.or_else(|| of_role().min_by_key(|w| w.inflight.load(Ordering::Relaxed)))
+}
+
+/// The prefill worker with the least work for this prompt, and the prompt tokens it will
+/// compute. A worker's work is the prompt tokens it would compute (those after the leading run
+/// of `tags`, the request's own tenant-scoped page names, that it reported cached) plus the
+/// prompt tokens its routes in flight still compute: a cached prefix draws its tenant's turns
+/// until the queue there costs more than computing the prefix elsewhere. Ties go to the worker
+/// with fewer routes in flight, then to the one holding fewer tagged pages (a new prefix goes
+/// where the cache has most room), then to the first registered. Workers in `avoid` are passed
+/// over while another is registered; a draining one is never picked.
+pub(super) fn pick_prefill<'a>(
+    ws: &'a [Arc<WorkerConn>],
+    avoid: &[u64],
+    tags: &[RouteTag],
+    page_size: usize,
+    prompt_len: usize,
+) -> Option<(&'a Arc<WorkerConn>, usize)> {
+    let of_role = || ws.iter().filter(|w| w.role == Role::Prefill && !w.draining.load(Ordering::SeqCst));
+    let cost = |w: &'a Arc<WorkerConn>| {
+        let (matched, held) = {
+            let c = w.cached();
+            (c.matched(tags), c.len())
+        };
+        let computes = prompt_len.saturating_sub(matched * page_size);
+        let queued = w.queued_tokens.load(Ordering::Relaxed);
+        (w, computes, (computes.saturating_add(queued), w.inflight.load(Ordering::Relaxed), held))
+    };
+    let best = |it: &mut dyn Iterator<Item = &'a Arc<WorkerConn>>| it.map(cost).min_by_key(|(_, _, c)| *c);
+    let fresh = best(&mut of_role().filter(|w| !avoid.contains(&w.id)));
+    fresh.or_else(|| best(&mut of_role())).map(|(w, computes, _)| (w, computes))
 }
 
 #[cfg(test)]
@@ -58,5 +90,39 @@ mod tests {
         assert_eq!(pick(&ws, Role::Decode, &[1, 3, 4]).map(|w| w.id), Some(3));
         assert!(pick(&ws, Role::Gateway, &[]).is_none());
         assert!(pick(&[], Role::Decode, &[]).is_none());
+    }
+
+    #[test]
+    fn prefill_goes_where_the_tenants_prefix_is_until_the_queue_there_costs_more_than_computing_it() {
+        use super::super::cache_map::TagKey;
+        let key = TagKey::random();
+        let prompt: Vec<u32> = (0..100).collect();
+        let a = key.tags(types::TenantId(1), None, None, &prompt, 16);
+        assert_eq!(a.len(), 6);
+        let ws = vec![worker(1, Role::Prefill, 0), worker(2, Role::Prefill, 0), worker(3, Role::Decode, 0)];
+        // Worker 2 holds the first 5 pages of tenant 1's prompt.
+        ws[1].cached().apply(false, &a[..5], &[]);
+        let picked = |tags: &[RouteTag], avoid: &[u64]| pick_prefill(&ws, avoid, tags, 16, 100).map(|(w, n)| (w.id, n));
+        assert_eq!(picked(&a, &[]), Some((2, 20)), "80 of 100 tokens cached there");
+        // Another tenant's request for the very same tokens has its own tags: worker 2's cache
+        // of tenant 1 does not draw it (a tie on work, so the worker holding less).
+        let b = key.tags(types::TenantId(2), None, None, &prompt, 16);
+        assert_eq!(picked(&b, &[]), Some((1, 100)));
+        ws[0].cached().apply(false, &key.tags(types::TenantId(3), None, None, &[9; 200], 16), &[]);
+        assert_eq!(picked(&b, &[]), Some((2, 100)), "ties go to the worker holding fewer pages");
+        ws[0].cached().apply(true, &[], &[]);
+        // Queued work on worker 2 below what the hit saves keeps the tenant there...
+        ws[1].queued_tokens.store(79, Ordering::Relaxed);
+        assert_eq!(picked(&a, &[]), Some((2, 20)));
+        // ...and more than it saves sends it elsewhere.
+        ws[1].queued_tokens.store(81, Ordering::Relaxed);
+        assert_eq!(picked(&a, &[]), Some((1, 100)));
+        ws[1].queued_tokens.store(0, Ordering::Relaxed);
+        // A failed first attempt passes over the worker, a draining one is never picked.
+        assert_eq!(picked(&a, &[2]), Some((1, 100)));
+        ws[0].draining.store(true, Ordering::SeqCst);
+        assert_eq!(picked(&a, &[2]), Some((2, 20)));
+        ws[1].draining.store(true, Ordering::SeqCst);
+        assert_eq!(picked(&a, &[]), None);
     }
 }

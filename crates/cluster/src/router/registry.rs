@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use wire::Role;
 
 use super::config::RouterConfig;
-use super::pick::pick;
+use super::pick::{pick, pick_prefill};
 use super::worker::{RouteMsg, WorkerConn};
 use crate::metrics::LinkMetrics;
 use crate::proto::{Register, Registered, Stats, TenantTable, ToGateway, ToWorker};
@@ -29,6 +29,10 @@ pub struct WorkerInfo {
     pub routes: u64,
     /// Control messages sent to it and received from it since it registered.
     pub messages: (u64, u64),
+    /// Prefill: the route tags it reported cached, and the prompt tokens its routes in flight
+    /// still compute.
+    pub route_tags: usize,
+    pub queued_prompt_tokens: usize,
     pub stats: Stats,
 }
 
@@ -145,6 +149,10 @@ impl Registry {
             }
             match msg {
                 Ok(Some(ToGateway::Stats(s))) => *w.stats.lock().unwrap_or_else(|e| e.into_inner()) = *s,
+                Ok(Some(ToGateway::CacheTags { reset, cached, dropped })) => {
+                    let tags = |v: Vec<[u8; 16]>| v.into_iter().map(kv::RouteTag).collect::<Vec<_>>();
+                    w.cached().apply(reset, &tags(cached), &tags(dropped));
+                }
                 Ok(Some(ToGateway::Draining)) => {
                     w.draining.store(true, Ordering::SeqCst);
                     tracing::info!(role = role.name(), worker = %w.name, "worker draining: no new routes");
@@ -216,6 +224,8 @@ impl Registry {
                 inflight: w.inflight.load(Ordering::Relaxed),
                 routes: w.routed.load(Ordering::Relaxed),
                 messages: (w.sent.load(Ordering::Relaxed), w.received.load(Ordering::Relaxed)),
+                route_tags: w.cached().len(),
+                queued_prompt_tokens: w.queued_tokens.load(Ordering::Relaxed),
                 stats: w.stats.lock().unwrap_or_else(|e| e.into_inner()).clone(),
             })
             .collect()
@@ -265,5 +275,24 @@ impl Registry {
     /// The least loaded worker of `role`, preferring those not in `avoid`.
     pub(super) fn pick(&self, role: Role, avoid: &[u64]) -> Option<Arc<WorkerConn>> {
         pick(&self.workers(), role, avoid).cloned()
+    }
+
+    /// The prefill worker with the least work for a prompt of `prompt_len` tokens whose
+    /// shareable pages are named `tags`, preferring those not in `avoid`, and the prompt
+    /// tokens it will compute ([`pick_prefill`]).
+    pub(super) fn pick_prefill(
+        &self,
+        avoid: &[u64],
+        tags: &[kv::RouteTag],
+        page_size: usize,
+        prompt_len: usize,
+    ) -> Option<(Arc<WorkerConn>, usize)> {
+        pick_prefill(&self.workers(), avoid, tags, page_size, prompt_len).map(|(w, n)| (w.clone(), n))
+    }
+
+    /// The key epoch the current tenant table gives `tenant` (part of its route tags' scope).
+    pub(super) fn epoch_of(&self, tenant: types::TenantId) -> Option<[u8; 16]> {
+        let table = self.tenants.lock().unwrap_or_else(|e| e.into_inner());
+        table.tenants.iter().find(|t| t.id == tenant.0).map(|t| t.epoch)
     }
 }

@@ -11,7 +11,8 @@ use protocol::{Event, EventSender, RequestError, RouteRequest, TokenEvent, Usage
 use tokio::sync::{mpsc, watch};
 use wire::{Role, Ticket};
 
-use super::config::RouterConfig;
+use super::cache_map::TagKey;
+use super::config::{RouterConfig, RoutingPolicy};
 use super::registry::Registry;
 use super::revocations::Revocations;
 use super::worker::{RouteMsg, WorkerConn};
@@ -23,6 +24,7 @@ pub(super) struct Routing<'a> {
     pub(super) registry: &'a Registry,
     pub(super) next_route: &'a AtomicU64,
     pub(super) revocations: &'a watch::Sender<Revocations>,
+    pub(super) tag_key: &'a TagKey,
 }
 
 impl Routing<'_> {
@@ -50,15 +52,29 @@ impl Routing<'_> {
         let Some(decode) = self.registry.pick(Role::Decode, avoid) else {
             return Outcome::Fail(RequestError::Unavailable("no decode worker is registered".into()));
         };
-        let Some(prefill) = self.registry.pick(Role::Prefill, avoid) else {
+        let page_size = self.cfg.identity.pairing.page_size as usize;
+        let epoch = self.registry.epoch_of(req.tenant);
+        let tags = self.tag_key.tags(req.tenant, epoch, req.cache_salt.as_deref(), &req.prompt, page_size);
+        let picked = match self.cfg.routing {
+            RoutingPolicy::CacheAware => self.registry.pick_prefill(avoid, &tags, page_size, req.prompt.len()),
+            RoutingPolicy::LeastLoaded => self.registry.pick(Role::Prefill, avoid).map(|w| (w, req.prompt.len())),
+        };
+        let Some((prefill, computes)) = picked else {
             return Outcome::Fail(RequestError::Unavailable("no prefill worker is registered".into()));
         };
         let route = self.next_route.fetch_add(1, Ordering::Relaxed);
-        let spec = Spec { route, request: req.clone() };
-        tracing::debug!(route, decode = %decode.name, prefill = %prefill.name, "route");
+        let cache_tags = tags.iter().map(|t| t.0).collect();
+        let spec = Spec { route, request: req.clone(), cache_tags };
+        tracing::debug!(route, decode = %decode.name, prefill = %prefill.name, computes, "route");
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let guard =
-            RouteGuard { route, workers: [decode.clone(), prefill.clone()], prefill_released: false, done: false };
+        prefill.queued_tokens.fetch_add(computes, Ordering::Relaxed);
+        let guard = RouteGuard {
+            route,
+            workers: [decode.clone(), prefill.clone()],
+            queued: computes,
+            prefill_released: false,
+            done: false,
+        };
         for w in &guard.workers {
             w.inflight.fetch_add(1, Ordering::Relaxed);
             w.routed.fetch_add(1, Ordering::Relaxed);
@@ -115,6 +131,7 @@ impl Routing<'_> {
                     let _ = prefill.tx.send(ToWorker::Prefill { spec: spec.clone(), ticket, decode_addr });
                 }
                 (Role::Prefill, ToGateway::First { token, cached_tokens, .. }) => {
+                    guard.prefill_computed();
                     gate.first = Some(token);
                     if let Some(n) = cached_tokens {
                         gate.cached_tokens = n;
@@ -232,17 +249,26 @@ struct RouteGuard {
     route: u64,
     /// Decode first, then prefill, while the prefill worker still takes part.
     workers: [Arc<WorkerConn>; 2],
+    /// Prompt tokens counted in the prefill worker's `queued_tokens` until it computed them.
+    queued: usize,
     prefill_released: bool,
     done: bool,
 }
 
 impl RouteGuard {
+    /// The prefill worker computed the prompt: its tokens no longer count as queued there.
+    fn prefill_computed(&mut self) {
+        let n = std::mem::take(&mut self.queued);
+        self.workers[1].queued_tokens.fetch_sub(n, Ordering::Relaxed);
+    }
+
     /// Takes the prefill worker off the route once its transfer is verified: its loss no
     /// longer reaches the route, and it is no longer counted as carrying it.
     fn release_prefill(&mut self) {
         if std::mem::replace(&mut self.prefill_released, true) {
             return;
         }
+        self.prefill_computed();
         let w = &self.workers[1];
         w.routes().remove(&self.route);
         w.inflight.fetch_sub(1, Ordering::Relaxed);
@@ -251,6 +277,7 @@ impl RouteGuard {
 
 impl Drop for RouteGuard {
     fn drop(&mut self) {
+        self.prefill_computed();
         let taking_part = if self.prefill_released { 1 } else { 2 };
         for w in &self.workers[..taking_part] {
             w.routes().remove(&self.route);

@@ -9,7 +9,11 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 use wire::Role;
 
+use super::cache_map::CachedTags;
 use crate::proto::{Stats, ToGateway, ToWorker};
+
+/// The most route tags the router keeps for one worker, whatever its pool claims to hold.
+const MAX_TAGS: usize = 1 << 20;
 
 /// What a worker's link delivers to one of its routes.
 pub(super) enum RouteMsg {
@@ -27,6 +31,10 @@ pub(super) struct WorkerConn {
     pub(super) capacity: usize,
     pub(super) tx: mpsc::UnboundedSender<ToWorker>,
     pub(super) inflight: AtomicUsize,
+    /// Prefill: prompt tokens its routes in flight still compute (as estimated when routed).
+    pub(super) queued_tokens: AtomicUsize,
+    /// Prefill: the route tags it reported cached.
+    pub(super) cached: Mutex<CachedTags>,
     pub(super) routes: Mutex<HashMap<u64, mpsc::UnboundedSender<(Role, RouteMsg)>>>,
     pub(super) stats: Mutex<Stats>,
     /// The worker said it is draining: it finishes its routes but gets no new one.
@@ -57,6 +65,10 @@ impl WorkerConn {
             capacity,
             tx,
             inflight: AtomicUsize::new(0),
+            queued_tokens: AtomicUsize::new(0),
+            // Each cached page carries at most a few tags (kv's TAGS_PER_PAGE) and a page holds
+            // at least one token: a pool of `capacity` tokens never needs more.
+            cached: Mutex::new(CachedTags::new(capacity.saturating_mul(4).min(MAX_TAGS))),
             routes: Mutex::new(HashMap::new()),
             stats: Mutex::new(Stats::default()),
             draining: AtomicBool::new(false),
@@ -65,6 +77,10 @@ impl WorkerConn {
             sent: Arc::new(AtomicU64::new(0)),
             received: AtomicU64::new(0),
         }
+    }
+
+    pub(super) fn cached(&self) -> std::sync::MutexGuard<'_, CachedTags> {
+        self.cached.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub(super) fn routes(&self) -> std::sync::MutexGuard<'_, HashMap<u64, mpsc::UnboundedSender<(Role, RouteMsg)>>> {

@@ -45,7 +45,7 @@ fn run(p: &KvPool, t: u64, r: u64, salt: Option<&str>, prompt: &[u32]) -> (Block
     let (mut table, cached) = p.reserve_cached(owner(t, r), prompt.len() + 4, &scope, prompt).expect("reserve");
     prefill(&mut table, prompt, cached);
     check_reads(&table, prompt);
-    table.seal_prefix(&scope, prompt).expect("seal");
+    table.seal_prefix(&scope, prompt, &[]).expect("seal");
     (table, cached)
 }
 
@@ -139,7 +139,7 @@ fn a_tenants_scope_cannot_reserve_for_another_tenant() {
     assert!(matches!(e, KvError::WrongOwner { .. }), "{e}");
     let (mut t2, _) = p.reserve_cached(owner(2, 6), 16, &p.scope(TenantId(2), None), &PROMPT).expect("reserve");
     prefill(&mut t2, &PROMPT, 0);
-    assert!(matches!(t2.seal_prefix(&scope, &PROMPT), Err(KvError::WrongOwner { .. })));
+    assert!(matches!(t2.seal_prefix(&scope, &PROMPT, &[]), Err(KvError::WrongOwner { .. })));
 }
 
 #[test]
@@ -251,7 +251,7 @@ proptest! {
                     prop_assert!(cached % 4 == 0 || cached + 1 == prompt.len(), "{} of {}", cached, prompt.len());
                     prefill(&mut t, &prompt, cached);
                     check_reads(&t, &prompt);
-                    t.seal_prefix(&scope, &prompt).expect("seal");
+                    t.seal_prefix(&scope, &prompt, &[]).expect("seal");
                     check_reads(&t, &prompt);
                     if keep { live.push(t) }
                 }
@@ -265,4 +265,48 @@ proptest! {
         prop_assert_eq!(p.used_pages(), 0);
         prop_assert!(p.debug_free_pages_zeroed());
     }
+}
+
+fn tags(from: u8, n: usize) -> Vec<RouteTag> {
+    (0..n).map(|i| RouteTag([from + i as u8; 16])).collect()
+}
+
+#[test]
+fn route_tags_are_reported_cached_when_their_pages_are_sealed_or_hit_and_dropped_when_the_pages_go() {
+    let p = pool(32);
+    let scope = p.scope(TenantId(1), None);
+    let (mut t, _) = p.reserve_cached(owner(1, 1), PROMPT.len() + 4, &scope, &PROMPT).unwrap();
+    prefill(&mut t, &PROMPT, 0);
+    // Two whole pages: a third tag names nothing and is not reported.
+    t.seal_prefix(&scope, &PROMPT, &tags(1, 3)).unwrap();
+    let c = p.take_tag_changes();
+    assert_eq!((c.reset, c.cached, c.dropped), (false, tags(1, 2), vec![]));
+    assert!(p.take_tag_changes().is_empty());
+    drop(t);
+
+    // Another router's names for the same pages, on a request that hits them.
+    let (mut t, cached) = p.reserve_cached(owner(1, 2), PROMPT.len() + 4, &scope, &PROMPT).unwrap();
+    assert!(cached >= 8);
+    prefill(&mut t, &PROMPT, cached);
+    t.seal_prefix(&scope, &PROMPT, &tags(10, 2)).unwrap();
+    assert_eq!(p.take_tag_changes().cached, tags(10, 2));
+    assert_eq!(p.route_tags(), [tags(1, 2), tags(10, 2)].concat());
+    drop(t);
+
+    // Eviction (a reservation that needs every page) drops the pages' tags.
+    let everything = p.reserve(owner(2, 3), 32 * 4).expect("evicts the idle cached pages");
+    let c = p.take_tag_changes();
+    assert_eq!((c.cached, c.dropped), (vec![], [tags(1, 2), tags(10, 2)].concat()));
+    assert!(p.route_tags().is_empty());
+    drop(everything);
+
+    // A forgotten tenant's tags are dropped too.
+    run(&p, 1, 4, None, &PROMPT);
+    let (mut t, _) = p.reserve_cached(owner(1, 5), PROMPT.len() + 4, &scope, &PROMPT).unwrap();
+    prefill(&mut t, &PROMPT, 8);
+    t.seal_prefix(&scope, &PROMPT, &tags(20, 2)).unwrap();
+    drop(t);
+    assert_eq!(p.take_tag_changes().cached, tags(20, 2));
+    p.forget_tenants(&|t| t == TenantId(1));
+    assert_eq!(p.take_tag_changes().dropped, tags(20, 2));
 }

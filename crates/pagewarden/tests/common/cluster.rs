@@ -491,7 +491,7 @@ impl DirectGateway {
     }
 
     /// What the worker sent until `within` passed (its stats reports apart: the last one is
-    /// returned beside).
+    /// returned beside; its route-tag reports left out).
     pub async fn answers(
         &mut self,
         within: Duration,
@@ -501,6 +501,7 @@ impl DirectGateway {
         while let Ok(Ok(Some(m))) = tokio::time::timeout_at(until, self.rd.recv::<cluster::proto::ToGateway>()).await {
             match m {
                 cluster::proto::ToGateway::Stats(s) => stats = Some(*s),
+                cluster::proto::ToGateway::CacheTags { .. } => {}
                 other => got.push(other),
             }
         }
