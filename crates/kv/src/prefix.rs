@@ -74,20 +74,7 @@ impl CacheScope {
 
     /// Keys of the whole pages of `tokens` (a trailing partial page has none).
     pub fn chain(&self, tokens: &[u32], page_size: usize) -> Vec<PrefixKey> {
-        let mut prev = self.root;
-        tokens
-            .chunks_exact(page_size.max(1))
-            .map(|page| {
-                let mut h = blake3::Hasher::new_derive_key(PAGE_CONTEXT);
-                h.update(&prev);
-                h.update(&(page.len() as u64).to_le_bytes());
-                for t in page {
-                    h.update(&t.to_le_bytes());
-                }
-                prev = *h.finalize().as_bytes();
-                PrefixKey(prev)
-            })
-            .collect()
+        page_chain(self.root, PAGE_CONTEXT, tokens, page_size).into_iter().map(PrefixKey).collect()
     }
 
     /// Key of the page holding a prompt's last token, as far as the prompt fills it (1 to
@@ -102,6 +89,27 @@ impl CacheScope {
         }
         PrefixKey(*h.finalize().as_bytes())
     }
+}
+
+/// A hash chain over the whole pages of `tokens` (a trailing partial page has none): each
+/// page's hash is BLAKE3 in derive-key mode under `context` of the previous hash (`root` for
+/// the first page), the page's length and its token ids. The prefix cache's keys and a
+/// router's route tags (under their own roots and contexts) are such chains.
+pub fn page_chain(root: [u8; 32], context: &str, tokens: &[u32], page_size: usize) -> Vec<[u8; 32]> {
+    let mut prev = root;
+    tokens
+        .chunks_exact(page_size.max(1))
+        .map(|page| {
+            let mut h = blake3::Hasher::new_derive_key(context);
+            h.update(&prev);
+            h.update(&(page.len() as u64).to_le_bytes());
+            for t in page {
+                h.update(&t.to_le_bytes());
+            }
+            prev = *h.finalize().as_bytes();
+            prev
+        })
+        .collect()
 }
 
 struct Entry<P> {

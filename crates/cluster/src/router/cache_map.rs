@@ -59,19 +59,11 @@ impl TagKey {
                 Some(f) => h.update(&[1]).update(&(f.len() as u64).to_le_bytes()).update(f),
             };
         }
-        let mut prev = *h.finalize().as_bytes();
-        prompt[..shareable * ps]
-            .chunks_exact(ps)
-            .map(|page| {
-                let mut h = blake3::Hasher::new_derive_key(PAGE_CONTEXT);
-                h.update(&prev);
-                h.update(&(page.len() as u64).to_le_bytes());
-                for t in page {
-                    h.update(&t.to_le_bytes());
-                }
-                prev = *h.finalize().as_bytes();
+        kv::prefix::page_chain(*h.finalize().as_bytes(), PAGE_CONTEXT, &prompt[..shareable * ps], ps)
+            .into_iter()
+            .map(|hash| {
                 let mut tag = [0u8; 16];
-                tag.copy_from_slice(&prev[..16]);
+                tag.copy_from_slice(&hash[..16]);
                 RouteTag(tag)
             })
             .collect()
