@@ -21,11 +21,11 @@ use wire::{
 /// 3 layers, 4-slot pages, 2-byte rows; a 10-token prompt in 4 reserved pages.
 const GEOM: Geometry = Geometry { page_size: 4, n_layers: 3, row_bytes: 2 };
 fn ticket() -> Ticket {
-    Ticket { request: RequestId(7), tenant: TenantId(3), nonce: TicketNonce([1; 16]), pages: 4, tokens: 10 }
+    Ticket { request: RequestId(7), tenant: TenantId(3), nonce: TicketNonce([1; 16]), pages: 4, tokens: 10, held: 0 }
 }
 
 fn other_ticket() -> Ticket {
-    Ticket { request: RequestId(8), tenant: TenantId(4), nonce: TicketNonce([2; 16]), pages: 4, tokens: 10 }
+    Ticket { request: RequestId(8), tenant: TenantId(4), nonce: TicketNonce([2; 16]), pages: 4, tokens: 10, held: 0 }
 }
 
 fn prompt() -> Vec<u32> {

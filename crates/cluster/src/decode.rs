@@ -67,6 +67,9 @@ async fn route_inner(ctx: &Ctx, spec: &Spec, out: &UnboundedSender<ToGateway>) -
         nonce,
         pages: table.pages() as u32,
         tokens: req.prompt.len() as u32,
+        // Whole pages of the tenant's own cache (reserved from it, never trusted from anyone):
+        // the prefill worker sends only the pages after them.
+        held: (table.shared_pages() * layout.page_size) as u32,
     };
     let mut transfer =
         Transfer::new(ticket, geometry, &req.prompt).map_err(|e| RequestError::Internal(e.to_string()))?;

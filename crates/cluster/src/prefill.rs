@@ -66,6 +66,12 @@ async fn route_inner(
     if ticket.request != req.id || ticket.tenant != req.tenant || ticket.tokens as usize != req.prompt.len() {
         return Err(RequestError::IsolationViolation { kind: engine::ViolationKind::WrongTicket });
     }
+    // What the decode worker holds must be whole pages before the prompt's last token (the
+    // decode worker checks the same, and refuses a transfer that leaves any other page out).
+    let ps = ctx.engine.pool().layout().page_size;
+    if ticket.held >= ticket.tokens || ticket.held as usize % ps != 0 {
+        return Err(RequestError::IsolationViolation { kind: engine::ViolationKind::WrongTicket });
+    }
     constrain(&ctx.constraints, ctx.engine.grammars(), spec.request.output.as_ref(), &mut req).await?;
     let mut stream = ctx.engine.prefill(req.clone()).map_err(RequestError::Refused)?;
     let mut cached_tokens = None;
@@ -165,7 +171,8 @@ fn unreachable(addr: &str, e: ClusterError) -> RequestError {
 /// prompt's transfer holds to this many pages.
 const FRAMES_AHEAD: usize = 8;
 
-/// One frame per page (every layer), then the close; returns the number of frames. Sealing
+/// One frame per page (every layer) after those the decode worker holds, then the close;
+/// returns the number of frames. Sealing
 /// runs on this task while a writer task sends the previous frame (head, payload and tag in
 /// one vectored write, the payload encrypted where it was exported), so encryption overlaps
 /// the network instead of adding to it.
@@ -185,7 +192,8 @@ async fn send_kv(
     let id = ticket.id();
     let mut seq = 0u32;
     let mut sent = Ok(());
-    for page in 0..n.div_ceil(ps) {
+    // The decode worker holds the pages before `held` (its own verified cache): only the rest.
+    for page in ticket.held as usize / ps..n.div_ceil(ps) {
         let (start, end) = (page * ps, ((page + 1) * ps).min(n));
         let mut payload = Vec::new();
         for layer in 0..layout.n_layers {

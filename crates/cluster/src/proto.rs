@@ -91,11 +91,21 @@ pub struct TicketWire {
     pub nonce: [u8; 16],
     pub pages: u32,
     pub tokens: u32,
+    /// Leading prompt tokens the decode worker holds already (see [`wire::Ticket::held`]).
+    #[serde(default)]
+    pub held: u32,
 }
 
 impl From<&Ticket> for TicketWire {
     fn from(t: &Ticket) -> Self {
-        TicketWire { request: t.request.0, tenant: t.tenant.0, nonce: t.nonce.0, pages: t.pages, tokens: t.tokens }
+        TicketWire {
+            request: t.request.0,
+            tenant: t.tenant.0,
+            nonce: t.nonce.0,
+            pages: t.pages,
+            tokens: t.tokens,
+            held: t.held,
+        }
     }
 }
 
@@ -107,6 +117,7 @@ impl From<TicketWire> for Ticket {
             nonce: TicketNonce(t.nonce),
             pages: t.pages,
             tokens: t.tokens,
+            held: t.held,
         }
     }
 }
@@ -295,7 +306,7 @@ mod tests {
         s.request.output = Some(grammar::EncodedFormat::encode(&format).unwrap());
         let msg = serde_json::to_vec(&ToWorker::Prefill {
             spec: s,
-            ticket: TicketWire { request: 2, tenant: 3, nonce: [0; 16], pages: 1, tokens: 3 },
+            ticket: TicketWire { request: 2, tenant: 3, nonce: [0; 16], pages: 1, tokens: 3, held: 0 },
             decode_addr: "mem:x".into(),
         })
         .unwrap();

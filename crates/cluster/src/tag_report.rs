@@ -1,6 +1,7 @@
-//! A prefill worker's reports of its route tags (see `router::cache_map` on the gateway): which
-//! pages the gateways' tags name became cached or were dropped, batched, to every link; a new
-//! link first gets the full listing.
+//! A worker's reports of its route tags (see `router::cache_map` on the gateway): which pages
+//! the gateways' tags name became cached or were dropped, batched, to every link; a new link
+//! first gets the full listing. Prefill workers cache the prompts they compute, decode workers
+//! the prompts whose transfer they verified.
 
 use std::time::Duration;
 
@@ -36,10 +37,10 @@ pub(crate) async fn report_cache_tags(ctx: std::sync::Weak<Ctx>) {
     }
 }
 
-/// A new link's first report of a prefill worker: every route tag cached now. Call with the
+/// A new link's first report: every route tag cached now. Call with the
 /// links' lock held, the link already listed.
 pub(crate) fn first_report(ctx: &Ctx, out: &tokio::sync::mpsc::UnboundedSender<ToGateway>) {
-    if ctx.role() == Role::Prefill {
+    if matches!(ctx.role(), Role::Prefill | Role::Decode) {
         let cached = ctx.engine.route_tags().iter().map(|t| t.0).collect();
         let _ = out.send(ToGateway::CacheTags { reset: true, cached, dropped: Vec::new() });
     }

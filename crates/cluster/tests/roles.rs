@@ -159,7 +159,7 @@ async fn a_worker_whose_gateway_address_reaches_another_role_takes_no_work_and_e
         let (mut rd, mut wr) = link.split();
         // It offers work at once, as a gateway would after registration.
         let _ = wr.send(&ToWorker::Reserve(spec())).await;
-        let ticket = TicketWire { request: 1, tenant: 1, nonce: [9; 16], pages: 1, tokens: 5 };
+        let ticket = TicketWire { request: 1, tenant: 1, nonce: [9; 16], pages: 1, tokens: 5, held: 0 };
         let _ = wr.send(&ToWorker::Prefill { spec: spec(), ticket, decode_addr: rogue_addr.clone() }).await;
 
         // The worker stops, naming the role it found and the one it wanted; retrying could not

@@ -94,7 +94,7 @@ async fn a_verification_that_overtakes_the_prefill_workers_sent_neither_times_ou
     let mut stream = router.submit(req, router.revocation_mark()).unwrap();
 
     let Some(ToWorker::Reserve(spec)) = next(&mut d_rd, T).await else { panic!("no reservation") };
-    let ticket = TicketWire { request: 5, tenant: 1, nonce: [4; 16], pages: 1, tokens: prompt.len() as u32 };
+    let ticket = TicketWire { request: 5, tenant: 1, nonce: [4; 16], pages: 1, tokens: prompt.len() as u32, held: 0 };
     d_wr.send(&ToGateway::Reserved { route: spec.route, ticket }).await.unwrap();
     let Some(ToWorker::Prefill { spec: p_spec, .. }) = next(&mut p_rd, T).await else { panic!("no prefill") };
     assert_eq!(p_spec.route, spec.route);

@@ -3,8 +3,9 @@
 //! progress): the tenant is live, a request that will decode here stays within the tenant's
 //! share of the main pool, and the pool holds the whole sequence (a prefill, only its prompt,
 //! in the prefill pool). The cache scope comes from the request's authenticated tenant; the
-//! client's salt can only narrow it, and reservations (empty pages for a transfer) never use
-//! the cache.
+//! client's salt can only narrow it. A reservation (pages for a transfer) starts with the
+//! whole pages of its tenant's cache the prompt starts with, and the sender is told to send
+//! only the rest.
 
 use kv::{BlockTable, CacheScope, KvError, KvPool, Owner};
 
@@ -58,11 +59,11 @@ pub(crate) fn reserve(
         return Err(Refusal::Wait);
     }
     let owner = Owner { tenant: req.tenant, request: req.id };
-    let scope =
-        (pools.prefix_cache && kind != Kind::Reserve).then(|| pool.scope(req.tenant, req.cache_salt.as_deref()));
-    let reserved = match &scope {
-        Some(scope) => pool.reserve_cached(owner, tokens, scope, &req.prompt),
-        None => pool.reserve(owner, tokens).map(|kv| (kv, 0)),
+    let scope = pools.prefix_cache.then(|| pool.scope(req.tenant, req.cache_salt.as_deref()));
+    let reserved = match (&scope, kind) {
+        (Some(scope), Kind::Reserve) => pool.reserve_held(owner, tokens, scope, &req.prompt),
+        (Some(scope), _) => pool.reserve_cached(owner, tokens, scope, &req.prompt),
+        (None, _) => pool.reserve(owner, tokens).map(|kv| (kv, 0)),
     };
     match reserved {
         Ok((kv, cached)) => Ok(Reservation { kv, cached, scope }),

@@ -58,6 +58,7 @@ pub struct EngineHandle {
     vocab: usize,
     max_queued: usize,
     max_running: usize,
+    prefix_cache: bool,
     grammars: Option<grammar::Grammars>,
 }
 
@@ -87,6 +88,7 @@ impl Engine {
             vocab: model.config.vocab,
             max_queued: cfg.max_queued,
             max_running: cfg.max_running,
+            prefix_cache: cfg.prefix_cache,
             grammars: cfg.grammars.clone(),
         };
         let mut lp = Loop::new(model, pool, prefill_pool, cfg, rx, shared);
@@ -151,6 +153,8 @@ impl EngineHandle {
     }
 
     /// Decode-worker half: after the door check, takes the pages at once when nothing waits
+    /// (with the prefix cache on, the table starts with the tenant's cached whole pages of the
+    /// prompt, [`kv::BlockTable::shared_pages`]: the sender sends only the rest)
     /// (`reserve_now`), else queues the request (fairly, with the queue timeout); once pages for the whole sequence are free the stream ends with
     /// [`Event::Reserved`]. Nothing is computed.
     pub fn reserve(&self, req: GenRequest) -> Result<RequestStream, AdmissionError> {
@@ -174,7 +178,7 @@ impl EngineHandle {
         // Held while reserving: a new tenant table takes effect before or after this, never
         // during (the loop installs it before revoking anything).
         let policy = self.shared.policy.lock().unwrap_or_else(|e| e.into_inner());
-        let pools = Pools { main: &self.pool, prefill: &self.prefill_pool, prefix_cache: false };
+        let pools = Pools { main: &self.pool, prefill: &self.prefill_pool, prefix_cache: self.prefix_cache };
         // Anything but success (a revoked tenant, no room, or an error admission reports)
         // takes the queue's way, where admission says it.
         let kv = admission::reserve(&pools, &policy, req, Kind::Reserve).ok()?.kv;

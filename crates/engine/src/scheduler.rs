@@ -492,7 +492,7 @@ impl Loop {
     /// Starts decoding from transferred KV, after checking that the pages are this request's
     /// and hold every prompt slot.
     fn resume(&mut self, r: Resume) {
-        let Resume { mut req, kv, first, tx } = r;
+        let Resume { mut req, mut kv, first, tx } = r;
         let owner = Owner { tenant: req.tenant, request: req.id };
         let n = req.prompt.len();
         let refused = if kv.owner() != owner {
@@ -511,6 +511,15 @@ impl Loop {
         } else {
             kv.verify_written(n).err().map(|e| crate::error::model_failure(&model::ModelError::Kv(e)))
         };
+        // The prompt's whole pages are verified and final (decode writes after them): they go
+        // into the tenant's cache here, so its next turn is sent only what is new. Fail closed
+        // like a prefill: a prompt whose pages cannot be sealed holds KV it should not.
+        let refused = refused.or_else(|| {
+            let scope = self.cfg.prefix_cache.then(|| self.pool.scope(req.tenant, req.cache_salt.as_deref()))?;
+            let e = kv.seal_pages(&scope, &req.prompt, &req.route_tags).err()?;
+            tracing::warn!(request = req.id.0, tenant = req.tenant.0, error = %e, "a verified prompt's pages could not be sealed into its tenant's cache; the request fails closed");
+            Some(crate::error::model_failure(&model::ModelError::Kv(e)))
+        });
         if let Some(e) = refused {
             drop(kv);
             let _ = tx.send(Event::Failed(e));

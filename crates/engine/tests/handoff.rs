@@ -105,7 +105,9 @@ fn prefill_handoff_then_resume_equals_one_engine_doing_both() {
         let (first, kv) = prefill(&ph, r.clone());
         let mut dst = reserve(&dh, r.clone());
         assert_eq!(dst.capacity(), (len + 9).div_ceil(16) * 16, "the whole sequence is reserved");
-        copy(&kv, &mut dst, len, 2);
+        // The prompts are prefixes of each other: what decode verified before, it holds.
+        let held = dst.shared_pages() * 16;
+        copy_after(&kv, &mut dst, held, len, 2);
         drop(kv);
         assert_eq!(
             ph.pool().used_pages(),
@@ -116,8 +118,55 @@ fn prefill_handoff_then_resume_equals_one_engine_doing_both() {
         let mut got = vec![first.token];
         got.extend(rest);
         assert_eq!(got, alone, "prompt of {len}");
-        assert_eq!(dh.pool().used_pages(), 0);
+        assert_eq!(dh.pool().used_pages(), dh.pool().idle_cached_pages(), "only the verified prompt pages stay, idle");
     }
+}
+
+/// Copies rows `from..n` of every layer, as a transfer after `from` held tokens would.
+fn copy_after(src: &BlockTable, dst: &mut BlockTable, from: usize, n: usize, layers: usize) {
+    let mut buf = Vec::new();
+    for layer in 0..layers {
+        buf.clear();
+        src.export_rows(layer, from, n - from, &mut buf).unwrap();
+        dst.import_rows(layer, from, n - from, &buf).unwrap();
+    }
+}
+
+#[test]
+fn a_decode_reservation_holds_the_tenants_verified_prompt_pages_and_needs_only_the_rest() {
+    let (p, d) = (engine(1024), engine(1024));
+    let (ph, dh) = (p.handle(), d.handle());
+    let handoff = |r: GenRequest| {
+        let (first, kv) = prefill(&ph, r.clone());
+        let mut dst = reserve(&dh, r.clone());
+        let held = dst.shared_pages() * 16;
+        copy_after(&kv, &mut dst, held, r.prompt.len(), 2);
+        drop(kv);
+        let mut got = vec![first.token];
+        got.extend(tokens_of(dh.resume(r, dst, first.token).unwrap()).unwrap());
+        (held, got)
+    };
+    let turn1 = req(1, 40, 6);
+    assert_eq!(handoff(turn1.clone()).0, 0, "nothing is held before the first turn");
+    // The next turn starts with the whole first prompt: its two whole pages are held.
+    let mut turn2 = req(2, 0, 6);
+    turn2.prompt = turn1.prompt.iter().copied().chain((0..10).map(|i| (i * 7 + 5) % 80)).collect();
+    let mut alone = Vec::new();
+    let mut s = ph.submit(GenRequest { id: RequestId(9), ..turn2.clone() }).unwrap();
+    while let Some(ev) = s.blocking_next() {
+        if let Event::Token(t) = ev {
+            alone.push(t.token);
+        }
+    }
+    let (held, got) = handoff(turn2.clone());
+    assert_eq!(held, 32);
+    assert_eq!(got, alone, "the held pages are the same KV the transfer would have carried");
+    // Another tenant sending the same prompt holds nothing of it; a held page is read-only.
+    let other = GenRequest { id: RequestId(3), tenant: TenantId(6), ..turn2.clone() };
+    assert_eq!(reserve(&dh, other).shared_pages(), 0);
+    let mut again = reserve(&dh, GenRequest { id: RequestId(4), ..turn2.clone() });
+    assert_eq!(again.shared_pages(), 3, "turn 2's own verified pages are held now");
+    assert!(again.import_rows(0, 0, 1, &[0; 64]).is_err(), "a held page cannot be written");
 }
 
 #[test]
@@ -270,7 +319,7 @@ fn a_sequence_failing_mid_step_fails_alone_and_its_batch_mates_output_is_unchang
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
     assert_eq!(dh.stats().steps - steps_before, bob.max_tokens as u64 - 1, "the rogue failed in a step with bob");
-    assert_eq!(dh.pool().used_pages(), 0);
+    assert_eq!(dh.pool().used_pages(), dh.pool().idle_cached_pages(), "only verified prompt pages stay, idle");
 }
 
 #[test]
@@ -329,7 +378,8 @@ fn a_reservation_holds_its_pages_when_reserve_returns_if_nothing_waits() {
     let mut busy = dh.submit(req(1, 20, 480)).unwrap();
     while !matches!(busy.blocking_next(), Some(Event::Token(_))) {}
     let before = dh.pool().used_pages();
-    let mut s = dh.reserve(req(2, 30, 10)).unwrap();
+    // Another tenant: the busy request's prompt pages, cached, are not held for it.
+    let mut s = dh.reserve(GenRequest { tenant: TenantId(6), ..req(2, 30, 10) }).unwrap();
     assert_eq!(dh.pool().used_pages(), before + 40usize.div_ceil(16), "the pages are held on return");
     assert!(matches!(s.blocking_next(), Some(Event::Reserved(_))));
     drop(busy);

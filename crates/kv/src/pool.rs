@@ -112,6 +112,31 @@ impl KvPool {
         scope: &CacheScope,
         prompt: &[u32],
     ) -> Result<(BlockTable, usize), KvError> {
+        self.reserve_from_cache(owner, tokens, scope, prompt, true)
+    }
+
+    /// Like [`KvPool::reserve_cached`] with whole pages only (no tail copy): the table starts
+    /// with the shared pages, and the rest is empty. For a receiver of transferred KV, which
+    /// is sent every page after the ones it holds. Returns the table and how many leading
+    /// positions it holds (whole pages).
+    pub fn reserve_held(
+        &self,
+        owner: Owner,
+        tokens: usize,
+        scope: &CacheScope,
+        prompt: &[u32],
+    ) -> Result<(BlockTable, usize), KvError> {
+        self.reserve_from_cache(owner, tokens, scope, prompt, false)
+    }
+
+    fn reserve_from_cache(
+        &self,
+        owner: Owner,
+        tokens: usize,
+        scope: &CacheScope,
+        prompt: &[u32],
+        with_tail: bool,
+    ) -> Result<(BlockTable, usize), KvError> {
         if scope.tenant() != owner.tenant {
             return Err(KvError::WrongOwner {
                 page: 0,
@@ -126,7 +151,7 @@ impl KvPool {
         let (hits, tail) = {
             let mut cache = self.inner.cache();
             let hits = cache.lookup(owner.tenant, &keys);
-            let tail = (hits.len() == last && prompt.len() > last * ps + 1)
+            let tail = (with_tail && hits.len() == last && prompt.len() > last * ps + 1)
                 .then(|| scope.tail(keys.last(), &prompt[last * ps..]))
                 .and_then(|key| cache.lookup(owner.tenant, &[key]).pop());
             (hits, tail)

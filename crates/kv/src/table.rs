@@ -77,6 +77,35 @@ impl BlockTable {
         prompt: &[u32],
         tags: &[crate::RouteTag],
     ) -> Result<usize, KvError> {
+        let (mut added, keys) = self.seal_whole_pages(scope, prompt, tags)?;
+        let ps = self.pool.layout.page_size;
+        let last = prompt.len().saturating_sub(1) / ps;
+        if !prompt.is_empty() && last < self.leases.len() {
+            let key = scope.tail(last.checked_sub(1).and_then(|i| keys.get(i)), &prompt[last * ps..]);
+            if !self.pool.cache().contains(&key) && self.keep_tail(key, last, prompt.len() - last * ps)? {
+                added += 1;
+            }
+        }
+        Ok(added)
+    }
+
+    /// [`BlockTable::seal_prefix`] without the tail: only whole pages are sealed (a receiver
+    /// of transferred KV reuses whole pages only). Returns how many pages were added.
+    pub fn seal_pages(
+        &mut self,
+        scope: &CacheScope,
+        prompt: &[u32],
+        tags: &[crate::RouteTag],
+    ) -> Result<usize, KvError> {
+        Ok(self.seal_whole_pages(scope, prompt, tags)?.0)
+    }
+
+    fn seal_whole_pages(
+        &mut self,
+        scope: &CacheScope,
+        prompt: &[u32],
+        tags: &[crate::RouteTag],
+    ) -> Result<(usize, Vec<crate::prefix::PrefixKey>), KvError> {
         if scope.tenant() != self.owner.tenant {
             return Err(KvError::WrongOwner {
                 page: 0,
@@ -117,14 +146,7 @@ impl BlockTable {
                 cache.tag(key, *tag);
             }
         }
-        let last = prompt.len().saturating_sub(1) / ps;
-        if !prompt.is_empty() && last < self.leases.len() {
-            let key = scope.tail(last.checked_sub(1).and_then(|i| keys.get(i)), &prompt[last * ps..]);
-            if !self.pool.cache().contains(&key) && self.keep_tail(key, last, prompt.len() - last * ps)? {
-                added += 1;
-            }
-        }
-        Ok(added)
+        Ok((added, keys))
     }
 
     /// Copies the first `rows` slots of page `index` into a page of the cache's own, sealed

@@ -157,7 +157,7 @@ async fn direct(role: Role, config: &std::path::Path) -> (Vec<ToGateway>, Stats)
         cache_tags: Vec::new(),
     };
     let msg = if role == Role::Prefill {
-        let ticket = TicketWire { request: 1, tenant: 1, nonce: [7; 16], pages: 564, tokens: 9000 };
+        let ticket = TicketWire { request: 1, tenant: 1, nonce: [7; 16], pages: 564, tokens: 9000, held: 0 };
         ToWorker::Prefill { spec, ticket, decode_addr: "127.0.0.1:1".into() }
     } else {
         ToWorker::Reserve(spec)
@@ -294,7 +294,7 @@ fn turn(url: &str, key: &str, messages: &[Value]) -> (String, u64, u64) {
 }
 
 #[test]
-fn each_conversations_next_turns_find_its_prefix_on_whichever_prefill_worker_holds_it_and_no_other_tenant_does() {
+fn each_conversations_next_turns_find_its_prefix_on_whichever_prefill_worker_holds_it_and_cross_only_as_new_pages() {
     let mut c = Cluster::start("");
     c.add_worker("prefill", "prefill-a", None);
     c.add_worker("prefill", "prefill-b", None);
@@ -314,7 +314,9 @@ fn each_conversations_next_turns_find_its_prefix_on_whichever_prefill_worker_hol
         .collect();
     let questions = ["What do you sell?", "How long is delivery?", "Can I return a gift?"];
     let mut previous_prompt = vec![0u64; shops.len()];
+    let frames_received = || metric(&c.worker_metrics(2), "pagewarden_kv_frames_received_total", "");
     for (t, q) in questions.iter().enumerate() {
+        let frames_before = frames_received();
         // Every conversation's turn at once: least-loaded routing would spread them over the
         // two workers whatever each one holds.
         let results: Vec<(String, u64, u64)> = std::thread::scope(|s| {
@@ -328,6 +330,19 @@ fn each_conversations_next_turns_find_its_prefix_on_whichever_prefill_worker_hol
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
+        // The decode worker is sent one frame per page it lacks and a close: after the first
+        // turn it holds each conversation's previous prompt (whole pages), verified then.
+        let most: u64 = results
+            .iter()
+            .zip(&previous_prompt)
+            .map(|((_, prompt, _), prev)| prompt.div_ceil(16) - (prev / 16).min((prompt - 1) / 16) + 1)
+            .sum();
+        let frames = frames_received() - frames_before;
+        assert!(frames <= most as f64, "turn {t}: the decode worker received {frames} frames, at most {most} needed");
+        if t > 0 {
+            let whole: u64 = results.iter().map(|(_, prompt, _)| prompt.div_ceil(16) + 1).sum();
+            assert!(frames < whole as f64, "turn {t}: {frames} frames, as many as whole prompts ({whole})");
+        }
         for (i, (reply, prompt, cached)) in results.into_iter().enumerate() {
             if t > 0 {
                 // The previous turn's prompt is a prefix of this one: all its whole pages but

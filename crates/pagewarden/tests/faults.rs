@@ -224,6 +224,12 @@ enum Lie {
     /// Every slot and an honest digest, but a first token outside the vocabulary, which the
     /// model cannot embed: were it decoded, the step would fail for every sequence in it.
     BadFirstToken,
+    /// A well-formed transfer of every page the decode worker does not hold (zeros for KV).
+    Honest,
+    /// Skips one more page than the decode worker holds, as if it held that page too.
+    SkipsUnheldPage,
+    /// Sends the pages the decode worker holds as well.
+    ResendsHeldPages,
 }
 
 /// SmolLM2's vocabulary size: the first id outside it.
@@ -250,12 +256,17 @@ async fn rogue_prefill(c_addr: String, lies: Arc<Mutex<Vec<Lie>>>) {
         let n = spec.request.prompt.len() as u32;
         let pages = match lie {
             Lie::Placeholder => 1,
-            Lie::WrongDigest => n.div_ceil(16),
             Lie::MissingPage => n.div_ceil(16) - 1,
-            Lie::BadFirstToken => n.div_ceil(16),
+            _ => n.div_ceil(16),
+        };
+        let held = ticket.held / 16;
+        let from = match lie {
+            Lie::SkipsUnheldPage => held + 1,
+            Lie::ResendsHeldPages => 0,
+            _ => held,
         };
         let mut seq = 0;
-        for p in 0..pages {
+        for p in from..pages {
             let end = if matches!(lie, Lie::Placeholder) { 1 } else { (p * 16 + 16).min(n) };
             let tokens = p * 16..end;
             let payload = vec![0u8; 30 * (tokens.len()) * 2 * 384];
@@ -272,9 +283,7 @@ async fn rogue_prefill(c_addr: String, lies: Arc<Mutex<Vec<Lie>>>) {
                 other[3] ^= 1;
                 CloseFrame { tokens: n, prompt_digest: PromptDigest::of(&other), first_token: 42 }
             }
-            Lie::MissingPage | Lie::BadFirstToken => {
-                CloseFrame { tokens: n, prompt_digest: PromptDigest::of(&spec.request.prompt), first_token: first }
-            }
+            _ => CloseFrame { tokens: n, prompt_digest: PromptDigest::of(&spec.request.prompt), first_token: first },
         };
         io.write_all(&sealer.seal(&Frame::close(ticket.id(), seq, close)).unwrap()).await.unwrap();
         io.shutdown().await.unwrap();
@@ -291,6 +300,32 @@ fn a_prefill_worker_that_lies_about_its_transfer_never_gets_a_request_decoded() 
     rt.spawn(rogue_prefill(c.cluster_addr.clone(), lies.clone()));
     c.wait_workers(1, 1);
     for kind in ["token_count", "prompt_digest", "incomplete"] {
+        let before = violations(&c, d, kind);
+        let err = expect_error_nothing_streamed(&c);
+        assert!(err["error"]["message"].as_str().unwrap().contains(kind), "{kind}: {err}");
+        assert_eq!(violations(&c, d, kind), before + 1.0, "{kind}");
+        c.wait_pools_empty(&[d]);
+    }
+    assert!(lies.lock().unwrap().is_empty());
+}
+
+#[test]
+fn a_prefill_worker_that_lies_about_the_pages_the_decode_worker_holds_gets_nothing_decoded() {
+    let mut c = Cluster::start("");
+    let d = c.add_worker("decode", "decode-a", None);
+    let lies = Arc::new(Mutex::new(vec![Lie::Honest, Lie::SkipsUnheldPage, Lie::ResendsHeldPages]));
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    rt.spawn(rogue_prefill(c.cluster_addr.clone(), lies.clone()));
+    c.wait_workers(1, 1);
+    // A transfer every check passes: the decode worker decodes it and keeps the prompt's
+    // whole pages, verified, for the tenant's next request.
+    let (status, body) = c.post("/v1/chat/completions", &request(false));
+    assert_eq!(status, 200, "{body}");
+    let cached = metric(&c.worker_metrics(d), "pagewarden_worker_prefix_cache_pages", "");
+    assert!(cached >= 1.0, "the decode worker holds the verified prompt pages: {cached}");
+    // Told the decode worker holds them, the rogue skips one more page, or sends them anyway:
+    // the decode worker's own count decides, and both transfers fail.
+    for kind in ["incomplete", "duplicate"] {
         let before = violations(&c, d, kind);
         let err = expect_error_nothing_streamed(&c);
         assert!(err["error"]["message"].as_str().unwrap().contains(kind), "{kind}: {err}");

@@ -77,6 +77,10 @@ pub struct Ticket {
     pub pages: u32,
     /// Prompt tokens the receiver expects to be transferred.
     pub tokens: u32,
+    /// Leading prompt tokens the receiver already holds, verified earlier (whole pages of its
+    /// own tenant-scoped prefix cache): the sender sends only the pages after them, and the
+    /// receiver counts them as covered. A multiple of the page size, below `tokens`.
+    pub held: u32,
 }
 
 impl Ticket {

@@ -86,11 +86,25 @@ pub(crate) mod testutil {
     }
 
     pub fn ticket() -> Ticket {
-        Ticket { request: RequestId(7), tenant: TenantId(3), nonce: TicketNonce([1; 16]), pages: 4, tokens: 10 }
+        Ticket {
+            request: RequestId(7),
+            tenant: TenantId(3),
+            nonce: TicketNonce([1; 16]),
+            pages: 4,
+            tokens: 10,
+            held: 0,
+        }
     }
 
     pub fn other_ticket() -> Ticket {
-        Ticket { request: RequestId(8), tenant: TenantId(4), nonce: TicketNonce([2; 16]), pages: 4, tokens: 10 }
+        Ticket {
+            request: RequestId(8),
+            tenant: TenantId(4),
+            nonce: TicketNonce([2; 16]),
+            pages: 4,
+            tokens: 10,
+            held: 0,
+        }
     }
 
     /// Both ends' view of one session, from a seed (the initiator is the KV sender).

@@ -96,8 +96,9 @@ impl<S> Transfer<S> {
 }
 
 impl Transfer<Receiving> {
-    /// Starts receiving for `ticket`, whose `tokens` must be the length of `admitted_prompt`
-    /// and whose `pages` must hold it.
+    /// Starts receiving for `ticket`, whose `tokens` must be the length of `admitted_prompt`,
+    /// whose `pages` must hold it and whose `held` leading tokens (whole pages before the
+    /// prompt's last token) the receiver holds already: only the rest is expected.
     pub fn new(ticket: Ticket, geometry: Geometry, admitted_prompt: &[u32]) -> Result<Self, WireError> {
         if geometry.page_size == 0 || geometry.n_layers == 0 || geometry.row_bytes == 0 {
             return Err(WireError::Reservation("geometry has a zero dimension"));
@@ -111,14 +112,23 @@ impl Transfer<Receiving> {
         if (ticket.pages as u64) * (geometry.page_size as u64) < ticket.tokens as u64 {
             return Err(WireError::Reservation("reserved pages cannot hold the prompt"));
         }
+        if ticket.held >= ticket.tokens || ticket.held % geometry.page_size != 0 {
+            return Err(WireError::Reservation("held tokens are not whole pages before the prompt's last"));
+        }
         let bits = geometry.n_layers as u64 * ticket.tokens as u64;
         let words = usize::try_from(bits.div_ceil(64)).map_err(|_| WireError::Reservation("coverage map too large"))?;
-        Ok(Transfer {
+        let mut transfer = Transfer {
             ticket,
             geometry,
             digest: PromptDigest::of(admitted_prompt),
             state: Receiving { next_seq: 0, covered: vec![0; words], written: 0 },
-        })
+        };
+        // What the receiver holds counts as written: a frame for it is a duplicate, and the
+        // close still needs every other (layer, token) slot.
+        if ticket.held > 0 {
+            transfer.mark(0, &(0..geometry.n_layers), &(0..ticket.held))?;
+        }
+        Ok(transfer)
     }
 
     /// (layer, prompt token) slots not yet written.
@@ -306,6 +316,43 @@ mod tests {
         assert_eq!(done.first_token(), 42);
         assert_eq!(done.frames(), 6);
         assert_eq!(done.ticket(), &ticket());
+    }
+
+    #[test]
+    fn a_receiver_holding_leading_pages_expects_only_the_rest_and_refuses_both_a_held_page_and_a_gap() {
+        let held = Ticket { held: 8, ..ticket() };
+        let rest = |t: &Ticket| {
+            let mut out = vec![kv(t, 0, 2, 0..3, 8..10)];
+            out.push(close(t, 1, &prompt()));
+            out
+        };
+        // Only page 2 (tokens 8..10) crosses; the close still names the whole prompt.
+        let mut t = Transfer::new(held, GEOM, &prompt()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(t.missing(), 3 * 2);
+        for f in rest(&held) {
+            match t.receive(&f).unwrap_or_else(|e| panic!("{e}")) {
+                Received::Written(next, _) => t = next,
+                Received::Complete(done) => {
+                    assert_eq!(done.first_token(), 42);
+                    break;
+                }
+            }
+        }
+        // A sender that resends a held page is refused (the page counts as written).
+        let t = Transfer::new(held, GEOM, &prompt()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(t.receive(&kv(&held, 0, 1, 0..3, 4..8)).err(), Some(WireError::Duplicate { page: 1 }));
+        // A sender told the receiver holds less than it does still cannot close early: the
+        // receiver's own count decides, so a sender skipping a page it lacks leaves a gap.
+        let less = Ticket { held: 4, ..ticket() };
+        let mut t = Transfer::new(less, GEOM, &prompt()).unwrap_or_else(|e| panic!("{e}"));
+        let Ok(Received::Written(next, _)) = t.receive(&kv(&less, 0, 2, 0..3, 8..10)) else { panic!("refused") };
+        t = next;
+        assert_eq!(t.receive(&close(&less, 1, &prompt())).err(), Some(WireError::Incomplete { missing: 12 }));
+        // Held tokens must be whole pages before the prompt's last token.
+        for bad in [3, 10, 12] {
+            let e = Transfer::new(Ticket { held: bad, ..ticket() }, GEOM, &prompt()).err();
+            assert!(matches!(e, Some(WireError::Reservation(_))), "held {bad}: {e:?}");
+        }
     }
 
     #[test]

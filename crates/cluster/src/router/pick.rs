@@ -50,6 +50,37 @@ pub(super) fn pick_prefill<'a>(
     fresh.or_else(|| best(&mut of_role())).map(|(w, computes, _)| (w, computes))
 }
 
+/// The decode worker for a prompt whose shareable pages are named `tags`: among the workers
+/// whose routes in flight are within a slack of the least loaded (one, plus a quarter of the
+/// least load), the one holding the longest run of `tags` (it reserves those pages from its
+/// cache and is sent only the rest); ties go to fewer routes in flight, then to fewer tagged
+/// pages, then to the first registered. So a conversation stays on the decode worker holding
+/// its history while the load stays about even. Workers in `avoid` are passed over while
+/// another is registered; a draining one is never picked.
+pub(super) fn pick_decode<'a>(
+    ws: &'a [Arc<WorkerConn>],
+    avoid: &[u64],
+    tags: &[RouteTag],
+) -> Option<&'a Arc<WorkerConn>> {
+    let of_role = || ws.iter().filter(|w| w.role == Role::Decode && !w.draining.load(Ordering::SeqCst));
+    let best = |it: &mut dyn Iterator<Item = &'a Arc<WorkerConn>>| {
+        let scored: Vec<_> = it
+            .map(|w| {
+                let c = w.cached();
+                (w, w.inflight.load(Ordering::Relaxed), c.matched(tags), c.len())
+            })
+            .collect();
+        let least = scored.iter().map(|s| s.1).min()?;
+        let slack = 1 + least / 4;
+        scored
+            .into_iter()
+            .filter(|s| s.1 <= least + slack)
+            .min_by_key(|&(_, load, matched, held)| (std::cmp::Reverse(matched), load, held))
+            .map(|s| s.0)
+    };
+    best(&mut of_role().filter(|w| !avoid.contains(&w.id))).or_else(|| best(&mut of_role()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -124,5 +155,27 @@ mod tests {
         assert_eq!(picked(&a, &[2]), Some((2, 20)));
         ws[1].draining.store(true, Ordering::SeqCst);
         assert_eq!(picked(&a, &[]), None);
+    }
+
+    #[test]
+    fn decode_goes_to_the_worker_holding_the_tenants_prefix_while_its_load_is_within_the_slack() {
+        use super::super::cache_map::TagKey;
+        let key = TagKey::random();
+        let prompt: Vec<u32> = (0..100).collect();
+        let a = key.tags(types::TenantId(1), None, None, &prompt, 16);
+        let ws = vec![worker(1, Role::Decode, 0), worker(2, Role::Decode, 1), worker(3, Role::Prefill, 0)];
+        ws[1].cached().apply(false, &a[..4], &[]);
+        let picked = |tags: &[RouteTag], avoid: &[u64]| pick_decode(&ws, avoid, tags).map(|w| w.id);
+        assert_eq!(picked(&a, &[]), Some(2), "one more route in flight is within the slack");
+        // Another tenant's identical prompt matches nothing there: the least loaded.
+        assert_eq!(picked(&key.tags(types::TenantId(2), None, None, &prompt, 16), &[]), Some(1));
+        ws[1].inflight.store(2, Ordering::Relaxed);
+        assert_eq!(picked(&a, &[]), Some(1), "two more is past it");
+        ws[0].inflight.store(8, Ordering::Relaxed);
+        ws[1].inflight.store(11, Ordering::Relaxed);
+        assert_eq!(picked(&a, &[]), Some(2), "the slack grows with the load: 1 + 8/4");
+        assert_eq!(picked(&a, &[2]), Some(1));
+        ws[0].draining.store(true, Ordering::SeqCst);
+        assert_eq!(picked(&a, &[2]), Some(2));
     }
 }

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use wire::Role;
 
 use super::config::RouterConfig;
-use super::pick::{pick, pick_prefill};
+use super::pick::{pick, pick_decode, pick_prefill};
 use super::worker::{RouteMsg, WorkerConn};
 use crate::metrics::LinkMetrics;
 use crate::proto::{Register, Registered, Stats, TenantTable, ToGateway, ToWorker};
@@ -275,6 +275,11 @@ impl Registry {
     /// The least loaded worker of `role`, preferring those not in `avoid`.
     pub(super) fn pick(&self, role: Role, avoid: &[u64]) -> Option<Arc<WorkerConn>> {
         pick(&self.workers(), role, avoid).cloned()
+    }
+
+    /// The decode worker for a prompt whose shareable pages are named `tags` ([`pick_decode`]).
+    pub(super) fn pick_decode(&self, avoid: &[u64], tags: &[kv::RouteTag]) -> Option<Arc<WorkerConn>> {
+        pick_decode(&self.workers(), avoid, tags).cloned()
     }
 
     /// The prefill worker with the least work for a prompt of `prompt_len` tokens whose

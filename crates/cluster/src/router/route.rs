@@ -49,12 +49,16 @@ impl Routing<'_> {
         if revocations.borrow_and_update().revoked_since(req.tenant, mark) {
             return Outcome::Fail(RequestError::TenantRevoked);
         }
-        let Some(decode) = self.registry.pick(Role::Decode, avoid) else {
-            return Outcome::Fail(RequestError::Unavailable("no decode worker is registered".into()));
-        };
         let page_size = self.cfg.identity.pairing.page_size as usize;
         let epoch = self.registry.epoch_of(req.tenant);
         let tags = self.tag_key.tags(req.tenant, epoch, req.cache_salt.as_deref(), &req.prompt, page_size);
+        let decode = match self.cfg.routing {
+            RoutingPolicy::CacheAware => self.registry.pick_decode(avoid, &tags),
+            RoutingPolicy::LeastLoaded => self.registry.pick(Role::Decode, avoid),
+        };
+        let Some(decode) = decode else {
+            return Outcome::Fail(RequestError::Unavailable("no decode worker is registered".into()));
+        };
         let picked = match self.cfg.routing {
             RoutingPolicy::CacheAware => self.registry.pick_prefill(avoid, &tags, page_size, req.prompt.len()),
             RoutingPolicy::LeastLoaded => self.registry.pick(Role::Prefill, avoid).map(|w| (w, req.prompt.len())),
@@ -123,7 +127,12 @@ impl Routing<'_> {
             match (from, msg) {
                 (Role::Decode, ToGateway::Reserved { ticket, .. }) => {
                     let t: Ticket = ticket.into();
-                    if t.request != req.id || t.tenant != req.tenant || t.tokens as usize != req.prompt.len() {
+                    let whole_pages = t.held < t.tokens && t.held as usize % page_size.max(1) == 0;
+                    if t.request != req.id
+                        || t.tenant != req.tenant
+                        || t.tokens as usize != req.prompt.len()
+                        || !whole_pages
+                    {
                         return Outcome::Fail(RequestError::IsolationViolation { kind: ViolationKind::WrongTicket });
                     }
                     let _ = ev.send(Event::Started);

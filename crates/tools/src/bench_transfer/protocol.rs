@@ -131,8 +131,14 @@ pub(super) fn plan(frames: u32, run: u64, g: &Geometry) -> Result<Plan, ToolErro
     let mut nonce = [0u8; 16];
     nonce[..8].copy_from_slice(&run.to_le_bytes());
     nonce[8..].copy_from_slice(b"benchxfr");
-    let ticket =
-        Ticket { request: RequestId(run), tenant: TenantId(1), nonce: TicketNonce(nonce), pages: frames, tokens };
+    let ticket = Ticket {
+        request: RequestId(run),
+        tenant: TenantId(1),
+        nonce: TicketNonce(nonce),
+        pages: frames,
+        tokens,
+        held: 0,
+    };
     let prompt = (0..tokens).map(|i| i.wrapping_mul(7919) % 49_152).collect();
     Ok(Plan { ticket, prompt })
 }
