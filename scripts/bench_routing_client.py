@@ -11,6 +11,8 @@ import time
 import urllib.request
 
 URL, KEY, CONVS, TURNS, POLICY = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+DECODE_METRICS = [u for u in sys.argv[6].split(",") if u]
+SYSTEM_TOKENS = int(sys.argv[7])
 PAGE = 16
 QUESTIONS = [
     "What do you sell?",
@@ -25,11 +27,22 @@ QUESTIONS = [
 
 
 def system(i):
+    # About 25 tokens a rule.
     rules = " ".join(
         f"Rule {r} for shop {i}: customers are served in order, politely, and every answer names the shop {i}."
-        for r in range(30)
+        for r in range(max(1, SYSTEM_TOKENS // 25))
     )
     return f"You are the assistant of shop number {i}. Answer in one short sentence. {rules}"
+
+
+def decode_counter(name):
+    total = 0.0
+    for url in DECODE_METRICS:
+        with urllib.request.urlopen(url, timeout=30) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(name + "{") or line.startswith(name + " "):
+                    total += float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def served_model():
@@ -68,8 +81,13 @@ def turn(messages):
 def main():
     convs = [[{"role": "system", "content": system(i)}] for i in range(CONVS)]
     previous = [0] * CONVS
+    previous_prompts = [0] * CONVS
+    # Bytes of one token's KV, all layers: learned from the first turn (whole prompts cross).
+    token_bytes = None
     for t in range(TURNS):
         results = [None] * CONVS
+        bytes_before = decode_counter("pagewarden_kv_bytes_received_total")
+        held_before = decode_counter("pagewarden_kv_held_prompt_tokens_total")
 
         def one(i):
             convs[i].append({"role": "user", "content": QUESTIONS[t % len(QUESTIONS)]})
@@ -88,8 +106,17 @@ def main():
             previous[i] = r[1]
         ttft = statistics.median(r[3] for r in results)
         of_ideal = f"{cached / ideal:6.1%}" if ideal else "     -"
+        moved = decode_counter("pagewarden_kv_bytes_received_total") - bytes_before
+        held = decode_counter("pagewarden_kv_held_prompt_tokens_total") - held_before
+        if token_bytes is None and held == 0:
+            token_bytes = moved / prompt
+        # The bound: each conversation's new tokens' pages plus one page (the partial one).
+        new_pages = sum(-(-(r[1] - (p // PAGE) * PAGE) // PAGE) + 1 for r, p in zip(results, previous_prompts))
+        bound = new_pages * PAGE * (token_bytes or 0)
         print(f"{POLICY:13} turn {t + 1}: cached {cached:6}/{prompt:6} tokens ({cached / prompt:6.1%}), "
-              f"of ideal {of_ideal}, TTFT p50 {ttft * 1000:7.1f} ms", flush=True)
+              f"of ideal {of_ideal}; KV moved {moved / 1e6:8.2f} MB (held {int(held):6} tokens; "
+              f"bound {bound / 1e6:8.2f} MB); TTFT p50 {ttft * 1000:7.1f} ms", flush=True)
+        previous_prompts[:] = [r[1] for r in results]
 
 
 main()

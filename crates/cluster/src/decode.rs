@@ -73,6 +73,7 @@ async fn route_inner(ctx: &Ctx, spec: &Spec, out: &UnboundedSender<ToGateway>) -
     };
     let mut transfer =
         Transfer::new(ticket, geometry, &req.prompt).map_err(|e| RequestError::Internal(e.to_string()))?;
+    ctx.metrics.held_prompt_tokens.fetch_add(ticket.held as u64, Ordering::Relaxed);
     let (tx, mut rx) = mpsc::channel(8);
     let guard = ctx.tickets.insert(nonce, tx);
     let _ = out.send(ToGateway::Reserved { route: spec.route, ticket: (&ticket).into() });
@@ -117,6 +118,7 @@ async fn route_inner(ctx: &Ctx, spec: &Spec, out: &UnboundedSender<ToGateway>) -
         match received {
             Ok(Received::Written(next, w)) => {
                 write(&mut table, &w)?;
+                ctx.metrics.kv_bytes_received.fetch_add(w.payload.len() as u64, Ordering::Relaxed);
                 transfer = next;
             }
             Ok(Received::Complete(c)) => break c,

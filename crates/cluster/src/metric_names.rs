@@ -77,6 +77,10 @@ pub const WORKER_RESERVATIONS_TOTAL: &str = "pagewarden_worker_reservations_tota
 pub const KV_FRAMES_SENT_TOTAL: &str = "pagewarden_kv_frames_sent_total";
 /// counter; worker (decode).
 pub const KV_FRAMES_RECEIVED_TOTAL: &str = "pagewarden_kv_frames_received_total";
+/// counter; worker (decode): KV payload bytes of the frames it accepted.
+pub const KV_BYTES_RECEIVED_TOTAL: &str = "pagewarden_kv_bytes_received_total";
+/// counter; worker (decode): prompt tokens its reservations held from its own cache (not sent).
+pub const KV_HELD_PROMPT_TOKENS_TOTAL: &str = "pagewarden_kv_held_prompt_tokens_total";
 /// counter; worker (decode).
 pub const KV_TRANSFERS_COMPLETED_TOTAL: &str = "pagewarden_kv_transfers_completed_total";
 /// counter; gateway and each worker.
@@ -133,6 +137,8 @@ pub const ALL: &[&str] = &[
     WORKER_RESERVATIONS_TOTAL,
     KV_FRAMES_SENT_TOTAL,
     KV_FRAMES_RECEIVED_TOTAL,
+    KV_BYTES_RECEIVED_TOTAL,
+    KV_HELD_PROMPT_TOKENS_TOTAL,
     KV_TRANSFERS_COMPLETED_TOTAL,
     LINK_FAILURES_TOTAL,
     KV_TRANSFER_SECONDS_TOTAL,

@@ -42,6 +42,8 @@ pub struct WorkerMetrics {
     pub reservations: AtomicU64,
     pub frames_sent: AtomicU64,
     pub frames_received: AtomicU64,
+    pub kv_bytes_received: AtomicU64,
+    pub held_prompt_tokens: AtomicU64,
     pub transfers_completed: AtomicU64,
     /// Nanoseconds from each completed transfer's first frame to its verified end (decode).
     pub transfer_ns: AtomicU64,
@@ -64,6 +66,8 @@ impl WorkerMetrics {
             reservations: self.reservations.load(Ordering::Relaxed),
             frames_sent: self.frames_sent.load(Ordering::Relaxed),
             frames_received: self.frames_received.load(Ordering::Relaxed),
+            kv_bytes_received: self.kv_bytes_received.load(Ordering::Relaxed),
+            held_prompt_tokens: self.held_prompt_tokens.load(Ordering::Relaxed),
             kv_crypto_ns: self.kv_crypto_ns.load(Ordering::Relaxed),
             transfers_completed: self.transfers_completed.load(Ordering::Relaxed),
             transfer_ns: self.transfer_ns.load(Ordering::Relaxed),
@@ -88,6 +92,12 @@ pub fn render(role: &str, s: &Stats) -> String {
     e.counters(WORKER_RESERVATIONS_TOTAL, "Page reservations this worker granted.", one(s.reservations))
         .counters(KV_FRAMES_SENT_TOTAL, "KV frames sealed and sent.", one(s.frames_sent))
         .counters(KV_FRAMES_RECEIVED_TOTAL, "KV frames received and checked.", one(s.frames_received))
+        .counters(KV_BYTES_RECEIVED_TOTAL, "KV payload bytes of the frames accepted.", one(s.kv_bytes_received))
+        .counters(
+            KV_HELD_PROMPT_TOKENS_TOTAL,
+            "Prompt tokens reservations held from this worker's own cache (not transferred).",
+            one(s.held_prompt_tokens),
+        )
         .counters(KV_TRANSFERS_COMPLETED_TOTAL, "KV transfers completed.", one(s.transfers_completed))
         .gauges(KV_PAGES_USED, "Pages of this worker's pool in use.", [(r(), s.pool.pages_used as i64)])
         .gauges(KV_PAGES_TOTAL, "Pages in this worker's pool.", [(r(), s.pool.pages_total as i64)])

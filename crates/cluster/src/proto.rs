@@ -147,6 +147,10 @@ pub struct Stats {
     pub frames_sent: u64,
     pub frames_received: u64,
     #[serde(default)]
+    pub kv_bytes_received: u64,
+    #[serde(default)]
+    pub held_prompt_tokens: u64,
+    #[serde(default)]
     pub kv_crypto_ns: u64,
     pub transfers_completed: u64,
     /// Nanoseconds from a transfer's first frame to its verified end, summed over transfers.

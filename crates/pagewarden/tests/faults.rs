@@ -152,7 +152,9 @@ fn ok_text(c: &Cluster) -> String {
 #[test]
 fn every_network_fault_on_the_kv_path_fails_its_request_loudly_and_the_next_one_succeeds() {
     let proxy = Proxy::start();
-    let mut c = Cluster::start("");
+    // Every page of the prompt crosses (no cache holds any of it): the proxy's faults are
+    // placed by frame. Partial transfers are faulted by the rogue prefill worker below.
+    let mut c = Cluster::start("[prefix_cache]\nenabled = false\n");
     c.add_worker("prefill", "prefill-a", None);
     let d = c.add_worker("decode", "decode-a", Some(&proxy.addr));
     proxy.state.lock().unwrap().upstream = c.workers[d].kv_addr.clone();
