@@ -31,8 +31,9 @@ const METRICS_TOKEN_FILE: &str = "metrics-token";
 /// The incident's prefill pool: smaller than the context window.
 const INCIDENT_PREFILL_POOL: usize = 256;
 
-/// The killer waits for the gateway to answer this many requests between two kills.
-const REQUESTS_PER_KILL: f64 = 4.0;
+/// The killer waits for the gateway to serve this many requests (200) between two kills. On a
+/// fast machine they take less than the pause between kills, so only a slow one is paced.
+const REQUESTS_PER_KILL: f64 = 8.0;
 
 /// Every fault `--faults` knows.
 pub const ALL_FAULTS: [&str; 7] = ["kill", "corrupt", "drop", "duplicate", "reorder", "delay", "stall"];
@@ -213,10 +214,11 @@ impl Deployment {
         let (workers, log, stop) = (self.workers.clone(), self.log.clone(), self.stop.clone());
         let (config, cluster) = (self.config.clone(), self.cluster_addr.clone());
         let (metrics, token) = (format!("{}/metrics", self.url), self.metrics_token.clone());
-        // Requests the gateway has answered: kills are paced by them as well as by the clock.
+        // Requests the gateway has served (a failure is no progress: counting them would let
+        // the kills feed on their own 503s): kills are paced by them as well as by the clock.
         let answered = move || {
             let m = launch::scrape(&metrics, &token, Duration::from_secs(10)).unwrap_or_default();
-            launch::metric(&m, "pagewarden_requests_total", "")
+            launch::metric(&m, "pagewarden_requests_total", "status=\"200\"")
         };
         std::thread::spawn(move || {
             let mut rng = Rng::new(seed);
@@ -224,10 +226,9 @@ impl Deployment {
             let mut last = answered();
             while !stop.load(Ordering::SeqCst) {
                 std::thread::sleep(Duration::from_millis(2500 + rng.below(2000) as u64));
-                // On a slow machine a request outlives several such pauses: without this, every
-                // request in flight would meet a kill and the audit would judge mostly 503s.
-                // So there are at most as many kills as every few answered requests, on any
-                // machine.
+                // On a slow machine a request outlives several such pauses: without this, most
+                // requests in flight would meet a kill and the audit would judge mostly 503s.
+                // So there is at most one kill per few served requests, on any machine.
                 while !stop.load(Ordering::SeqCst) && answered() < last + REQUESTS_PER_KILL {
                     std::thread::sleep(Duration::from_millis(200));
                 }

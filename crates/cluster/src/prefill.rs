@@ -69,7 +69,7 @@ async fn route_inner(
     // What the decode worker holds must be whole pages before the prompt's last token (the
     // decode worker checks the same, and refuses a transfer that leaves any other page out).
     let ps = ctx.engine.pool().layout().page_size;
-    if ticket.held >= ticket.tokens || ticket.held as usize % ps != 0 {
+    if ticket.held >= ticket.tokens || !(ticket.held as usize).is_multiple_of(ps) {
         return Err(RequestError::IsolationViolation { kind: engine::ViolationKind::WrongTicket });
     }
     constrain(&ctx.constraints, ctx.engine.grammars(), spec.request.output.as_ref(), &mut req).await?;

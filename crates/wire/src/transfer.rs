@@ -112,7 +112,7 @@ impl Transfer<Receiving> {
         if (ticket.pages as u64) * (geometry.page_size as u64) < ticket.tokens as u64 {
             return Err(WireError::Reservation("reserved pages cannot hold the prompt"));
         }
-        if ticket.held >= ticket.tokens || ticket.held % geometry.page_size != 0 {
+        if ticket.held >= ticket.tokens || !ticket.held.is_multiple_of(geometry.page_size) {
             return Err(WireError::Reservation("held tokens are not whole pages before the prompt's last"));
         }
         let bits = geometry.n_layers as u64 * ticket.tokens as u64;

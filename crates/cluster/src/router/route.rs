@@ -127,7 +127,7 @@ impl Routing<'_> {
             match (from, msg) {
                 (Role::Decode, ToGateway::Reserved { ticket, .. }) => {
                     let t: Ticket = ticket.into();
-                    let whole_pages = t.held < t.tokens && t.held as usize % page_size.max(1) == 0;
+                    let whole_pages = t.held < t.tokens && (t.held as usize).is_multiple_of(page_size.max(1));
                     if t.request != req.id
                         || t.tenant != req.tenant
                         || t.tokens as usize != req.prompt.len()
