@@ -44,6 +44,8 @@ ${PAGEWARDEN_EXTRA_CONFIG:-}
 EOF
   local key
   key=$("$BIN" tenant add bench --config "$dir/pw.toml" 2> /dev/null | head -1)
+  # The tenant is the file's last table: every conversation may run at once.
+  printf 'max_concurrent = 256\nmax_queued = 512\n' >> "$dir/pw.toml"
   local pids=()
   "$BIN" gateway --config "$dir/pw.toml" --listen "127.0.0.1:$api" --cluster-listen "127.0.0.1:$cl" \
     --node-key "$dir/n0.key" > "$dir/gateway.log" 2>&1 & pids+=($!)
