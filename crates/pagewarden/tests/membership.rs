@@ -72,7 +72,9 @@ fn two_gateways_found_through_etcd_share_the_workers_and_losing_one_ends_only_it
 #[test]
 fn a_worker_that_joins_takes_load_and_one_that_drains_finishes_its_stream_and_leaves() {
     let etcd = EtcdServer::start().unwrap();
-    let mut c = Cluster::start_with_etcd(&etcd.endpoint(), "");
+    // The drain waits as long as the busy stream may need on a slow machine (a machine
+    // without AVX-512 decodes the test build at a few tens of tokens a second).
+    let mut c = Cluster::start_with_etcd(&etcd.endpoint(), "[limits]\ndrain_timeout_s = 180\n");
     c.add_worker("prefill", "prefill-a", None);
     let d1 = c.add_worker("decode", "decode-a", None);
     c.wait_workers(1, 1);

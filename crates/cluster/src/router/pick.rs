@@ -51,8 +51,9 @@ pub(super) fn pick_prefill<'a>(
 }
 
 /// The decode worker for a prompt whose shareable pages are named `tags`: among the workers
-/// whose routes in flight are within a slack of the least loaded (one, plus a quarter of the
-/// least load), the one holding the longest run of `tags` (it reserves those pages from its
+/// whose routes in flight are within a slack of the least loaded (a quarter of the least load,
+/// so an idle worker always wins over a busy one: one that joins takes load at once), the one
+/// holding the longest run of `tags` (it reserves those pages from its
 /// cache and is sent only the rest); ties go to fewer routes in flight, then to fewer tagged
 /// pages, then to the first registered. So a conversation stays on the decode worker holding
 /// its history while the load stays about even. Workers in `avoid` are passed over while
@@ -71,7 +72,7 @@ pub(super) fn pick_decode<'a>(
             })
             .collect();
         let least = scored.iter().map(|s| s.1).min()?;
-        let slack = 1 + least / 4;
+        let slack = least / 4;
         scored
             .into_iter()
             .filter(|s| s.1 <= least + slack)
@@ -166,14 +167,17 @@ mod tests {
         let ws = vec![worker(1, Role::Decode, 0), worker(2, Role::Decode, 1), worker(3, Role::Prefill, 0)];
         ws[1].cached().apply(false, &a[..4], &[]);
         let picked = |tags: &[RouteTag], avoid: &[u64]| pick_decode(&ws, avoid, tags).map(|w| w.id);
-        assert_eq!(picked(&a, &[]), Some(2), "one more route in flight is within the slack");
+        assert_eq!(picked(&a, &[]), Some(1), "an idle worker wins over a busy one holding the prefix");
+        ws[0].inflight.store(4, Ordering::Relaxed);
+        ws[1].inflight.store(5, Ordering::Relaxed);
+        assert_eq!(picked(&a, &[]), Some(2), "one more route in flight is within the slack of 4/4");
         // Another tenant's identical prompt matches nothing there: the least loaded.
         assert_eq!(picked(&key.tags(types::TenantId(2), None, None, &prompt, 16), &[]), Some(1));
-        ws[1].inflight.store(2, Ordering::Relaxed);
+        ws[1].inflight.store(6, Ordering::Relaxed);
         assert_eq!(picked(&a, &[]), Some(1), "two more is past it");
         ws[0].inflight.store(8, Ordering::Relaxed);
-        ws[1].inflight.store(11, Ordering::Relaxed);
-        assert_eq!(picked(&a, &[]), Some(2), "the slack grows with the load: 1 + 8/4");
+        ws[1].inflight.store(10, Ordering::Relaxed);
+        assert_eq!(picked(&a, &[]), Some(2), "the slack grows with the load: 8/4");
         assert_eq!(picked(&a, &[2]), Some(1));
         ws[0].draining.store(true, Ordering::SeqCst);
         assert_eq!(picked(&a, &[2]), Some(2));
