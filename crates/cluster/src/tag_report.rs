@@ -5,8 +5,6 @@
 
 use std::time::Duration;
 
-use wire::Role;
-
 use crate::proto::ToGateway;
 use crate::state::Ctx;
 
@@ -40,8 +38,6 @@ pub(crate) async fn report_cache_tags(ctx: std::sync::Weak<Ctx>) {
 /// A new link's first report: every route tag cached now. Call with the
 /// links' lock held, the link already listed.
 pub(crate) fn first_report(ctx: &Ctx, out: &tokio::sync::mpsc::UnboundedSender<ToGateway>) {
-    if matches!(ctx.role(), Role::Prefill | Role::Decode) {
-        let cached = ctx.engine.route_tags().iter().map(|t| t.0).collect();
-        let _ = out.send(ToGateway::CacheTags { reset: true, cached, dropped: Vec::new() });
-    }
+    let cached = ctx.engine.route_tags().iter().map(|t| t.0).collect();
+    let _ = out.send(ToGateway::CacheTags { reset: true, cached, dropped: Vec::new() });
 }

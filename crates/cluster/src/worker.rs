@@ -74,9 +74,7 @@ impl Worker {
         if let Some(listener) = kv {
             tokio::spawn(decode::accept_kv(ctx.clone(), listener));
         }
-        if matches!(ctx.role(), Role::Prefill | Role::Decode) {
-            tokio::spawn(tag_report::report_cache_tags(Arc::downgrade(&ctx)));
-        }
+        tokio::spawn(tag_report::report_cache_tags(Arc::downgrade(&ctx)));
         Ok(Worker { ctx })
     }
 
