@@ -10,7 +10,7 @@ use cluster::link::{LinkReader, LinkWriter};
 use cluster::proto::{Register, Registered, TicketWire, ToGateway, ToWorker};
 use cluster::{Identity, Link, Net, Router, RouterConfig, SecretRing};
 use kv::{KvDtype, KvLayout};
-use protocol::{Event, FinishReason, RequestId, RouteRequest, TenantId, TokenEvent};
+use protocol::{Event, FinishReason, RequestError, RequestId, RouteRequest, TenantId, TokenEvent, ViolationKind};
 use wire::{ClusterSecret, PairingInfo, Role};
 
 const T: Duration = Duration::from_secs(10);
@@ -64,16 +64,7 @@ fn token(t: u32) -> TokenEvent {
 async fn a_verification_that_overtakes_the_prefill_workers_sent_neither_times_out_nor_restarts_the_stream() {
     let net = Net::default();
     let (listener, addr) = net.listen("127.0.0.1:0").await.unwrap();
-    let router = Router::new(RouterConfig {
-        identity: identity(Role::Gateway),
-        context: CONTEXT,
-        vocab: 100,
-        handshake_timeout: T,
-        transfer_timeout: TRANSFER_TIMEOUT,
-        max_pending_handshakes: 8,
-        max_pending_handshakes_per_source: 8,
-        routing: cluster::RoutingPolicy::default(),
-    });
+    let router = router();
     tokio::spawn(cluster::serve_models(vec![router.clone()], listener));
     let (mut d_rd, mut d_wr) = worker(&net, &addr, Role::Decode).await;
     let (mut p_rd, mut p_wr) = worker(&net, &addr, Role::Prefill).await;
@@ -127,6 +118,63 @@ async fn a_verification_that_overtakes_the_prefill_workers_sent_neither_times_ou
         }
     }
     assert_eq!(got, [40, 41, 42]);
+}
+
+fn router() -> Router {
+    Router::new(RouterConfig {
+        identity: identity(Role::Gateway),
+        context: CONTEXT,
+        vocab: 100,
+        handshake_timeout: T,
+        transfer_timeout: TRANSFER_TIMEOUT,
+        max_pending_handshakes: 8,
+        max_pending_handshakes_per_source: 8,
+        routing: cluster::RoutingPolicy::default(),
+    })
+}
+
+/// A compromised decode worker claims, in its ticket, to hold what it cannot (the whole prompt,
+/// or part of a page): the route fails as a wrong ticket and the prefill worker is never asked
+/// to send anything, so it can never be told to skip pages the decode worker lacks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ticket_claiming_held_tokens_that_are_not_whole_pages_before_the_last_fails_and_nothing_is_sent() {
+    let net = Net::default();
+    let (listener, addr) = net.listen("127.0.0.1:0").await.unwrap();
+    let router = router();
+    tokio::spawn(cluster::serve_models(vec![router.clone()], listener));
+    let (mut d_rd, mut d_wr) = worker(&net, &addr, Role::Decode).await;
+    let (mut p_rd, _p_wr) = worker(&net, &addr, Role::Prefill).await;
+    assert!(router.wait_for_workers(1, 1, T).await);
+    let prompt: Vec<u32> = (10..50).collect();
+    for (id, held) in [(6u64, 40u32), (7, 8), (8, 48)] {
+        let req = RouteRequest {
+            id: RequestId(id),
+            tenant: TenantId(1),
+            prompt: prompt.clone(),
+            max_tokens: 4,
+            sampling: sampling::SamplingParams::default(),
+            stop_tokens: sampling::StopTokens::new([]),
+            deadline: Some(Instant::now() + T),
+            cache_salt: None,
+            output: None,
+        };
+        let mut stream = router.submit(req, router.revocation_mark()).unwrap();
+        let Some(ToWorker::Reserve(spec)) = next(&mut d_rd, T).await else { panic!("no reservation") };
+        let ticket = TicketWire { request: id, tenant: 1, nonce: [4; 16], pages: 4, tokens: prompt.len() as u32, held };
+        d_wr.send(&ToGateway::Reserved { route: spec.route, ticket }).await.unwrap();
+        let failure = loop {
+            match tokio::time::timeout(T, stream.next()).await.unwrap() {
+                Some(Event::Failed(e)) => break e,
+                Some(Event::Token(_) | Event::Finished { .. }) | None => panic!("held {held}: not refused"),
+                Some(_) => {}
+            }
+        };
+        assert_eq!(failure, RequestError::IsolationViolation { kind: ViolationKind::WrongTicket }, "held {held}");
+        // Both workers are told to cancel the route; the prefill worker is never asked to send.
+        assert!(matches!(next(&mut d_rd, T).await, Some(ToWorker::Cancel { .. })), "held {held}");
+        let heard = next(&mut p_rd, Duration::from_millis(200)).await;
+        assert!(matches!(heard, None | Some(ToWorker::Cancel { .. })), "held {held}: {heard:?}");
+    }
 }
 
 /// The node key of every node in these tests (one key, trusted by itself): what they check is
