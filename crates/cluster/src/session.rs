@@ -20,31 +20,47 @@ use crate::proto::{Register, Registered, Spec, TenantTable, ToGateway, ToWorker}
 use crate::state::Ctx;
 use crate::{decode, prefill, ClusterError, Link};
 use protocol::RequestError;
+use types::TenantId;
 
-/// Aborts every route task of a session when the session ends (their pages are freed by the
-/// drops that abort runs).
+/// A session's route tasks, each with its tenant: a `Cancel`, the tenant's re-keying by this
+/// link's gateway, or the end of the session aborts them (their pages are freed by the drops
+/// that abort runs).
 #[derive(Default, Clone)]
-pub(crate) struct Routes(Arc<Mutex<HashMap<u64, AbortHandle>>>);
+pub(crate) struct Routes(Arc<Mutex<HashMap<u64, (TenantId, AbortHandle)>>>);
 
 impl Routes {
-    fn insert(&self, route: u64, h: AbortHandle) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).insert(route, h);
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (TenantId, AbortHandle)>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+    fn insert(&self, route: u64, tenant: TenantId, h: AbortHandle) {
+        self.map().insert(route, (tenant, h));
     }
     pub fn remove(&self, route: u64) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(&route);
+        self.map().remove(&route);
     }
     fn cancel(&self, route: u64) {
-        if let Some(h) = self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(&route) {
+        if let Some((_, h)) = self.map().remove(&route) {
             h.abort();
         }
     }
+    /// Aborts the routes of `tenants` and returns their ids.
+    fn end_tenants(&self, tenants: &[TenantId]) -> Vec<u64> {
+        let mut map = self.map();
+        let ended: Vec<u64> = map.iter().filter(|(_, (t, _))| tenants.contains(t)).map(|(r, _)| *r).collect();
+        for r in &ended {
+            if let Some((_, h)) = map.remove(r) {
+                h.abort();
+            }
+        }
+        ended
+    }
     fn cancel_all(&self) {
-        for (_, h) in self.0.lock().unwrap_or_else(|e| e.into_inner()).drain() {
+        for (_, (_, h)) in self.map().drain() {
             h.abort();
         }
     }
     fn is_empty(&self) -> bool {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
+        self.map().is_empty()
     }
 }
 
@@ -85,7 +101,10 @@ pub(crate) async fn open(ctx: &Arc<Ctx>, addr: &str) -> Result<Opened, ClusterEr
     wr.send(&reg).await?;
     let id = NEXT_LINK.fetch_add(1, Ordering::Relaxed);
     match tokio::time::timeout(timeout, rd.recv::<Registered>()).await {
-        Ok(Ok(Some(Registered::Accepted(table)))) => apply_tenants(ctx, id, &table),
+        Ok(Ok(Some(Registered::Accepted(table)))) => {
+            // A new link has no routes to end yet.
+            apply_tenants(ctx, id, &table);
+        }
         Ok(Ok(Some(Registered::Rejected(m)))) => return Err(ClusterError::Rejected(m)),
         Ok(Ok(None)) => return Err(ClusterError::Message("the gateway closed the link".into())),
         Ok(Err(e)) => return Err(e),
@@ -170,7 +189,12 @@ pub(crate) async fn serve(ctx: Arc<Ctx>, link: Opened, retire: Arc<Notify>) -> R
         };
         match msg {
             ToWorker::Cancel { route } => routes.cancel(route),
-            ToWorker::Tenants(table) => apply_tenants(&ctx, id, &table),
+            ToWorker::Tenants(table) => {
+                let ended = apply_tenants(&ctx, id, &table);
+                for route in routes.end_tenants(&ended) {
+                    let _ = out.send(ToGateway::Failed { route, failure: RequestError::TenantRevoked });
+                }
+            }
             ToWorker::Reserve(spec) | ToWorker::Prefill { spec, .. }
                 if ctx.draining.load(Ordering::SeqCst) || retiring.is_some() =>
             {
@@ -178,13 +202,14 @@ pub(crate) async fn serve(ctx: Arc<Ctx>, link: Opened, retire: Arc<Notify>) -> R
             }
             ToWorker::Reserve(spec) if ctx.role() == Role::Decode => {
                 let Some(spec) = scoped(&ctx, id, spec, &out) else { continue };
-                spawn_route(&ctx, &routes, spec.route, decode::reserve(ctx.clone(), spec, out.clone()));
+                let (route, tenant) = (spec.route, spec.request.tenant);
+                spawn_route(&ctx, &routes, route, tenant, decode::reserve(ctx.clone(), spec, out.clone()));
             }
             ToWorker::Prefill { spec, ticket, decode_addr } if ctx.role() == Role::Prefill => {
                 let Some(spec) = scoped(&ctx, id, spec, &out) else { continue };
-                let route = spec.route;
+                let (route, tenant) = (spec.route, spec.request.tenant);
                 let fut = prefill::run(ctx.clone(), spec, ticket.into(), decode_addr, out.clone());
-                spawn_route(&ctx, &routes, route, fut);
+                spawn_route(&ctx, &routes, route, tenant, fut);
             }
             ToWorker::Reserve(spec) | ToWorker::Prefill { spec, .. } => {
                 let failure = RequestError::Internal(format!("a {:?} worker does not take this request", ctx.role()));
@@ -221,16 +246,24 @@ fn scoped(ctx: &Ctx, link: u64, mut spec: Spec, out: &mpsc::UnboundedSender<ToGa
 }
 
 /// Applies a gateway's tenant table to this worker's engine before anything after it runs
-/// (see `tenancy`: tenants whose key epochs changed lose their requests and cached prefixes).
-fn apply_tenants(ctx: &Ctx, link: u64, table: &TenantTable) {
-    let (policy, revoked) = ctx.tenancy.lock().unwrap_or_else(|e| e.into_inner()).update(link, table);
-    let tenants = policy.live.as_ref().map_or(0, |l| l.len());
-    match &policy.revoke {
-        engine::Revoke::These(ts) => ts.iter().for_each(|t| ctx.constraints.forget(*t)),
-        engine::Revoke::AllCaches => ctx.constraints.clear(),
-    }
-    ctx.engine.apply_tenants(policy);
-    tracing::info!(worker = %ctx.cfg.name, tenants, revoked, "tenant table applied");
+/// (see `tenancy`: the cached prefixes of tenants whose key epochs changed go) and returns the
+/// tenants this gateway re-keyed or removed, whose routes on its link end.
+fn apply_tenants(ctx: &Ctx, link: u64, table: &TenantTable) -> Vec<TenantId> {
+    let applied = ctx.tenancy.lock().unwrap_or_else(|e| e.into_inner()).update(link, table);
+    let tenants = applied.policy.live.as_ref().map_or(0, |l| l.len());
+    let forgotten = match &applied.policy.revoke {
+        engine::Revoke::These(ts) | engine::Revoke::Caches(ts) => {
+            ts.iter().for_each(|t| ctx.constraints.forget(*t));
+            ts.len()
+        }
+        engine::Revoke::AllCaches => {
+            ctx.constraints.clear();
+            0
+        }
+    };
+    ctx.engine.apply_tenants(applied.policy);
+    tracing::info!(worker = %ctx.cfg.name, tenants, forgotten, ended = applied.ended.len(), "tenant table applied");
+    applied.ended
 }
 
 /// Counts a route while its task lives (ended, or aborted by a cancel or a lost link).
@@ -243,7 +276,7 @@ impl Drop for Active {
 }
 
 /// Runs one route as its own task, registered so a `Cancel` or the end of the session aborts it.
-fn spawn_route<F>(ctx: &Ctx, routes: &Routes, route: u64, fut: F)
+fn spawn_route<F>(ctx: &Ctx, routes: &Routes, route: u64, tenant: TenantId, fut: F)
 where
     F: std::future::Future<Output = ()> + Send + 'static,
 {
@@ -255,7 +288,7 @@ where
         fut.await;
         routes2.remove(route);
     });
-    routes.insert(route, h.abort_handle());
+    routes.insert(route, tenant, h.abort_handle());
     if h.is_finished() {
         routes.remove(route);
     }

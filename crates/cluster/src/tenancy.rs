@@ -1,10 +1,12 @@
 //! A worker's view of its gateways' tenant tables. With several gateways each sends its own
 //! table, and during a change (a tenant added, removed or its key rotated on one gateway
 //! before another) they differ. A tenant may run when any linked gateway lists it; its
-//! cached prefixes and requests end when the set of key epochs the gateways give it changes.
-//! The cache scope of a route also carries the epoch its own gateway gives the tenant
-//! ([`Tenancy::scoped_salt`]), so two gateways that disagree on who a tenant id is can never
-//! share a cached prefix.
+//! cached prefixes go when the set of key epochs the gateways give it changes. Its requests
+//! end when the gateway that sent them re-keys or removes it: a gateway catching up with a
+//! rotation another one made first must not end the requests that one admitted under the
+//! new key. The cache scope of a route also carries the epoch its own gateway gives the
+//! tenant ([`Tenancy::scoped_salt`]), so two gateways that disagree on who a tenant id is can
+//! never share a cached prefix.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -15,6 +17,13 @@ use crate::proto::TenantTable;
 
 type Epoch = [u8; 16];
 
+/// What one gateway's new table changes on this worker.
+pub(crate) struct Applied {
+    pub policy: TenantPolicy,
+    /// Tenants the table's gateway re-keyed or removed: their requests from it end.
+    pub ended: Vec<TenantId>,
+}
+
 #[derive(Default)]
 pub(crate) struct Tenancy {
     /// Each gateway link's last table (tenant id -> key epoch).
@@ -24,12 +33,19 @@ pub(crate) struct Tenancy {
 }
 
 impl Tenancy {
-    /// Records `link`'s table and returns the policy for the engine: the tenants of every
-    /// link may run; those whose epochs changed are revoked. The first table ever drops every
-    /// cached prefix: this worker cannot tell whose they were (a table from before a restart,
-    /// or another deployment's, may have used the same ids).
-    pub fn update(&mut self, link: u64, table: &TenantTable) -> (TenantPolicy, usize) {
-        self.by_link.insert(link, table.tenants.iter().map(|t| (t.id, t.epoch)).collect());
+    /// Records `link`'s table and returns what changes: the policy for the engine (the
+    /// tenants of every link may run; the cached prefixes of those whose epochs changed go)
+    /// and the tenants this link re-keyed or removed, whose requests on this link end. The
+    /// first table ever drops every cached prefix: this worker cannot tell whose they were (a
+    /// table from before a restart, or another deployment's, may have used the same ids).
+    pub fn update(&mut self, link: u64, table: &TenantTable) -> Applied {
+        let now: HashMap<u64, Epoch> = table.tenants.iter().map(|t| (t.id, t.epoch)).collect();
+        let ended = match self.by_link.insert(link, now.clone()) {
+            Some(before) => {
+                before.iter().filter(|(id, e)| now.get(id) != Some(e)).map(|(id, _)| TenantId(*id)).collect()
+            }
+            None => Vec::new(),
+        };
         let mut merged: HashMap<u64, BTreeSet<Epoch>> = HashMap::new();
         for t in self.by_link.values() {
             for (id, epoch) in t {
@@ -38,18 +54,14 @@ impl Tenancy {
         }
         let revoke = match &self.applied {
             None => Revoke::AllCaches,
-            Some(old) => Revoke::These(
+            Some(old) => Revoke::Caches(
                 old.iter().filter(|(id, e)| merged.get(id) != Some(e)).map(|(id, _)| TenantId(*id)).collect(),
             ),
-        };
-        let revoked = match &revoke {
-            Revoke::These(ts) => ts.len(),
-            Revoke::AllCaches => 0,
         };
         let max_share = if table.max_share > 0.0 && table.max_share <= 1.0 { table.max_share } else { 1.0 };
         let live: HashSet<TenantId> = merged.keys().map(|id| TenantId(*id)).collect();
         self.applied = Some(merged);
-        (TenantPolicy { live: Some(live), revoke, max_share }, revoked)
+        Applied { policy: TenantPolicy { live: Some(live), revoke, max_share }, ended }
     }
 
     /// Forgets a link's table when the link ends (what was applied stays until a table changes).
@@ -84,39 +96,48 @@ mod tests {
         }
     }
 
-    fn revoked(p: &TenantPolicy) -> Vec<u64> {
+    fn sorted(ts: &[TenantId]) -> Vec<u64> {
+        let mut v: Vec<u64> = ts.iter().map(|t| t.0).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The tenants whose cached prefixes go (`u64::MAX`: every one).
+    fn forgotten(p: &TenantPolicy) -> Vec<u64> {
         match &p.revoke {
-            Revoke::These(ts) => {
-                let mut v: Vec<u64> = ts.iter().map(|t| t.0).collect();
-                v.sort_unstable();
-                v
-            }
+            Revoke::Caches(ts) => sorted(ts),
             Revoke::AllCaches => vec![u64::MAX],
+            Revoke::These(_) => panic!("a worker's table never ends requests engine-wide"),
         }
     }
 
     #[test]
     fn the_first_table_drops_every_cache_and_an_equal_table_from_another_gateway_revokes_nothing() {
         let mut t = Tenancy::default();
-        let (p, _) = t.update(1, &table(&[(1, 1), (2, 2)]));
-        assert_eq!(revoked(&p), vec![u64::MAX]);
-        let (p, n) = t.update(2, &table(&[(1, 1), (2, 2)]));
-        assert_eq!((revoked(&p), n), (vec![], 0));
-        assert_eq!(p.live.map(|l| l.len()), Some(2));
+        let a = t.update(1, &table(&[(1, 1), (2, 2)]));
+        assert_eq!((forgotten(&a.policy), a.ended), (vec![u64::MAX], vec![]));
+        let a = t.update(2, &table(&[(1, 1), (2, 2)]));
+        assert_eq!((forgotten(&a.policy), a.ended), (vec![], vec![]));
+        assert_eq!(a.policy.live.map(|l| l.len()), Some(2));
     }
 
     #[test]
-    fn a_tenant_listed_by_any_gateway_runs_and_one_whose_epochs_change_is_revoked() {
+    fn a_tenant_listed_by_any_gateway_runs_and_only_the_gateway_that_rekeys_it_ends_its_requests() {
         let mut t = Tenancy::default();
         t.update(1, &table(&[(1, 1), (2, 2)]));
         t.update(2, &table(&[(1, 1)]));
-        // Gateway 1 rotates tenant 1's key and drops tenant 2: 1's epochs change, 2 is gone.
-        let (p, _) = t.update(1, &table(&[(1, 9)]));
-        assert_eq!(revoked(&p), vec![1, 2]);
-        assert_eq!(p.live, Some([TenantId(1)].into_iter().collect()));
-        // Gateway 2 catches up: tenant 1's epochs change again ({1, 9} -> {9}).
-        let (p, _) = t.update(2, &table(&[(1, 9)]));
-        assert_eq!(revoked(&p), vec![1]);
+        // Gateway 1 rotates tenant 1's key and drops tenant 2: 1's epochs change, 2 is gone;
+        // gateway 1's requests of both end.
+        let a = t.update(1, &table(&[(1, 9)]));
+        assert_eq!((forgotten(&a.policy), sorted(&a.ended)), (vec![1, 2], vec![1, 2]));
+        assert_eq!(a.policy.live, Some([TenantId(1)].into_iter().collect()));
+        // Gateway 2 catches up ({1, 9} -> {9}): the caches under the old key go, and only
+        // gateway 2's requests of tenant 1 end, not those gateway 1 admitted under the new key.
+        let a = t.update(2, &table(&[(1, 9)]));
+        assert_eq!((forgotten(&a.policy), sorted(&a.ended)), (vec![1], vec![1]));
+        // A table that changes nothing ends nothing.
+        let a = t.update(1, &table(&[(1, 9)]));
+        assert_eq!((forgotten(&a.policy), a.ended), (vec![], vec![]));
     }
 
     #[test]

@@ -258,16 +258,18 @@ impl Loop {
         *self.policy() = TenantPolicy { revoke: Revoke::These(Vec::new()), ..p.clone() };
         let revoked = |t: TenantId, p: &TenantPolicy| match &p.revoke {
             Revoke::These(ts) => ts.contains(&t),
-            Revoke::AllCaches => false,
+            Revoke::Caches(_) | Revoke::AllCaches => false,
         } || p.live.as_ref().is_some_and(|l| !l.contains(&t));
+        let forgotten =
+            |t: TenantId, p: &TenantPolicy| revoked(t, p) || matches!(&p.revoke, Revoke::Caches(ts) if ts.contains(&t));
         // Caches first: whoever sees a request's end event sees its tenant's cache gone.
         let pools = [&self.pool, &self.prefill_pool];
         let pools = if self.prefill_pool.same_pool(&self.pool) { &pools[..1] } else { &pools[..] };
         for pool in pools {
             match &p.revoke {
                 Revoke::AllCaches => pool.clear_prefix_cache(),
-                Revoke::These(_) => {
-                    pool.forget_tenants(&|t| revoked(t, &p));
+                Revoke::These(_) | Revoke::Caches(_) => {
+                    pool.forget_tenants(&|t| forgotten(t, &p));
                 }
             }
         }

@@ -58,8 +58,8 @@ pub(crate) fn page_runs(map: &[kv::PageUse], out: &mut Vec<PageRun>) {
 pub struct TenantPolicy {
     /// Tenants that may run here; `None` until a table arrives (any tenant may).
     pub live: Option<HashSet<TenantId>>,
-    /// Tenants whose running and queued requests end now and whose cached prefixes are dropped
-    /// (removed, or their key rotated).
+    /// What the table ends now: requests and cached prefixes of removed or re-keyed tenants,
+    /// or only cached prefixes (see [`Revoke`]). Requests of tenants outside `live` end too.
     pub revoke: Revoke,
     /// The most of the main pool one tenant may hold (0 < share <= 1). Applied only while the
     /// table has more than one tenant, so a lone tenant can use the whole pool.
@@ -69,7 +69,12 @@ pub struct TenantPolicy {
 /// Which tenants' state a [`TenantPolicy`] ends.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Revoke {
+    /// Their running and queued requests end and their cached prefixes go.
     These(Vec<TenantId>),
+    /// Only their cached prefixes go; their requests run on. A worker serving several
+    /// gateways ends a request only when the gateway that sent it re-keys the tenant, which
+    /// the engine cannot tell apart (see `cluster::tenancy`).
+    Caches(Vec<TenantId>),
     /// Every cached prefix (the worker cannot tell which tenants they belong to any more).
     AllCaches,
 }

@@ -356,6 +356,38 @@ fn revoking_a_tenant_ends_its_requests_and_drops_its_cached_prefixes() {
     assert_eq!(h.pool().used_pages(), h.pool().idle_cached_pages());
 }
 
+#[test]
+fn dropping_only_a_tenants_cached_prefixes_lets_its_running_requests_finish() {
+    use std::collections::HashSet;
+    let e = engine(1024);
+    let h = e.handle();
+    let (alice, bob) = (TenantId(5), TenantId(6));
+    let _ = alone(&h, &GenRequest { tenant: bob, ..req(2, 40, 4) });
+    let _ = alone(&h, &req(3, 40, 4));
+    assert_eq!(h.pool().cached_pages_of(alice), 3);
+    // Another scope of alice's (a salt), so it neither hits nor refills the entries dropped.
+    let running = h.submit(GenRequest { cache_salt: Some("other".into()), ..req(1, 40, 200) }).unwrap();
+    h.apply_tenants(engine::TenantPolicy {
+        live: Some(HashSet::from([alice, bob])),
+        revoke: engine::Revoke::Caches(vec![alice]),
+        max_share: 1.0,
+    });
+    let mut again = h.submit(req(4, 40, 4)).unwrap();
+    let cached = loop {
+        match again.blocking_next().expect("an event") {
+            Event::PrefixCache { cached_tokens } => break cached_tokens,
+            Event::Started => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(cached, 0, "alice's cached prefix went with the table");
+    for mut s in [running, again] {
+        let last = std::iter::from_fn(|| s.blocking_next()).last();
+        assert!(matches!(last, Some(Event::Finished { .. })), "her requests finish: {last:?}");
+    }
+    assert_eq!(h.pool().cached_pages_of(bob), 3, "bob keeps his");
+}
+
 /// The error a stream ends with, if any.
 fn tokens_of_any(mut s: engine::RequestStream) -> Option<RequestError> {
     while let Some(ev) = s.blocking_next() {

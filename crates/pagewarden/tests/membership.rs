@@ -319,9 +319,18 @@ fn a_tenant_change_announced_through_etcd_reaches_every_gateway_without_a_signal
         models_status(&b_url, &key) == 200
     });
 
-    // A rotated key, the file copied at once: both refuse the old key and take the new one.
+    // A rotated key: A takes the new key at once. A stream A admits under it runs while B's
+    // copy of the file catches up, and B catching up ends nothing A admitted under the new key
+    // (the workers end a tenant's requests only when the gateway that sent them re-keys it).
     let (new_key, _) = tenant_cmd(&c.config, "rotate-key", "newcomer");
+    until(Duration::from_secs(20), "gateway A taking the rotated key", || models_status(&c.url, &new_key) == 200);
+    let (started, on_a) = stream_chat(&c.url, &new_key, chat_to_length(PROMPTS[1], 600, true));
+    started.recv_timeout(Duration::from_secs(60)).expect("A's stream under the new key started");
     std::fs::copy(&c.config, &b_config).unwrap();
+    until(Duration::from_secs(20), "gateway B taking the rotated key", || models_status(&b_url, &new_key) == 200);
+    assert!(!on_a.is_finished(), "A's stream outlasts B catching up (else this checks nothing)");
+    let text = on_a.join().unwrap().expect("A's stream under the new key completes with [DONE]");
+    assert!(!text.is_empty());
     for url in [&c.url, &b_url] {
         until(Duration::from_secs(20), "the old key refused on every gateway", || models_status(url, &key) == 401);
         assert_eq!(models_status(url, &new_key), 200);
