@@ -48,12 +48,15 @@ pub const GATEWAYS_LIVE: &str = "pagewarden_gateways_live";
 pub const MEMBERSHIP_ENTRIES_REJECTED_TOTAL: &str = "pagewarden_membership_entries_rejected_total";
 /// gauge; gateway, per worker.
 pub const WORKER_INFLIGHT: &str = "pagewarden_worker_inflight";
-/// gauge{worker, role}; gateway: route tags (pages of tenants' prompts) a prefill worker
-/// reported cached, which cache-aware routing matches requests against.
+/// gauge{worker, role}; gateway: route tags (pages of tenants' prompts) a worker reported
+/// cached, which cache-aware routing matches requests against.
 pub const WORKER_ROUTE_TAGS: &str = "pagewarden_worker_route_tags";
 /// gauge{worker, role}; gateway: prompt tokens its routes in flight still compute on a prefill
 /// worker (as estimated when routed; cache-aware routing weighs it against a cached prefix).
 pub const WORKER_QUEUED_PROMPT_TOKENS: &str = "pagewarden_worker_queued_prompt_tokens";
+/// gauge{worker, role}; gateway: KV tokens (prompt and `max_tokens`) its routes in flight
+/// reserve on a decode worker (cache-aware routing weighs it against the KV it would send).
+pub const WORKER_RESERVED_KV_TOKENS: &str = "pagewarden_worker_reserved_kv_tokens";
 /// gauge; gateway, per worker.
 pub const WORKER_PAGES_USED: &str = "pagewarden_worker_kv_pages_used";
 /// counter; gateway, per worker (as reported).
@@ -126,6 +129,7 @@ pub const ALL: &[&str] = &[
     WORKER_INFLIGHT,
     WORKER_ROUTE_TAGS,
     WORKER_QUEUED_PROMPT_TOKENS,
+    WORKER_RESERVED_KV_TOKENS,
     WORKER_PAGES_USED,
     WORKER_VIOLATIONS_TOTAL,
     WORKER_ROUTES_TOTAL,

@@ -26,13 +26,18 @@ pub fn expose_workers(e: &mut Exposition, workers: &[cluster::WorkerInfo]) {
         .gauges(WORKER_INFLIGHT, "Requests in flight on a worker.", workers.iter().map(|w| (id(w), w.inflight as i64)))
         .gauges(
             WORKER_ROUTE_TAGS,
-            "Route tags (pages of tenants' prompts) a prefill worker reported cached.",
-            prefill().map(|w| (id(w), w.route_tags as i64)),
+            "Route tags (pages of tenants' prompts) a worker reported cached.",
+            workers.iter().map(|w| (id(w), w.route_tags as i64)),
         )
         .gauges(
             WORKER_QUEUED_PROMPT_TOKENS,
             "Prompt tokens a prefill worker's routes in flight still compute.",
             prefill().map(|w| (id(w), w.queued_prompt_tokens as i64)),
+        )
+        .gauges(
+            WORKER_RESERVED_KV_TOKENS,
+            "KV tokens (prompt and max_tokens) a decode worker's routes in flight reserve.",
+            workers.iter().filter(|w| w.role == "decode").map(|w| (id(w), w.reserved_kv_tokens as i64)),
         )
         .counters(
             WORKER_ROUTES_TOTAL,
@@ -343,6 +348,7 @@ mod tests {
             messages: (0, 0),
             route_tags: 0,
             queued_prompt_tokens: 0,
+            reserved_kv_tokens: 0,
             stats: cluster::proto::Stats { violations: vec![(ViolationKind::BadMac, 1)], ..Default::default() },
         };
         let mut e = Exposition::new();

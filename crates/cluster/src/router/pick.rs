@@ -50,36 +50,41 @@ pub(super) fn pick_prefill<'a>(
     fresh.or_else(|| best(&mut of_role())).map(|(w, computes, _)| (w, computes))
 }
 
-/// The decode worker for a prompt whose shareable pages are named `tags`: among the workers
-/// whose routes in flight are within a slack of the least loaded (a quarter of the least load,
-/// so an idle worker always wins over a busy one: one that joins takes load at once), the one
-/// holding the longest run of `tags` (it reserves those pages from its
-/// cache and is sent only the rest); ties go to fewer routes in flight, then to fewer tagged
-/// pages, then to the first registered. So a conversation stays on the decode worker holding
-/// its history while the load stays about even. Workers in `avoid` are passed over while
-/// another is registered; a draining one is never picked.
+/// How many tokens of KV reserved on a decode worker one prompt token's KV crossing to it
+/// weighs: a token sent costs its prefill worker, the link and the decode worker (encrypt,
+/// frame, decrypt, copy, verify) once, while a token reserved costs its worker a share of every
+/// decode step and of its pool while it lasts. At 4 a conversation stays on the decode worker
+/// holding its history until that worker holds about four such conversations more than another,
+/// which rides out the bursts of a gateway sending every conversation's turn at once.
+const SEND_WEIGHT: usize = 4;
+
+/// The decode worker for a prompt of `prompt_len` tokens whose shareable pages are named
+/// `tags`: the one with the least `SEND_WEIGHT x tokens it would be sent + KV tokens its routes
+/// in flight reserve`. A worker holding the longest run of `tags` reserves those pages from its
+/// cache and is sent only the rest, so a conversation stays where its history is while the load
+/// there stays within a few conversations of the least; a worker holding nothing of it is only
+/// picked for its lighter load (one that joins takes load at once). Ties go to fewer routes in
+/// flight, then to fewer tagged pages, then to the first registered. Workers in `avoid` are
+/// passed over while another is registered; a draining one is never picked.
 pub(super) fn pick_decode<'a>(
     ws: &'a [Arc<WorkerConn>],
     avoid: &[u64],
     tags: &[RouteTag],
+    page_size: usize,
+    prompt_len: usize,
 ) -> Option<&'a Arc<WorkerConn>> {
     let of_role = || ws.iter().filter(|w| w.role == Role::Decode && !w.draining.load(Ordering::SeqCst));
-    let best = |it: &mut dyn Iterator<Item = &'a Arc<WorkerConn>>| {
-        let scored: Vec<_> = it
-            .map(|w| {
-                let c = w.cached();
-                (w, w.inflight.load(Ordering::Relaxed), c.matched(tags), c.len())
-            })
-            .collect();
-        let least = scored.iter().map(|s| s.1).min()?;
-        let slack = least / 4;
-        scored
-            .into_iter()
-            .filter(|s| s.1 <= least + slack)
-            .min_by_key(|&(_, load, matched, held)| (std::cmp::Reverse(matched), load, held))
-            .map(|s| s.0)
+    let cost = |w: &'a Arc<WorkerConn>| {
+        let (matched, held) = {
+            let c = w.cached();
+            (c.matched(tags), c.len())
+        };
+        let sent = prompt_len.saturating_sub(matched * page_size);
+        let reserved = w.reserved_tokens.load(Ordering::Relaxed);
+        (w, (sent.saturating_mul(SEND_WEIGHT).saturating_add(reserved), w.inflight.load(Ordering::Relaxed), held))
     };
-    best(&mut of_role().filter(|w| !avoid.contains(&w.id))).or_else(|| best(&mut of_role()))
+    let best = |it: &mut dyn Iterator<Item = &'a Arc<WorkerConn>>| it.map(cost).min_by_key(|(_, c)| *c);
+    best(&mut of_role().filter(|w| !avoid.contains(&w.id))).or_else(|| best(&mut of_role())).map(|(w, _)| w)
 }
 
 #[cfg(test)]
@@ -159,27 +164,35 @@ mod tests {
     }
 
     #[test]
-    fn decode_goes_to_the_worker_holding_the_tenants_prefix_while_its_load_is_within_the_slack() {
+    fn decode_goes_to_the_worker_holding_the_tenants_prefix_until_its_reserved_kv_outweighs_sending_it() {
         use super::super::cache_map::TagKey;
         let key = TagKey::random();
         let prompt: Vec<u32> = (0..100).collect();
         let a = key.tags(types::TenantId(1), None, None, &prompt, 16);
         let ws = vec![worker(1, Role::Decode, 0), worker(2, Role::Decode, 1), worker(3, Role::Prefill, 0)];
+        let picked = |tags: &[RouteTag], avoid: &[u64]| pick_decode(&ws, avoid, tags, 16, 100).map(|w| w.id);
+        // Nothing held anywhere: the least reserved KV, then the fewest routes in flight.
+        ws[1].reserved_tokens.store(50, Ordering::Relaxed);
+        assert_eq!(picked(&a, &[]), Some(1));
+        // Worker 2 holds 4 of the 6 shareable pages (64 tokens): it is sent 36, worker 1 100.
         ws[1].cached().apply(false, &a[..4], &[]);
-        let picked = |tags: &[RouteTag], avoid: &[u64]| pick_decode(&ws, avoid, tags).map(|w| w.id);
-        assert_eq!(picked(&a, &[]), Some(1), "an idle worker wins over a busy one holding the prefix");
-        ws[0].inflight.store(4, Ordering::Relaxed);
-        ws[1].inflight.store(5, Ordering::Relaxed);
-        assert_eq!(picked(&a, &[]), Some(2), "one more route in flight is within the slack of 4/4");
-        // Another tenant's identical prompt matches nothing there: the least loaded.
+        // 4 x 36 + 50 = 194 < 4 x 100 = 400: the holder wins though it is busier.
+        assert_eq!(picked(&a, &[]), Some(2));
+        // Another tenant's identical prompt matches nothing there: the less loaded.
         assert_eq!(picked(&key.tags(types::TenantId(2), None, None, &prompt, 16), &[]), Some(1));
-        ws[1].inflight.store(6, Ordering::Relaxed);
-        assert_eq!(picked(&a, &[]), Some(1), "two more is past it");
-        ws[0].inflight.store(8, Ordering::Relaxed);
-        ws[1].inflight.store(10, Ordering::Relaxed);
-        assert_eq!(picked(&a, &[]), Some(2), "the slack grows with the load: 8/4");
-        assert_eq!(picked(&a, &[2]), Some(1));
+        // 4 x 36 + 256 = 400 ties with 400: the tie goes to fewer routes in flight.
+        ws[1].reserved_tokens.store(256, Ordering::Relaxed);
+        assert_eq!(picked(&a, &[]), Some(1));
+        ws[0].reserved_tokens.store(1, Ordering::Relaxed);
+        assert_eq!(picked(&a, &[]), Some(2), "past the tie, the holder again");
+        // A long stream reserved on the holder outweighs what it saves: a worker that just
+        // joined (nothing held, nothing reserved) takes the request.
+        ws[1].reserved_tokens.store(1_100, Ordering::Relaxed);
+        ws[0].reserved_tokens.store(0, Ordering::Relaxed);
+        assert_eq!(picked(&a, &[]), Some(1));
+        ws[1].reserved_tokens.store(0, Ordering::Relaxed);
+        assert_eq!(picked(&a, &[2]), Some(1), "a failed worker is passed over");
         ws[0].draining.store(true, Ordering::SeqCst);
-        assert_eq!(picked(&a, &[2]), Some(2));
+        assert_eq!(picked(&a, &[2]), Some(2), "a draining one never picked");
     }
 }

@@ -29,10 +29,12 @@ pub struct WorkerInfo {
     pub routes: u64,
     /// Control messages sent to it and received from it since it registered.
     pub messages: (u64, u64),
-    /// Prefill: the route tags it reported cached, and the prompt tokens its routes in flight
-    /// still compute.
+    /// The route tags it reported cached.
     pub route_tags: usize,
+    /// Prefill: the prompt tokens its routes in flight still compute.
     pub queued_prompt_tokens: usize,
+    /// Decode: the KV tokens its routes in flight reserve.
+    pub reserved_kv_tokens: usize,
     pub stats: Stats,
 }
 
@@ -226,6 +228,7 @@ impl Registry {
                 messages: (w.sent.load(Ordering::Relaxed), w.received.load(Ordering::Relaxed)),
                 route_tags: w.cached().len(),
                 queued_prompt_tokens: w.queued_tokens.load(Ordering::Relaxed),
+                reserved_kv_tokens: w.reserved_tokens.load(Ordering::Relaxed),
                 stats: w.stats.lock().unwrap_or_else(|e| e.into_inner()).clone(),
             })
             .collect()
@@ -278,8 +281,14 @@ impl Registry {
     }
 
     /// The decode worker for a prompt whose shareable pages are named `tags` ([`pick_decode`]).
-    pub(super) fn pick_decode(&self, avoid: &[u64], tags: &[kv::RouteTag]) -> Option<Arc<WorkerConn>> {
-        pick_decode(&self.workers(), avoid, tags).cloned()
+    pub(super) fn pick_decode(
+        &self,
+        avoid: &[u64],
+        tags: &[kv::RouteTag],
+        page_size: usize,
+        prompt_len: usize,
+    ) -> Option<Arc<WorkerConn>> {
+        pick_decode(&self.workers(), avoid, tags, page_size, prompt_len).cloned()
     }
 
     /// The prefill worker with the least work for a prompt of `prompt_len` tokens whose

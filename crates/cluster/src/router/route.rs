@@ -53,7 +53,7 @@ impl Routing<'_> {
         let epoch = self.registry.epoch_of(req.tenant);
         let tags = self.tag_key.tags(req.tenant, epoch, req.cache_salt.as_deref(), &req.prompt, page_size);
         let decode = match self.cfg.routing {
-            RoutingPolicy::CacheAware => self.registry.pick_decode(avoid, &tags),
+            RoutingPolicy::CacheAware => self.registry.pick_decode(avoid, &tags, page_size, req.prompt.len()),
             RoutingPolicy::LeastLoaded => self.registry.pick(Role::Decode, avoid),
         };
         let Some(decode) = decode else {
@@ -72,10 +72,13 @@ impl Routing<'_> {
         tracing::debug!(route, decode = %decode.name, prefill = %prefill.name, computes, "route");
         let (tx, mut rx) = mpsc::unbounded_channel();
         prefill.queued_tokens.fetch_add(computes, Ordering::Relaxed);
+        let reserved = req.prompt.len().saturating_add(req.max_tokens);
+        decode.reserved_tokens.fetch_add(reserved, Ordering::Relaxed);
         let guard = RouteGuard {
             route,
             workers: [decode.clone(), prefill.clone()],
             queued: computes,
+            reserved,
             prefill_released: false,
             done: false,
         };
@@ -260,6 +263,8 @@ struct RouteGuard {
     workers: [Arc<WorkerConn>; 2],
     /// Prompt tokens counted in the prefill worker's `queued_tokens` until it computed them.
     queued: usize,
+    /// KV tokens counted in the decode worker's `reserved_tokens` while the route lasts.
+    reserved: usize,
     prefill_released: bool,
     done: bool,
 }
@@ -287,6 +292,7 @@ impl RouteGuard {
 impl Drop for RouteGuard {
     fn drop(&mut self) {
         self.prefill_computed();
+        self.workers[0].reserved_tokens.fetch_sub(self.reserved, Ordering::Relaxed);
         let taking_part = if self.prefill_released { 1 } else { 2 };
         for w in &self.workers[..taking_part] {
             w.routes().remove(&self.route);

@@ -33,6 +33,8 @@ pub(super) struct WorkerConn {
     pub(super) inflight: AtomicUsize,
     /// Prefill: prompt tokens its routes in flight still compute (as estimated when routed).
     pub(super) queued_tokens: AtomicUsize,
+    /// Decode: KV tokens its routes in flight reserve (prompt and `max_tokens` each).
+    pub(super) reserved_tokens: AtomicUsize,
     /// Prefill: the route tags it reported cached.
     pub(super) cached: Mutex<CachedTags>,
     pub(super) routes: Mutex<HashMap<u64, mpsc::UnboundedSender<(Role, RouteMsg)>>>,
@@ -66,6 +68,7 @@ impl WorkerConn {
             tx,
             inflight: AtomicUsize::new(0),
             queued_tokens: AtomicUsize::new(0),
+            reserved_tokens: AtomicUsize::new(0),
             // Each cached page carries at most a few tags (kv's TAGS_PER_PAGE) and a page holds
             // at least one token: a pool of `capacity` tokens never needs more.
             cached: Mutex::new(CachedTags::new(capacity.saturating_mul(4).min(MAX_TAGS))),
