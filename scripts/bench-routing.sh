@@ -3,7 +3,8 @@
 # policy (`cache_aware`, then `least_loaded`, alternating for ROUNDS), printing per turn the
 # cached fraction of the prompt against the ideal (every token of the previous turn's prompt
 # but its last page), the KV bytes the decode workers received against the turn's new pages,
-# and the median time to first token. Same binary, same model, same run.
+# how the requests split over the decode workers, and the median time to first token. Same
+# binary, same model, same run.
 #
 #   scripts/bench-routing.sh [BIN] [PREFILL] [DECODE] [CONVERSATIONS] [TURNS] [ROUNDS] [SYSTEM_TOKENS]
 #

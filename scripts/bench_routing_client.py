@@ -35,14 +35,21 @@ def system(i):
     return f"You are the assistant of shop number {i}. Answer in one short sentence. {rules}"
 
 
-def decode_counter(name):
-    total = 0.0
+def decode_counters(name):
+    """The counter on each decode worker."""
+    values = []
     for url in DECODE_METRICS:
+        value = 0.0
         with urllib.request.urlopen(url, timeout=30) as r:
             for line in r.read().decode().splitlines():
                 if line.startswith(name + "{") or line.startswith(name + " "):
-                    total += float(line.rsplit(" ", 1)[1])
-    return total
+                    value += float(line.rsplit(" ", 1)[1])
+        values.append(value)
+    return values
+
+
+def decode_counter(name):
+    return sum(decode_counters(name))
 
 
 def served_model():
@@ -88,6 +95,7 @@ def main():
         results = [None] * CONVS
         bytes_before = decode_counter("pagewarden_kv_bytes_received_total")
         held_before = decode_counter("pagewarden_kv_held_prompt_tokens_total")
+        routes_before = decode_counters("pagewarden_worker_reservations_total")
 
         def one(i):
             convs[i].append({"role": "user", "content": QUESTIONS[t % len(QUESTIONS)]})
@@ -108,6 +116,8 @@ def main():
         of_ideal = f"{cached / ideal:6.1%}" if ideal else "     -"
         moved = decode_counter("pagewarden_kv_bytes_received_total") - bytes_before
         held = decode_counter("pagewarden_kv_held_prompt_tokens_total") - held_before
+        split = "/".join(str(int(a - b)) for a, b in
+                         zip(decode_counters("pagewarden_worker_reservations_total"), routes_before))
         if token_bytes is None and held == 0:
             token_bytes = moved / prompt
         # The bound: each conversation's new tokens' pages plus one page (the partial one).
@@ -115,7 +125,7 @@ def main():
         bound = new_pages * PAGE * (token_bytes or 0)
         print(f"{POLICY:13} turn {t + 1}: cached {cached:6}/{prompt:6} tokens ({cached / prompt:6.1%}), "
               f"of ideal {of_ideal}; KV moved {moved / 1e6:8.2f} MB (held {int(held):6} tokens; "
-              f"bound {bound / 1e6:8.2f} MB); TTFT p50 {ttft * 1000:7.1f} ms", flush=True)
+              f"bound {bound / 1e6:8.2f} MB); decode split {split}; TTFT p50 {ttft * 1000:7.1f} ms", flush=True)
         previous_prompts[:] = [r[1] for r in results]
 
 
