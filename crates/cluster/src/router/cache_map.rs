@@ -70,16 +70,19 @@ impl TagKey {
     }
 }
 
-/// The tags one prefill worker reported cached. Bounded: a worker (honest or not) cannot grow
-/// it past `limit`; past it, new tags are not recorded (a miss later, nothing worse).
+/// The tags one worker holds, as it reported them and as the router expects from the routes
+/// it finished there. Bounded: a worker (honest or not) cannot grow it past `limit`; past it,
+/// new tags are not recorded (a miss later, nothing worse).
 pub(super) struct CachedTags {
     tags: HashSet<RouteTag>,
     limit: usize,
+    /// The worker has reported caching something: its prefix cache is on.
+    caches: bool,
 }
 
 impl CachedTags {
     pub(super) fn new(limit: usize) -> CachedTags {
-        CachedTags { tags: HashSet::new(), limit }
+        CachedTags { tags: HashSet::new(), limit, caches: false }
     }
 
     /// Applies a worker's report: on `reset`, `cached` replaces everything known.
@@ -90,7 +93,23 @@ impl CachedTags {
         for t in dropped {
             self.tags.remove(t);
         }
-        for t in cached {
+        self.caches |= !cached.is_empty();
+        self.insert(cached);
+    }
+
+    /// Records the tags of a prompt whose pages the worker has just sealed (a prefill worker
+    /// that computed it, a decode worker that verified its transfer), without waiting for its
+    /// report (up to 20 ms later): a client's next request, sent as soon as the answer
+    /// arrives, finds its prefix. Only once the worker has shown that it caches; a report that
+    /// drops the tags later removes them, and a wrong guess costs a miss, never a hit.
+    pub(super) fn expect(&mut self, sealed: &[RouteTag]) {
+        if self.caches {
+            self.insert(sealed);
+        }
+    }
+
+    fn insert(&mut self, tags: &[RouteTag]) {
+        for t in tags {
             if self.tags.len() >= self.limit {
                 break;
             }
@@ -153,5 +172,24 @@ mod tests {
         assert_eq!(m.len(), 6, "bounded");
         // Tenant B sending tenant A's exact prompt matches nothing of A's.
         assert_eq!(m.matched(&k.tags(TenantId(2), None, None, &[5; 41], 4)), 0);
+    }
+
+    #[test]
+    fn a_finished_routes_pages_are_expected_cached_before_the_report_only_where_the_worker_caches() {
+        let k = TagKey::random();
+        let a = k.tags(TenantId(1), None, None, &[5; 41], 4);
+        let mut m = CachedTags::new(6);
+        // A worker that never reported caching anything (its prefix cache may be off).
+        m.apply(true, &[], &[]);
+        m.expect(&a);
+        assert_eq!(m.matched(&a), 0);
+        m.apply(false, &a[..1], &[]);
+        m.expect(&a);
+        assert_eq!(m.matched(&a), a.len().min(6));
+        // Its report of an eviction wins over the expectation, and the bound holds.
+        m.apply(false, &[], &a[..1]);
+        assert_eq!(m.matched(&a), 0);
+        m.expect(&k.tags(TenantId(1), None, None, &[7; 200], 4));
+        assert!(m.len() <= 6);
     }
 }

@@ -25,9 +25,10 @@ pub(super) fn pick<'a>(ws: &'a [Arc<WorkerConn>], role: Role, avoid: &[u64]) -> 
 /// of `tags`, the request's own tenant-scoped page names, that it reported cached) plus the
 /// prompt tokens its routes in flight still compute: a cached prefix draws its tenant's turns
 /// until the queue there costs more than computing the prefix elsewhere. Ties go to the worker
-/// with fewer routes in flight, then to the one holding fewer tagged pages (a new prefix goes
-/// where the cache has most room), then to the first registered. Workers in `avoid` are passed
-/// over while another is registered; a draining one is never picked.
+/// with fewer routes in flight, then to the one sent fewer routes since it registered (ties
+/// spread), then to the first registered; never to how much a worker holds, which would let
+/// other tenants' cached pages move a request. Workers in `avoid` are passed over while another
+/// is registered; a draining one is never picked.
 pub(super) fn pick_prefill<'a>(
     ws: &'a [Arc<WorkerConn>],
     avoid: &[u64],
@@ -37,13 +38,10 @@ pub(super) fn pick_prefill<'a>(
 ) -> Option<(&'a Arc<WorkerConn>, usize)> {
     let of_role = || ws.iter().filter(|w| w.role == Role::Prefill && !w.draining.load(Ordering::SeqCst));
     let cost = |w: &'a Arc<WorkerConn>| {
-        let (matched, held) = {
-            let c = w.cached();
-            (c.matched(tags), c.len())
-        };
+        let matched = w.cached().matched(tags);
         let computes = prompt_len.saturating_sub(matched * page_size);
         let queued = w.queued_tokens.load(Ordering::Relaxed);
-        (w, computes, (computes.saturating_add(queued), w.inflight.load(Ordering::Relaxed), held))
+        (w, computes, (computes.saturating_add(queued), load_ties(w)))
     };
     let best = |it: &mut dyn Iterator<Item = &'a Arc<WorkerConn>>| it.map(cost).min_by_key(|(_, _, c)| *c);
     let fresh = best(&mut of_role().filter(|w| !avoid.contains(&w.id)));
@@ -64,8 +62,8 @@ const SEND_WEIGHT: usize = 4;
 /// cache and is sent only the rest, so a conversation stays where its history is while the load
 /// there stays within a few conversations of the least; a worker holding nothing of it is only
 /// picked for its lighter load (one that joins takes load at once). Ties go to fewer routes in
-/// flight, then to fewer tagged pages, then to the first registered. Workers in `avoid` are
-/// passed over while another is registered; a draining one is never picked.
+/// flight, then to fewer routes since it registered, then to the first registered. Workers in
+/// `avoid` are passed over while another is registered; a draining one is never picked.
 pub(super) fn pick_decode<'a>(
     ws: &'a [Arc<WorkerConn>],
     avoid: &[u64],
@@ -75,16 +73,18 @@ pub(super) fn pick_decode<'a>(
 ) -> Option<&'a Arc<WorkerConn>> {
     let of_role = || ws.iter().filter(|w| w.role == Role::Decode && !w.draining.load(Ordering::SeqCst));
     let cost = |w: &'a Arc<WorkerConn>| {
-        let (matched, held) = {
-            let c = w.cached();
-            (c.matched(tags), c.len())
-        };
-        let sent = prompt_len.saturating_sub(matched * page_size);
+        let sent = prompt_len.saturating_sub(w.cached().matched(tags) * page_size);
         let reserved = w.reserved_tokens.load(Ordering::Relaxed);
-        (w, (sent.saturating_mul(SEND_WEIGHT).saturating_add(reserved), w.inflight.load(Ordering::Relaxed), held))
+        (w, (sent.saturating_mul(SEND_WEIGHT).saturating_add(reserved), load_ties(w)))
     };
     let best = |it: &mut dyn Iterator<Item = &'a Arc<WorkerConn>>| it.map(cost).min_by_key(|(_, c)| *c);
     best(&mut of_role().filter(|w| !avoid.contains(&w.id))).or_else(|| best(&mut of_role())).map(|(w, _)| w)
+}
+
+/// How ties on cost are broken: fewer routes in flight, then fewer routes since the worker
+/// registered. Load only: nothing a worker caches for any tenant.
+fn load_ties(w: &WorkerConn) -> (usize, u64) {
+    (w.inflight.load(Ordering::Relaxed), w.routed.load(Ordering::Relaxed))
 }
 
 #[cfg(test)]
@@ -142,11 +142,15 @@ mod tests {
         let picked = |tags: &[RouteTag], avoid: &[u64]| pick_prefill(&ws, avoid, tags, 16, 100).map(|(w, n)| (w.id, n));
         assert_eq!(picked(&a, &[]), Some((2, 20)), "80 of 100 tokens cached there");
         // Another tenant's request for the very same tokens has its own tags: worker 2's cache
-        // of tenant 1 does not draw it (a tie on work, so the worker holding less).
+        // of tenant 1 does not draw it, nor does a third tenant's on worker 1 push it away (a
+        // tie on work, then on load: the first registered).
         let b = key.tags(types::TenantId(2), None, None, &prompt, 16);
         assert_eq!(picked(&b, &[]), Some((1, 100)));
         ws[0].cached().apply(false, &key.tags(types::TenantId(3), None, None, &[9; 200], 16), &[]);
-        assert_eq!(picked(&b, &[]), Some((2, 100)), "ties go to the worker holding fewer pages");
+        assert_eq!(picked(&b, &[]), Some((1, 100)), "other tenants' cached pages never move a request");
+        ws[0].routed.store(3, Ordering::Relaxed);
+        assert_eq!(picked(&b, &[]), Some((2, 100)), "ties go to the worker sent fewer routes");
+        ws[0].routed.store(0, Ordering::Relaxed);
         ws[0].cached().apply(true, &[], &[]);
         // Queued work on worker 2 below what the hit saves keeps the tenant there...
         ws[1].queued_tokens.store(79, Ordering::Relaxed);

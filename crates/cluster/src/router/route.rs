@@ -144,6 +144,9 @@ impl Routing<'_> {
                 }
                 (Role::Prefill, ToGateway::First { token, cached_tokens, .. }) => {
                     guard.prefill_computed();
+                    if cached_tokens.is_some() {
+                        prefill.cached().expect(&tags);
+                    }
                     gate.first = Some(token);
                     if let Some(n) = cached_tokens {
                         gate.cached_tokens = n;
@@ -159,6 +162,7 @@ impl Routing<'_> {
                     }
                 }
                 (Role::Decode, ToGateway::Verified { first, .. }) => {
+                    decode.cached().expect(&tags);
                     verify_by = None;
                     gate.verified = Some(first);
                 }
