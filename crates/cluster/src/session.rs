@@ -45,13 +45,15 @@ impl Routes {
     }
     /// Aborts the routes of `tenants` and returns their ids.
     fn end_tenants(&self, tenants: &[TenantId]) -> Vec<u64> {
-        let mut map = self.map();
-        let ended: Vec<u64> = map.iter().filter(|(_, (t, _))| tenants.contains(t)).map(|(r, _)| *r).collect();
-        for r in &ended {
-            if let Some((_, h)) = map.remove(r) {
+        let mut ended = Vec::new();
+        self.map().retain(|route, (t, h)| {
+            let end = tenants.contains(t);
+            if end {
                 h.abort();
+                ended.push(*route);
             }
-        }
+            !end
+        });
         ended
     }
     fn cancel_all(&self) {

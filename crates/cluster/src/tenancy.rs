@@ -40,12 +40,10 @@ impl Tenancy {
     /// table from before a restart, or another deployment's, may have used the same ids).
     pub fn update(&mut self, link: u64, table: &TenantTable) -> Applied {
         let now: HashMap<u64, Epoch> = table.tenants.iter().map(|t| (t.id, t.epoch)).collect();
-        let ended = match self.by_link.insert(link, now.clone()) {
-            Some(before) => {
-                before.iter().filter(|(id, e)| now.get(id) != Some(e)).map(|(id, _)| TenantId(*id)).collect()
-            }
-            None => Vec::new(),
-        };
+        let ended = self.by_link.get(&link).map_or_else(Vec::new, |before| {
+            before.iter().filter(|(id, e)| now.get(id) != Some(e)).map(|(id, _)| TenantId(*id)).collect()
+        });
+        self.by_link.insert(link, now);
         let mut merged: HashMap<u64, BTreeSet<Epoch>> = HashMap::new();
         for t in self.by_link.values() {
             for (id, epoch) in t {
