@@ -148,7 +148,9 @@ fn probe_found_a_hit(r: &Value) -> bool {
     })
 }
 
-const SHORT_PROBE: [&str; 4] = ["--timing-probe", "12", "--skip-check", "probe-power"];
+/// The fewest samples the probe judges (the audit's `MIN_SAMPLES`): a shared cache reports
+/// another tenant's cached tokens on its first sample.
+const SHORT_PROBE: [&str; 4] = ["--timing-probe", "8", "--skip-check", "probe-power"];
 
 /// Audits a shared cache behind the proxy with `dodge` (one audit at a time, `clients` at
 /// once, `extra` flags); asserts it failed, saying `what` passed otherwise. Returns the report
