@@ -15,6 +15,6 @@ mod value;
 pub mod write;
 
 pub use error::GgufError;
-pub use reader::{Gguf, GgufFile, TensorInfo};
+pub use reader::{FileBytes, Gguf, GgufFile, TensorInfo};
 pub use types::{ggml_type_name, GgmlType};
 pub use value::Value;

@@ -318,29 +318,63 @@ impl Gguf {
     }
 }
 
-/// A GGUF file read into memory with its parsed header.
+/// Where a file's bytes live: read into memory here, or mapped by a crate that may map files
+/// (this one forbids `unsafe`; `model::mapped` maps model files).
+pub trait FileBytes: Send + Sync {
+    fn bytes(&self) -> &[u8];
+
+    /// Says that `range` will not be read again, so the memory holding it may go. A mapping
+    /// drops those pages (read again, they come back from the file); bytes read into memory
+    /// stay. The bytes stay valid either way.
+    fn release(&self, _range: std::ops::Range<usize>) {}
+}
+
+impl FileBytes for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+/// A GGUF file's bytes with its parsed header.
 pub struct GgufFile {
-    bytes: Vec<u8>,
+    bytes: Box<dyn FileBytes>,
     header: Gguf,
 }
 
 impl GgufFile {
+    /// Reads the whole file into memory (model files are mapped by `model::mapped` instead).
     pub fn open(path: &Path) -> Result<GgufFile, GgufError> {
         let bytes = std::fs::read(path).map_err(|source| GgufError::Io { path: path.display().to_string(), source })?;
         Self::from_bytes(bytes)
     }
 
     pub fn from_bytes(bytes: Vec<u8>) -> Result<GgufFile, GgufError> {
-        let header = Gguf::parse(&bytes)?;
+        Self::from_source(Box::new(bytes))
+    }
+
+    pub fn from_source(bytes: Box<dyn FileBytes>) -> Result<GgufFile, GgufError> {
+        let header = Gguf::parse(bytes.bytes())?;
         Ok(GgufFile { bytes, header })
     }
 
     pub fn data(&self, name: &str) -> Result<(&TensorInfo, &[u8]), GgufError> {
-        self.header.tensor_data(&self.bytes, name)
+        self.header.tensor_data(self.bytes.bytes(), name)
+    }
+
+    /// Lets the memory holding tensor `name`'s bytes go (see [`FileBytes::release`]): a loader
+    /// that has converted a tensor calls it so the file's pages do not stay beside the copy.
+    pub fn release(&self, name: &str) {
+        if let Ok(t) = self.tensor(name) {
+            let start = (self.data_offset as u64).saturating_add(t.offset);
+            let end = start.saturating_add(t.n_bytes).min(self.bytes.bytes().len() as u64);
+            if start < end {
+                self.bytes.release(start as usize..end as usize);
+            }
+        }
     }
 
     pub fn bytes(&self) -> &[u8] {
-        &self.bytes
+        self.bytes.bytes()
     }
 }
 

@@ -16,6 +16,7 @@ mod error;
 pub mod kernels;
 mod layer_attention;
 pub mod llama;
+pub mod mapped;
 pub mod matmul;
 pub mod ops;
 pub mod qmatrix;

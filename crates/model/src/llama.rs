@@ -62,12 +62,12 @@ fn build_pool(threads: usize) -> Result<ComputePool, ModelError> {
 
 impl Llama {
     pub fn load(path: &Path, opts: LoadOptions) -> Result<Llama, ModelError> {
-        Self::from_file(&GgufFile::open(path)?, opts)
+        Self::from_file(&crate::mapped::open(path)?, opts)
     }
 
     pub fn from_file(f: &GgufFile, opts: LoadOptions) -> Result<Llama, ModelError> {
         let config = LlamaConfig::from_gguf(f)?;
-        let weights = LlamaWeights::load(f, &config)?;
+        let weights = LlamaWeights::load(f, &config, opts.threads)?;
         let pool = build_pool(opts.threads)?;
         Ok(Llama { config, weights, isa: Isa::detect(), pool, workspace: Mutex::default() })
     }

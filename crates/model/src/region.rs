@@ -8,6 +8,7 @@
 //! default (`madvise`) gives huge pages only to memory that asks, so the region asks.
 
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Huge page size on x86-64 and the alignment of the region.
@@ -63,9 +64,10 @@ fn footprint<T>(len: usize) -> usize {
 /// One mapping, 2 MiB aligned, that asked the kernel for huge pages before it was touched.
 pub struct Region {
     base: *mut u8,
-    len: usize,
-    /// What was mapped (the aligned part plus the slack cut off by alignment).
-    mapped: (*mut u8, usize),
+    /// Bytes from `base` still mapped ([`Packer::finish`] unmaps the part never used).
+    len: AtomicUsize,
+    /// The slack before `base` cut off by alignment, left mapped: (start, bytes).
+    head: (*mut u8, usize),
 }
 
 // SAFETY: the region is plain memory; who may touch which part is decided by `WeightBuf`.
@@ -74,17 +76,19 @@ unsafe impl Send for Region {}
 unsafe impl Sync for Region {}
 
 impl Region {
+    /// Reserves `len` bytes (rounded up to huge pages) of address space: untouched pages cost
+    /// no memory (`MAP_NORESERVE`), so a loader can reserve a bound on what it will pack.
     #[cfg(target_os = "linux")]
     fn map(len: usize) -> Option<Region> {
-        let len = len.next_multiple_of(HUGE);
-        let total = len + HUGE;
+        let len = len.checked_next_multiple_of(HUGE)?;
+        let total = len.checked_add(HUGE)?;
         // SAFETY: a fresh private anonymous mapping; nothing else refers to it.
         let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
                 total,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
                 -1,
                 0,
             )
@@ -93,11 +97,30 @@ impl Region {
             return None;
         }
         let p = p as *mut u8;
-        let base = p.wrapping_add(p.align_offset(HUGE));
+        let head = p.align_offset(HUGE);
+        let base = p.wrapping_add(head);
+        // The tail past `base + len` is never used.
+        // SAFETY: `base + len .. p + total` lies inside the mapping just made.
+        unsafe { libc::munmap(base.wrapping_add(len) as *mut libc::c_void, total - head - len) };
         // Only a hint: without it the region is ordinary memory, which is still correct.
         // SAFETY: `base..base + len` lies inside the mapping just made.
         unsafe { libc::madvise(base as *mut libc::c_void, len, libc::MADV_HUGEPAGE) };
-        Some(Region { base, len, mapped: (p, total) })
+        Some(Region { base, len: AtomicUsize::new(len), head: (p, head) })
+    }
+
+    /// Unmaps the region past its first `used` bytes (rounded up to a huge page).
+    fn trim(&self, used: usize) {
+        let keep = used.next_multiple_of(HUGE);
+        let len = self.len.load(Ordering::Acquire);
+        if keep < len {
+            #[cfg(target_os = "linux")]
+            // SAFETY: `base + keep .. base + len` is mapped and no buffer lies in it (every
+            // buffer ends by `used`).
+            unsafe {
+                libc::munmap(self.base.wrapping_add(keep) as *mut libc::c_void, len - keep)
+            };
+            self.len.store(keep, Ordering::Release);
+        }
     }
 
     #[cfg(not(target_os = "linux"))]
@@ -109,7 +132,7 @@ impl Region {
     /// (None where that cannot be read).
     pub fn huge_bytes(&self) -> Option<usize> {
         let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-        let (lo, hi) = (self.base as usize, self.base as usize + self.len);
+        let (lo, hi) = (self.base as usize, self.base as usize + self.len.load(Ordering::Acquire));
         let mut inside = false;
         let mut total = 0;
         for line in smaps.lines() {
@@ -132,9 +155,10 @@ fn mapping_range(line: &str) -> Option<(usize, usize)> {
 impl Drop for Region {
     fn drop(&mut self) {
         #[cfg(target_os = "linux")]
-        // SAFETY: the mapping made in `map`; every buffer into it holds the Arc, so none is left.
+        // SAFETY: what is left of the mapping made in `map`; every buffer into it holds the
+        // Arc, so none is left.
         unsafe {
-            libc::munmap(self.mapped.0 as *mut libc::c_void, self.mapped.1);
+            libc::munmap(self.head.0 as *mut libc::c_void, self.head.1 + *self.len.get_mut());
         }
     }
 }
@@ -163,13 +187,43 @@ pub fn pack(items: &mut [&mut dyn Packable]) -> Option<Arc<Region>> {
     if bytes == 0 {
         return None;
     }
-    let region = Arc::new(Region::map(bytes)?);
-    let mut at = 0;
+    let mut packer = Packer::reserve(bytes);
     for it in items.iter_mut() {
-        it.each_buf(&mut |b| b.move_into(&region, &mut at));
+        packer.pack(*it);
     }
-    debug_assert_eq!(at, bytes);
-    Some(region)
+    packer.finish()
+}
+
+/// Moves buffers into one region as they are built, so a loader holds each matrix twice only
+/// while moving it, not the whole model twice until the end.
+pub struct Packer {
+    region: Option<Arc<Region>>,
+    /// Bytes of the region handed out.
+    at: usize,
+}
+
+impl Packer {
+    /// A region of `bound` bytes of address space (see [`Region::map`]; a buffer that would
+    /// pass the bound stays where it is).
+    pub fn reserve(bound: usize) -> Packer {
+        Packer { region: Region::map(bound.max(1)).map(Arc::new), at: 0 }
+    }
+
+    /// Moves every owned buffer of `item` that still fits into the region.
+    pub fn pack(&mut self, item: &mut dyn Packable) {
+        let Some(region) = &self.region else { return };
+        item.each_buf(&mut |b| b.move_into(region, &mut self.at));
+    }
+
+    /// The region with the part never used unmapped (None when nothing was packed).
+    pub fn finish(self) -> Option<Arc<Region>> {
+        let region = self.region?;
+        if self.at == 0 {
+            return None;
+        }
+        region.trim(self.at);
+        Some(region)
+    }
 }
 
 impl BufMut<'_> {
@@ -200,16 +254,18 @@ fn owned_footprint<T>(b: &WeightBuf<T>) -> usize {
     }
 }
 
-/// Copies an owned buffer to `region` at byte offset `*at` and points it there.
+/// Copies an owned buffer to `region` at byte offset `*at` and points it there, if it fits.
 fn move_into<T: Copy>(b: &mut WeightBuf<T>, region: &Arc<Region>, at: &mut usize) {
     let WeightBuf::Owned(v) = b else { return };
     let len = v.len();
     let need = footprint::<T>(len);
-    assert!(*at + need <= region.len, "the region was sized for every owned buffer");
+    if *at + need > region.len.load(Ordering::Acquire) {
+        return;
+    }
     let ptr = region.base.wrapping_add(*at) as *mut T;
     // SAFETY: `ptr` is aligned (the region is 2 MiB aligned, offsets are multiples of 64 and
-    // `T` needs at most 8) and `len` elements fit before `*at + need`, a range no other buffer
-    // is given; the source is a distinct allocation.
+    // `T` needs at most 8) and `len` elements fit before `*at + need`, inside the mapping and
+    // a range no other buffer is given; the source is a distinct allocation.
     unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), ptr, len) };
     *at += need;
     *b = WeightBuf::Packed { ptr, len, _region: region.clone() };
@@ -251,5 +307,24 @@ mod tests {
         assert!(pack(&mut [&mut x, &mut y]).is_none());
         drop(region);
         assert_eq!(x.b[1000], 500.0, "the buffers keep the region alive");
+    }
+
+    #[test]
+    fn a_packer_moves_what_fits_its_bound_keeps_the_rest_owned_and_gives_back_the_unused_part() {
+        let big = |n: usize, v: u8| Two { a: vec![v; n].into(), b: Vec::new().into(), c: Vec::new().into() };
+        let mut packer = Packer::reserve(3 * HUGE);
+        if packer.region.is_none() {
+            return;
+        }
+        let (mut x, mut y, mut z) = (big(HUGE, 1), big(2 * HUGE + 1, 2), big(100, 3));
+        packer.pack(&mut x);
+        packer.pack(&mut y);
+        packer.pack(&mut z);
+        assert!(matches!(x.a, WeightBuf::Packed { .. }) && matches!(z.a, WeightBuf::Packed { .. }));
+        assert!(matches!(y.a, WeightBuf::Owned(_)), "past the bound, a buffer stays where it was");
+        let region = packer.finish().expect("something was packed");
+        assert_eq!(region.len.load(Ordering::Acquire), 2 * HUGE, "only the huge pages in use stay mapped");
+        assert_eq!((x.a[HUGE - 1], y.a[2 * HUGE], z.a[99]), (1, 2, 3));
+        assert!(Packer::reserve(HUGE).finish().is_none(), "nothing packed, nothing kept");
     }
 }

@@ -1,6 +1,13 @@
 //! Loading a llama model's tensors, each checked for presence, type and shape.
+//!
+//! Layers are repacked in parallel, each moved into the weight region as soon as it and every
+//! layer before it are built, and each tensor's file pages released once it is repacked (see
+//! [`crate::mapped`]): memory holds the repacked model plus the few layers in flight, never
+//! the file and its repacked copy side by side.
 
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 
 use gguf::{GgmlType, GgufFile, TensorInfo};
 
@@ -8,7 +15,7 @@ use crate::config::{Arch, LlamaConfig};
 use crate::error::ModelError;
 use crate::qmatrix::{QKind, QMatrix};
 use crate::quant::{self, QK};
-use crate::region::{self, Packable, Region};
+use crate::region::{Packer, Region};
 
 pub struct Layer {
     pub attn_norm: Vec<f32>,
@@ -68,7 +75,7 @@ fn check_shape(t: &TensorInfo, expected: &[u64]) -> Result<(), ModelError> {
 /// so the file is refused rather than answered without it ([`Tensors::all_read`]).
 struct Tensors<'f> {
     file: &'f GgufFile,
-    read: std::cell::RefCell<std::collections::HashSet<String>>,
+    read: Mutex<HashSet<String>>,
 }
 
 impl<'f> Tensors<'f> {
@@ -78,8 +85,13 @@ impl<'f> Tensors<'f> {
 
     fn data(&self, name: &str) -> Result<(&'f TensorInfo, &'f [u8]), ModelError> {
         let found = self.file.data(name)?;
-        self.read.borrow_mut().insert(name.to_string());
+        self.read.lock().unwrap_or_else(|e| e.into_inner()).insert(name.to_string());
         Ok(found)
+    }
+
+    /// Lets the file's memory for `name` go: the tensor is converted and never read again.
+    fn release(&self, name: &str) {
+        self.file.release(name);
     }
 
     fn has(&self, name: &str) -> bool {
@@ -87,7 +99,7 @@ impl<'f> Tensors<'f> {
     }
 
     fn all_read(&self, arch: Arch) -> Result<(), ModelError> {
-        let read = self.read.borrow();
+        let read = self.read.lock().unwrap_or_else(|e| e.into_inner());
         match self.file.tensors().iter().find(|t| !read.contains(&t.name)) {
             Some(t) => Err(ModelError::UnreadTensor { name: t.name.clone(), arch: arch.name() }),
             None => Ok(()),
@@ -98,11 +110,13 @@ impl<'f> Tensors<'f> {
 fn vector(f: &Tensors<'_>, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
     let (t, bytes) = f.data(name)?;
     check_shape(t, &[len as u64])?;
-    match t.ty {
-        GgmlType::F32 => Ok(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
-        GgmlType::F16 => Ok(bytes.chunks_exact(2).map(|c| quant::f16_bits_to_f32(c[0], c[1])).collect()),
-        other => Err(ModelError::TensorType { name: name.to_string(), ty: other.name() }),
-    }
+    let v = match t.ty {
+        GgmlType::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        GgmlType::F16 => bytes.chunks_exact(2).map(|c| quant::f16_bits_to_f32(c[0], c[1])).collect(),
+        other => return Err(ModelError::TensorType { name: name.to_string(), ty: other.name() }),
+    };
+    f.release(name);
+    Ok(v)
 }
 
 /// Encodes f32 values as ggml Q8_0 blocks (used for matrices stored in types we have no kernel for).
@@ -133,63 +147,152 @@ fn stacked(f: &Tensors<'_>, parts: &[(&str, usize)], cols: usize) -> Result<QMat
         tensors.push((t.ty, rows, bytes));
     }
     let types: Vec<GgmlType> = tensors.iter().map(|t| t.0).collect();
-    if QKind::of_stack(&types).is_some() {
-        return QMatrix::from_parts(&tensors, cols);
+    let m = match QKind::of_stack(&types) {
+        Some(_) => QMatrix::from_parts(&tensors, cols)?,
+        None => {
+            let rows: usize = parts.iter().map(|p| p.1).sum();
+            let vals: Vec<f32> = tensors.iter().flat_map(|&(ty, _, b)| crate::dequant::dequantize(ty, b)).collect();
+            QMatrix::from_ggml(GgmlType::Q8_0, rows, cols, &encode_q8_0(&vals))?
+        }
+    };
+    for &(name, _) in parts {
+        f.release(name);
     }
-    let rows: usize = parts.iter().map(|p| p.1).sum();
-    let vals: Vec<f32> = tensors.iter().flat_map(|&(ty, _, b)| crate::dequant::dequantize(ty, b)).collect();
-    QMatrix::from_ggml(GgmlType::Q8_0, rows, cols, &encode_q8_0(&vals))
+    Ok(m)
+}
+
+/// Layer `i`'s tensors, checked and repacked.
+fn layer(f: &Tensors<'_>, c: &LlamaConfig, i: usize) -> Result<Layer, ModelError> {
+    let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
+    let n = |s: &str| format!("blk.{i}.{s}.weight");
+    let qk_norms = match c.has_qk_norms() {
+        true => {
+            Some(QkNorms { q: vector(f, &n("attn_q_norm"), c.head_dim)?, k: vector(f, &n("attn_k_norm"), c.head_dim)? })
+        }
+        false => None,
+    };
+    let post_norms = match c.arch {
+        Arch::Gemma3 => Some(PostNorms {
+            attn: vector(f, &n("post_attention_norm"), c.n_embd)?,
+            ffn: vector(f, &n("post_ffw_norm"), c.n_embd)?,
+        }),
+        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => None,
+    };
+    let qkv_bias = match c.has_qkv_bias() {
+        true => {
+            let b = |s: &str, len| vector(f, &format!("blk.{i}.{s}.bias"), len);
+            let mut bias = b("attn_q", q_dim)?;
+            bias.extend(b("attn_k", kv_dim)?);
+            bias.extend(b("attn_v", kv_dim)?);
+            Some(bias)
+        }
+        false => None,
+    };
+    Ok(Layer {
+        attn_norm: vector(f, &n("attn_norm"), c.n_embd)?,
+        wqkv: stacked(f, &[(&n("attn_q"), q_dim), (&n("attn_k"), kv_dim), (&n("attn_v"), kv_dim)], c.n_embd)?,
+        wo: matrix(f, &n("attn_output"), q_dim, c.n_embd)?,
+        ffn_norm: vector(f, &n("ffn_norm"), c.n_embd)?,
+        w_gate_up: stacked(f, &[(&n("ffn_gate"), c.n_ff), (&n("ffn_up"), c.n_ff)], c.n_embd)?,
+        w_down: matrix(f, &n("ffn_down"), c.n_ff, c.n_embd)?,
+        qk_norms,
+        post_norms,
+        qkv_bias,
+    })
+}
+
+/// Every layer, repacked by `threads` threads, each moved into `packer` in layer order (the
+/// order a step reads them) as soon as the layers before it are in. On failure, the error of
+/// the first layer that fails: layers are taken in order, so every layer before it was tried.
+fn layers(f: &Tensors<'_>, c: &LlamaConfig, threads: usize, packer: &mut Packer) -> Result<Vec<Layer>, ModelError> {
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let (tx, rx) = mpsc::channel::<(usize, Result<Layer, ModelError>)>();
+    std::thread::scope(|s| {
+        for _ in 0..threads.clamp(1, c.n_layers.max(1)) {
+            let tx = tx.clone();
+            let (next, failed) = (&next, &failed);
+            s.spawn(move || {
+                while !failed.load(Ordering::Acquire) {
+                    let i = next.fetch_add(1, Ordering::AcqRel);
+                    if i >= c.n_layers {
+                        break;
+                    }
+                    let built = layer(f, c, i);
+                    if built.is_err() {
+                        failed.store(true, Ordering::Release);
+                    }
+                    if tx.send((i, built)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(tx);
+        // No capacity from metadata: a damaged count must fail on a missing tensor, not on an
+        // allocation.
+        let mut done = Vec::new();
+        let mut waiting = BTreeMap::new();
+        let mut first_err: Option<(usize, ModelError)> = None;
+        for (i, built) in rx {
+            match built {
+                Ok(l) => {
+                    waiting.insert(i, l);
+                }
+                Err(e) if first_err.as_ref().is_none_or(|(j, _)| i < *j) => first_err = Some((i, e)),
+                Err(_) => {}
+            }
+            while let Some(mut l) = waiting.remove(&done.len()) {
+                for m in [&mut l.wqkv, &mut l.wo, &mut l.w_gate_up, &mut l.w_down] {
+                    packer.pack(m);
+                }
+                done.push(l);
+            }
+        }
+        match first_err {
+            Some((_, e)) => Err(e),
+            None => Ok(done),
+        }
+    })
+}
+
+/// A bound on the bytes the repacked matrices of `file` take: no kernel format takes more than
+/// twice its file type's bytes (U8Min from Q5_K, 1.82x, is the most), plus the rows that fill a
+/// last group of 16 and each buffer's alignment.
+fn packed_bound(file: &GgufFile) -> usize {
+    file.tensors()
+        .iter()
+        .map(|t| {
+            let cols = t.dims.first().copied().unwrap_or(0) as usize;
+            (t.n_bytes as usize).saturating_mul(2).saturating_add(cols.saturating_mul(2 * crate::qmatrix::GROUP))
+                + 8 * 64
+        })
+        .fold(0usize, usize::saturating_add)
 }
 
 impl LlamaWeights {
-    pub fn load(file: &GgufFile, c: &LlamaConfig) -> Result<LlamaWeights, ModelError> {
+    /// Loads and repacks every tensor, `threads` at a time (0: one per core).
+    pub fn load(file: &GgufFile, c: &LlamaConfig, threads: usize) -> Result<LlamaWeights, ModelError> {
         let f = &Tensors::new(file);
-        let (q_dim, kv_dim) = (c.q_dim(), c.kv_dim());
-        // No capacity from metadata: a damaged count must fail on a missing tensor, not on an
-        // allocation.
-        let mut layers = Vec::new();
-        for i in 0..c.n_layers {
-            let n = |s: &str| format!("blk.{i}.{s}.weight");
-            let qk_norms = match c.has_qk_norms() {
-                true => Some(QkNorms {
-                    q: vector(f, &n("attn_q_norm"), c.head_dim)?,
-                    k: vector(f, &n("attn_k_norm"), c.head_dim)?,
-                }),
-                false => None,
-            };
-            let post_norms = match c.arch {
-                Arch::Gemma3 => Some(PostNorms {
-                    attn: vector(f, &n("post_attention_norm"), c.n_embd)?,
-                    ffn: vector(f, &n("post_ffw_norm"), c.n_embd)?,
-                }),
-                Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => None,
-            };
-            let qkv_bias = match c.has_qkv_bias() {
-                true => {
-                    let b = |s: &str, len| vector(f, &format!("blk.{i}.{s}.bias"), len);
-                    let mut bias = b("attn_q", q_dim)?;
-                    bias.extend(b("attn_k", kv_dim)?);
-                    bias.extend(b("attn_v", kv_dim)?);
-                    Some(bias)
-                }
-                false => None,
-            };
-            layers.push(Layer {
-                attn_norm: vector(f, &n("attn_norm"), c.n_embd)?,
-                wqkv: stacked(f, &[(&n("attn_q"), q_dim), (&n("attn_k"), kv_dim), (&n("attn_v"), kv_dim)], c.n_embd)?,
-                wo: matrix(f, &n("attn_output"), q_dim, c.n_embd)?,
-                ffn_norm: vector(f, &n("ffn_norm"), c.n_embd)?,
-                w_gate_up: stacked(f, &[(&n("ffn_gate"), c.n_ff), (&n("ffn_up"), c.n_ff)], c.n_embd)?,
-                w_down: matrix(f, &n("ffn_down"), c.n_ff, c.n_embd)?,
-                qk_norms,
-                post_norms,
-                qkv_bias,
-            });
-        }
-        let output = match f.has("output.weight") {
-            true => Some(matrix(f, "output.weight", c.n_embd, c.vocab)?),
-            false => None,
+        let threads = match threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
         };
+        let mut packer = Packer::reserve(packed_bound(file));
+        let layers = layers(f, c, threads, &mut packer)?;
+        // The two largest matrices, one beside the other.
+        let (output, tok_embd) = std::thread::scope(|s| {
+            let output = s.spawn(|| f.has("output.weight").then(|| matrix(f, "output.weight", c.n_embd, c.vocab)));
+            let tok_embd = matrix(f, "token_embd.weight", c.n_embd, c.vocab);
+            let output = output.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+            (output, tok_embd)
+        });
+        let mut output = output.transpose()?;
+        let mut tok_embd = tok_embd?;
+        if let Some(o) = &mut output {
+            packer.pack(o);
+        }
+        packer.pack(&mut tok_embd);
         // Only llama files carry it (llama.cpp reads it for no other architecture here).
         let rope_freqs = match (c.arch, f.has("rope_freqs.weight")) {
             (Arch::Llama, true) => Some(vector(f, "rope_freqs.weight", c.head_dim / 2)?),
@@ -199,26 +302,9 @@ impl LlamaWeights {
         if rope_freqs.as_ref().is_some_and(|v| v.iter().any(|&x| !(x.is_finite() && x > 0.0))) {
             return Err(ModelError::Config("rope_freqs holds a factor that is not a positive number".into()));
         }
-        let mut w = LlamaWeights {
-            tok_embd: matrix(f, "token_embd.weight", c.n_embd, c.vocab)?,
-            layers,
-            out_norm: vector(f, "output_norm.weight", c.n_embd)?,
-            output,
-            rope_freqs,
-            region: None,
-        };
+        let out_norm = vector(f, "output_norm.weight", c.n_embd)?;
         f.all_read(c.arch)?;
-        // In the order a step reads them.
-        let mut all: Vec<&mut dyn Packable> = Vec::new();
-        for l in &mut w.layers {
-            all.extend([&mut l.wqkv as &mut dyn Packable, &mut l.wo, &mut l.w_gate_up, &mut l.w_down]);
-        }
-        if let Some(o) = &mut w.output {
-            all.push(o);
-        }
-        all.push(&mut w.tok_embd);
-        w.region = region::pack(&mut all);
-        Ok(w)
+        Ok(LlamaWeights { tok_embd, layers, out_norm, output, rope_freqs, region: packer.finish() })
     }
 
     /// Bytes of the weights the system backs with huge pages (None where it cannot be read).

@@ -166,3 +166,55 @@ proptest! {
         let _ = load(bytes);
     }
 }
+
+/// `tiny_gguf(spec)` without the tensors named in `drop`.
+fn without(spec: &TinySpec, drop: &[&str]) -> Vec<u8> {
+    let src = tiny_gguf(spec);
+    let g = Gguf::parse(&src).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in g.metadata() {
+        w.meta(k, v.clone());
+    }
+    for t in g.tensors().iter().filter(|t| !drop.contains(&t.name.as_str())) {
+        w.tensor(&t.name, &t.dims, t.ty, g.tensor_data(&src, &t.name).unwrap().1.to_vec());
+    }
+    w.to_bytes()
+}
+
+#[test]
+fn a_mapped_file_repacked_by_several_threads_holds_the_same_weights_as_one_thread_reading_it() {
+    let spec = TinySpec { n_layers: 7, ..TinySpec::default() };
+    let bytes = tiny_gguf(&spec);
+    let dir = std::env::temp_dir().join(format!("pw-load-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("tiny.gguf");
+    std::fs::write(&path, &bytes).unwrap();
+    let one = load(bytes).unwrap();
+    let many = Llama::load(&path, LoadOptions { threads: 4 }).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let same = |a: &model::qmatrix::QMatrix, b: &model::qmatrix::QMatrix| {
+        assert_eq!((a.kind, a.rows, a.cols), (b.kind, b.rows, b.cols));
+        assert_eq!((&a.qs[..], &a.d[..], &a.m[..], &a.qh[..]), (&b.qs[..], &b.d[..], &b.m[..], &b.qh[..]));
+        assert_eq!((&a.sc[..], &a.mn[..], &a.fd[..], &a.fm[..]), (&b.sc[..], &b.mn[..], &b.fd[..], &b.fm[..]));
+    };
+    assert_eq!(many.weights.layers.len(), 7);
+    for (a, b) in one.weights.layers.iter().zip(&many.weights.layers) {
+        for (x, y) in [(&a.wqkv, &b.wqkv), (&a.wo, &b.wo), (&a.w_gate_up, &b.w_gate_up), (&a.w_down, &b.w_down)] {
+            same(x, y);
+        }
+        assert_eq!((&a.attn_norm, &a.ffn_norm), (&b.attn_norm, &b.ffn_norm));
+    }
+    same(&one.weights.tok_embd, &many.weights.tok_embd);
+    assert_eq!(one.weights.out_norm, many.weights.out_norm);
+}
+
+#[test]
+fn repacked_by_several_threads_a_file_missing_tensors_is_refused_naming_the_first_layer_that_lacks_one() {
+    let spec = TinySpec { n_layers: 8, ..TinySpec::default() };
+    let bytes = without(&spec, &["blk.2.ffn_up.weight", "blk.6.attn_q.weight"]);
+    for threads in [1, 2, 5] {
+        let f = GgufFile::from_bytes(bytes.clone()).unwrap();
+        let err = Llama::from_file(&f, LoadOptions { threads }).err().expect("must fail");
+        assert!(err.to_string().contains("blk.2.ffn_up.weight"), "{threads} threads: {err}");
+    }
+}

@@ -49,7 +49,7 @@ impl ModelInfo {
     pub fn read(config: &Config) -> Result<(ModelInfo, GgufFile), ServeError> {
         let path = model_path(config)?;
         let err = model_err(&path);
-        let file = GgufFile::open(&path).map_err(|e| err(e.to_string()))?;
+        let file = model::mapped::open(&path).map_err(|e| err(e.to_string()))?;
         let mcfg = LlamaConfig::from_gguf(&file).map_err(|e| err(e.to_string()))?;
         let context = effective_context(config.context_window, mcfg.context)?;
         let layout = mcfg.kv_layout(config.pool.page_size, config.pool.dtype);

@@ -19,7 +19,7 @@ pub fn model_path(m: &ModelArgs) -> Result<PathBuf, ToolError> {
 
 pub fn open(m: &ModelArgs) -> Result<GgufFile, ToolError> {
     let path = model_path(m)?;
-    GgufFile::open(&path).map_err(|source| ToolError::ModelFile { path, source })
+    model::mapped::open(&path).map_err(|source| ToolError::ModelFile { path, source })
 }
 
 pub fn tokenizer(f: &GgufFile) -> Result<text::Tokenizer, ToolError> {

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Speed, memory and load time at the sizes people run, pagewarden beside llama.cpp in one run
+# on one machine (the machines are noisy: compare the ratios, not figures across runs).
+#
+#   LLAMA_BIN=/path/to/llama.cpp/build/bin [SHAPES="1.7b 8b"] [TYPES="Q4_0 Q4_K_M Q6_K Q8_0"] \
+#     [THREADS=2] [REPS=3] [WORK=/tmp/pw-sizes] scripts/bench-sizes.sh
+#
+# Files: a llama-architecture GGUF of each shape with random weights and SmolLM2's tokenizer
+# (scripts/synth-model.py, F16), quantized to each type by llama.cpp's llama-quantize; kept in
+# WORK for the next run (the F16 source is removed once quantized: 8B in F16 is 16 GB).
+# Per file it prints: batch-1 prefill and decode as ratios of llama-bench's in the same run
+# (`bench model --llama-bench`), each engine's decode read rate as a share of the read
+# bandwidth `bench model` measures, and peak resident memory and wall time from process start
+# to the 4th generated token, warm page cache: `pagewarden generate --max-tokens 4` beside
+# `llama-bench -p 0 -n 4 -r 1` (which also runs one warm-up pass), both under /usr/bin/time.
+#
+# llama.cpp is not part of this project: scripts/bench-vs-llamacpp.sh says how to build it from
+# the llama-cpp-python sdist on PyPI (targets llama-bench and llama-quantize).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+: "${LLAMA_BIN:?set LLAMA_BIN to llama.cpp's build/bin (llama-bench, llama-quantize)}"
+work=${WORK:-/tmp/pw-sizes}
+threads=${THREADS:-2}
+reps=${REPS:-3}
+mkdir -p "$work"
+cargo build -q --release -p pagewarden
+pw=target/release/pagewarden
+prompt="The capital of France is"
+rows=()
+for shape in ${SHAPES:-1.7b}; do
+  f16="$work/$shape.F16.gguf"
+  for ty in ${TYPES:-Q4_0 Q4_K_M Q6_K Q8_0}; do
+    q="$work/$shape.$ty.gguf"
+    if [[ ! -f $q ]]; then
+      [[ -f $f16 ]] || python3 scripts/synth-model.py --shape "$shape" --type f16 --out "$f16"
+      "$LLAMA_BIN/llama-quantize" "$f16" "$q.part" "$ty" > "$work/quantize.log" 2>&1
+      mv "$q.part" "$q"
+    fi
+  done
+  rm -f "$f16"
+  for ty in ${TYPES:-Q4_0 Q4_K_M Q6_K Q8_0}; do
+    q="$work/$shape.$ty.gguf"
+    echo "== $shape $ty ($q)" >&2
+    cat "$q" > /dev/null
+    /usr/bin/time -f "%e %M" -o "$work/pw.time" "$pw" generate --model "$q" --threads "$threads" --max-tokens 4 "$prompt" > /dev/null 2>&1
+    /usr/bin/time -f "%e %M" -o "$work/ll.time" "$LLAMA_BIN/llama-bench" -m "$q" -p 0 -n 4 -r 1 -t "$threads" > /dev/null 2>&1
+    "$pw" bench model --model "$q" --threads "$threads" --batch 1 --reps "$reps" --json \
+      --llama-bench "$LLAMA_BIN/llama-bench" > "$work/bench.json"
+    rows+=("$(python3 - "$q" "$work" <<'EOF'
+import json, os, sys
+q, work = sys.argv[1], sys.argv[2]
+size = os.path.getsize(q)
+b = json.load(open(os.path.join(work, "bench.json")))
+pw_t, pw_m = open(os.path.join(work, "pw.time")).read().split()[-2:]
+ll_t, ll_m = open(os.path.join(work, "ll.time")).read().split()[-2:]
+v = b["llama_cpp"]["versus"][0]
+row = next(r for r in b["rows"] if r["batch"] == 1 and r["threads"] == v["threads"] and r["depth"] == v["depth"])
+bw = next(x["read_gb_per_s"] for x in b["read_bandwidth"] if x["threads"] == v["threads"]) * 1e9
+ours = row["decode_tokens_per_s"] * b["weight_bytes_per_step"] / bw
+theirs = v["llama_tg_tokens_per_s"] * size / bw
+gb = lambda kb: int(kb) * 1024 / 1e9
+print(f"| {os.path.basename(q)} ({size / 1e9:.2f} GB) | {v['prefill_ratio']:.2f}x | {v['decode_ratio']:.2f}x "
+      f"| {100 * ours:.0f}% / {100 * theirs:.0f}% of {bw / 1e9:.1f} GB/s "
+      f"| {gb(pw_m):.2f} / {gb(ll_m):.2f} GB | {float(pw_t):.1f} / {float(ll_t):.1f} s |")
+EOF
+)")
+  done
+done
+echo
+echo "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) CPUs, $threads threads, batch 1"
+echo "| file | prefill | decode | decode read rate, pagewarden / llama.cpp | peak memory, pagewarden / llama.cpp | load + 4 tokens |"
+echo "|---|---|---|---|---|---|"
+printf '%s\n' "${rows[@]}"
