@@ -38,6 +38,10 @@ pub const ENGINE_STEPS_TOTAL: &str = "pagewarden_engine_steps_total";
 pub const PREFILL_TOKENS_TOTAL: &str = "pagewarden_prefill_tokens_total";
 /// counter; gateway (engine stats).
 pub const DECODE_TOKENS_TOTAL: &str = "pagewarden_decode_tokens_total";
+/// counter; gateway (engine stats): tokens guessed for speculative decoding and verified.
+pub const DRAFT_TOKENS_TOTAL: &str = "pagewarden_draft_tokens_total";
+/// counter; gateway (engine stats): guessed tokens kept (each also counts as decoded).
+pub const DRAFT_TOKENS_ACCEPTED_TOTAL: &str = "pagewarden_draft_tokens_accepted_total";
 /// gauge; gateway.
 pub const CLUSTER_WORKERS: &str = "pagewarden_cluster_workers";
 /// gauge; gateway: the live gateways it shares every tenant's limits with, itself included
@@ -123,6 +127,8 @@ pub const ALL: &[&str] = &[
     ENGINE_STEPS_TOTAL,
     PREFILL_TOKENS_TOTAL,
     DECODE_TOKENS_TOTAL,
+    DRAFT_TOKENS_TOTAL,
+    DRAFT_TOKENS_ACCEPTED_TOTAL,
     CLUSTER_WORKERS,
     GATEWAYS_LIVE,
     MEMBERSHIP_ENTRIES_REJECTED_TOTAL,

@@ -11,6 +11,10 @@
 //! decode, their decode rows share the step fairly: `row_share`). A dropped
 //! [`RequestStream`] cancels its request, whose pages are freed before the next step.
 //!
+//! A decoding sequence's row may also carry tokens guessed from its own prompt and output
+//! (`draft`, when configured), all verified in that one pass; only guesses equal to what
+//! sampling draws are kept, so the output is the same as without them.
+//!
 //! For the disaggregated roles the same loop also runs the two halves of a request: a prefill
 //! worker's [`EngineHandle::prefill`] (reserve the prompt, compute its KV, sample the first
 //! token, hand the pages over) and a decode worker's [`EngineHandle::reserve`] (the whole
@@ -20,6 +24,7 @@
 #![forbid(unsafe_code)]
 
 mod admission;
+mod draft;
 mod error;
 mod handle;
 mod inbox;

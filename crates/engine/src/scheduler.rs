@@ -13,10 +13,13 @@ use crate::admission::{self, Pools, Refusal, Reservation};
 use crate::inbox::{Kind, Msg, Pending, Resume, Shared};
 use crate::pacing::StepClock;
 use crate::row_share;
-use crate::sequence::{end, sample_into, End, Running};
+use crate::sequence::{end, sample_step, End, Running};
 use crate::settings::{EngineConfig, Revoke, TenantPolicy};
 use crate::{Event, FinishReason, Usage, ViolationKind};
 use protocol::{PoolStats, RequestError};
+
+/// The most decoding sequences a step may have for their rows to carry drafts.
+const SPECULATE_UP_TO_ROWS: usize = 4;
 
 /// A queue: (is it the prefill lane, tenant).
 type QueueKey = (bool, TenantId);
@@ -234,7 +237,9 @@ impl Loop {
                 cached,
                 scope,
                 generated: Vec::new(),
-                input: [0],
+                input: vec![0],
+                drafted: 0,
+                accepted: 0,
                 logits: Vec::new(),
                 end: None,
                 row_turn: 0,
@@ -332,8 +337,11 @@ impl Loop {
             let Some((r, tail)) = tail.split_first_mut() else { break };
             rest = tail;
             base = i + 1;
+            (r.drafted, r.accepted) = (0, 0);
             let (tokens, start, logits) = if r.decoding() {
-                (&r.input[..], r.req.prompt.len() + r.generated.len() - 1, Logits::Last)
+                // With drafts, every position's logits: each is sampled in turn.
+                let want = if r.input.len() > 1 { Logits::All } else { Logits::Last };
+                (&r.input[..], r.req.prompt.len() + r.generated.len() - 1, want)
             } else {
                 let end = r.prefilled + take;
                 let want = if end == r.req.prompt.len() { Logits::Last } else { Logits::None };
@@ -392,19 +400,30 @@ impl Loop {
             self.running[i].end =
                 Some(End::Event(Event::Failed(crate::error::model_failure(&model::ModelError::Kv(e)))));
         }
+        // Drafts only while few sequences decode: a step of few rows is bound by reading the
+        // weights, so guessed tokens ride along almost free; in a wide step they would cost
+        // every batch mate compute.
+        let draft = if decoding <= SPECULATE_UP_TO_ROWS { self.cfg.speculative_draft } else { 0 };
+        let vocab = self.model.config.vocab;
         // Sampling is a pass over the vocabulary per sequence: spread it over the compute
         // threads. Each sequence has its own sampler, so the result does not depend on how.
         self.model.compute_pool().for_each_chunk_mut(&mut self.running, 1, &|_, rs| {
             for r in rs {
                 if !r.logits.is_empty() {
                     let mut logits = std::mem::take(&mut r.logits);
-                    r.end = sample_into(r, &mut logits);
+                    r.end = sample_step(r, &mut logits, vocab, draft);
                     // Empty until the next step fills it; its allocation is kept for that.
                     logits.clear();
                     r.logits = logits;
                 }
             }
         });
+        for &(i, _) in &plan {
+            let r = &self.running[i];
+            self.stats.decode_tokens += r.accepted as u64;
+            self.stats.draft_tokens += r.drafted as u64;
+            self.stats.draft_tokens_accepted += r.accepted as u64;
+        }
         for i in (0..self.running.len()).rev() {
             if let Some(how) = self.running[i].end.take() {
                 let r = self.running.remove(i);
@@ -431,7 +450,7 @@ impl Loop {
                 let mut budget = self.cfg.max_batch_tokens.max(1);
                 for i in self.decode_rows() {
                     plan.push((i, 1));
-                    budget = budget.saturating_sub(1);
+                    budget = budget.saturating_sub(self.running[i].input.len());
                 }
                 for k in 0..n {
                     if budget == 0 {
@@ -554,7 +573,9 @@ impl Loop {
             cached: 0,
             scope: None,
             generated: vec![first],
-            input: [first],
+            input: vec![first],
+            drafted: 0,
+            accepted: 0,
             logits: Vec::new(),
             end: None,
             row_turn: 0,
@@ -587,6 +608,8 @@ impl Loop {
         s.steps = self.stats.steps;
         s.prefill_tokens = self.stats.prefill_tokens;
         s.decode_tokens = self.stats.decode_tokens;
+        s.draft_tokens = self.stats.draft_tokens;
+        s.draft_tokens_accepted = self.stats.draft_tokens_accepted;
         s.cached_tokens = self.stats.cached_tokens;
         s.cached_pages = self.pool.cached_pages()
             + if self.prefill_pool.same_pool(&self.pool) { 0 } else { self.prefill_pool.cached_pages() };

@@ -29,8 +29,12 @@ pub(crate) struct Running {
     /// Where its whole prompt pages are sealed once prefilled; None: no caching.
     pub(crate) scope: Option<CacheScope>,
     pub(crate) generated: Vec<u32>,
-    /// The last sampled token, fed at the next decode step.
-    pub(crate) input: [u32; 1],
+    /// Fed at the next decode step: the last sampled token, then any drafts to verify
+    /// ([`crate::draft`]).
+    pub(crate) input: Vec<u32>,
+    /// Drafts fed and drafts kept in the step just sampled.
+    pub(crate) drafted: usize,
+    pub(crate) accepted: usize,
     /// This step's logits, when the step produced some for this sequence; empty otherwise,
     /// its allocation kept for the next step.
     pub(crate) logits: Vec<f32>,
@@ -46,6 +50,35 @@ impl Running {
     pub(crate) fn decoding(&self) -> bool {
         self.prefilled == self.req.prompt.len()
     }
+}
+
+/// Samples a step's rows of `r` (`logits`: one row of `vocab` per token fed, or one row): row
+/// `i` is sampled exactly as a step without drafts would sample it, and the next row is
+/// sampled only if that token equals draft `i` (then the row's input was the token just
+/// drawn, so its logits are those the next step without drafts would compute). Then, if
+/// `draft` allows, the next step's drafts. Returns how the request ends when it is complete.
+pub(crate) fn sample_step(r: &mut Running, logits: &mut [f32], vocab: usize, draft: usize) -> Option<End> {
+    let rows = logits.len().checked_div(vocab).unwrap_or(1).max(1);
+    let drafts = std::mem::take(&mut r.input);
+    (r.drafted, r.accepted) = (if rows > 1 { drafts.len().saturating_sub(1) } else { 0 }, 0);
+    r.input = Vec::with_capacity(1 + draft);
+    for (i, row) in logits.chunks_mut(vocab.max(1)).take(rows).enumerate() {
+        if let Some(how) = sample_into(r, row) {
+            return Some(how);
+        }
+        match drafts.get(i + 1) {
+            Some(&d) if rows > 1 && r.generated.last() == Some(&d) => r.accepted += 1,
+            _ => break,
+        }
+    }
+    // Never past `max_tokens`: every guess kept is a token generated.
+    let room = r.req.max_tokens.saturating_sub(r.generated.len() + 1);
+    if draft > 0 && room > 0 && r.kind == Kind::Full {
+        let mut guess = Vec::new();
+        crate::draft::propose(&r.req.prompt, &r.generated, draft.min(room), &mut guess);
+        r.input.extend(guess);
+    }
+    None
 }
 
 pub(crate) fn end(r: Running, ev: Event) {
@@ -85,7 +118,8 @@ pub(crate) fn sample_into(r: &mut Running, logits: &mut [f32]) -> Option<End> {
         }
     }
     r.generated.push(id);
-    r.input = [id];
+    r.input.clear();
+    r.input.push(id);
     let _ = r.tx.send(Event::Token(s));
     if r.generated.len() >= r.req.max_tokens {
         return Some(End::Event(Event::Finished { reason: FinishReason::Length, usage: usage(r) }));

@@ -23,6 +23,9 @@ pub struct EngineConfig {
     /// The compiler of output formats for this model's vocabulary: workers build the
     /// constraint of each request they receive with it (`None`: they refuse such requests).
     pub grammars: Option<grammar::Grammars>,
+    /// Speculative decoding: up to this many tokens guessed from a sequence's own tokens are
+    /// verified in its decode row ([`crate::draft`]); 0: none. Output is unchanged either way.
+    pub speculative_draft: usize,
 }
 
 impl Default for EngineConfig {
@@ -34,6 +37,7 @@ impl Default for EngineConfig {
             queue_timeout: Duration::from_secs(30),
             prefix_cache: true,
             grammars: None,
+            speculative_draft: 0,
         }
     }
 }

@@ -238,7 +238,9 @@ impl Metrics {
             )
             .counters(ENGINE_STEPS_TOTAL, "Forward steps run.", one(stats.steps))
             .counters(PREFILL_TOKENS_TOTAL, "Prompt tokens prefilled.", one(stats.prefill_tokens))
-            .counters(DECODE_TOKENS_TOTAL, "Tokens decoded.", one(stats.decode_tokens));
+            .counters(DECODE_TOKENS_TOTAL, "Tokens decoded.", one(stats.decode_tokens))
+            .counters(DRAFT_TOKENS_TOTAL, "Guessed tokens verified (speculative decoding).", one(stats.draft_tokens))
+            .counters(DRAFT_TOKENS_ACCEPTED_TOTAL, "Guessed tokens kept.", one(stats.draft_tokens_accepted));
         let prefix: Vec<(String, [u64; 3])> =
             self.prefix.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(k, v)| (tenant_label(*k), *v)).collect();
         for (i, (name, help)) in [
@@ -311,6 +313,8 @@ mod tests {
             ENGINE_STEPS_TOTAL,
             PREFILL_TOKENS_TOTAL,
             DECODE_TOKENS_TOTAL,
+            DRAFT_TOKENS_TOTAL,
+            DRAFT_TOKENS_ACCEPTED_TOTAL,
             PREFIX_CACHE_LOOKUPS_TOTAL,
             PREFIX_CACHE_HITS_TOTAL,
             PREFIX_CACHE_HIT_TOKENS_TOTAL,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::config_error::{positive, positive_u64, ConfigError};
+use crate::config_error::{invalid, positive, positive_u64, ConfigError};
 
 /// `[engine]` as written.
 #[derive(Debug, Default, Deserialize)]
@@ -15,6 +15,7 @@ pub(crate) struct RawEngine {
     max_running: Option<usize>,
     max_queued: Option<usize>,
     queue_timeout_ms: Option<u64>,
+    speculative_draft: Option<usize>,
 }
 
 /// `[prefix_cache]` as written.
@@ -32,7 +33,13 @@ pub struct EngineSettings {
     pub queue_timeout: Duration,
     /// `[prefix_cache] enabled`: reuse a tenant's own earlier prompt pages.
     pub prefix_cache: bool,
+    /// Tokens guessed from a sequence's own text and verified per decode row (0: none).
+    pub speculative_draft: usize,
 }
+
+/// The most guessed tokens a decode row may carry: past a few, a row's extra compute is no
+/// longer hidden behind reading the weights, and long guesses are rarely right to the end.
+pub const MAX_SPECULATIVE_DRAFT: usize = 16;
 
 /// Empty `[engine]` and `[prefix_cache]` sections.
 pub(crate) fn defaults() -> EngineSettings {
@@ -42,6 +49,7 @@ pub(crate) fn defaults() -> EngineSettings {
         max_queued: 256,
         queue_timeout: Duration::from_millis(30_000),
         prefix_cache: true,
+        speculative_draft: 0,
     }
 }
 
@@ -58,6 +66,13 @@ impl RawEngine {
                 millis(d.queue_timeout),
             )?),
             prefix_cache: prefix_cache.enabled.unwrap_or(d.prefix_cache),
+            speculative_draft: match e.speculative_draft {
+                Some(n) if n > MAX_SPECULATIVE_DRAFT => {
+                    let why = format!("at most {MAX_SPECULATIVE_DRAFT} tokens (0 turns it off), got {n}");
+                    return Err(invalid("engine.speculative_draft", &why));
+                }
+                n => n.unwrap_or(d.speculative_draft),
+            },
         })
     }
 }

@@ -109,5 +109,6 @@ pub fn engine_config(config: &Config, grammars: &Grammars) -> EngineConfig {
         max_queued: config.engine.max_queued,
         queue_timeout: config.engine.queue_timeout,
         prefix_cache: config.engine.prefix_cache,
+        speculative_draft: config.engine.speculative_draft,
     }
 }

@@ -23,6 +23,7 @@ fn config_validation_errors_name_the_field() {
         ("[pool]\nscrub = \"never\"", "pool.scrub"),
         ("[pool]\ntokens = 10\nbytes = 10", "pool"),
         ("[engine]\nmax_running = 0", "engine.max_running"),
+        ("[engine]\nspeculative_draft = 17", "engine.speculative_draft"),
         ("[limits]\nmax_body_bytes = 0", "limits.max_body_bytes"),
         ("context_window = 0", "context_window"),
         ("[[tenants]]\nname = \"a\"\nkey_sha256 = \"abc\"", "tenants[0].key_sha256"),

@@ -64,6 +64,26 @@ fn seeded_sampling_is_reproducible_and_seed_sensitive() {
     assert_ne!(a["tokens"], c["tokens"]);
 }
 
+/// Speculative decoding on the real model: a request that copies a passage of its prompt gets
+/// the same tokens and log-probs, bit for bit, with guesses verified as without, and most of
+/// its guesses are kept.
+#[test]
+fn speculative_decoding_copies_text_with_the_same_tokens_and_logprobs_and_keeps_guesses() {
+    let text = "The quick brown fox jumps over the lazy dog near the river bank. ";
+    let prompt = format!("Repeat the text exactly.\nText: {}\nRepeat: {}", text.repeat(2), &text[..20]);
+    let run = |draft: &str| -> Value {
+        let args =
+            ["generate", &prompt, "--max-tokens", "40", "--top-logprobs", "2", "--json", "--speculative-draft", draft];
+        serde_json::from_str(&ok_stdout(&args)).unwrap()
+    };
+    let (plain, spec) = (run("0"), run("6"));
+    assert_eq!(spec["tokens"], plain["tokens"]);
+    assert_eq!(spec["logprobs"], plain["logprobs"], "log-probs are the same values");
+    assert_eq!(plain["draft_tokens"], 0);
+    let (drafted, kept) = (spec["draft_tokens"].as_u64().unwrap(), spec["draft_tokens_accepted"].as_u64().unwrap());
+    assert!(kept * 2 > drafted && kept >= 10, "copying a passage keeps most guesses: {kept} of {drafted}");
+}
+
 #[test]
 fn chat_generation_stops_at_the_end_of_turn() {
     let out: Value =

@@ -17,6 +17,10 @@ pub struct PoolStats {
     /// Prompt tokens computed (cache hits excluded).
     pub prefill_tokens: u64,
     pub decode_tokens: u64,
+    /// Speculative decoding: guessed tokens verified in decode rows, and those kept (each kept
+    /// one is also a decoded token).
+    pub draft_tokens: u64,
+    pub draft_tokens_accepted: u64,
     /// Prompt tokens served from the prefix cache instead of computed.
     pub cached_tokens: u64,
     /// Pages held by the prefix caches (main and prefill pool).
@@ -35,6 +39,8 @@ impl PoolStats {
         self.steps += other.steps;
         self.prefill_tokens += other.prefill_tokens;
         self.decode_tokens += other.decode_tokens;
+        self.draft_tokens += other.draft_tokens;
+        self.draft_tokens_accepted += other.draft_tokens_accepted;
         self.cached_tokens += other.cached_tokens;
         self.cached_pages += other.cached_pages;
         for (dst, src) in [
@@ -90,10 +96,13 @@ mod tests {
             pages_used: 5,
             steps: 3,
             decode_tokens: 4,
+            draft_tokens: 9,
+            draft_tokens_accepted: 6,
         };
         let b = PoolStats {
             cached_tokens: 2,
             cached_pages: 1,
+            draft_tokens: 1,
             cached_pages_by_tenant: vec![(TenantId(2), 1)],
             pages_total: 6,
             ..Default::default()
@@ -102,6 +111,7 @@ mod tests {
         sum.absorb(&a);
         sum.absorb(&b);
         assert_eq!((sum.cached_tokens, sum.cached_pages, sum.prefill_tokens), (42, 4, 7));
+        assert_eq!((sum.draft_tokens, sum.draft_tokens_accepted), (10, 6));
         assert_eq!((sum.queued, sum.running, sum.pages_total, sum.pages_used), (1, 2, 16, 5));
         assert_eq!((sum.steps, sum.decode_tokens), (3, 4));
         assert_eq!(sum.cached_pages_by_tenant, vec![(TenantId(1), 2), (TenantId(2), 2)]);

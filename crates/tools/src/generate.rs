@@ -59,6 +59,10 @@ pub struct GenerateArgs {
     /// Print one JSON object at the end (text, token ids, log-probs, timings) instead of streaming.
     #[arg(long)]
     pub json: bool,
+    /// Speculative decoding: verify up to this many tokens guessed from the prompt and output
+    /// with each decode step (0 = off). The output is the same either way; only speed changes.
+    #[arg(long, default_value_t = 0)]
+    pub speculative_draft: usize,
 }
 
 #[derive(Serialize)]
@@ -72,8 +76,11 @@ struct Output {
     prefill_ms: f64,
     /// From the first token to the end: one decode step per further token.
     decode_ms: f64,
-    /// Decode steps (tokens after the first) per second.
+    /// Tokens after the first per second of decoding.
     decode_tokens_per_s: f64,
+    /// Guessed tokens verified and kept (speculative decoding).
+    draft_tokens: u64,
+    draft_tokens_accepted: u64,
 }
 
 /// One request's tokens and timings.
@@ -143,7 +150,8 @@ pub fn run(a: &GenerateArgs) -> Result<(), ToolError> {
         return Err(ToolError::refused(e));
     }
     let pool = runtime::pool_for(&model, prompt.len() + a.max_tokens)?;
-    let engine = Engine::start(model, pool, EngineConfig { prefix_cache: false, ..EngineConfig::default() });
+    let cfg = EngineConfig { prefix_cache: false, speculative_draft: a.speculative_draft, ..EngineConfig::default() };
+    let engine = Engine::start(model, pool, cfg);
     let request = GenRequest {
         id: RequestId(1),
         tenant: TenantId(1),
@@ -166,7 +174,10 @@ pub fn run(a: &GenerateArgs) -> Result<(), ToolError> {
         }
         Ok(())
     })?;
+    // Read once the loop has stopped: it publishes its counters after each step and at exit.
+    let handle = engine.handle().clone();
     drop(engine);
+    let stats = handle.stats();
     if stream {
         out.write_all(dec.finish().as_bytes()).and_then(|()| out.write_all(b"\n")).map_err(ToolError::Stdout)?;
         return Ok(());
@@ -188,6 +199,8 @@ pub fn run(a: &GenerateArgs) -> Result<(), ToolError> {
             .collect(),
         decode_tokens_per_s: if decode_s > 0.0 { ids.len().saturating_sub(1) as f64 / decode_s } else { 0.0 },
         tokens: ids,
+        draft_tokens: stats.draft_tokens,
+        draft_tokens_accepted: stats.draft_tokens_accepted,
         prefill_ms: g.prefill.as_secs_f64() * 1e3,
         decode_ms: decode_s * 1e3,
     };
