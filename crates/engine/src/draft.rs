@@ -7,6 +7,10 @@
 //! what it generated). Summaries, edits, code and extraction repeat spans of their prompt, so
 //! such guesses are often right; where nothing repeats, nothing is guessed and nothing is spent.
 //!
+//! A guess costs a row of the step whether or not it is kept, so each sequence feeds as many
+//! as pay for themselves ([`DraftRate`]): while its guesses are kept it feeds more, when they
+//! fail it feeds fewer and then none, and tries again some steps later.
+//!
 //! Drafts are taken from the request's own tokens only, never from another request's or
 //! another tenant's (a shared lookup table would tell one tenant what another's text holds
 //! through which guesses are accepted, which shows in speed). Verification (`sequence`) samples
@@ -45,6 +49,81 @@ pub(crate) fn propose(prompt: &[u32], generated: &[u32], max: usize, out: &mut V
     }
 }
 
+/// What a step allows the next one's drafts: at most `max` per row, each worth its row only
+/// if it is kept with a chance above `theta`, the share of the step's time one more row costs
+/// weighed by the tokens the step yields (see [`DraftRate::length`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Drafting {
+    pub(crate) max: usize,
+    pub(crate) theta: f64,
+}
+
+impl Drafting {
+    pub(crate) const OFF: Drafting = Drafting { max: 0, theta: 1.0 };
+
+    /// For a step of `rows` decode rows whose fixed part costs as much as `fixed_in_rows` rows
+    /// (`None` until measured): one more row costs `1 / (fixed + rows)` of the step, which
+    /// yields `rows` tokens, so a guess pays when its chance of being kept exceeds
+    /// `rows / (fixed + rows)`.
+    pub(crate) fn new(max: usize, rows: usize, fixed_in_rows: Option<f64>) -> Drafting {
+        let theta = match fixed_in_rows {
+            Some(fixed) if fixed.is_finite() && fixed >= 0.0 => rows.max(1) as f64 / (fixed + rows.max(1) as f64),
+            _ => UNMEASURED_THETA,
+        };
+        Drafting { max, theta }
+    }
+}
+
+/// Until the step clock has measured a row's cost: guesses kept less often than this are not
+/// worth a row (on the 2-vCPU reference machine a batch-1 SmolLM2 step has a fixed part of
+/// about 2.4 rows, i.e. 0.29).
+const UNMEASURED_THETA: f64 = 0.3;
+
+/// A sequence's estimated chance that a guess is kept, given the guesses before it were.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DraftRate(f64);
+
+/// Where a sequence starts, and what a sequence not guessing drifts back to.
+const PRIOR_RATE: f64 = 0.5;
+/// Weight of a step's outcome in the estimate.
+const RATE_SMOOTHING: f64 = 0.3;
+/// Per step without guesses, how far the estimate moves back toward the prior: a sequence
+/// whose guesses failed tries again some steps later (its text may have started to repeat).
+const RATE_RECOVERY: f64 = 0.02;
+
+impl Default for DraftRate {
+    fn default() -> Self {
+        DraftRate(PRIOR_RATE)
+    }
+}
+
+impl DraftRate {
+    /// After a step that fed `drafted` guesses and kept the first `kept`: each kept guess is a
+    /// success, and the first rejected one a failure (those after it were never judged).
+    pub(crate) fn update(&mut self, drafted: usize, kept: usize) {
+        if drafted == 0 {
+            self.0 += RATE_RECOVERY * (PRIOR_RATE - self.0);
+            return;
+        }
+        let trials = kept + usize::from(kept < drafted);
+        self.0 += RATE_SMOOTHING * (kept as f64 / trials as f64 - self.0);
+    }
+
+    /// How many guesses to feed: the k-th is kept (and saves a step's worth of a token) with
+    /// chance rate^k, so guesses are added while that exceeds `d.theta`, up to `d.max`.
+    pub(crate) fn length(&self, d: Drafting) -> usize {
+        let (mut k, mut chance) = (0, 1.0);
+        while k < d.max {
+            chance *= self.0;
+            if chance <= d.theta {
+                break;
+            }
+            k += 1;
+        }
+        k
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -73,6 +152,43 @@ mod tests {
         assert!(guess(&[4, 1, 5, 6, 1], &[], 4).is_empty());
         assert!(guess(&[], &[], 4).is_empty());
         assert!(guess(&[1, 2, 1, 2], &[], 0).is_empty());
+    }
+
+    #[test]
+    fn guesses_grow_while_they_are_kept_and_stop_after_they_fail_then_come_back_slowly() {
+        let d = Drafting { max: 8, theta: 0.29 };
+        let mut rate = DraftRate::default();
+        assert_eq!(rate.length(d), 1, "a new sequence tries one guess");
+        let mut lengths = Vec::new();
+        for _ in 0..8 {
+            let k = rate.length(d);
+            lengths.push(k);
+            rate.update(k, k);
+        }
+        assert!(lengths.windows(2).all(|w| w[0] <= w[1]) && lengths[7] == 8, "{lengths:?}");
+        // Guesses that fail: fewer, then none.
+        for _ in 0..6 {
+            let k = rate.length(d);
+            rate.update(k, 0);
+        }
+        assert_eq!(rate.length(d), 0);
+        // Without guesses the estimate drifts back, and one guess is tried again.
+        let steps = (1..200).find(|_| {
+            rate.update(0, 0);
+            rate.length(d) > 0
+        });
+        assert!(steps.is_some_and(|n| n > 3), "{steps:?}");
+        assert_eq!(rate.length(Drafting::OFF), 0);
+    }
+
+    #[test]
+    fn a_guess_pays_when_kept_more_often_than_a_rows_share_of_the_step() {
+        // A fixed part of 2 rows: one more row is a third of a one-row step.
+        assert!((Drafting::new(4, 1, Some(2.0)).theta - 1.0 / 3.0).abs() < 1e-12);
+        // Four rows share the step's yield: a guess must be kept more often.
+        assert!((Drafting::new(4, 4, Some(2.0)).theta - 4.0 / 6.0).abs() < 1e-12);
+        assert_eq!(Drafting::new(4, 1, None).theta, UNMEASURED_THETA);
+        assert_eq!(Drafting::new(4, 1, Some(f64::NAN)).theta, UNMEASURED_THETA);
     }
 
     #[test]

@@ -10,6 +10,7 @@ use model::{Llama, Logits, SeqStep};
 use sampling::Sampler;
 
 use crate::admission::{self, Pools, Refusal, Reservation};
+use crate::draft::{DraftRate, Drafting};
 use crate::inbox::{Kind, Msg, Pending, Resume, Shared};
 use crate::pacing::StepClock;
 use crate::row_share;
@@ -240,6 +241,7 @@ impl Loop {
                 input: vec![0],
                 drafted: 0,
                 accepted: 0,
+                draft_rate: DraftRate::default(),
                 logits: Vec::new(),
                 end: None,
                 row_turn: 0,
@@ -325,6 +327,11 @@ impl Loop {
         }
         let decoding = plan.iter().filter(|&&(i, _)| self.running[i].decoding()).count();
         let prompt_tokens = plan.iter().map(|&(_, take)| take).sum::<usize>() - decoding;
+        let guessed: usize = plan
+            .iter()
+            .filter(|&&(i, _)| self.running[i].decoding())
+            .map(|&(i, _)| self.running[i].input.len() - 1)
+            .sum();
         // Each sequence's logits buffer goes into the step and comes back filled: kept across
         // steps, it is not a fresh vocabulary-sized allocation per sequence per step.
         let mut outputs: Vec<Vec<f32>> =
@@ -403,7 +410,13 @@ impl Loop {
         // Drafts only while few sequences decode: a step of few rows is bound by reading the
         // weights, so guessed tokens ride along almost free; in a wide step they would cost
         // every batch mate compute.
-        let draft = if decoding <= SPECULATE_UP_TO_ROWS { self.cfg.speculative_draft } else { 0 };
+        let next_decoding = self.running.iter().filter(|r| r.decoding() && r.end.is_none()).count();
+        let draft = match next_decoding {
+            1..=SPECULATE_UP_TO_ROWS => {
+                Drafting::new(self.cfg.speculative_draft, next_decoding, self.clock.fixed_in_rows())
+            }
+            _ => Drafting::OFF,
+        };
         let vocab = self.model.config.vocab;
         // Sampling is a pass over the vocabulary per sequence: spread it over the compute
         // threads. Each sequence has its own sampler, so the result does not depend on how.
@@ -436,7 +449,8 @@ impl Loop {
             }
         }
         match rows {
-            Rows::All => self.clock.record_step(decoding, prompt_tokens, began.elapsed()),
+            // Guessed tokens are rows of the step like any other.
+            Rows::All => self.clock.record_step(decoding + guessed, prompt_tokens, began.elapsed()),
             Rows::PromptsAhead(_) => self.clock.record_ahead(prompt_tokens, began.elapsed()),
         }
     }
@@ -448,7 +462,12 @@ impl Loop {
         match rows {
             Rows::All => {
                 let mut budget = self.cfg.max_batch_tokens.max(1);
-                for i in self.decode_rows() {
+                let rows = self.decode_rows();
+                for i in rows.iter().copied() {
+                    // Guesses made for a step of few rows are dropped when it has grown.
+                    if rows.len() > SPECULATE_UP_TO_ROWS {
+                        self.running[i].input.truncate(1);
+                    }
                     plan.push((i, 1));
                     budget = budget.saturating_sub(self.running[i].input.len());
                 }
@@ -576,6 +595,7 @@ impl Loop {
             input: vec![first],
             drafted: 0,
             accepted: 0,
+            draft_rate: DraftRate::default(),
             logits: Vec::new(),
             end: None,
             row_turn: 0,
@@ -696,6 +716,43 @@ mod tests {
         }
         assert!(matches!(events.last(), Some(Event::Finished { .. })), "{events:?}");
         tokens(&events)
+    }
+
+    /// Drafts come from the request's own tokens: every guess a step feeds is a run of its own
+    /// prompt and output, right after an earlier occurrence of its last tokens, also while
+    /// another tenant runs a prompt holding this request's whole continuation (a lookup shared
+    /// across requests would guess tokens this request has not produced yet, and keeping them
+    /// would show in its speed).
+    #[test]
+    fn every_guess_is_a_run_of_its_own_sequence_even_beside_a_tenant_holding_its_continuation() {
+        let mine: Vec<u32> = (0..30).map(|i| ((i * 13 + 5) % 80) as u32).collect();
+        let mut r1 = req(1, 1, 0, 40);
+        r1.prompt = mine.clone();
+        let continuation = alone(r1.clone());
+        let mut r2 = req(2, 2, 0, 40);
+        r2.prompt = [&mine[..], &continuation[..], &mine[..]].concat();
+        let (mut lp, tx) = new_loop();
+        lp.cfg.speculative_draft = 8;
+        let mut rx1 = submit(&mut lp, &tx, r1);
+        let _rx2 = submit(&mut lp, &tx, r2);
+        lp.admit();
+        let mut guessed = [0, 0];
+        while !lp.running.is_empty() {
+            lp.step();
+            for r in &lp.running {
+                let guess = &r.input[1..];
+                if guess.is_empty() {
+                    continue;
+                }
+                guessed[r.req.tenant.0 as usize - 1] += guess.len();
+                let own = [&r.req.prompt[..], &r.generated[..]].concat();
+                let last2 = &own[own.len() - 2..];
+                let found = (0..own.len() - 2).any(|i| own[i..i + 2] == *last2 && own[i + 2..].starts_with(guess));
+                assert!(found, "tenant {}: {guess:?} is not a run of its own tokens", r.req.tenant.0);
+            }
+        }
+        assert!(guessed[0] > 0 && guessed[1] > 0, "both guessed: {guessed:?}");
+        assert_eq!(tokens(&drain(&mut rx1)), continuation, "the same output beside the other tenant");
     }
 
     /// Requests and their event streams.

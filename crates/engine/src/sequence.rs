@@ -6,6 +6,7 @@ use kv::{BlockTable, CacheScope};
 use sampling::Sampler;
 use tokio::sync::mpsc as tmpsc;
 
+use crate::draft::{DraftRate, Drafting};
 use crate::inbox::Kind;
 use crate::{Event, FinishReason, GenRequest, TokenEvent, Usage};
 use protocol::RequestError;
@@ -35,6 +36,8 @@ pub(crate) struct Running {
     /// Drafts fed and drafts kept in the step just sampled.
     pub(crate) drafted: usize,
     pub(crate) accepted: usize,
+    /// How often its guesses are kept: how many to feed.
+    pub(crate) draft_rate: DraftRate,
     /// This step's logits, when the step produced some for this sequence; empty otherwise,
     /// its allocation kept for the next step.
     pub(crate) logits: Vec<f32>,
@@ -55,13 +58,14 @@ impl Running {
 /// Samples a step's rows of `r` (`logits`: one row of `vocab` per token fed, or one row): row
 /// `i` is sampled exactly as a step without drafts would sample it, and the next row is
 /// sampled only if that token equals draft `i` (then the row's input was the token just
-/// drawn, so its logits are those the next step without drafts would compute). Then, if
-/// `draft` allows, the next step's drafts. Returns how the request ends when it is complete.
-pub(crate) fn sample_step(r: &mut Running, logits: &mut [f32], vocab: usize, draft: usize) -> Option<End> {
+/// drawn, so its logits are those the next step without drafts would compute). Then the next
+/// step's drafts, as many as `draft` and the sequence's record allow. Returns how the request
+/// ends when it is complete.
+pub(crate) fn sample_step(r: &mut Running, logits: &mut [f32], vocab: usize, draft: Drafting) -> Option<End> {
     let rows = logits.len().checked_div(vocab).unwrap_or(1).max(1);
     let drafts = std::mem::take(&mut r.input);
     (r.drafted, r.accepted) = (if rows > 1 { drafts.len().saturating_sub(1) } else { 0 }, 0);
-    r.input = Vec::with_capacity(1 + draft);
+    r.input = Vec::with_capacity(1 + draft.max);
     for (i, row) in logits.chunks_mut(vocab.max(1)).take(rows).enumerate() {
         if let Some(how) = sample_into(r, row) {
             return Some(how);
@@ -71,12 +75,18 @@ pub(crate) fn sample_step(r: &mut Running, logits: &mut [f32], vocab: usize, dra
             _ => break,
         }
     }
+    if rows > 1 {
+        r.draft_rate.update(r.drafted, r.accepted);
+    }
     // Never past `max_tokens`: every guess kept is a token generated.
     let room = r.req.max_tokens.saturating_sub(r.generated.len() + 1);
-    if draft > 0 && room > 0 && r.kind == Kind::Full {
+    let want = r.draft_rate.length(draft).min(room);
+    if want > 0 && r.kind == Kind::Full {
         let mut guess = Vec::new();
-        crate::draft::propose(&r.req.prompt, &r.generated, draft.min(room), &mut guess);
+        crate::draft::propose(&r.req.prompt, &r.generated, want, &mut guess);
         r.input.extend(guess);
+    } else if draft.max > 0 {
+        r.draft_rate.update(0, 0);
     }
     None
 }

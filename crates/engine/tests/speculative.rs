@@ -133,32 +133,3 @@ fn drafts_never_run_past_max_tokens() {
         assert_eq!(got[0].len(), max);
     }
 }
-
-/// Drafts come from the request's own tokens: another tenant running, at the same time, the
-/// very text this request's continuation is changes nothing about it, not even how many
-/// guesses it makes and keeps (a lookup shared across requests would guess that text).
-#[test]
-fn a_requests_drafts_come_from_its_own_tokens_only() {
-    // All different tokens: nothing in it repeats.
-    let prompt: Vec<u32> = (0..30).map(|i| ((i * 13 + 5) % 80) as u32).collect();
-    let e1 = engine(4);
-    let want = run(&e1, vec![request(1, 1, prompt.clone(), 32, logprobs())]);
-    let s1 = settled(&e1);
-    // The other tenant's prompt holds this request's prompt followed by its whole output.
-    let mut other = prompt.clone();
-    other.extend(want[0].iter().map(|t| t.token));
-    other.extend(&prompt);
-    let e2 = engine(4);
-    run(&e2, vec![request(2, 2, other.clone(), 32, logprobs())]);
-    let s2 = settled(&e2);
-    let both = engine(4);
-    let got = run(&both, vec![request(1, 1, prompt, 32, logprobs()), request(2, 2, other, 32, logprobs())]);
-    let bits = |v: &[TokenEvent]| v.iter().map(|t| (t.token, t.logprob.map(f32::to_bits))).collect::<Vec<_>>();
-    assert_eq!(bits(&got[0]), bits(&want[0]));
-    let s = settled(&both);
-    assert_eq!(
-        (s.draft_tokens, s.draft_tokens_accepted),
-        (s1.draft_tokens + s2.draft_tokens, s1.draft_tokens_accepted + s2.draft_tokens_accepted),
-        "together, each request guessed and kept exactly what it did alone"
-    );
-}

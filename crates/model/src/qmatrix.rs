@@ -12,7 +12,7 @@ use std::sync::OnceLock;
 
 use gguf::GgmlType;
 
-use crate::dequant::QK_K;
+use crate::dequant::{scale_min_k4, QK_K};
 use crate::error::ModelError;
 use crate::quant::{ActFormat, QuantActs, QK};
 use crate::region::{BufMut, Packable, WeightBuf};
@@ -204,6 +204,11 @@ impl QMatrix {
     /// onto the same kernel format. Missing rows of the last group are zero (scale 0), so they
     /// compute to 0 and are not stored.
     pub fn from_parts(parts: &[(GgmlType, usize, &[u8])], cols: usize) -> Result<QMatrix, ModelError> {
+        Self::repack(parts, cols, true)
+    }
+
+    /// [`QMatrix::from_parts`], whole rows at a time where [`QMatrix::put_row`] can (`rows`).
+    fn repack(parts: &[(GgmlType, usize, &[u8])], cols: usize, rows_at_once: bool) -> Result<QMatrix, ModelError> {
         let rows: usize = parts.iter().map(|p| p.1).sum();
         let shape = |why: String| ModelError::Shape(format!("matrix {rows}x{cols}: {why}"));
         if !cols.is_multiple_of(QK) || rows == 0 {
@@ -236,6 +241,10 @@ impl QMatrix {
             let (be, bb) = ty.block();
             let row_bytes = cols / be * bb;
             for src in data.chunks_exact(row_bytes).take(n) {
+                if rows_at_once && w.put_row(ty, row, src) {
+                    row += 1;
+                    continue;
+                }
                 for b in 0..cols / QK {
                     let (blk, sub) = ((b * QK) / be, (b * QK) % be / QK);
                     w.put(row, b, &unpack(ty, &src[blk * bb..(blk + 1) * bb], sub));
@@ -265,6 +274,80 @@ impl QMatrix {
             fm: vec![0.0; per(kind == U8Min, n)].into(),
             signed: OnceLock::new(),
         }
+    }
+
+    /// Stores ggml row `row` (`src`: its blocks of `ty`) where the file's bytes already are the
+    /// tiles' up to their order: Q4_0, Q4_1 and Q4_K nibbles, Q8_0 bytes (+128) and Q6_K's six
+    /// bits, four elements at a time. The same bytes as [`QMatrix::put`] of every unpacked block
+    /// (`whole_rows_repack_to_the_bytes_of_block_by_block`) at a fraction of its cost, which is
+    /// most of a model's load time. False, storing nothing, for any other pair of file type
+    /// and kind (Q5 types, a stack requantized to another kind).
+    fn put_row(&mut self, ty: GgmlType, row: usize, src: &[u8]) -> bool {
+        if QKind::of(ty) != Some(self.kind) {
+            return false;
+        }
+        let (g, r, nb, tb) = (row / GROUP, row % GROUP, self.blocks(), self.kind.tile_bytes());
+        let word = |b: &[u8], i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let f16 = |b: &[u8], i: usize| u16::from_le_bytes([b[i], b[i + 1]]);
+        let (nib, two) = (0x0F0F_0F0Fu32, 0x0303_0303u32);
+        match ty {
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q8_0 => {
+                let (bb, at, words, flip) = match ty {
+                    GgmlType::Q4_0 => (18, 2, 4, 0),
+                    GgmlType::Q4_1 => (20, 4, 4, 0),
+                    _ => (34, 2, 8, 0x8080_8080u32),
+                };
+                for (b, blk) in src.chunks_exact(bb).enumerate() {
+                    let gb = g * nb + b;
+                    let tile = &mut self.qs[gb * tb..(gb + 1) * tb];
+                    for j in 0..words {
+                        tile[j * 64 + r * 4..][..4].copy_from_slice(&(word(blk, at + 4 * j) ^ flip).to_le_bytes());
+                    }
+                    self.d[gb * GROUP + r] = f16(blk, 0);
+                    if ty == GgmlType::Q4_1 {
+                        self.m[gb * GROUP + r] = f16(blk, 2);
+                    }
+                }
+            }
+            GgmlType::Q4_K => {
+                for (k, blk) in src.chunks_exact(144).enumerate() {
+                    let si = (g * (nb / KBLOCKS) + k) * GROUP + r;
+                    (self.d[si], self.m[si]) = (f16(blk, 0), f16(blk, 2));
+                    for sub in 0..KBLOCKS {
+                        let gb = g * nb + k * KBLOCKS + sub;
+                        let (chunk, shift) = (&blk[16 + 32 * (sub / 2)..][..32], 4 * (sub % 2));
+                        let tile = &mut self.qs[gb * tb..(gb + 1) * tb];
+                        for p in 0..4 {
+                            let lo = (word(chunk, 4 * p) >> shift) & nib;
+                            let hi = (word(chunk, 16 + 4 * p) >> shift) & nib;
+                            tile[p * 64 + r * 4..][..4].copy_from_slice(&(lo | (hi << 4)).to_le_bytes());
+                        }
+                        (self.sc[gb * GROUP + r], self.mn[gb * GROUP + r]) = scale_min_k4(sub, &blk[4..16]);
+                    }
+                }
+            }
+            GgmlType::Q6_K => {
+                for (k, blk) in src.chunks_exact(210).enumerate() {
+                    let d = crate::quant::f16_bits_to_f32(blk[208], blk[209]);
+                    for sub in 0..KBLOCKS {
+                        let gb = g * nb + k * KBLOCKS + sub;
+                        let (n, i) = (sub / 4, sub % 4);
+                        let (ql, qh) = (&blk[64 * n + 32 * (i % 2)..][..32], &blk[128 + 32 * n..][..32]);
+                        let tile = &mut self.qs[gb * tb..(gb + 1) * tb];
+                        for j in 0..8 {
+                            let six = ((word(ql, 4 * j) >> (4 * (i / 2))) & nib)
+                                | (((word(qh, 4 * j) >> (2 * i)) & two) << 4);
+                            tile[j * 64 + r * 4..][..4].copy_from_slice(&six.to_le_bytes());
+                        }
+                        let half = gb * 2 * GROUP + r;
+                        self.fd[half] = d * blk[192 + 2 * sub] as i8 as f32;
+                        self.fd[half + GROUP] = d * blk[193 + 2 * sub] as i8 as f32;
+                    }
+                }
+            }
+            _ => return false,
+        }
+        true
     }
 
     /// Stores block `b` of row `row`.
@@ -415,4 +498,38 @@ impl QMatrix {
 /// Quantizes `x` (`t` rows of `cols`) in the format `w` needs.
 pub fn quantize_for(w: &QMatrix, x: &[f32], t: usize, acts: &mut QuantActs) {
     acts.quantize(x, t, w.cols, w.act);
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::synth::{random_blocks, QUANTIZED};
+
+    #[test]
+    fn whole_rows_repack_to_the_bytes_of_block_by_block() {
+        // 37 rows: two whole groups and a part; 512 columns: two K superblocks a row.
+        let (rows, cols) = (37, 512);
+        for ty in QUANTIZED {
+            let (be, _) = ty.block();
+            let data = random_blocks(ty, rows * cols / be, 0xfa57 ^ ty.id() as u64);
+            let parts = [(ty, rows, &data[..])];
+            let (fast, slow) =
+                (QMatrix::repack(&parts, cols, true).unwrap(), QMatrix::repack(&parts, cols, false).unwrap());
+            assert_eq!(
+                (&fast.qs[..], &fast.qh[..], &fast.d[..], &fast.m[..]),
+                (&slow.qs[..], &slow.qh[..], &slow.d[..], &slow.m[..]),
+                "{ty:?}"
+            );
+            assert_eq!((&fast.sc[..], &fast.mn[..]), (&slow.sc[..], &slow.mn[..]), "{ty:?}");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!((bits(&fast.fd), bits(&fast.fm)), (bits(&slow.fd), bits(&slow.fm)), "{ty:?}");
+        }
+        // A stack of Q4_0 under Q8_0 (the kind of neither file type alone) takes the blocks.
+        let (a, b) = (random_blocks(GgmlType::Q4_0, 16 * 4, 1), random_blocks(GgmlType::Q8_0, 16 * 4, 2));
+        let parts = [(GgmlType::Q4_0, 16, &a[..]), (GgmlType::Q8_0, 16, &b[..])];
+        let (fast, slow) = (QMatrix::repack(&parts, 128, true).unwrap(), QMatrix::repack(&parts, 128, false).unwrap());
+        assert_eq!(fast.kind, QKind::Q8_0);
+        assert_eq!((&fast.qs[..], &fast.d[..]), (&slow.qs[..], &slow.d[..]));
+    }
 }

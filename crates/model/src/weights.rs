@@ -279,8 +279,9 @@ impl LlamaWeights {
             n => n,
         };
         let mut packer = Packer::reserve(packed_bound(file));
-        let layers = layers(f, c, threads, &mut packer)?;
-        // The two largest matrices, one beside the other.
+        // The two largest matrices first, one beside the other: while they are repacked, the
+        // file's pages and the repacked copy of each are held at once, which costs least while
+        // the region is still empty.
         let (output, tok_embd) = std::thread::scope(|s| {
             let output = s.spawn(|| f.has("output.weight").then(|| matrix(f, "output.weight", c.n_embd, c.vocab)));
             let tok_embd = matrix(f, "token_embd.weight", c.n_embd, c.vocab);
@@ -293,6 +294,7 @@ impl LlamaWeights {
             packer.pack(o);
         }
         packer.pack(&mut tok_embd);
+        let layers = layers(f, c, threads, &mut packer)?;
         // Only llama files carry it (llama.cpp reads it for no other architecture here).
         let rope_freqs = match (c.arch, f.has("rope_freqs.weight")) {
             (Arch::Llama, true) => Some(vector(f, "rope_freqs.weight", c.head_dim / 2)?),
