@@ -15,7 +15,7 @@ use gguf::GgmlType;
 use crate::dequant::{scale_min_k4, QK_K};
 use crate::error::ModelError;
 use crate::quant::{ActFormat, QuantActs, QK};
-use crate::region::{BufMut, Packable, WeightBuf};
+use crate::region::{Alloc, BufMut, Packable, WeightBuf};
 use crate::unpack::{unpack, Scale};
 
 /// Rows interleaved per group.
@@ -204,11 +204,25 @@ impl QMatrix {
     /// onto the same kernel format. Missing rows of the last group are zero (scale 0), so they
     /// compute to 0 and are not stored.
     pub fn from_parts(parts: &[(GgmlType, usize, &[u8])], cols: usize) -> Result<QMatrix, ModelError> {
-        Self::repack(parts, cols, true)
+        Self::repack(parts, cols, true, Alloc::Heap)
     }
 
-    /// [`QMatrix::from_parts`], whole rows at a time where [`QMatrix::put_row`] can (`rows`).
-    fn repack(parts: &[(GgmlType, usize, &[u8])], cols: usize, rows_at_once: bool) -> Result<QMatrix, ModelError> {
+    /// [`QMatrix::from_parts`] with its buffers made by `alloc` (in a loader's weight region).
+    pub fn from_parts_in(
+        parts: &[(GgmlType, usize, &[u8])],
+        cols: usize,
+        alloc: Alloc<'_>,
+    ) -> Result<QMatrix, ModelError> {
+        Self::repack(parts, cols, true, alloc)
+    }
+
+    /// [`QMatrix::from_parts`], whole rows at a time where [`QMatrix::put_row`] can (`rows_at_once`).
+    fn repack(
+        parts: &[(GgmlType, usize, &[u8])],
+        cols: usize,
+        rows_at_once: bool,
+        alloc: Alloc<'_>,
+    ) -> Result<QMatrix, ModelError> {
         let rows: usize = parts.iter().map(|p| p.1).sum();
         let shape = |why: String| ModelError::Shape(format!("matrix {rows}x{cols}: {why}"));
         if !cols.is_multiple_of(QK) || rows == 0 {
@@ -232,7 +246,7 @@ impl QMatrix {
                 return Err(shape(format!("{} bytes of {} data, expected {expected}", data.len(), ty.name())));
             }
         }
-        let mut w = Self::zeroed(kind, rows, cols);
+        let mut w = Self::zeroed(kind, rows, cols, alloc);
         if parts.iter().all(|p| matches!(p.0, GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K)) {
             w.act = ActFormat::Q8K;
         }
@@ -255,7 +269,7 @@ impl QMatrix {
         Ok(w)
     }
 
-    fn zeroed(kind: QKind, rows: usize, cols: usize) -> QMatrix {
+    fn zeroed(kind: QKind, rows: usize, cols: usize, alloc: Alloc<'_>) -> QMatrix {
         let n = rows.div_ceil(GROUP) * (cols / QK) * GROUP;
         let per = |yes: bool, len: usize| if yes { len } else { 0 };
         use QKind::*;
@@ -264,14 +278,14 @@ impl QMatrix {
             act: kind.act_format(),
             rows,
             cols,
-            qs: vec![0; n / GROUP * kind.tile_bytes()].into(),
-            qh: vec![0; per(kind == Q5_0, n / GROUP * 8)].into(),
-            d: vec![0; per(matches!(kind, Q8_0 | Q4_0 | Q5_0 | Q4_1), n) + per(kind == Q4K, n / KBLOCKS)].into(),
-            m: vec![0; per(kind == Q4_1, n) + per(kind == Q4K, n / KBLOCKS)].into(),
-            sc: vec![0; per(kind == Q4K, n)].into(),
-            mn: vec![0; per(kind == Q4K, n)].into(),
-            fd: vec![0.0; per(kind == U8Min, n) + per(kind == Q6K, 2 * n)].into(),
-            fm: vec![0.0; per(kind == U8Min, n)].into(),
+            qs: alloc.zeroed(n / GROUP * kind.tile_bytes()),
+            qh: alloc.zeroed(per(kind == Q5_0, n / GROUP * 8)),
+            d: alloc.zeroed(per(matches!(kind, Q8_0 | Q4_0 | Q5_0 | Q4_1), n) + per(kind == Q4K, n / KBLOCKS)),
+            m: alloc.zeroed(per(kind == Q4_1, n) + per(kind == Q4K, n / KBLOCKS)),
+            sc: alloc.zeroed(per(kind == Q4K, n)),
+            mn: alloc.zeroed(per(kind == Q4K, n)),
+            fd: alloc.zeroed(per(kind == U8Min, n) + per(kind == Q6K, 2 * n)),
+            fm: alloc.zeroed(per(kind == U8Min, n)),
             signed: OnceLock::new(),
         }
     }
@@ -514,8 +528,10 @@ mod tests {
             let (be, _) = ty.block();
             let data = random_blocks(ty, rows * cols / be, 0xfa57 ^ ty.id() as u64);
             let parts = [(ty, rows, &data[..])];
-            let (fast, slow) =
-                (QMatrix::repack(&parts, cols, true).unwrap(), QMatrix::repack(&parts, cols, false).unwrap());
+            let (fast, slow) = (
+                QMatrix::repack(&parts, cols, true, Alloc::Heap).unwrap(),
+                QMatrix::repack(&parts, cols, false, Alloc::Heap).unwrap(),
+            );
             assert_eq!(
                 (&fast.qs[..], &fast.qh[..], &fast.d[..], &fast.m[..]),
                 (&slow.qs[..], &slow.qh[..], &slow.d[..], &slow.m[..]),
@@ -528,7 +544,10 @@ mod tests {
         // A stack of Q4_0 under Q8_0 (the kind of neither file type alone) takes the blocks.
         let (a, b) = (random_blocks(GgmlType::Q4_0, 16 * 4, 1), random_blocks(GgmlType::Q8_0, 16 * 4, 2));
         let parts = [(GgmlType::Q4_0, 16, &a[..]), (GgmlType::Q8_0, 16, &b[..])];
-        let (fast, slow) = (QMatrix::repack(&parts, 128, true).unwrap(), QMatrix::repack(&parts, 128, false).unwrap());
+        let (fast, slow) = (
+            QMatrix::repack(&parts, 128, true, Alloc::Heap).unwrap(),
+            QMatrix::repack(&parts, 128, false, Alloc::Heap).unwrap(),
+        );
         assert_eq!(fast.kind, QKind::Q8_0);
         assert_eq!((&fast.qs[..], &fast.d[..]), (&slow.qs[..], &slow.d[..]));
     }

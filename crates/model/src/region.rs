@@ -187,42 +187,102 @@ pub fn pack(items: &mut [&mut dyn Packable]) -> Option<Arc<Region>> {
     if bytes == 0 {
         return None;
     }
-    let mut packer = Packer::reserve(bytes);
+    let packer = Packer::reserve(bytes);
     for it in items.iter_mut() {
         packer.pack(*it);
     }
     packer.finish()
 }
 
-/// Moves buffers into one region as they are built, so a loader holds each matrix twice only
-/// while moving it, not the whole model twice until the end.
+/// Hands out ranges of one region to buffers as they are made ([`Alloc::In`]) or moved in
+/// ([`Packer::pack`]), from any thread: a loader that builds each matrix in place holds the
+/// model once, not a copy beside it, and its pages are faulted in 2 MiB at a time.
 pub struct Packer {
     region: Option<Arc<Region>>,
     /// Bytes of the region handed out.
-    at: usize,
+    at: AtomicUsize,
 }
 
 impl Packer {
     /// A region of `bound` bytes of address space (see [`Region::map`]; a buffer that would
-    /// pass the bound stays where it is).
+    /// pass the bound is made, or stays, on the heap).
     pub fn reserve(bound: usize) -> Packer {
-        Packer { region: Region::map(bound.max(1)).map(Arc::new), at: 0 }
+        Packer { region: Region::map(bound.max(1)).map(Arc::new), at: AtomicUsize::new(0) }
+    }
+
+    /// The byte offset of a fresh range of `bytes`, if the region has room.
+    fn claim(&self, bytes: usize) -> Option<(&Arc<Region>, usize)> {
+        let region = self.region.as_ref()?;
+        let cap = region.len.load(Ordering::Acquire);
+        let at = self
+            .at
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |at| at.checked_add(bytes).filter(|&end| end <= cap))
+            .ok()?;
+        Some((region, at))
     }
 
     /// Moves every owned buffer of `item` that still fits into the region.
-    pub fn pack(&mut self, item: &mut dyn Packable) {
-        let Some(region) = &self.region else { return };
-        item.each_buf(&mut |b| b.move_into(region, &mut self.at));
+    pub fn pack(&self, item: &mut dyn Packable) {
+        item.each_buf(&mut |b| b.move_into(self));
     }
 
     /// The region with the part never used unmapped (None when nothing was packed).
     pub fn finish(self) -> Option<Arc<Region>> {
         let region = self.region?;
-        if self.at == 0 {
+        let used = self.at.into_inner();
+        if used == 0 {
             return None;
         }
-        region.trim(self.at);
+        region.trim(used);
         Some(region)
+    }
+}
+
+/// Element types whose all-zero bytes are a value (what a fresh region range holds).
+///
+/// # Safety
+/// Every bit pattern of zeros must be a valid `Self`, and `ZERO` that value.
+pub unsafe trait Zeroable: Copy + 'static {
+    const ZERO: Self;
+}
+// SAFETY: integers and floats of all-zero bits are 0 and 0.0.
+unsafe impl Zeroable for u8 {
+    const ZERO: Self = 0;
+}
+// SAFETY: as above.
+unsafe impl Zeroable for u16 {
+    const ZERO: Self = 0;
+}
+// SAFETY: as above.
+unsafe impl Zeroable for u64 {
+    const ZERO: Self = 0;
+}
+// SAFETY: as above.
+unsafe impl Zeroable for f32 {
+    const ZERO: Self = 0.0;
+}
+
+/// Where a new weight buffer is made.
+#[derive(Clone, Copy)]
+pub enum Alloc<'a> {
+    Heap,
+    /// In the packer's region where it has room, else on the heap.
+    In(&'a Packer),
+}
+
+impl Alloc<'_> {
+    /// `len` zeros.
+    pub fn zeroed<T: Zeroable>(self, len: usize) -> WeightBuf<T> {
+        if let Alloc::In(packer) = self {
+            if let Some((region, at)) = packer.claim(footprint::<T>(len)) {
+                // The range `at..at + footprint` is this buffer's alone (claimed atomically,
+                // never handed out again) and, in a fresh anonymous mapping never written
+                // before, all zeros: `len` valid `T`s (`Zeroable`), aligned as in `move_into`.
+                let ptr = region.base.wrapping_add(at) as *mut T;
+                return WeightBuf::Packed { ptr, len, _region: region.clone() };
+            }
+        }
+        WeightBuf::Owned(vec![T::ZERO; len])
     }
 }
 
@@ -237,12 +297,12 @@ impl BufMut<'_> {
         }
     }
 
-    fn move_into(self, region: &Arc<Region>, at: &mut usize) {
+    fn move_into(self, packer: &Packer) {
         match self {
-            BufMut::U8(b) => move_into(b, region, at),
-            BufMut::U16(b) => move_into(b, region, at),
-            BufMut::U64(b) => move_into(b, region, at),
-            BufMut::F32(b) => move_into(b, region, at),
+            BufMut::U8(b) => move_into(b, packer),
+            BufMut::U16(b) => move_into(b, packer),
+            BufMut::U64(b) => move_into(b, packer),
+            BufMut::F32(b) => move_into(b, packer),
         }
     }
 }
@@ -254,20 +314,16 @@ fn owned_footprint<T>(b: &WeightBuf<T>) -> usize {
     }
 }
 
-/// Copies an owned buffer to `region` at byte offset `*at` and points it there, if it fits.
-fn move_into<T: Copy>(b: &mut WeightBuf<T>, region: &Arc<Region>, at: &mut usize) {
+/// Copies an owned buffer into a range the packer hands out and points it there, if it fits.
+fn move_into<T: Copy>(b: &mut WeightBuf<T>, packer: &Packer) {
     let WeightBuf::Owned(v) = b else { return };
     let len = v.len();
-    let need = footprint::<T>(len);
-    if *at + need > region.len.load(Ordering::Acquire) {
-        return;
-    }
-    let ptr = region.base.wrapping_add(*at) as *mut T;
+    let Some((region, at)) = packer.claim(footprint::<T>(len)) else { return };
+    let ptr = region.base.wrapping_add(at) as *mut T;
     // SAFETY: `ptr` is aligned (the region is 2 MiB aligned, offsets are multiples of 64 and
-    // `T` needs at most 8) and `len` elements fit before `*at + need`, inside the mapping and
-    // a range no other buffer is given; the source is a distinct allocation.
+    // `T` needs at most 8) and `len` elements fit in the range just claimed, inside the
+    // mapping and given to no other buffer; the source is a distinct allocation.
     unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), ptr, len) };
-    *at += need;
     *b = WeightBuf::Packed { ptr, len, _region: region.clone() };
 }
 
@@ -312,7 +368,7 @@ mod tests {
     #[test]
     fn a_packer_moves_what_fits_its_bound_keeps_the_rest_owned_and_gives_back_the_unused_part() {
         let big = |n: usize, v: u8| Two { a: vec![v; n].into(), b: Vec::new().into(), c: Vec::new().into() };
-        let mut packer = Packer::reserve(3 * HUGE);
+        let packer = Packer::reserve(3 * HUGE);
         if packer.region.is_none() {
             return;
         }
@@ -326,5 +382,32 @@ mod tests {
         assert_eq!(region.len.load(Ordering::Acquire), 2 * HUGE, "only the huge pages in use stay mapped");
         assert_eq!((x.a[HUGE - 1], y.a[2 * HUGE], z.a[99]), (1, 2, 3));
         assert!(Packer::reserve(HUGE).finish().is_none(), "nothing packed, nothing kept");
+    }
+
+    #[test]
+    fn buffers_made_in_a_region_from_several_threads_are_zero_disjoint_and_fall_back_to_the_heap() {
+        let packer = Packer::reserve(HUGE);
+        if packer.region.is_none() {
+            return;
+        }
+        let made: Vec<(WeightBuf<u16>, WeightBuf<f32>)> = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..4)
+                .map(|_| s.spawn(|| (Alloc::In(&packer).zeroed::<u16>(1000), Alloc::In(&packer).zeroed::<f32>(3000))))
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).collect()
+        });
+        let mut made = made;
+        for (i, (a, b)) in made.iter_mut().enumerate() {
+            assert!(matches!(a, WeightBuf::Packed { .. }) && matches!(b, WeightBuf::Packed { .. }));
+            assert!(a.iter().all(|&x| x == 0) && b.iter().all(|&x| x == 0.0));
+            a.fill(i as u16 + 1);
+            b.fill(i as f32 + 1.0);
+        }
+        for (i, (a, b)) in made.iter().enumerate() {
+            assert!(a.iter().all(|&x| x == i as u16 + 1) && b.iter().all(|&x| x == i as f32 + 1.0), "no overlap");
+        }
+        let big: WeightBuf<u8> = Alloc::In(&packer).zeroed(HUGE);
+        assert!(matches!(big, WeightBuf::Owned(_)), "past the bound: on the heap");
+        assert!(packer.finish().is_some());
     }
 }

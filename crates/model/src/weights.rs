@@ -1,9 +1,9 @@
 //! Loading a llama model's tensors, each checked for presence, type and shape.
 //!
-//! Layers are repacked in parallel, each moved into the weight region as soon as it and every
-//! layer before it are built, and each tensor's file pages released once it is repacked (see
-//! [`crate::mapped`]): memory holds the repacked model plus the few layers in flight, never
-//! the file and its repacked copy side by side.
+//! Layers are repacked in parallel, each matrix built in place in the weight region, and each
+//! tensor's file pages released once it is repacked (see [`crate::mapped`]): memory holds the
+//! repacked model plus the file pages of the few tensors in flight, never the file and its
+//! repacked copy side by side, nor a heap copy of any matrix.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -15,7 +15,7 @@ use crate::config::{Arch, LlamaConfig};
 use crate::error::ModelError;
 use crate::qmatrix::{QKind, QMatrix};
 use crate::quant::{self, QK};
-use crate::region::{Packer, Region};
+use crate::region::{Alloc, Packer, Region};
 
 pub struct Layer {
     pub attn_norm: Vec<f32>,
@@ -76,11 +76,13 @@ fn check_shape(t: &TensorInfo, expected: &[u64]) -> Result<(), ModelError> {
 struct Tensors<'f> {
     file: &'f GgufFile,
     read: Mutex<HashSet<String>>,
+    /// Where repacked matrices are made.
+    alloc: Alloc<'f>,
 }
 
 impl<'f> Tensors<'f> {
-    fn new(file: &'f GgufFile) -> Self {
-        Tensors { file, read: Default::default() }
+    fn new(file: &'f GgufFile, alloc: Alloc<'f>) -> Self {
+        Tensors { file, read: Default::default(), alloc }
     }
 
     fn data(&self, name: &str) -> Result<(&'f TensorInfo, &'f [u8]), ModelError> {
@@ -148,11 +150,11 @@ fn stacked(f: &Tensors<'_>, parts: &[(&str, usize)], cols: usize) -> Result<QMat
     }
     let types: Vec<GgmlType> = tensors.iter().map(|t| t.0).collect();
     let m = match QKind::of_stack(&types) {
-        Some(_) => QMatrix::from_parts(&tensors, cols)?,
+        Some(_) => QMatrix::from_parts_in(&tensors, cols, f.alloc)?,
         None => {
             let rows: usize = parts.iter().map(|p| p.1).sum();
             let vals: Vec<f32> = tensors.iter().flat_map(|&(ty, _, b)| crate::dequant::dequantize(ty, b)).collect();
-            QMatrix::from_ggml(GgmlType::Q8_0, rows, cols, &encode_q8_0(&vals))?
+            QMatrix::from_parts_in(&[(GgmlType::Q8_0, rows, &encode_q8_0(&vals))], cols, f.alloc)?
         }
     };
     for &(name, _) in parts {
@@ -201,10 +203,9 @@ fn layer(f: &Tensors<'_>, c: &LlamaConfig, i: usize) -> Result<Layer, ModelError
     })
 }
 
-/// Every layer, repacked by `threads` threads, each moved into `packer` in layer order (the
-/// order a step reads them) as soon as the layers before it are in. On failure, the error of
-/// the first layer that fails: layers are taken in order, so every layer before it was tried.
-fn layers(f: &Tensors<'_>, c: &LlamaConfig, threads: usize, packer: &mut Packer) -> Result<Vec<Layer>, ModelError> {
+/// Every layer, repacked by `threads` threads. On failure, the error of the first layer that
+/// fails: layers are taken in order, so every layer before it was tried.
+fn layers(f: &Tensors<'_>, c: &LlamaConfig, threads: usize) -> Result<Vec<Layer>, ModelError> {
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let (tx, rx) = mpsc::channel::<(usize, Result<Layer, ModelError>)>();
@@ -242,10 +243,7 @@ fn layers(f: &Tensors<'_>, c: &LlamaConfig, threads: usize, packer: &mut Packer)
                 Err(e) if first_err.as_ref().is_none_or(|(j, _)| i < *j) => first_err = Some((i, e)),
                 Err(_) => {}
             }
-            while let Some(mut l) = waiting.remove(&done.len()) {
-                for m in [&mut l.wqkv, &mut l.wo, &mut l.w_gate_up, &mut l.w_down] {
-                    packer.pack(m);
-                }
+            while let Some(l) = waiting.remove(&done.len()) {
                 done.push(l);
             }
         }
@@ -273,28 +271,22 @@ fn packed_bound(file: &GgufFile) -> usize {
 impl LlamaWeights {
     /// Loads and repacks every tensor, `threads` at a time (0: one per core).
     pub fn load(file: &GgufFile, c: &LlamaConfig, threads: usize) -> Result<LlamaWeights, ModelError> {
-        let f = &Tensors::new(file);
         let threads = match threads {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
         };
-        let mut packer = Packer::reserve(packed_bound(file));
-        // The two largest matrices first, one beside the other: while they are repacked, the
-        // file's pages and the repacked copy of each are held at once, which costs least while
-        // the region is still empty.
+        // Every matrix is built in place in one region (where it fits the bound, as all do).
+        let packer = Packer::reserve(packed_bound(file));
+        let f = &Tensors::new(file, Alloc::In(&packer));
+        // The two largest matrices first, one beside the other.
         let (output, tok_embd) = std::thread::scope(|s| {
             let output = s.spawn(|| f.has("output.weight").then(|| matrix(f, "output.weight", c.n_embd, c.vocab)));
             let tok_embd = matrix(f, "token_embd.weight", c.n_embd, c.vocab);
             let output = output.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
             (output, tok_embd)
         });
-        let mut output = output.transpose()?;
-        let mut tok_embd = tok_embd?;
-        if let Some(o) = &mut output {
-            packer.pack(o);
-        }
-        packer.pack(&mut tok_embd);
-        let layers = layers(f, c, threads, &mut packer)?;
+        let (output, tok_embd) = (output.transpose()?, tok_embd?);
+        let layers = layers(f, c, threads)?;
         // Only llama files carry it (llama.cpp reads it for no other architecture here).
         let rope_freqs = match (c.arch, f.has("rope_freqs.weight")) {
             (Arch::Llama, true) => Some(vector(f, "rope_freqs.weight", c.head_dim / 2)?),
