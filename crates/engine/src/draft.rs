@@ -70,7 +70,7 @@ impl Drafting {
             Some(fixed) if fixed.is_finite() && fixed >= 0.0 => rows.max(1) as f64 / (fixed + rows.max(1) as f64),
             _ => UNMEASURED_THETA,
         };
-        Drafting { max, theta }
+        Drafting { max, theta: theta.min(MAX_THETA) }
     }
 }
 
@@ -78,13 +78,17 @@ impl Drafting {
 /// worth a row (on the 2-vCPU reference machine a batch-1 SmolLM2 step has a fixed part of
 /// about 2.4 rows, i.e. 0.29).
 const UNMEASURED_THETA: f64 = 0.3;
+/// The bar is never higher than this, below [`PRIOR_RATE`]: every sequence tries at least one
+/// guess at its first chance, whatever the clock measured, and its own record decides after
+/// that (so whether a sequence ever guesses does not hang on the machine's timing).
+const MAX_THETA: f64 = 0.55;
 
 /// A sequence's estimated chance that a guess is kept, given the guesses before it were.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct DraftRate(f64);
 
 /// Where a sequence starts, and what a sequence not guessing drifts back to.
-const PRIOR_RATE: f64 = 0.5;
+const PRIOR_RATE: f64 = 0.6;
 /// Weight of a step's outcome in the estimate.
 const RATE_SMOOTHING: f64 = 0.3;
 /// Per step without guesses, how far the estimate moves back toward the prior: a sequence
@@ -158,7 +162,7 @@ mod tests {
     fn guesses_grow_while_they_are_kept_and_stop_after_they_fail_then_come_back_slowly() {
         let d = Drafting { max: 8, theta: 0.29 };
         let mut rate = DraftRate::default();
-        assert_eq!(rate.length(d), 1, "a new sequence tries one guess");
+        assert_eq!(rate.length(d), 2, "a new sequence tries a guess or two");
         let mut lengths = Vec::new();
         for _ in 0..8 {
             let k = rate.length(d);
@@ -185,8 +189,11 @@ mod tests {
     fn a_guess_pays_when_kept_more_often_than_a_rows_share_of_the_step() {
         // A fixed part of 2 rows: one more row is a third of a one-row step.
         assert!((Drafting::new(4, 1, Some(2.0)).theta - 1.0 / 3.0).abs() < 1e-12);
-        // Four rows share the step's yield: a guess must be kept more often.
-        assert!((Drafting::new(4, 4, Some(2.0)).theta - 4.0 / 6.0).abs() < 1e-12);
+        // Four rows share the step's yield: a guess must be kept more often, but a new
+        // sequence's first guess is always tried.
+        assert!((Drafting::new(4, 2, Some(6.0)).theta - 2.0 / 8.0).abs() < 1e-12);
+        assert_eq!(Drafting::new(4, 4, Some(2.0)).theta, MAX_THETA);
+        assert!(DraftRate::default().length(Drafting::new(4, 4, Some(0.0))) >= 1);
         assert_eq!(Drafting::new(4, 1, None).theta, UNMEASURED_THETA);
         assert_eq!(Drafting::new(4, 1, Some(f64::NAN)).theta, UNMEASURED_THETA);
     }
