@@ -116,9 +116,8 @@ mod tests {
         let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
         let mut inside = false;
         for line in smaps.lines() {
-            if let Some((range, _)) = line.split_once(' ').filter(|(r, _)| r.contains('-') && !r.ends_with(':')) {
-                let start = range.split_once('-').and_then(|(a, _)| usize::from_str_radix(a, 16).ok());
-                inside = start == Some(addr);
+            if let Some((start, _)) = crate::region::mapping_range(line) {
+                inside = start == addr;
             } else if let Some(kb) = line.strip_prefix("Rss:").filter(|_| inside) {
                 return kb.trim().trim_end_matches("kB").trim().parse::<usize>().ok().map(|k| k * 1024);
             }

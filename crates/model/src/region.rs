@@ -147,7 +147,7 @@ impl Region {
 }
 
 /// The address range of an smaps mapping header (`start-end perms ...`); None for other lines.
-fn mapping_range(line: &str) -> Option<(usize, usize)> {
+pub(crate) fn mapping_range(line: &str) -> Option<(usize, usize)> {
     let (a, b) = line.split_once(' ')?.0.split_once('-')?;
     Some((usize::from_str_radix(a, 16).ok()?, usize::from_str_radix(b, 16).ok()?))
 }

@@ -32,24 +32,26 @@ pub struct PoolStats {
 impl PoolStats {
     /// Adds `other`'s figures (another engine's) to these.
     pub fn absorb(&mut self, other: &PoolStats) {
-        self.queued += other.queued;
-        self.running += other.running;
-        self.pages_total += other.pages_total;
-        self.pages_used += other.pages_used;
-        self.steps += other.steps;
-        self.prefill_tokens += other.prefill_tokens;
-        self.decode_tokens += other.decode_tokens;
-        self.draft_tokens += other.draft_tokens;
-        self.draft_tokens_accepted += other.draft_tokens_accepted;
-        self.cached_tokens += other.cached_tokens;
-        self.cached_pages += other.cached_pages;
+        // Saturating: a worker's figures are its own word, and a lying one must not make the
+        // gateway's sum panic or wrap.
+        self.queued = self.queued.saturating_add(other.queued);
+        self.running = self.running.saturating_add(other.running);
+        self.pages_total = self.pages_total.saturating_add(other.pages_total);
+        self.pages_used = self.pages_used.saturating_add(other.pages_used);
+        self.steps = self.steps.saturating_add(other.steps);
+        self.prefill_tokens = self.prefill_tokens.saturating_add(other.prefill_tokens);
+        self.decode_tokens = self.decode_tokens.saturating_add(other.decode_tokens);
+        self.draft_tokens = self.draft_tokens.saturating_add(other.draft_tokens);
+        self.draft_tokens_accepted = self.draft_tokens_accepted.saturating_add(other.draft_tokens_accepted);
+        self.cached_tokens = self.cached_tokens.saturating_add(other.cached_tokens);
+        self.cached_pages = self.cached_pages.saturating_add(other.cached_pages);
         for (dst, src) in [
             (&mut self.pages_by_tenant, &other.pages_by_tenant),
             (&mut self.cached_pages_by_tenant, &other.cached_pages_by_tenant),
         ] {
             for &(t, n) in src {
                 match dst.iter_mut().find(|(u, _)| *u == t) {
-                    Some((_, m)) => *m += n,
+                    Some((_, m)) => *m = m.saturating_add(n),
                     None => dst.push((t, n)),
                 }
             }
@@ -116,5 +118,15 @@ mod tests {
         assert_eq!((sum.steps, sum.decode_tokens), (3, 4));
         assert_eq!(sum.cached_pages_by_tenant, vec![(TenantId(1), 2), (TenantId(2), 2)]);
         assert_eq!(sum.pages_by_tenant, vec![(TenantId(1), 5)]);
+        // A lying worker's huge figures saturate the sum; they neither panic nor wrap.
+        let liar = PoolStats {
+            decode_tokens: u64::MAX,
+            draft_tokens: u64::MAX,
+            pages_by_tenant: vec![(TenantId(1), usize::MAX)],
+            ..Default::default()
+        };
+        sum.absorb(&liar);
+        assert_eq!((sum.decode_tokens, sum.draft_tokens), (u64::MAX, u64::MAX));
+        assert_eq!(sum.pages_by_tenant[0], (TenantId(1), usize::MAX));
     }
 }

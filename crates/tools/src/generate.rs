@@ -60,9 +60,9 @@ pub struct GenerateArgs {
     #[arg(long)]
     pub json: bool,
     /// Speculative decoding: verify up to this many tokens guessed from the prompt and output
-    /// with each decode step (0 = off). The output is the same either way; only speed changes.
-    #[arg(long, default_value_t = 0)]
-    pub speculative_draft: usize,
+    /// with each decode step (0 = off, at most 16). The output is the same either way; only speed changes.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=16))]
+    pub speculative_draft: u8,
 }
 
 #[derive(Serialize)]
@@ -150,7 +150,8 @@ pub fn run(a: &GenerateArgs) -> Result<(), ToolError> {
         return Err(ToolError::refused(e));
     }
     let pool = runtime::pool_for(&model, prompt.len() + a.max_tokens)?;
-    let cfg = EngineConfig { prefix_cache: false, speculative_draft: a.speculative_draft, ..EngineConfig::default() };
+    let cfg =
+        EngineConfig { prefix_cache: false, speculative_draft: a.speculative_draft.into(), ..EngineConfig::default() };
     let engine = Engine::start(model, pool, cfg);
     let request = GenRequest {
         id: RequestId(1),
