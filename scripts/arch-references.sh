@@ -30,7 +30,7 @@ POSITIONS=256
 PROMPT=8
 TEMPERATURE=${TEMPERATURE:-0.8}
 variants=("${@:-}")
-[[ -n "${variants[0]}" ]] || variants=(llama llama3-rope qwen2 qwen3)
+[[ -n "${variants[0]}" ]] || variants=(llama llama3-rope qwen2 qwen3 gemma2 phi3 phi3-long)
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

@@ -19,6 +19,13 @@ pub enum Arch {
     Qwen2,
     /// Qwen3: llama with per-head RMS norms of Q and K (before the rotation) and NeoX pairs.
     Qwen3,
+    /// Gemma 2: Gemma 3's norms around attention and FFN without its Q/K norms, attention
+    /// scores and final logits soft-capped (`cap * tanh(x / cap)`), every other layer local.
+    Gemma2,
+    /// Phi-3 / Phi-3.5 / Phi-4 mini: llama with the Q, K and V projections fused into one
+    /// tensor, gate and up fused into one, NeoX pairs, and (128k variants) LongRoPE: a short
+    /// and a long set of rotary divisors, chosen by the served context, and a magnitude factor.
+    Phi3,
 }
 
 impl Arch {
@@ -28,6 +35,8 @@ impl Arch {
             "gemma3" => Ok(Arch::Gemma3),
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
+            "gemma2" => Ok(Arch::Gemma2),
+            "phi3" => Ok(Arch::Phi3),
             other => Err(ModelError::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -38,6 +47,8 @@ impl Arch {
             Arch::Gemma3 => "gemma3",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Gemma2 => "gemma2",
+            Arch::Phi3 => "phi3",
         }
     }
 }
@@ -55,6 +66,16 @@ pub enum RopeStyle {
 const GEMMA3_LOCAL_ROPE_BASE: f32 = 10_000.0;
 /// Gemma 3: every sixth layer attends globally, the five before it locally.
 const GEMMA3_SWA_PERIOD: usize = 6;
+/// Gemma 2: layers alternate, local first (llama.cpp's default where the file gives no pattern).
+const GEMMA2_SWA_PERIOD: usize = 2;
+/// Gemma 2's window where the file gives none (llama.cpp's default).
+const GEMMA2_WINDOW: usize = 4096;
+/// llama.cpp's Gemma 2 soft-caps where the file gives none.
+const GEMMA2_ATTN_SOFTCAP: f32 = 50.0;
+const GEMMA2_FINAL_SOFTCAP: f32 = 30.0;
+/// Gemma 2 27B (46 layers) scales queries by 1/sqrt(n_embd / n_heads), not 1/sqrt(head_dim)
+/// (gemma_pytorch's `query_pre_attn_scalar`; llama.cpp keys it on the layer count too).
+const GEMMA2_27B_LAYERS: usize = 46;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct LlamaConfig {
@@ -72,6 +93,17 @@ pub struct LlamaConfig {
     /// Sliding-window layers: the window (positions a query sees, itself included), the
     /// period of the local/global pattern, and their rotary base.
     pub sliding_window: Option<SlidingWindow>,
+    /// What a query-key product is multiplied by before the softmax.
+    pub attn_scale: f32,
+    /// Gemma 2: attention scores become `cap * tanh(score / cap)` before the softmax.
+    pub attn_softcap: Option<f32>,
+    /// Gemma 2: the logits become `cap * tanh(logit / cap)`.
+    pub final_softcap: Option<f32>,
+    /// LongRoPE (Phi-3 128k): the context the short rotary divisors were trained for; a served
+    /// context beyond it takes the long ones (llama.cpp's rule, on its `n_ctx`).
+    pub rope_original_context: Option<usize>,
+    /// LongRoPE: the factor every rotary cosine and sine is multiplied by (1 elsewhere).
+    pub rope_attn_factor: f32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -119,15 +151,51 @@ impl LlamaConfig {
             }
         }
         let vocab = g.tensor("token_embd.weight")?.dims.get(1).copied().unwrap_or(0) as usize;
+        let opt_f32 = |k: &str| -> Result<Option<f32>, ModelError> {
+            match g.get(&key(k)) {
+                Some(_) => Ok(Some(g.f32(&key(k))?)),
+                None => Ok(None),
+            }
+        };
+        // Phi-3 files name a window too, which llama.cpp ignores (its SWA for Phi is off): so
+        // does this runtime, or the two would answer differently past the window.
         let sliding_window = match (arch, opt_u("attention.sliding_window")?) {
             (Arch::Gemma3, Some(window)) => {
                 Some(SlidingWindow { window, period: GEMMA3_SWA_PERIOD, rope_base: GEMMA3_LOCAL_ROPE_BASE })
             }
+            (Arch::Gemma2, window) => {
+                if g.get(&key("attention.sliding_window_pattern")).is_some_and(|v| v.as_u64().is_none()) {
+                    return Err(ModelError::Config("a per-layer sliding window pattern is not supported".into()));
+                }
+                Some(SlidingWindow {
+                    window: window.unwrap_or(GEMMA2_WINDOW),
+                    period: opt_u("attention.sliding_window_pattern")?.unwrap_or(GEMMA2_SWA_PERIOD),
+                    rope_base: opt_f32("rope.freq_base_swa")?.unwrap_or(rope_base),
+                })
+            }
             _ => None,
+        };
+        let n_layers = u("block_count")?;
+        let attn_scale = match arch {
+            Arch::Gemma2 if n_layers == GEMMA2_27B_LAYERS => 1.0 / ((n_embd / n_heads.max(1)) as f32).sqrt(),
+            _ => 1.0 / (head_dim as f32).sqrt(),
+        };
+        let (attn_softcap, final_softcap) = match arch {
+            Arch::Gemma2 => (
+                Some(opt_f32("attn_logit_softcapping")?.unwrap_or(GEMMA2_ATTN_SOFTCAP)),
+                Some(opt_f32("final_logit_softcapping")?.unwrap_or(GEMMA2_FINAL_SOFTCAP)),
+            ),
+            _ => (None, None),
+        };
+        let (rope_original_context, rope_attn_factor) = match arch {
+            Arch::Phi3 => {
+                (opt_u("rope.scaling.original_context_length")?, opt_f32("rope.scaling.attn_factor")?.unwrap_or(1.0))
+            }
+            _ => (None, 1.0),
         };
         let cfg = LlamaConfig {
             arch,
-            n_layers: u("block_count")?,
+            n_layers,
             n_heads,
             n_kv_heads,
             n_embd,
@@ -138,6 +206,11 @@ impl LlamaConfig {
             rope_base,
             rms_eps: g.f32(&key("attention.layer_norm_rms_epsilon"))?,
             sliding_window,
+            attn_scale,
+            attn_softcap,
+            final_softcap,
+            rope_original_context,
+            rope_attn_factor,
         };
         if let Some(v) = g.get(&key("rope.dimension_count")) {
             if v.as_u64() != Some(cfg.head_dim as u64) {
@@ -168,15 +241,15 @@ impl LlamaConfig {
     pub fn rope_style(&self) -> RopeStyle {
         match self.arch {
             Arch::Llama => RopeStyle::Interleaved,
-            Arch::Gemma3 | Arch::Qwen2 | Arch::Qwen3 => RopeStyle::Halves,
+            Arch::Gemma3 | Arch::Gemma2 | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => RopeStyle::Halves,
         }
     }
 
     /// Gemma scales the embedding by sqrt(n_embd); the others do not scale it.
     pub fn embed_scale(&self) -> Option<f32> {
         match self.arch {
-            Arch::Gemma3 => Some((self.n_embd as f32).sqrt()),
-            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => None,
+            Arch::Gemma3 | Arch::Gemma2 => Some((self.n_embd as f32).sqrt()),
+            Arch::Llama | Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => None,
         }
     }
 
@@ -192,7 +265,12 @@ impl LlamaConfig {
 
     /// The FFN's gate: GELU for Gemma, SiLU for the others.
     pub fn gelu_gate(&self) -> bool {
-        self.arch == Arch::Gemma3
+        matches!(self.arch, Arch::Gemma3 | Arch::Gemma2)
+    }
+
+    /// Whether RMS norms follow attention and the FFN as well as precede them (Gemma 2 and 3).
+    pub fn has_post_norms(&self) -> bool {
+        matches!(self.arch, Arch::Gemma3 | Arch::Gemma2)
     }
 
     pub fn layer_attention(&self, layer: usize) -> LayerAttention {
@@ -209,7 +287,9 @@ impl LlamaConfig {
         if self.n_layers == 0 || self.n_heads == 0 || self.n_kv_heads == 0 || self.vocab == 0 || self.context == 0 {
             return bad(format!("zero-sized dimension in {self:?}"));
         }
-        if !self.head_dim.is_multiple_of(2) || (self.arch == Arch::Llama && self.n_embd != self.q_dim()) {
+        if !self.head_dim.is_multiple_of(2)
+            || (matches!(self.arch, Arch::Llama | Arch::Phi3) && self.n_embd != self.q_dim())
+        {
             return bad(format!("embedding {} is not heads {} x even head dim", self.n_embd, self.n_heads));
         }
         if !self.q_dim().is_multiple_of(32) {
@@ -226,6 +306,19 @@ impl LlamaConfig {
         }
         if !(self.rms_eps > 0.0 && self.rope_base > 0.0) {
             return bad("rms epsilon and rope base must be positive".into());
+        }
+        if self.sliding_window.is_some_and(|sw| !(sw.rope_base.is_finite() && sw.rope_base > 0.0)) {
+            return bad("the sliding-window layers' rope base must be positive".into());
+        }
+        // A cap of 0 divides by zero; a negative or NaN one flips or poisons every score.
+        if [self.attn_softcap, self.final_softcap].into_iter().flatten().any(|c| !(c.is_finite() && c > 0.0)) {
+            return bad("a soft-cap must be a positive number".into());
+        }
+        if !(self.attn_scale.is_finite() && self.attn_scale > 0.0) {
+            return bad("the attention scale must be a positive number".into());
+        }
+        if !(self.rope_attn_factor.is_finite() && self.rope_attn_factor > 0.0) {
+            return bad("the rope attention factor must be a positive number".into());
         }
         Ok(())
     }

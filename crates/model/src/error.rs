@@ -5,7 +5,7 @@ use thiserror::Error;
 pub enum ModelError {
     #[error(transparent)]
     Gguf(#[from] gguf::GgufError),
-    #[error("unsupported architecture {0:?}; supported: llama, gemma3, qwen2, qwen3")]
+    #[error("unsupported architecture {0:?}; supported: llama, gemma2, gemma3, qwen2, qwen3, phi3")]
     UnsupportedArchitecture(String),
     #[error("tensor {name}: expected shape {expected:?}, found {found:?}")]
     TensorShape { name: String, expected: Vec<u64>, found: Vec<u64> },

@@ -286,7 +286,7 @@ impl Llama {
             if !ropes.iter().any(|(b, _)| *b == base) {
                 let mut tab = vec![(0f32, 0f32); t * hd / 2];
                 for (r, &pos) in positions.iter().enumerate() {
-                    let factors = self.weights.rope_freqs.as_deref();
+                    let factors = (self.weights.rope_factors.for_context(c), c.rope_attn_factor);
                     ops::rope_table(pos, hd, base, factors, &mut tab[r * hd / 2..(r + 1) * hd / 2]);
                 }
                 ropes.push((base, tab));
@@ -305,7 +305,14 @@ impl Llama {
 
         for (li, layer) in self.weights.layers.iter().enumerate() {
             let la = c.layer_attention(li);
-            let shape = AttnShape { n_heads: c.n_heads, n_kv_heads: c.n_kv_heads, head_dim: hd, window: la.window };
+            let shape = AttnShape {
+                n_heads: c.n_heads,
+                n_kv_heads: c.n_kv_heads,
+                head_dim: hd,
+                window: la.window,
+                scale: c.attn_scale,
+                softcap: c.attn_softcap,
+            };
             let Some((_, ropes)) = ropes.iter().find(|(b, _)| *b == la.rope_base) else {
                 return Err(ModelError::Config(format!("no rotary table for base {}", la.rope_base)));
             };
@@ -418,6 +425,9 @@ impl Llama {
         let logits = zeroed(logits, rows.len() * c.vocab);
         self.quantize_for(w, normed, rows.len(), acts);
         matmul(&self.pool, self.isa, w, acts, logits);
+        if let Some(cap) = c.final_softcap {
+            self.par_rows(logits, c.vocab, &|_, part| ops::softcap(part, cap));
+        }
         // Each sequence's rows into its own buffer, sequences in parallel: at batch 64 this is
         // 12 MB, a copy the other threads would otherwise wait for.
         let mut parts: Vec<(&mut Vec<f32>, &[f32])> = Vec::with_capacity(out.len());

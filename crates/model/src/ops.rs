@@ -17,14 +17,21 @@ pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
 }
 
 /// Rotary angles for one position: `(cos, sin)` for each pair, stepping the angle by repeated
-/// multiplication as ggml does; with `factors` (Llama 3.1's `rope_freqs`), each pair's angle
-/// divided by its factor, as ggml divides it.
-pub fn rope_table(pos: usize, head_dim: usize, base: f32, factors: Option<&[f32]>, out: &mut [(f32, f32)]) {
+/// multiplication as ggml does; with `factors` (Llama 3.1's `rope_freqs`, Phi-3's LongRoPE),
+/// each pair's angle divided by its factor, as ggml divides it; both multiplied by `mscale`
+/// (LongRoPE's attention factor; 1 elsewhere, which changes no bit).
+pub fn rope_table(
+    pos: usize,
+    head_dim: usize,
+    base: f32,
+    (factors, mscale): (Option<&[f32]>, f32),
+    out: &mut [(f32, f32)],
+) {
     let scale = base.powf(-2.0 / head_dim as f32);
     let mut theta = pos as f32;
     for (i, slot) in out.iter_mut().take(head_dim / 2).enumerate() {
         let t = factors.map_or(theta, |f| theta / f[i]);
-        *slot = (t.cos(), t.sin());
+        *slot = (t.cos() * mscale, t.sin() * mscale);
         theta *= scale;
     }
 }
@@ -47,6 +54,15 @@ pub fn rope_apply(row: &mut [f32], head_dim: usize, table: &[(f32, f32)], style:
                 }
             }
         }
+    }
+}
+
+/// `x = cap * tanh(x / cap)` for each value, as ggml computes it (a scale by the reciprocal, a
+/// tanh, a scale back): Gemma 2's soft-capping of attention scores and logits.
+pub fn softcap(x: &mut [f32], cap: f32) {
+    let inv = 1.0 / cap;
+    for v in x.iter_mut() {
+        *v = (*v * inv).tanh() * cap;
     }
 }
 
@@ -113,12 +129,12 @@ mod tests {
     #[test]
     fn rope_at_position_zero_is_identity_and_preserves_norm_elsewhere() {
         let mut t = vec![(0.0, 0.0); 4];
-        rope_table(0, 8, 10000.0, None, &mut t);
+        rope_table(0, 8, 10000.0, (None, 1.0), &mut t);
         let mut row: Vec<f32> = (0..8).map(|i| i as f32).collect();
         let orig = row.clone();
         rope_apply(&mut row, 8, &t, RopeStyle::Interleaved);
         assert_eq!(row, orig);
-        rope_table(37, 8, 10000.0, None, &mut t);
+        rope_table(37, 8, 10000.0, (None, 1.0), &mut t);
         rope_apply(&mut row, 8, &t, RopeStyle::Interleaved);
         let n0: f32 = orig.iter().map(|v| v * v).sum();
         let n1: f32 = row.iter().map(|v| v * v).sum();
@@ -128,11 +144,11 @@ mod tests {
     #[test]
     fn rope_factors_divide_each_pairs_angle_and_factors_of_one_change_nothing() {
         let (mut plain, mut ones, mut scaled) = (vec![(0.0, 0.0); 4], vec![(0.0, 0.0); 4], vec![(0.0, 0.0); 4]);
-        rope_table(37, 8, 500_000.0, None, &mut plain);
-        rope_table(37, 8, 500_000.0, Some(&[1.0; 4]), &mut ones);
+        rope_table(37, 8, 500_000.0, (None, 1.0), &mut plain);
+        rope_table(37, 8, 500_000.0, (Some(&[1.0; 4]), 1.0), &mut ones);
         assert_eq!(plain, ones);
         let factors = [1.0, 2.0, 4.0, 8.0];
-        rope_table(37, 8, 500_000.0, Some(&factors), &mut scaled);
+        rope_table(37, 8, 500_000.0, (Some(&factors), 1.0), &mut scaled);
         let scale = 500_000f32.powf(-2.0 / 8.0);
         let mut theta = 37f32;
         for (i, &(c, s)) in scaled.iter().enumerate() {

@@ -114,10 +114,28 @@ pub enum Variant {
     /// Qwen3: per-head RMS norms of Q and K (before the rotation), NeoX rotary halves, head dim
     /// set by `key_length` (query width twice the embedding), untied output.
     Qwen3,
+    /// Gemma 2: scaled embedding, norms after attention and FFN, GeGLU, attention scores and
+    /// logits soft-capped (caps small enough that the tanh bends these scores and logits), a
+    /// 48-position window on every other layer, tied output.
+    Gemma2,
+    /// Phi-3 128k: fused QKV and gate/up tensors, NeoX halves, LongRoPE's short and long
+    /// divisors and attention factor; at llama.cpp's 512 positions (within the original 4096)
+    /// the short divisors apply. Names a sliding window, which both runtimes ignore.
+    Phi3,
+    /// As `Phi3` with an original context of 256, so 512 served positions take the long ones.
+    Phi3Long,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 4] = [Variant::Llama, Variant::Llama3Rope, Variant::Qwen2, Variant::Qwen3];
+    pub const ALL: [Variant; 7] = [
+        Variant::Llama,
+        Variant::Llama3Rope,
+        Variant::Qwen2,
+        Variant::Qwen3,
+        Variant::Gemma2,
+        Variant::Phi3,
+        Variant::Phi3Long,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -125,6 +143,9 @@ impl Variant {
             Variant::Llama3Rope => "llama3-rope",
             Variant::Qwen2 => "qwen2",
             Variant::Qwen3 => "qwen3",
+            Variant::Gemma2 => "gemma2",
+            Variant::Phi3 => "phi3",
+            Variant::Phi3Long => "phi3-long",
         }
     }
 
@@ -150,8 +171,18 @@ impl Variant {
             qk_norm: false,
             tied_output: true,
             write_head_dim: false,
+            gemma2: None,
+            phi3: None,
             seed: 41,
             logit_std: 3.0,
+        };
+        let phi3 = |original_context, seed| ArchSpec {
+            arch: "phi3",
+            context: 131_072,
+            tied_output: false,
+            phi3: Some(Phi3Extras { original_context, sliding_window: 32 }),
+            seed,
+            ..base.clone()
         };
         match self {
             Variant::Llama => base,
@@ -193,6 +224,18 @@ impl Variant {
                 seed: 44,
                 ..base
             },
+            Variant::Gemma2 => ArchSpec {
+                arch: "gemma2",
+                rms_eps: 1e-6,
+                context: 8192,
+                write_head_dim: true,
+                gemma2: Some(Gemma2Extras { attn_softcap: 4.0, final_softcap: 14.0, sliding_window: 48 }),
+                seed: 45,
+                logit_std: 8.0,
+                ..base
+            },
+            Variant::Phi3 => phi3(4096, 46),
+            Variant::Phi3Long => phi3(256, 47),
         }
     }
 }
@@ -236,6 +279,38 @@ impl Llama3Rope {
 /// A small model of one of llama.cpp's architectures, written by [`arch_gguf`]. Matrices are
 /// Q8_0 (llama.cpp's CPU kernels and ours both multiply them with activations quantized to
 /// Q8_0 per 32, so both compute the same products); norms, biases and rope factors are F32.
+/// Gemma 2's additions to a spec.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Gemma2Extras {
+    pub attn_softcap: f32,
+    pub final_softcap: f32,
+    pub sliding_window: usize,
+}
+
+/// Phi-3's additions to a spec: LongRoPE's original context (its divisors and attention factor
+/// follow from it and the context) and the window the converter writes (ignored by both).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Phi3Extras {
+    pub original_context: usize,
+    pub sliding_window: usize,
+}
+
+impl Phi3Extras {
+    /// The converter's LongRoPE attention factor: sqrt(1 + ln(scale) / ln(original)).
+    pub fn attn_factor(&self, context: usize) -> f32 {
+        let scale = context as f64 / self.original_context as f64;
+        (1.0 + scale.ln() / (self.original_context as f64).ln()).sqrt() as f32
+    }
+
+    /// Long divisors from 1 to 16 (quadratic), short ones from 1 to 1.5: the two sets differ
+    /// enough that using the wrong one fails the comparison.
+    pub fn factors(head_dim: usize) -> (Vec<f32>, Vec<f32>) {
+        let n = head_dim / 2;
+        let t = |i: usize| i as f32 / (n - 1).max(1) as f32;
+        ((0..n).map(|i| 1.0 + 15.0 * t(i) * t(i)).collect(), (0..n).map(|i| 1.0 + 0.5 * t(i)).collect())
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct ArchSpec {
     /// `general.architecture`, and the prefix of the hyperparameter keys.
@@ -261,6 +336,8 @@ pub struct ArchSpec {
     /// Writes `attention.key_length` / `value_length`, as the converter does when config.json
     /// names a `head_dim`.
     pub write_head_dim: bool,
+    pub gemma2: Option<Gemma2Extras>,
+    pub phi3: Option<Phi3Extras>,
     pub seed: u64,
     /// Standard deviation of the logits over the vocabulary for a unit-RMS final hidden state
     /// (sets the output matrix's scale): 3 gives a perplexity of about 15-25 over 384
@@ -330,6 +407,15 @@ fn vec(w: &mut GgufWriter, rng: &mut Lcg, name: &str, len: usize, center: f32, s
     w.tensor(name, &[len as u64], GgmlType::F32, f32s(v));
 }
 
+/// The file's `general.name`. llama.cpp sets Phi-3 token attributes when the name contains
+/// "phi3" and stops on a vocabulary without Phi-3's tokens, so that family is spelt apart.
+fn display_name(arch: &str) -> String {
+    match arch {
+        "phi3" => "pagewarden synthetic model of the Phi 3 family".into(),
+        a => format!("pagewarden synthetic {a}"),
+    }
+}
+
 /// The GGUF bytes of a random model with this spec, the same bytes for the same spec.
 ///
 /// Scales, so that the forward pass is neither flat nor saturated and every part of it moves
@@ -346,7 +432,7 @@ pub fn arch_gguf(spec: &ArchSpec) -> Vec<u8> {
     let u = |v: usize| Value::U32(v as u32);
     let mut w = GgufWriter::new();
     w.meta("general.architecture", Value::String(a.into()))
-        .meta("general.name", Value::String(format!("pagewarden synthetic {a}")))
+        .meta("general.name", Value::String(display_name(a)))
         .meta(&format!("{a}.block_count"), u(spec.n_layers))
         .meta(&format!("{a}.context_length"), u(spec.context))
         .meta(&format!("{a}.embedding_length"), u(spec.n_embd))
@@ -362,6 +448,17 @@ pub fn arch_gguf(spec: &ArchSpec) -> Vec<u8> {
         // LlamaModel.set_gguf_parameters adds these two; the Qwen converters do not.
         w.meta(&format!("{a}.vocab_size"), u(ARCH_VOCAB)).meta(&format!("{a}.rope.dimension_count"), u(hd));
     }
+    if let Some(g) = &spec.gemma2 {
+        w.meta(&format!("{a}.attn_logit_softcapping"), Value::F32(g.attn_softcap))
+            .meta(&format!("{a}.final_logit_softcapping"), Value::F32(g.final_softcap))
+            .meta(&format!("{a}.attention.sliding_window"), u(g.sliding_window));
+    }
+    if let Some(p) = &spec.phi3 {
+        w.meta(&format!("{a}.rope.scaling.original_context_length"), u(p.original_context))
+            .meta(&format!("{a}.rope.dimension_count"), u(hd))
+            .meta(&format!("{a}.attention.sliding_window"), u(p.sliding_window))
+            .meta(&format!("{a}.rope.scaling.attn_factor"), Value::F32(p.attn_factor(spec.context)));
+    }
     write_vocab(&mut w);
 
     // Logit std = sqrt(n_embd) * scale / sqrt(3) for a unit-RMS hidden state.
@@ -370,12 +467,37 @@ pub fn arch_gguf(spec: &ArchSpec) -> Vec<u8> {
     if let Some(r) = &spec.llama3_rope {
         w.tensor("rope_freqs.weight", &[(hd / 2) as u64], GgmlType::F32, f32s(r.factors(hd, spec.rope_base)));
     }
+    if spec.phi3.is_some() {
+        let (long, short) = Phi3Extras::factors(hd);
+        w.tensor("rope_factors_long.weight", &[(hd / 2) as u64], GgmlType::F32, f32s(long));
+        w.tensor("rope_factors_short.weight", &[(hd / 2) as u64], GgmlType::F32, f32s(short));
+    }
     let s_in = 1.7 / (spec.n_embd as f32).sqrt();
     let s_q = 1.7 / (q_dim as f32).sqrt();
     let s_ff = 1.7 / (spec.n_ff as f32).sqrt();
+    // Gemma 2's post-norms set the size of what each layer adds: the gain goes there.
+    let (gain, post_gain) = match spec.gemma2 {
+        Some(_) => (1.0, RESIDUAL_GAIN),
+        None => (RESIDUAL_GAIN, 1.0),
+    };
     for i in 0..spec.n_layers {
         let n = |s: &str, kind: &str| format!("blk.{i}.{s}.{kind}");
         vec(&mut w, &mut rng, &n("attn_norm", "weight"), spec.n_embd, 1.0, 0.2);
+        if spec.phi3.is_some() {
+            // Phi-3's fused tensors: rows [q | k | v] and [gate | up], each part scaled as apart.
+            let mut part =
+                |rows: usize, scale: f32| -> Vec<f32> { (0..spec.n_embd * rows).map(|_| rng.next() * scale).collect() };
+            let qkv: Vec<f32> = [part(q_dim, 2.0 * s_in), part(kv_dim, 2.0 * s_in), part(kv_dim, s_in)].concat();
+            let rows = (q_dim + 2 * kv_dim) as u64;
+            w.tensor(&n("attn_qkv", "weight"), &[spec.n_embd as u64, rows], GgmlType::Q8_0, encode_q8_0(&qkv));
+            q8(&mut w, &mut rng, &n("attn_output", "weight"), q_dim, spec.n_embd, gain * s_q);
+            vec(&mut w, &mut rng, &n("ffn_norm", "weight"), spec.n_embd, 1.0, 0.2);
+            let up: Vec<f32> = (0..spec.n_embd * 2 * spec.n_ff).map(|_| rng.next() * s_in).collect();
+            let rows = (2 * spec.n_ff) as u64;
+            w.tensor(&n("ffn_up", "weight"), &[spec.n_embd as u64, rows], GgmlType::Q8_0, encode_q8_0(&up));
+            q8(&mut w, &mut rng, &n("ffn_down", "weight"), spec.n_ff, spec.n_embd, gain * s_ff);
+            continue;
+        }
         q8(&mut w, &mut rng, &n("attn_q", "weight"), spec.n_embd, q_dim, 2.0 * s_in);
         q8(&mut w, &mut rng, &n("attn_k", "weight"), spec.n_embd, kv_dim, 2.0 * s_in);
         q8(&mut w, &mut rng, &n("attn_v", "weight"), spec.n_embd, kv_dim, s_in);
@@ -388,11 +510,17 @@ pub fn arch_gguf(spec: &ArchSpec) -> Vec<u8> {
             vec(&mut w, &mut rng, &n("attn_q_norm", "weight"), hd, 2.0, 0.4);
             vec(&mut w, &mut rng, &n("attn_k_norm", "weight"), hd, 2.0, 0.4);
         }
-        q8(&mut w, &mut rng, &n("attn_output", "weight"), q_dim, spec.n_embd, RESIDUAL_GAIN * s_q);
+        q8(&mut w, &mut rng, &n("attn_output", "weight"), q_dim, spec.n_embd, gain * s_q);
+        if spec.gemma2.is_some() {
+            vec(&mut w, &mut rng, &n("post_attention_norm", "weight"), spec.n_embd, post_gain, 0.2 * post_gain);
+        }
         vec(&mut w, &mut rng, &n("ffn_norm", "weight"), spec.n_embd, 1.0, 0.2);
         q8(&mut w, &mut rng, &n("ffn_gate", "weight"), spec.n_embd, spec.n_ff, s_in);
         q8(&mut w, &mut rng, &n("ffn_up", "weight"), spec.n_embd, spec.n_ff, s_in);
-        q8(&mut w, &mut rng, &n("ffn_down", "weight"), spec.n_ff, spec.n_embd, RESIDUAL_GAIN * s_ff);
+        q8(&mut w, &mut rng, &n("ffn_down", "weight"), spec.n_ff, spec.n_embd, gain * s_ff);
+        if spec.gemma2.is_some() {
+            vec(&mut w, &mut rng, &n("post_ffw_norm", "weight"), spec.n_embd, post_gain, 0.2 * post_gain);
+        }
     }
     vec(&mut w, &mut rng, "output_norm.weight", spec.n_embd, 1.0, 0.2);
     if !spec.tied_output {

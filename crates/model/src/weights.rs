@@ -51,12 +51,47 @@ pub struct LlamaWeights {
     pub out_norm: Vec<f32>,
     /// None when the output projection is tied to the embedding.
     pub output: Option<QMatrix>,
-    /// Llama 3.1+: a divisor of each rotary pair's angle (`rope_freqs`, head_dim / 2 values),
-    /// slowing the low frequencies for long contexts.
-    pub rope_freqs: Option<Vec<f32>>,
+    /// Divisors of each rotary pair's angle (head_dim / 2 values each), slowing the low
+    /// frequencies for long contexts.
+    pub rope_factors: RopeFactors,
     /// Where the matrices live once loaded (see [`crate::region`]); None when the system
     /// gave no mapping and they stayed in ordinary allocations.
     pub region: Option<Arc<Region>>,
+}
+
+/// Where a model's rotary divisors come from.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum RopeFactors {
+    #[default]
+    None,
+    /// Llama 3.1+: `rope_freqs`, one set for every context.
+    Fixed(Vec<f32>),
+    /// Phi-3 LongRoPE: `rope_factors_short` up to the original context, `rope_factors_long`
+    /// for a served context beyond it.
+    LongShort { long: Vec<f32>, short: Vec<f32> },
+}
+
+impl RopeFactors {
+    /// The divisors a model serving `context` positions uses.
+    pub fn for_context(&self, c: &LlamaConfig) -> Option<&[f32]> {
+        match self {
+            RopeFactors::None => None,
+            RopeFactors::Fixed(f) => Some(f),
+            RopeFactors::LongShort { long, short } => match c.rope_original_context {
+                Some(orig) if c.context > orig => Some(long),
+                _ => Some(short),
+            },
+        }
+    }
+
+    fn all(&self) -> impl Iterator<Item = &f32> {
+        let (a, b): (&[f32], &[f32]) = match self {
+            RopeFactors::None => (&[], &[]),
+            RopeFactors::Fixed(f) => (f, &[]),
+            RopeFactors::LongShort { long, short } => (long, short),
+        };
+        a.iter().chain(b)
+    }
 }
 
 fn check_shape(t: &TensorInfo, expected: &[u64]) -> Result<(), ModelError> {
@@ -173,12 +208,12 @@ fn layer(f: &Tensors<'_>, c: &LlamaConfig, i: usize) -> Result<Layer, ModelError
         }
         false => None,
     };
-    let post_norms = match c.arch {
-        Arch::Gemma3 => Some(PostNorms {
+    let post_norms = match c.has_post_norms() {
+        true => Some(PostNorms {
             attn: vector(f, &n("post_attention_norm"), c.n_embd)?,
             ffn: vector(f, &n("post_ffw_norm"), c.n_embd)?,
         }),
-        Arch::Llama | Arch::Qwen2 | Arch::Qwen3 => None,
+        false => None,
     };
     let qkv_bias = match c.has_qkv_bias() {
         true => {
@@ -190,12 +225,22 @@ fn layer(f: &Tensors<'_>, c: &LlamaConfig, i: usize) -> Result<Layer, ModelError
         }
         false => None,
     };
+    // Phi-3's converter writes Q, K and V as one tensor (rows `[q | k | v]`) and gate and up as
+    // one `ffn_up` (rows `[gate | up]`): the stacks this runtime builds, read as they are.
+    let wqkv = match c.arch == Arch::Phi3 && f.has(&n("attn_qkv")) {
+        true => matrix(f, &n("attn_qkv"), c.n_embd, q_dim + 2 * kv_dim)?,
+        false => stacked(f, &[(&n("attn_q"), q_dim), (&n("attn_k"), kv_dim), (&n("attn_v"), kv_dim)], c.n_embd)?,
+    };
+    let w_gate_up = match c.arch {
+        Arch::Phi3 => matrix(f, &n("ffn_up"), c.n_embd, 2 * c.n_ff)?,
+        _ => stacked(f, &[(&n("ffn_gate"), c.n_ff), (&n("ffn_up"), c.n_ff)], c.n_embd)?,
+    };
     Ok(Layer {
         attn_norm: vector(f, &n("attn_norm"), c.n_embd)?,
-        wqkv: stacked(f, &[(&n("attn_q"), q_dim), (&n("attn_k"), kv_dim), (&n("attn_v"), kv_dim)], c.n_embd)?,
+        wqkv,
         wo: matrix(f, &n("attn_output"), q_dim, c.n_embd)?,
         ffn_norm: vector(f, &n("ffn_norm"), c.n_embd)?,
-        w_gate_up: stacked(f, &[(&n("ffn_gate"), c.n_ff), (&n("ffn_up"), c.n_ff)], c.n_embd)?,
+        w_gate_up,
         w_down: matrix(f, &n("ffn_down"), c.n_ff, c.n_embd)?,
         qk_norms,
         post_norms,
@@ -278,27 +323,38 @@ impl LlamaWeights {
         // Every matrix is built in place in one region (where it fits the bound, as all do).
         let packer = Packer::reserve(packed_bound(file));
         let f = &Tensors::new(file, Alloc::In(&packer));
+        // Gemma 2's output is always the embedding (llama.cpp reads no `output.weight` for it, so
+        // a file that has one is refused as holding a tensor nobody applies).
+        let own_output = f.has("output.weight") && c.arch != Arch::Gemma2;
         // The two largest matrices first, one beside the other.
         let (output, tok_embd) = std::thread::scope(|s| {
-            let output = s.spawn(|| f.has("output.weight").then(|| matrix(f, "output.weight", c.n_embd, c.vocab)));
+            let output = s.spawn(|| own_output.then(|| matrix(f, "output.weight", c.n_embd, c.vocab)));
             let tok_embd = matrix(f, "token_embd.weight", c.n_embd, c.vocab);
             let output = output.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
             (output, tok_embd)
         });
         let (output, tok_embd) = (output.transpose()?, tok_embd?);
         let layers = layers(f, c, threads)?;
-        // Only llama files carry it (llama.cpp reads it for no other architecture here).
-        let rope_freqs = match (c.arch, f.has("rope_freqs.weight")) {
-            (Arch::Llama, true) => Some(vector(f, "rope_freqs.weight", c.head_dim / 2)?),
-            _ => None,
+        // Only llama files carry `rope_freqs`, only Phi-3 the LongRoPE pair (llama.cpp reads
+        // them for no other architecture here).
+        let pairs = c.head_dim / 2;
+        let rope_factors = match c.arch {
+            Arch::Llama if f.has("rope_freqs.weight") => RopeFactors::Fixed(vector(f, "rope_freqs.weight", pairs)?),
+            Arch::Phi3 if f.has("rope_factors_long.weight") || f.has("rope_factors_short.weight") => {
+                RopeFactors::LongShort {
+                    long: vector(f, "rope_factors_long.weight", pairs)?,
+                    short: vector(f, "rope_factors_short.weight", pairs)?,
+                }
+            }
+            _ => RopeFactors::None,
         };
         // A divisor of an angle: zero or NaN would turn every rotated key into NaN.
-        if rope_freqs.as_ref().is_some_and(|v| v.iter().any(|&x| !(x.is_finite() && x > 0.0))) {
-            return Err(ModelError::Config("rope_freqs holds a factor that is not a positive number".into()));
+        if rope_factors.all().any(|&x| !(x.is_finite() && x > 0.0)) {
+            return Err(ModelError::Config("a rotary factor is not a positive number".into()));
         }
         let out_norm = vector(f, "output_norm.weight", c.n_embd)?;
         f.all_read(c.arch)?;
-        Ok(LlamaWeights { tok_embd, layers, out_norm, output, rope_freqs, region: packer.finish() })
+        Ok(LlamaWeights { tok_embd, layers, out_norm, output, rope_factors, region: packer.finish() })
     }
 
     /// Bytes of the weights the system backs with huge pages (None where it cannot be read).

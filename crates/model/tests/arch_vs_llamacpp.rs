@@ -32,6 +32,9 @@ use sha2::{Digest, Sha256};
 const MIN_AGREEMENT: f64 = 0.99;
 /// Relative difference allowed between the two perplexities.
 const MAX_PPL_DIFF: f64 = 0.01;
+/// The context llama.cpp ran with (`n_ctx` of scripts/llama-cpp-logits.cpp): what we serve
+/// too, since LongRoPE picks its divisors by the served context.
+const LLAMA_CPP_N_CTX: usize = 512;
 
 struct Reference {
     sha256: String,
@@ -96,7 +99,7 @@ fn compare(v: Variant) {
     assert_eq!((r.tokens.len(), r.top5.len(), r.next_lp.len()), (256, 256, 255));
 
     let file = GgufFile::from_bytes(bytes).unwrap();
-    let model = Llama::from_file(&file, LoadOptions { threads: 2 }).unwrap_or_else(|e| {
+    let mut model = Llama::from_file(&file, LoadOptions { threads: 2 }).unwrap_or_else(|e| {
         panic!(
             "{}: our loader refuses the synthetic {} file that llama.cpp runs: {e} (expected until \
              the model crate implements this architecture)",
@@ -104,6 +107,8 @@ fn compare(v: Variant) {
             spec.arch
         )
     });
+    // As `serve` does with a configured `context_window`.
+    model.config.context = LLAMA_CPP_N_CTX;
     let rows = our_rows(&model, &r.tokens);
 
     let (mut agree, mut strict, mut dsum) = (0usize, 0usize, 0f64);
@@ -174,4 +179,67 @@ fn qwen2_matches_llamacpp() {
 #[test]
 fn qwen3_matches_llamacpp() {
     compare(Variant::Qwen3);
+}
+
+/// Gemma 2: soft-capped attention scores and logits, post-norms, GeGLU, scaled embedding, a
+/// window on every other layer.
+#[test]
+fn gemma2_matches_llamacpp() {
+    compare(Variant::Gemma2);
+}
+
+/// Phi-3 128k within its original context: fused QKV and gate/up, NeoX halves, LongRoPE's
+/// short divisors and attention factor; the file's sliding window ignored, as llama.cpp does.
+#[test]
+fn phi3_matches_llamacpp() {
+    compare(Variant::Phi3);
+}
+
+/// Phi-3 served past its original context: LongRoPE's long divisors.
+#[test]
+fn phi3_past_its_original_context_takes_the_long_rope_divisors_as_llamacpp() {
+    compare(Variant::Phi3Long);
+}
+
+/// Phi-3 files from other converters keep Q, K and V apart (llama.cpp takes either): the same
+/// weights apart give the same logits, bit for bit, as fused.
+#[test]
+fn phi3_with_q_k_v_apart_answers_bit_for_bit_as_with_them_fused() {
+    use gguf::write::GgufWriter;
+    use gguf::Gguf;
+    let spec = Variant::Phi3.spec();
+    let fused = arch_gguf(&spec);
+    let g = Gguf::parse(&fused).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in g.metadata() {
+        w.meta(k, v.clone());
+    }
+    let row_bytes = spec.n_embd / 32 * 34;
+    let (q_rows, kv_rows) = (spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim);
+    let mut split = 0;
+    for t in g.tensors() {
+        let data = g.tensor_data(&fused, &t.name).unwrap().1;
+        match t.name.strip_suffix("attn_qkv.weight") {
+            Some(layer) => {
+                let (q, kv) = data.split_at(q_rows * row_bytes);
+                let (k, v) = kv.split_at(kv_rows * row_bytes);
+                for (part, rows, bytes) in [("attn_q", q_rows, q), ("attn_k", kv_rows, k), ("attn_v", kv_rows, v)] {
+                    w.tensor(&format!("{layer}{part}.weight"), &[t.dims[0], rows as u64], t.ty, bytes.to_vec());
+                }
+                split += 1;
+            }
+            None => {
+                w.tensor(&t.name, &t.dims, t.ty, data.to_vec());
+            }
+        }
+    }
+    assert_eq!(split, spec.n_layers);
+    let tokens: Vec<u32> = (0..40).map(|i| (i * 37 % ARCH_VOCAB) as u32).collect();
+    let rows = |bytes: Vec<u8>| {
+        let mut m = Llama::from_file(&GgufFile::from_bytes(bytes).unwrap(), LoadOptions { threads: 2 }).unwrap();
+        m.config.context = LLAMA_CPP_N_CTX;
+        our_rows(&m, &tokens)
+    };
+    let bits = |r: Vec<Vec<f32>>| r.into_iter().flatten().map(f32::to_bits).collect::<Vec<_>>();
+    assert_eq!(bits(rows(w.to_bytes())), bits(rows(fused)));
 }

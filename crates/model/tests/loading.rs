@@ -88,16 +88,24 @@ fn wrong_shape_is_named_with_both_shapes() {
 
 /// A tiny model with one more tensor than it reads.
 fn with_extra(name: &str, dims: &[u64], data: Vec<u8>) -> Vec<u8> {
-    let src = tiny_gguf(&TinySpec::default());
+    changed(tiny_gguf(&TinySpec::default()), |_, _| {}, Some((name, dims, data)))
+}
+
+/// `src` with `edit` applied to its metadata and, if given, one more F32 tensor.
+fn changed(src: Vec<u8>, edit: impl Fn(&str, &mut Value), extra: Option<(&str, &[u64], Vec<u8>)>) -> Vec<u8> {
     let g = Gguf::parse(&src).unwrap();
     let mut w = GgufWriter::new();
     for (k, v) in g.metadata() {
-        w.meta(k, v.clone());
+        let mut v = v.clone();
+        edit(k, &mut v);
+        w.meta(k, v);
     }
     for t in g.tensors() {
         w.tensor(&t.name, &t.dims, t.ty, g.tensor_data(&src, &t.name).unwrap().1.to_vec());
     }
-    w.tensor(name, dims, gguf::GgmlType::F32, data);
+    if let Some((name, dims, data)) = extra {
+        w.tensor(name, dims, gguf::GgmlType::F32, data);
+    }
     w.to_bytes()
 }
 
@@ -118,6 +126,43 @@ fn a_tensor_the_runtime_would_not_apply_is_refused_by_name_not_ignored() {
     // A factor that is not a positive number would turn every rotated key into NaN.
     let zero: Vec<u8> = (0..8).flat_map(|i| if i == 3 { 0f32 } else { 1f32 }.to_le_bytes()).collect();
     assert!(matches!(load(with_extra("rope_freqs.weight", &[8], zero)), Err(ModelError::Config(_))));
+}
+
+/// Gemma 2's output is its embedding: llama.cpp reads no `output.weight` for it, so a Gemma 2
+/// file with one is refused naming it, not served with a projection llama.cpp would ignore. A
+/// soft-cap or attention factor that is not a positive number is refused at load (a cap of 0
+/// divides by zero, a negative one turns the scores around).
+#[test]
+fn gemma2_with_an_output_matrix_and_caps_or_rope_factors_that_are_no_positive_numbers_are_refused() {
+    use model::tiny::{arch_gguf, Variant, ARCH_VOCAB};
+    let gemma2 = || arch_gguf(&Variant::Gemma2.spec());
+    let n_embd = Variant::Gemma2.spec().n_embd;
+    let output = vec![0u8; n_embd * ARCH_VOCAB * 4];
+    match load(changed(gemma2(), |_, _| {}, Some(("output.weight", &[n_embd as u64, ARCH_VOCAB as u64], output)))) {
+        Err(ModelError::UnreadTensor { name, arch }) => assert_eq!((name.as_str(), arch), ("output.weight", "gemma2")),
+        other => panic!("expected UnreadTensor, got {:?}", other.err()),
+    }
+    assert!(load(gemma2()).is_ok());
+    for (key, bad) in [
+        ("gemma2.attn_logit_softcapping", 0.0),
+        ("gemma2.final_logit_softcapping", -30.0),
+        ("gemma2.final_logit_softcapping", f32::NAN),
+    ] {
+        let edit = |k: &str, v: &mut Value| {
+            if k == key {
+                *v = Value::F32(bad);
+            }
+        };
+        assert!(matches!(load(changed(gemma2(), edit, None)), Err(ModelError::Config(_))), "{key} = {bad}");
+    }
+    let phi3 = || arch_gguf(&Variant::Phi3.spec());
+    assert!(load(phi3()).is_ok());
+    let edit = |k: &str, v: &mut Value| {
+        if k == "phi3.rope.scaling.attn_factor" {
+            *v = Value::F32(0.0);
+        }
+    };
+    assert!(matches!(load(changed(phi3(), edit, None)), Err(ModelError::Config(_))));
 }
 
 #[test]

@@ -39,7 +39,7 @@ fn contiguous_logits(m: &Llama, tokens: &[u32]) -> Vec<f32> {
         for i in 0..t {
             let row = &qkv[i * (d + 2 * kvd)..(i + 1) * (d + 2 * kvd)];
             let mut tab = vec![(0f32, 0f32); hd / 2];
-            ops::rope_table(i, hd, c.rope_base, None, &mut tab);
+            ops::rope_table(i, hd, c.rope_base, (None, 1.0), &mut tab);
             let (mut qi, mut ki) = (row[..d].to_vec(), row[d..d + kvd].to_vec());
             ops::rope_apply(&mut qi, hd, &tab, model::config::RopeStyle::Interleaved);
             ops::rope_apply(&mut ki, hd, &tab, model::config::RopeStyle::Interleaved);

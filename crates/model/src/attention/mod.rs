@@ -45,6 +45,21 @@ pub struct AttnShape {
     pub head_dim: usize,
     /// Sliding-window layers: a query at position p sees keys p - window + 1 ..= p.
     pub window: Option<usize>,
+    /// What each query-key product is multiplied by (1/sqrt(head_dim) for most models).
+    pub scale: f32,
+    /// Gemma 2: each scaled score becomes `cap * tanh(score / cap)` before the softmax. Only
+    /// the gathered and streamed paths apply it; the page-reading ones step aside.
+    pub softcap: Option<f32>,
+}
+
+impl AttnShape {
+    /// Soft-caps the scores about to enter a softmax, where the model asks for it.
+    #[inline(always)]
+    fn cap(&self, scores: &mut [f32]) {
+        if let Some(cap) = self.softcap {
+            crate::ops::softcap(scores, cap);
+        }
+    }
 }
 
 /// The score arithmetic, as a definition: fused multiply-adds in dimension order. The kernels
@@ -309,7 +324,7 @@ fn attend_impl<W: Widen>(
     }
     // Rows that see their whole causal context (no window cuts it) read the pages directly.
     #[cfg(target_arch = "x86_64")]
-    if W::AVX512 && shape.window.is_none_or(|w| w >= inp.start + rows.end) {
+    if W::AVX512 && shape.softcap.is_none() && shape.window.is_none_or(|w| w >= inp.start + rows.end) {
         let first_head = kvh * (shape.n_heads / shape.n_kv_heads) + heads.start;
         let width = heads.len() * hd;
         let mut qs = Vec::with_capacity(rows.len() * width);
@@ -318,7 +333,7 @@ fn attend_impl<W: Widen>(
         }
         // The direct path reads only an f16 pool, whose keys want f16 queries.
         round_to_f16(&mut qs);
-        let (row_len, scale) = (shape.n_kv_heads * hd, 1.0 / (hd as f32).sqrt());
+        let (row_len, scale) = (shape.n_kv_heads * hd, shape.scale);
         let start = inp.start + rows.start;
         // SAFETY: `W::AVX512` holds only for `F16c512`, used after the features were detected.
         if unsafe { direct::attend_rows(&inp.view, &qs, (heads.len(), hd), kvh, row_len, start, scale, out) } {
@@ -372,7 +387,7 @@ fn attend_gathered<W: Widen>(
     let first_head = kvh * (shape.n_heads / shape.n_kv_heads) + heads.start;
     let group = heads.len();
     let f16_queries = gather::<W>(&inp.view, base, len, row_len, kvh, hd, Some(kt), Some(v));
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = shape.scale;
     let mut out = vec![0f32; rows.len() * group * hd];
     let mut scores: Vec<Vec<f32>> = (0..group).map(|_| vec![0f32; stride]).collect();
     let mut q = vec![0f32; group * hd];
@@ -389,6 +404,9 @@ fn attend_gathered<W: Widen>(
             round_to_f16(&mut q);
         }
         scores_heads(&q, hd, kt, tile_from, upto, scale, &mut scores);
+        for s in scores.iter_mut() {
+            shape.cap(&mut s[from..upto]);
+        }
         #[cfg(target_arch = "x86_64")]
         if W::AVX512 && matches!(hd, 64 | 128 | 256) {
             // The group's heads weigh each value row in one load (the same operations).
@@ -465,13 +483,13 @@ fn attend_row_streamed<W: Widen>(
     let len = upto.min(inp.view.len());
     let from = shape.window.map_or(0, |w| upto.saturating_sub(w));
     let tile_from = from / LANES * LANES;
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = shape.scale;
     let mut q = inp.q[i * shape.n_heads * hd + first_head * hd..][..group * hd].to_vec();
     if inp.view.chunks().next().is_some_and(|c| matches!(c.v, KvSlice::F16(_))) {
         round_to_f16(&mut q);
     }
     #[cfg(target_arch = "x86_64")]
-    if W::AVX512 {
+    if W::AVX512 && shape.softcap.is_none() {
         // SAFETY: `W::AVX512` holds only for `F16c512`, used after the features were detected.
         if unsafe { direct::attend_row(&inp.view, &q, hd, kvh, row_len, (from, upto), scale, out) } {
             return;
@@ -507,6 +525,7 @@ fn attend_row_streamed<W: Widen>(
     // (the exponentials' FMAs became library calls).
     let mut sums = Vec::with_capacity(group);
     for s in scores.iter_mut() {
+        shape.cap(&mut s[from - tile_from..]);
         sums.push(softmax_exps(&mut s[from - tile_from..]));
     }
     let (mut even, mut odd) = (vec![0f32; group * hd], vec![0f32; group * hd]);
@@ -622,7 +641,14 @@ mod tests {
         t.write_range(0, 0, &k, &v).unwrap();
         let q: Vec<f32> = (0..3 * n_heads * hd).map(|i| val(i + 101)).collect();
         let inp = AttnInput { q: &q, start: 20, n: 3, view: t.layer(0, 23).unwrap() };
-        let shape = AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd, window: None };
+        let shape = AttnShape {
+            n_heads,
+            n_kv_heads: n_kv,
+            head_dim: hd,
+            window: None,
+            scale: 1.0 / (hd as f32).sqrt(),
+            softcap: None,
+        };
         for kvh in 0..n_kv {
             let group = 0..shape.n_heads / shape.n_kv_heads;
             let want = portable(&inp, &shape, kvh, group.clone(), 0..3);
@@ -644,9 +670,15 @@ mod tests {
     fn a_query_attends_identically_alone_among_other_rows_and_with_its_group_split() {
         let (n_heads, n_kv, len) = (6, 2, 150);
         // Head sizes of the register-held sums (64, 256) and of the plain loop (40).
-        for (hd, ps, window) in
-            [(64, 16, None), (64, 5, None), (64, 16, Some(40)), (64, 7, Some(33)), (256, 16, Some(97)), (40, 3, None)]
-        {
+        // Soft-capped scores (Gemma 2) too: the cap is applied wherever the row is computed.
+        for (hd, ps, window, softcap) in [
+            (64, 16, None, None),
+            (64, 5, None, Some(2.0)),
+            (64, 16, Some(40), None),
+            (64, 7, Some(33), Some(2.0)),
+            (256, 16, Some(97), Some(2.0)),
+            (40, 3, None, None),
+        ] {
             let layout = KvLayout { n_layers: 1, n_kv_heads: n_kv, head_dim: hd, page_size: ps, dtype: KvDtype::F16 };
             let pool = KvPool::new(PoolConfig { layout, capacity: Capacity::Tokens(256), scrub: ScrubPolicy::OnFree })
                 .unwrap();
@@ -659,7 +691,8 @@ mod tests {
             let (start, n) = (100, 50);
             let q: Vec<f32> = (0..n * n_heads * hd).map(|i| val(i + 101)).collect();
             let inp = AttnInput { q: &q, start, n, view: t.layer(0, len).unwrap() };
-            let shape = AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd, window };
+            let shape =
+                AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd, window, scale: 1.0 / (hd as f32).sqrt(), softcap };
             let width = (n_heads / n_kv) * hd;
             for kvh in 0..n_kv {
                 let all = attend_group(&inp, &shape, kvh, 0..n);
@@ -726,7 +759,14 @@ mod tests {
             for ctx in [1, 15, 16, 17, 32, 47, 64, 65, 83] {
                 let inp = AttnInput { q: &q, start: ctx - 1, n: 1, view: t.layer(0, ctx).unwrap() };
                 for window in [None, Some(1), Some(6), Some(17), Some(40)] {
-                    let shape = AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd, window };
+                    let shape = AttnShape {
+                        n_heads,
+                        n_kv_heads: n_kv,
+                        head_dim: hd,
+                        window,
+                        scale: 1.0 / (hd as f32).sqrt(),
+                        softcap: None,
+                    };
                     for kvh in 0..n_kv {
                         for heads in [0..4, 0..1, 1..3, 3..4, 0..3] {
                             let want = portable(&inp, &shape, kvh, heads.clone(), 0..1);
@@ -768,7 +808,14 @@ mod tests {
                 let n = end - chunk;
                 let inp = AttnInput { q: &qs[..n * n_heads * hd], start: chunk, n, view: t.layer(0, end).unwrap() };
                 for window in [None, Some(end), Some(end - 1), Some(20)] {
-                    let shape = AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd, window };
+                    let shape = AttnShape {
+                        n_heads,
+                        n_kv_heads: n_kv,
+                        head_dim: hd,
+                        window,
+                        scale: 1.0 / (hd as f32).sqrt(),
+                        softcap: None,
+                    };
                     for kvh in 0..n_kv {
                         for heads in [0..6, 0..1, 1..3, 3..6, 2..6, 0..5] {
                             for rows in [0..n, n / 3..n, 0..n.div_ceil(2)] {
@@ -797,7 +844,14 @@ mod tests {
         let (n_heads, n_kv, hd, len) = (6, 2, 64, 90);
         let (_pool, t) = filled_pages(n_kv, hd, len);
         let qs: Vec<f32> = (0..len * n_heads * hd).map(|i| pattern(i + 57) / 4.0).collect();
-        let shape = AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd, window: None };
+        let shape = AttnShape {
+            n_heads,
+            n_kv_heads: n_kv,
+            head_dim: hd,
+            window: None,
+            scale: 1.0 / (hd as f32).sqrt(),
+            softcap: None,
+        };
         let mut out = vec![f32::NAN; 7];
         for (start, end) in [(88, 89), (0, 33), (15, 16), (40, 90), (16, 17), (0, 5), (63, 64), (20, 70)] {
             let n = end - start;
@@ -810,10 +864,10 @@ mod tests {
         }
     }
 
-    /// A sliding window of w: each query attends to exactly its last w positions, as a direct
-    /// softmax over those keys computes (windows smaller than, equal to and spanning tiles).
-    #[test]
-    fn a_sliding_window_attends_to_exactly_the_last_positions() {
+    /// Attention of every row of a 45-position prompt against a direct softmax over the keys
+    /// each query sees, scores scaled by `scale` and soft-capped by `softcap`; also each of
+    /// three late rows alone (a decode step) gives the bits it has among the others.
+    fn attends_as_a_direct_softmax(window: Option<usize>, scale: f32, softcap: Option<f32>) {
         let (n_heads, n_kv, hd, ps, len) = (2, 1, 8, 4, 45);
         let layout = KvLayout { n_layers: 1, n_kv_heads: n_kv, head_dim: hd, page_size: ps, dtype: KvDtype::F32 };
         let pool =
@@ -825,30 +879,47 @@ mod tests {
         t.write_range(0, 0, &k, &v).unwrap();
         let q: Vec<f32> = (0..len * n_heads * hd).map(|i| val(i + 101)).collect();
         let inp = AttnInput { q: &q, start: 0, n: len, view: t.layer(0, len).unwrap() };
-        for window in [1, 5, 16, 17, 40, 100] {
-            let shape = AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd, window: Some(window) };
-            let got = attend_group(&inp, &shape, 0, 0..len);
-            // Alone, a late row gathers only its window (from a tile past position 0).
-            for p in [len - 1, len / 2, 20] {
-                let one = attend_group(&inp, &shape, 0, p..p + 1);
-                assert_eq!(one, got[p * n_heads * hd..(p + 1) * n_heads * hd], "window {window} row {p} alone");
-            }
-            for p in 0..len {
-                for h in 0..n_heads {
-                    let qh = &q[(p * n_heads + h) * hd..][..hd];
-                    let from = (p + 1).saturating_sub(window);
-                    let sc: Vec<f32> =
-                        (from..=p).map(|j| dot(qh, &k[j * hd..(j + 1) * hd]) / (hd as f32).sqrt()).collect();
-                    let m = sc.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-                    let e: Vec<f32> = sc.iter().map(|s| (s - m).exp()).collect();
-                    let z: f32 = e.iter().sum();
-                    for d in 0..hd {
-                        let want: f32 = (from..=p).zip(&e).map(|(j, w)| w * v[j * hd + d]).sum::<f32>() / z;
-                        let have = got[(p * n_heads + h) * hd + d];
-                        assert!((want - have).abs() < 1e-4, "window {window} pos {p} head {h}: {want} vs {have}");
-                    }
+        let shape = AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd, window, scale, softcap };
+        let got = attend_group(&inp, &shape, 0, 0..len);
+        // Alone, a late row gathers only its window (from a tile past position 0).
+        for p in [len - 1, len / 2, 20] {
+            let one = attend_group(&inp, &shape, 0, p..p + 1);
+            assert_eq!(one, got[p * n_heads * hd..(p + 1) * n_heads * hd], "window {window:?} row {p} alone");
+        }
+        for p in 0..len {
+            for h in 0..n_heads {
+                let qh = &q[(p * n_heads + h) * hd..][..hd];
+                let from = window.map_or(0, |w| (p + 1).saturating_sub(w));
+                let capped = |s: f32| softcap.map_or(s, |c| c * (s / c).tanh());
+                let sc: Vec<f32> = (from..=p).map(|j| capped(dot(qh, &k[j * hd..(j + 1) * hd]) * scale)).collect();
+                let m = sc.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let e: Vec<f32> = sc.iter().map(|s| (s - m).exp()).collect();
+                let z: f32 = e.iter().sum();
+                for d in 0..hd {
+                    let want: f32 = (from..=p).zip(&e).map(|(j, w)| w * v[j * hd + d]).sum::<f32>() / z;
+                    let have = got[(p * n_heads + h) * hd + d];
+                    assert!((want - have).abs() < 1e-4, "window {window:?} pos {p} head {h}: {want} vs {have}");
                 }
             }
+        }
+    }
+
+    /// A sliding window of w: each query attends to exactly its last w positions, as a direct
+    /// softmax over those keys computes (windows smaller than, equal to and spanning tiles).
+    #[test]
+    fn a_sliding_window_attends_to_exactly_the_last_positions() {
+        for window in [1, 5, 16, 17, 40, 100] {
+            attends_as_a_direct_softmax(Some(window), 1.0 / 8f32.sqrt(), None);
+        }
+    }
+
+    /// Gemma 2: scores multiplied by the model's scale, then `cap * tanh(score / cap)`, before
+    /// the softmax, with and without a window; a cap of 1.5 flattens these scores (several
+    /// units) a lot, so leaving it out fails the comparison.
+    #[test]
+    fn soft_capped_scores_with_the_models_scale_attend_as_a_direct_softmax() {
+        for window in [None, Some(5), Some(17)] {
+            attends_as_a_direct_softmax(window, 0.6, Some(1.5));
         }
     }
 }

@@ -14,7 +14,7 @@ use super::{avx512_detected, round_to_f16, AttnInput, AttnShape};
 
 /// The row's pages, where they can be read directly (AVX-512, an f16 pool of 16-slot pages).
 fn row<'a>(inp: &AttnInput<'a>, shape: &AttnShape, kvh: usize) -> Option<RowPages<'a>> {
-    if inp.n != 1 || !avx512_detected() {
+    if inp.n != 1 || !avx512_detected() || shape.softcap.is_some() {
         return None;
     }
     let hd = shape.head_dim;
@@ -37,7 +37,7 @@ pub fn row_scores(inp: &AttnInput<'_>, shape: &AttnShape, kvh: usize, part: usiz
     // The group's queries, rounded to f16 as the f16 pool's keys require.
     let mut q = inp.q.get(kvh * group * hd..(kvh + 1) * group * hd)?.to_vec();
     round_to_f16(&mut q);
-    let scale = 1.0 / (hd as f32).sqrt();
+    let scale = shape.scale;
     // SAFETY: `row` returned pages only after detecting the features.
     Some(unsafe { pages.scores(&q, scale, pages_of(pages.len(), part, parts)) })
 }
@@ -101,7 +101,14 @@ mod tests {
             for ctx in [1, 16, 17, 40, 100] {
                 let inp = AttnInput { q: &q, start: ctx - 1, n: 1, view: t.layer(0, ctx).unwrap() };
                 for window in [None, Some(7), Some(33)] {
-                    let shape = AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd, window };
+                    let shape = AttnShape {
+                        n_heads,
+                        n_kv_heads: n_kv,
+                        head_dim: hd,
+                        window,
+                        scale: 1.0 / (hd as f32).sqrt(),
+                        softcap: None,
+                    };
                     for kvh in 0..n_kv {
                         let want = attend_heads(&inp, &shape, kvh, 0..3, 0..1);
                         for parts in 1..=5 {
