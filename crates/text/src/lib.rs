@@ -31,7 +31,9 @@ mod spm;
 mod stream;
 mod tokenizer;
 
-pub use chat::{ChatMessage, ChatTemplate, Conversation, FunctionCall, Json, Message, TemplateCaps, Tool, ToolCall};
+pub use chat::{
+    ChatMessage, ChatTemplate, Conversation, FunctionCall, Json, Message, TemplateCaps, Tool, ToolCall, ToolSyntax,
+};
 pub use error::TextError;
 pub use stream::StreamDecoder;
 pub use tokenizer::{bytes_to_chars, Tokenizer};

@@ -151,3 +151,23 @@ fn every_template_renders_every_case_as_llama_cpp_does() {
     assert!(stale.is_empty(), "now equal, remove from KNOWN_DIFFERENCES: {stale:?}");
     assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
 }
+
+/// The call syntax each reference template asks of its model: Hermes blocks for Qwen 2.5,
+/// Qwen 3 and Hermes 3, Llama 3's JSON for Llama 3.1-3.3, and none known for the rest (their
+/// tools go through a system message).
+#[test]
+fn each_templates_call_syntax_is_told_from_its_text() {
+    use text::ToolSyntax;
+    for (name, r) in &references() {
+        let src = std::fs::read_to_string(data_dir().join(&r.template)).expect("template file");
+        let t = ChatTemplate::from_source(&src, &r.bos_token, &r.eos_token).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let want = if name.starts_with("Qwen-") || name.contains("Hermes-3") {
+            ToolSyntax::Hermes
+        } else if name.starts_with("meta-llama-Llama-3.") {
+            ToolSyntax::Llama3Json
+        } else {
+            ToolSyntax::Generic
+        };
+        assert_eq!(t.tool_syntax(), want, "{name}");
+    }
+}

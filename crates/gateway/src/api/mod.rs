@@ -7,6 +7,7 @@ pub mod chat;
 pub mod completions;
 pub mod endpoint;
 pub mod fields;
+mod native_calls;
 pub mod request_log;
 pub mod stream;
 pub mod tools;
@@ -244,9 +245,9 @@ async fn generate_inner(
                 Some(Step::Done { reason, usage }) => {
                     let logprobs = v.logprobs.map(|_| logprobs_json(endpoint, &model.tokenizer, &lps, 0));
                     // A complete answer that is a call becomes `tool_calls`.
-                    let call = v.tools.as_ref().filter(|_| reason == "stop").and_then(|t| t.call(&text));
-                    let (reason, tool_calls) = match call {
-                        Some(c) => ("tool_calls", Some(serde_json::json!([c.json(&meta.call_id(index), None)]))),
+                    let calls = v.tools.as_ref().filter(|_| reason == "stop").and_then(|t| t.calls(&text));
+                    let (reason, tool_calls) = match calls {
+                        Some(c) => ("tool_calls", Some(tools::calls_json(&c, &meta.call_id(index), false))),
                         None => (reason, None),
                     };
                     choices.push(Choice { text, reason, logprobs, tool_calls });

@@ -356,10 +356,10 @@ pub fn sse_response(
                 }
                 Step::Done { reason, usage } => {
                     let answer = std::mem::take(&mut held[index]);
-                    let call = tools.as_ref().filter(|_| reason == "stop").and_then(|t| t.call(&answer));
-                    let reason = match call {
+                    let calls = tools.as_ref().filter(|_| reason == "stop").and_then(|t| t.calls(&answer));
+                    let reason = match calls {
                         Some(c) => {
-                            let calls = serde_json::json!([c.json(&meta.call_id(index), Some(0))]);
+                            let calls = super::tools::calls_json(&c, &meta.call_id(index), true);
                             frames.push(frame(&meta.tool_calls_chunk(index, first_chunk[index], calls, include_usage)));
                             first_chunk[index] = false;
                             "tool_calls"

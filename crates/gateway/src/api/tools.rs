@@ -1,15 +1,20 @@
 //! Function calling: a request's `tools` and `tool_choice`, what the model is told about them,
 //! the grammar its answer is held to, and the `tool_calls` read back from that answer.
 //!
-//! The model is shown the functions in a system message and answers a call as one JSON object
-//! `{"name": ..., "arguments": {...}}`. With `tool_choice` `required` (or a named function) the
-//! answer is held to the union of the functions' schemas, so its arguments always validate;
-//! with `auto` it is held to "free text, or such a call", and the model chooses.
+//! A model whose template has a call syntax of its own ([`ToolSyntax`]: Hermes blocks for Qwen
+//! 2.5/3 and Hermes, Llama 3's JSON) is shown the functions by its template and answers in that
+//! syntax ([`native`](super::native_calls)). Any other model is shown them in a system message
+//! and answers a call as one JSON object `{"name": ..., "arguments": {...}}`. With
+//! `tool_choice` `required` (or a named function) the answer is held to calls of the offered
+//! functions, so their arguments always validate; with `auto` it is held to "free text, or
+//! calls", and the model chooses.
 
 use serde_json::{json, Map, Value};
 
 use grammar::OutputFormat;
+use text::ToolSyntax;
 
+use super::native_calls;
 use crate::error::ApiError;
 
 /// The most functions one request may offer.
@@ -23,7 +28,7 @@ struct Function {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-enum Choice {
+pub(super) enum Choice {
     Auto,
     Required,
     Named(String),
@@ -34,6 +39,11 @@ enum Choice {
 pub struct Tools {
     functions: Vec<Function>,
     choice: Choice,
+    /// How the model writes a call (its template's syntax).
+    syntax: ToolSyntax,
+    /// `parallel_tool_calls` (default true): whether one answer may hold several calls, where
+    /// the syntax has a way to write several.
+    parallel: bool,
 }
 
 /// One call read from a model's answer.
@@ -59,12 +69,23 @@ impl ToolCall {
     }
 }
 
+/// An answer's calls as a `tool_calls` array: the first call's id `id`, the k-th's `id_k`;
+/// with `stream`, each carries its `index` (a chunk's delta needs it).
+pub fn calls_json(calls: &[ToolCall], id: &str, stream: bool) -> Value {
+    let list = calls.iter().enumerate().map(|(k, c)| {
+        let id = if k == 0 { id.to_string() } else { format!("{id}_{k}") };
+        c.json(&id, stream.then_some(k))
+    });
+    Value::Array(list.collect())
+}
+
 fn valid_name(name: &str) -> bool {
     (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-/// `tools` and `tool_choice`; `None` when no function may be called (no tools, or `none`).
-pub fn parse(o: &Map<String, Value>) -> Result<Option<Tools>, ApiError> {
+/// `tools` and `tool_choice` for a model writing calls in `syntax`; `None` when no function may
+/// be called (no tools, or `none`).
+pub fn parse(o: &Map<String, Value>, syntax: ToolSyntax) -> Result<Option<Tools>, ApiError> {
     let list = match o.get("tools") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(a)) => a.clone(),
@@ -132,7 +153,8 @@ pub fn parse(o: &Map<String, Value>) -> Result<Option<Tools>, ApiError> {
             _ => Err(ApiError::invalid_param("tool_choice", "`tool_choice` needs `tools`")),
         };
     }
-    Ok(Some(Tools { functions, choice }))
+    let parallel = o.get("parallel_tool_calls").and_then(Value::as_bool).unwrap_or(true);
+    Ok(Some(Tools { functions, choice, syntax, parallel }))
 }
 
 impl Tools {
@@ -143,7 +165,14 @@ impl Tools {
         })
     }
 
-    /// What the model is told: the functions, and the one form a call takes.
+    /// Whether the model's own template shows it the functions (and reads its calls back in
+    /// its own syntax); otherwise [`system_text`](Self::system_text) does.
+    pub fn native(&self) -> bool {
+        self.syntax != ToolSyntax::Generic
+    }
+
+    /// What a model without a call syntax of its own is told: the functions, and the one form a
+    /// call takes.
     pub fn system_text(&self) -> String {
         let listing: Vec<Value> = self
             .offered()
@@ -159,15 +188,16 @@ impl Tools {
         )
     }
 
-    /// The schema of one call to any offered function.
-    fn call_schema(&self) -> Value {
+    /// The schema of one call to any offered function, its arguments under `args` (the key the
+    /// syntax uses).
+    fn call_schema(&self, args: &str) -> Value {
         let one: Vec<Value> = self
             .offered()
             .map(|f| {
                 json!({
                     "type": "object",
-                    "properties": {"name": {"const": f.name}, "arguments": f.parameters},
-                    "required": ["name", "arguments"],
+                    "properties": {"name": {"const": f.name}, args: f.parameters},
+                    "required": ["name", args],
                     "additionalProperties": false,
                 })
             })
@@ -179,9 +209,14 @@ impl Tools {
         }
     }
 
-    /// The grammar of the answer: a call, or (with `auto`) free text not starting with `{`.
+    /// The grammar of the answer: calls in the model's syntax, or (with `auto`) free text that
+    /// does not begin as one.
     pub fn output_format(&self) -> OutputFormat {
-        let call = self.call_schema();
+        let args = native_calls::arguments_key(self.syntax);
+        let call = self.call_schema(args);
+        if self.syntax == ToolSyntax::Hermes {
+            return native_calls::hermes_format(call, self.parallel, self.choice == Choice::Auto);
+        }
         match self.choice {
             Choice::Auto => {
                 let schema = grammar::compact(call);
@@ -193,32 +228,61 @@ impl Tools {
         }
     }
 
-    /// The call in a finished answer, if the answer is one.
-    pub fn call(&self, text: &str) -> Option<ToolCall> {
-        let v: Value = serde_json::from_str(text.trim()).ok()?;
-        let name = v.get("name")?.as_str()?;
-        let args = v.get("arguments")?;
-        self.offered().any(|f| f.name == name).then(|| ToolCall { name: name.to_string(), arguments: args.to_string() })
+    /// The calls in a finished answer, if the answer is nothing but calls (at least one).
+    pub fn calls(&self, text: &str) -> Option<Vec<ToolCall>> {
+        let objects = match self.syntax {
+            ToolSyntax::Hermes => native_calls::hermes_blocks(text)?,
+            ToolSyntax::Llama3Json => vec![native_calls::llama3_object(text)?],
+            ToolSyntax::Generic => vec![serde_json::from_str(text.trim()).ok()?],
+        };
+        if objects.is_empty() || (objects.len() > 1 && !self.parallel) {
+            return None;
+        }
+        let args = native_calls::arguments_key(self.syntax);
+        objects
+            .iter()
+            .map(|v| {
+                let name = v.get("name")?.as_str()?;
+                let arguments = v.get(args)?;
+                self.offered()
+                    .any(|f| f.name == name)
+                    .then(|| ToolCall { name: name.to_string(), arguments: arguments.to_string() })
+            })
+            .collect()
     }
 }
 
-/// An assistant message's `tool_calls` as the model wrote them, for the prompt of a later turn.
-pub fn calls_as_text(calls: &Value) -> Option<String> {
-    let list = calls.as_array()?;
-    let texts: Option<Vec<String>> = list
+/// An assistant message's `tool_calls`, checked: each a function with a name and arguments
+/// (OpenAI sends arguments as a JSON text; a client may send the object, kept as its text).
+pub fn history_calls(calls: &Value) -> Option<Vec<text::ToolCall>> {
+    calls
+        .as_array()?
         .iter()
         .map(|c| {
             let f = c.get("function")?;
-            let name = f.get("name")?.as_str()?;
-            // OpenAI sends arguments as a JSON text; a client may send the object.
-            let args = match f.get("arguments")? {
-                Value::String(s) => serde_json::from_str(s).unwrap_or(Value::String(s.clone())),
-                other => other.clone(),
+            let name = f.get("name")?.as_str()?.to_string();
+            let arguments = match f.get("arguments")? {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
             };
-            Some(json!({"name": name, "arguments": args}).to_string())
+            let id = c.get("id").and_then(Value::as_str).map(str::to_string);
+            Some(text::ToolCall { id, function: text::FunctionCall { name, arguments } })
+        })
+        .collect()
+}
+
+/// An earlier turn's calls as a model without a call syntax of its own wrote them (see
+/// [`Tools::system_text`]), for the prompt of a later turn.
+pub fn calls_as_text(calls: &[text::ToolCall]) -> String {
+    let texts: Vec<String> = calls
+        .iter()
+        .map(|c| {
+            let args = serde_json::from_str(&c.function.arguments)
+                .unwrap_or_else(|_| Value::String(c.function.arguments.clone()));
+            json!({"name": c.function.name, "arguments": args}).to_string()
         })
         .collect();
-    texts.map(|t| t.join("\n"))
+    texts.join("\n")
 }
 
 #[cfg(test)]
@@ -232,7 +296,7 @@ mod tests {
 
     fn tools(v: Value) -> Result<Option<Tools>, ApiError> {
         let Value::Object(o) = v else { panic!() };
-        parse(&o)
+        parse(&o, ToolSyntax::Generic)
     }
 
     #[test]
@@ -262,9 +326,9 @@ mod tests {
     #[test]
     fn a_call_is_read_back_only_for_an_offered_function() {
         let t = tools(json!({"tools": weather(), "tool_choice": "required"})).unwrap().unwrap();
-        let c = t.call(r#"{"name":"get_weather","arguments":{"city":"Paris"}}"#).unwrap();
-        assert_eq!(c, ToolCall { name: "get_weather".into(), arguments: r#"{"city":"Paris"}"#.into() });
-        assert!(t.call(r#"{"name":"rm_rf","arguments":{}}"#).is_none());
-        assert!(t.call("It is sunny.").is_none());
+        let c = t.calls(r#"{"name":"get_weather","arguments":{"city":"Paris"}}"#).unwrap();
+        assert_eq!(c, [ToolCall { name: "get_weather".into(), arguments: r#"{"city":"Paris"}"#.into() }]);
+        assert!(t.calls(r#"{"name":"rm_rf","arguments":{}}"#).is_none());
+        assert!(t.calls("It is sunny.").is_none());
     }
 }

@@ -10,7 +10,7 @@ use serde_json::{Map, Value};
 use super::endpoint::Endpoint;
 use super::tools::Tools;
 use super::validation_error::ValidationError;
-use text::ChatMessage;
+use text::{ChatMessage, Conversation, Message, Tool, ToolSyntax};
 
 use std::sync::Arc;
 
@@ -273,7 +273,7 @@ fn output(
 ) -> Result<(Option<grammar::EncodedFormat>, Option<Tools>), ApiError> {
     let mut output = output_format(o)?;
     let tools = match endpoint {
-        Endpoint::Chat => super::tools::parse(o)?,
+        Endpoint::Chat => super::tools::parse(o, m.template.tool_syntax())?,
         Endpoint::Completions => None,
     };
     if let Some(t) = &tools {
@@ -325,7 +325,8 @@ fn logit_bias(o: &Obj, vocab: usize) -> Result<Vec<(u32, f32)>, ValidationError>
         .collect()
 }
 
-fn chat_messages(o: &Obj) -> Result<Vec<ChatMessage>, ValidationError> {
+/// The request's messages, checked, with their calls and the ids and names of tool results.
+fn chat_messages(o: &Obj) -> Result<Vec<Message>, ValidationError> {
     let Some(Value::Array(items)) = field(o, "messages") else {
         return Err(type_error("messages", "a non-empty array of messages"));
     };
@@ -342,12 +343,16 @@ fn chat_messages(o: &Obj) -> Result<Vec<ChatMessage>, ValidationError> {
                 Some("developer") => "system",
                 _ => return Err(ValidationError::Role { index }),
             };
-            // An earlier turn's calls are shown to the model as it wrote them.
+            let mut message = Message::new(role, "");
             if role == "assistant" {
                 if let Some(calls) = m.get("tool_calls").filter(|c| !c.is_null()) {
-                    let text = super::tools::calls_as_text(calls).ok_or(ValidationError::ToolCalls { index })?;
-                    return Ok(ChatMessage::new(role, text));
+                    message.tool_calls =
+                        super::tools::history_calls(calls).ok_or(ValidationError::ToolCalls { index })?;
                 }
+            }
+            if role == "tool" {
+                message.tool_call_id = m.get("tool_call_id").and_then(Value::as_str).map(str::to_string);
+                message.name = m.get("name").and_then(Value::as_str).map(str::to_string);
             }
             let content = match m.get("content") {
                 Some(Value::String(s)) => s.clone(),
@@ -361,18 +366,47 @@ fn chat_messages(o: &Obj) -> Result<Vec<ChatMessage>, ValidationError> {
                     }
                     s
                 }
-                Some(Value::Null) | None if role == "assistant" => String::new(),
+                Some(Value::Null) | None if role == "assistant" => {
+                    // A turn that only called tools has no content (templates test for none).
+                    message.content = None;
+                    return Ok(message);
+                }
                 _ => return Err(ValidationError::Content { index }),
             };
-            Ok(ChatMessage::new(role, content))
+            message.content = Some(content);
+            Ok(message)
         })
         .collect()
+}
+
+/// `messages` as plain turns, for a model without a call syntax of its own: an earlier turn's
+/// calls shown as it wrote them (see [`Tools::system_text`]), a tool result as its text.
+fn plain_turns(messages: Vec<Message>) -> Vec<ChatMessage> {
+    messages
+        .into_iter()
+        .map(|m| match m.tool_calls.is_empty() {
+            true => ChatMessage::new(m.role, m.content.unwrap_or_default()),
+            false => ChatMessage::new(m.role, super::tools::calls_as_text(&m.tool_calls)),
+        })
+        .collect()
+}
+
+/// The request's `tools` with their schemas' keys in the order the client wrote them (the
+/// checked `o` sorts them); what a template shows the model.
+fn tools_in_request_order(body: &[u8]) -> Vec<Tool> {
+    #[derive(serde::Deserialize)]
+    struct Body {
+        #[serde(default)]
+        tools: Option<Vec<Tool>>,
+    }
+    // `tools` was checked already (`super::tools::parse`): this reading cannot fail on it.
+    serde_json::from_slice::<Body>(body).ok().and_then(|b| b.tools).unwrap_or_default()
 }
 
 /// The prompt's tokens (and, for completions' `echo`, its text): chat messages rendered by the
 /// model's template (the tools' descriptions in the system message), or the raw text.
 fn prompt(
-    o: &Obj,
+    (o, body): (&Obj, &[u8]),
     endpoint: Endpoint,
     tools: Option<&Tools>,
     m: &ServedModel,
@@ -380,15 +414,32 @@ fn prompt(
 ) -> Result<(Vec<u32>, Option<String>), ValidationError> {
     match endpoint {
         Endpoint::Chat => {
-            let mut messages = chat_messages(o)?;
-            if let Some(t) = tools {
-                // The functions go into the system message (added when the client sent none).
-                match messages.first_mut() {
-                    Some(m) if m.role == "system" => m.content = format!("{}\n\n{}", m.content, t.system_text()),
-                    _ => messages.insert(0, ChatMessage::new("system", t.system_text())),
+            let messages = chat_messages(o)?;
+            let rendered = match m.template.tool_syntax() {
+                // The template shows the functions, earlier calls and their results itself, as
+                // the model was trained to read them.
+                ToolSyntax::Hermes | ToolSyntax::Llama3Json => {
+                    let mut conv = Conversation::new(messages);
+                    if tools.is_some() {
+                        conv.tools = tools_in_request_order(body);
+                    }
+                    m.template.render_with(&conv)
+                }
+                ToolSyntax::Generic => {
+                    let mut messages = plain_turns(messages);
+                    if let Some(t) = tools {
+                        // The functions go into the system message (added when the client sent none).
+                        match messages.first_mut() {
+                            Some(m) if m.role == "system" => {
+                                m.content = format!("{}\n\n{}", m.content, t.system_text())
+                            }
+                            _ => messages.insert(0, ChatMessage::new("system", t.system_text())),
+                        }
+                    }
+                    m.template.render(&messages, true)
                 }
             }
-            let rendered = m.template.render(&messages, true).map_err(|e| ValidationError::Template(e.to_string()))?;
+            .map_err(|e| ValidationError::Template(e.to_string()))?;
             // As llama.cpp does, the rendered template is tokenized with special-token parsing on,
             // so its markers (<|im_start|> ...) become control tokens. This also means control-token
             // text inside a user's message becomes a control token (prompt-structure injection: a user
@@ -442,7 +493,7 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState, tenant: &TenantC
     let ignore_eos = get_bool(&o, "ignore_eos")?.unwrap_or(false);
     let (output, tools) = output(&o, endpoint, ignore_eos, m)?;
     let cache_salt = cache_salt(&o)?;
-    let (prompt, echo) = prompt(&o, endpoint, tools.as_ref(), m, echo_on)?;
+    let (prompt, echo) = prompt((&o, body), endpoint, tools.as_ref(), m, echo_on)?;
 
     // Default: what is left of the context window, at most the configured default (at least 1,
     // so that a prompt that fills the window is reported as too long, not as max_tokens = 0).
@@ -483,4 +534,24 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState, tenant: &TenantC
         tools: tools.map(std::sync::Arc::new),
         _sealed: Sealed(()),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A template shows a tool's schema key by key as the client wrote it (the checked body
+    /// sorts them), as llama.cpp's ordered JSON does.
+    #[test]
+    fn tools_keep_their_schemas_keys_in_request_order() {
+        let body = br#"{"model": "m", "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"zeta": {"type": "string"}, "alpha": {"type": "number"}}, "required": ["zeta"]}}}]}"#;
+        let tools = tools_in_request_order(body);
+        assert_eq!(tools.len(), 1);
+        let text::Json::Object(params) = &tools[0].parameters else { panic!("{:?}", tools[0].parameters) };
+        let keys: Vec<&str> = params.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["type", "properties", "required"]);
+        let Some((_, text::Json::Object(props))) = params.iter().find(|(k, _)| k == "properties") else { panic!() };
+        assert_eq!(props.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), ["zeta", "alpha"]);
+        assert!(tools_in_request_order(br#"{"model": "m"}"#).is_empty());
+    }
 }

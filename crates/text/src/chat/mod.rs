@@ -8,6 +8,7 @@ mod context;
 mod conversation;
 mod functions;
 mod json;
+mod tool_syntax;
 
 use minijinja::{Environment, UndefinedBehavior};
 use serde::{Deserialize, Serialize};
@@ -15,6 +16,7 @@ use serde::{Deserialize, Serialize};
 pub use caps::TemplateCaps;
 pub use conversation::{Conversation, FunctionCall, Message, Tool, ToolCall};
 pub use json::Json;
+pub use tool_syntax::ToolSyntax;
 
 use crate::TextError;
 
@@ -49,6 +51,7 @@ pub struct ChatTemplate {
     /// GPT-OSS style templates (`<|channel|>`) know the `developer` role; llama.cpp maps it to
     /// `system` for every other template.
     knows_developer: bool,
+    tool_syntax: ToolSyntax,
 }
 
 impl ChatTemplate {
@@ -91,7 +94,8 @@ impl ChatTemplate {
         env.add_template_owned(NAME, src.to_string()).map_err(TextError::TemplateSyntax)?;
         let caps = caps::detect(&env.get_template(NAME).map_err(TextError::TemplateSyntax)?);
         let knows_developer = src.contains("<|channel|>");
-        Ok(ChatTemplate { env, bos: bos.to_string(), eos: eos.to_string(), caps, knows_developer })
+        let tool_syntax = ToolSyntax::detect(src, caps.supports_tools);
+        Ok(ChatTemplate { env, bos: bos.to_string(), eos: eos.to_string(), caps, knows_developer, tool_syntax })
     }
 
     /// The ids of a prompt this template rendered, as llama.cpp tokenizes one: control-token
@@ -109,6 +113,11 @@ impl ChatTemplate {
     /// What the template was found to support; decides how conversations are adapted to it.
     pub fn caps(&self) -> TemplateCaps {
         self.caps
+    }
+
+    /// How this template's model writes a function call.
+    pub fn tool_syntax(&self) -> ToolSyntax {
+        self.tool_syntax
     }
 
     /// The prompt for plain-text `messages`; with `add_generation_prompt` it ends where the
