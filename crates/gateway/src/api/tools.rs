@@ -28,7 +28,7 @@ struct Function {
 }
 
 #[derive(Debug, Clone, PartialEq)]
-pub(super) enum Choice {
+enum Choice {
     Auto,
     Required,
     Named(String),

@@ -404,7 +404,8 @@ fn tools_in_request_order(body: &[u8]) -> Vec<Tool> {
 }
 
 /// The prompt's tokens (and, for completions' `echo`, its text): chat messages rendered by the
-/// model's template (the tools' descriptions in the system message), or the raw text.
+/// model's template (the tools shown by the template where it has a call syntax of its own, in
+/// a system message otherwise), or the raw text.
 fn prompt(
     (o, body): (&Obj, &[u8]),
     endpoint: Endpoint,
