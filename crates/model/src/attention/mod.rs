@@ -53,6 +53,11 @@ pub struct AttnShape {
 }
 
 impl AttnShape {
+    /// Scores scaled by 1/sqrt(head_dim) and not capped: every model's attention but Gemma 2's.
+    pub fn standard(n_heads: usize, n_kv_heads: usize, head_dim: usize, window: Option<usize>) -> AttnShape {
+        AttnShape { n_heads, n_kv_heads, head_dim, window, scale: 1.0 / (head_dim as f32).sqrt(), softcap: None }
+    }
+
     /// Soft-caps the scores about to enter a softmax, where the model asks for it.
     #[inline(always)]
     fn cap(&self, scores: &mut [f32]) {
@@ -641,14 +646,7 @@ mod tests {
         t.write_range(0, 0, &k, &v).unwrap();
         let q: Vec<f32> = (0..3 * n_heads * hd).map(|i| val(i + 101)).collect();
         let inp = AttnInput { q: &q, start: 20, n: 3, view: t.layer(0, 23).unwrap() };
-        let shape = AttnShape {
-            n_heads,
-            n_kv_heads: n_kv,
-            head_dim: hd,
-            window: None,
-            scale: 1.0 / (hd as f32).sqrt(),
-            softcap: None,
-        };
+        let shape = AttnShape::standard(n_heads, n_kv, hd, None);
         for kvh in 0..n_kv {
             let group = 0..shape.n_heads / shape.n_kv_heads;
             let want = portable(&inp, &shape, kvh, group.clone(), 0..3);
@@ -691,8 +689,7 @@ mod tests {
             let (start, n) = (100, 50);
             let q: Vec<f32> = (0..n * n_heads * hd).map(|i| val(i + 101)).collect();
             let inp = AttnInput { q: &q, start, n, view: t.layer(0, len).unwrap() };
-            let shape =
-                AttnShape { n_heads, n_kv_heads: n_kv, head_dim: hd, window, scale: 1.0 / (hd as f32).sqrt(), softcap };
+            let shape = AttnShape { softcap, ..AttnShape::standard(n_heads, n_kv, hd, window) };
             let width = (n_heads / n_kv) * hd;
             for kvh in 0..n_kv {
                 let all = attend_group(&inp, &shape, kvh, 0..n);
@@ -759,14 +756,7 @@ mod tests {
             for ctx in [1, 15, 16, 17, 32, 47, 64, 65, 83] {
                 let inp = AttnInput { q: &q, start: ctx - 1, n: 1, view: t.layer(0, ctx).unwrap() };
                 for window in [None, Some(1), Some(6), Some(17), Some(40)] {
-                    let shape = AttnShape {
-                        n_heads,
-                        n_kv_heads: n_kv,
-                        head_dim: hd,
-                        window,
-                        scale: 1.0 / (hd as f32).sqrt(),
-                        softcap: None,
-                    };
+                    let shape = AttnShape::standard(n_heads, n_kv, hd, window);
                     for kvh in 0..n_kv {
                         for heads in [0..4, 0..1, 1..3, 3..4, 0..3] {
                             let want = portable(&inp, &shape, kvh, heads.clone(), 0..1);
@@ -808,14 +798,7 @@ mod tests {
                 let n = end - chunk;
                 let inp = AttnInput { q: &qs[..n * n_heads * hd], start: chunk, n, view: t.layer(0, end).unwrap() };
                 for window in [None, Some(end), Some(end - 1), Some(20)] {
-                    let shape = AttnShape {
-                        n_heads,
-                        n_kv_heads: n_kv,
-                        head_dim: hd,
-                        window,
-                        scale: 1.0 / (hd as f32).sqrt(),
-                        softcap: None,
-                    };
+                    let shape = AttnShape::standard(n_heads, n_kv, hd, window);
                     for kvh in 0..n_kv {
                         for heads in [0..6, 0..1, 1..3, 3..6, 2..6, 0..5] {
                             for rows in [0..n, n / 3..n, 0..n.div_ceil(2)] {
@@ -844,14 +827,7 @@ mod tests {
         let (n_heads, n_kv, hd, len) = (6, 2, 64, 90);
         let (_pool, t) = filled_pages(n_kv, hd, len);
         let qs: Vec<f32> = (0..len * n_heads * hd).map(|i| pattern(i + 57) / 4.0).collect();
-        let shape = AttnShape {
-            n_heads,
-            n_kv_heads: n_kv,
-            head_dim: hd,
-            window: None,
-            scale: 1.0 / (hd as f32).sqrt(),
-            softcap: None,
-        };
+        let shape = AttnShape::standard(n_heads, n_kv, hd, None);
         let mut out = vec![f32::NAN; 7];
         for (start, end) in [(88, 89), (0, 33), (15, 16), (40, 90), (16, 17), (0, 5), (63, 64), (20, 70)] {
             let n = end - start;

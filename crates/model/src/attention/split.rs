@@ -101,14 +101,7 @@ mod tests {
             for ctx in [1, 16, 17, 40, 100] {
                 let inp = AttnInput { q: &q, start: ctx - 1, n: 1, view: t.layer(0, ctx).unwrap() };
                 for window in [None, Some(7), Some(33)] {
-                    let shape = AttnShape {
-                        n_heads,
-                        n_kv_heads: n_kv,
-                        head_dim: hd,
-                        window,
-                        scale: 1.0 / (hd as f32).sqrt(),
-                        softcap: None,
-                    };
+                    let shape = AttnShape::standard(n_heads, n_kv, hd, window);
                     for kvh in 0..n_kv {
                         let want = attend_heads(&inp, &shape, kvh, 0..3, 0..1);
                         for parts in 1..=5 {
