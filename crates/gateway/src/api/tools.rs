@@ -165,12 +165,6 @@ impl Tools {
         })
     }
 
-    /// Whether the model's own template shows it the functions (and reads its calls back in
-    /// its own syntax); otherwise [`system_text`](Self::system_text) does.
-    pub fn native(&self) -> bool {
-        self.syntax != ToolSyntax::Generic
-    }
-
     /// What a model without a call syntax of its own is told: the functions, and the one form a
     /// call takes.
     pub fn system_text(&self) -> String {
