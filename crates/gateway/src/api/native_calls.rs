@@ -107,4 +107,41 @@ mod tests {
         assert!(llama3_object("The answer is {\"name\": \"f\"}").is_none());
         assert!(llama3_object("[{\"name\": \"f\"}]").is_none());
     }
+
+    /// Model output is shaped by a tenant's prompt: every text made of up to five pieces of the
+    /// syntaxes (markers cut anywhere, braces, quotes, multi-byte characters) reads back without
+    /// a panic, and whatever is read back is objects only.
+    #[test]
+    fn any_arrangement_of_marker_pieces_reads_back_without_panicking() {
+        let pieces = [
+            "<tool_call>",
+            "</tool_call>",
+            "<tool_",
+            "call>",
+            "\n",
+            " ",
+            "{",
+            "}",
+            "{\"name\": \"f\"}",
+            "\"",
+            "[1]",
+            "é",
+            "<|python_tag|>",
+        ];
+        let mut texts = vec![String::new()];
+        for _ in 0..5 {
+            let mut next = Vec::with_capacity(texts.len() * pieces.len());
+            for t in &texts {
+                for p in pieces {
+                    let text = format!("{t}{p}");
+                    for calls in hermes_blocks(&text).into_iter().chain(llama3_object(&text).map(|v| vec![v])) {
+                        assert!(calls.iter().all(Value::is_object), "{text:?}");
+                    }
+                    next.push(text);
+                }
+            }
+            texts = next;
+        }
+        assert_eq!(texts.len(), pieces.len().pow(5));
+    }
 }
