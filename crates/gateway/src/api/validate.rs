@@ -391,8 +391,10 @@ fn plain_turns(messages: Vec<Message>) -> Vec<ChatMessage> {
         .collect()
 }
 
-/// The request's `tools` with their schemas' keys in the order the client wrote them (the
-/// checked `o` sorts them); what a template shows the model.
+/// The request's `tools` with their schemas' keys in the order the client wrote them: what a
+/// template shows the model. Read as `text::Json`, which keeps order by itself; the checked `o`
+/// keeps it only while some crate of the build turns on serde_json's `preserve_order`
+/// (llguidance does today), which the prompt must not hang on.
 fn tools_in_request_order(body: &[u8]) -> Vec<Tool> {
     #[derive(serde::Deserialize)]
     struct Body {
@@ -541,8 +543,8 @@ pub fn validate(body: &[u8], endpoint: Endpoint, st: &AppState, tenant: &TenantC
 mod tests {
     use super::*;
 
-    /// A template shows a tool's schema key by key as the client wrote it (the checked body
-    /// sorts them), as llama.cpp's ordered JSON does.
+    /// A template shows a tool's schema key by key as the client wrote it, as llama.cpp's
+    /// ordered JSON does.
     #[test]
     fn tools_keep_their_schemas_keys_in_request_order() {
         let body = br#"{"model": "m", "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"zeta": {"type": "string"}, "alpha": {"type": "number"}}, "required": ["zeta"]}}}]}"#;
