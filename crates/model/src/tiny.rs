@@ -401,6 +401,31 @@ fn q8(w: &mut GgufWriter, rng: &mut Lcg, name: &str, cols: usize, rows: usize, s
     w.tensor(name, &[cols as u64, rows as u64], GgmlType::Q8_0, encode_q8_0(&vals));
 }
 
+/// Matrices sharing an input, each `(name, rows, scale)` uniform in ±scale, drawn in order:
+/// apart under their own names, or (`fused`) one Q8_0 tensor `fused_name` of their rows
+/// stacked, as a converter that fuses them writes it.
+fn q8_stack(
+    w: &mut GgufWriter,
+    rng: &mut Lcg,
+    (fused_name, fused): (&str, bool),
+    cols: usize,
+    parts: &[(&str, usize, f32)],
+    name: impl Fn(&str) -> String,
+) {
+    if !fused {
+        for &(part, rows, scale) in parts {
+            q8(w, rng, &name(part), cols, rows, scale);
+        }
+        return;
+    }
+    let vals: Vec<f32> = parts
+        .iter()
+        .flat_map(|&(_, rows, scale)| (0..cols * rows).map(|_| rng.next() * scale).collect::<Vec<_>>())
+        .collect();
+    let rows: usize = parts.iter().map(|p| p.1).sum();
+    w.tensor(fused_name, &[cols as u64, rows as u64], GgmlType::Q8_0, encode_q8_0(&vals));
+}
+
 /// An F32 vector uniform in `center` ± `spread`.
 fn vec(w: &mut GgufWriter, rng: &mut Lcg, name: &str, len: usize, center: f32, spread: f32) {
     let v: Vec<f32> = (0..len).map(|_| center + spread * rng.next()).collect();
@@ -483,24 +508,11 @@ pub fn arch_gguf(spec: &ArchSpec) -> Vec<u8> {
     for i in 0..spec.n_layers {
         let n = |s: &str, kind: &str| format!("blk.{i}.{s}.{kind}");
         vec(&mut w, &mut rng, &n("attn_norm", "weight"), spec.n_embd, 1.0, 0.2);
-        if spec.phi3.is_some() {
-            // Phi-3's fused tensors: rows [q | k | v] and [gate | up], each part scaled as apart.
-            let mut part =
-                |rows: usize, scale: f32| -> Vec<f32> { (0..spec.n_embd * rows).map(|_| rng.next() * scale).collect() };
-            let qkv: Vec<f32> = [part(q_dim, 2.0 * s_in), part(kv_dim, 2.0 * s_in), part(kv_dim, s_in)].concat();
-            let rows = (q_dim + 2 * kv_dim) as u64;
-            w.tensor(&n("attn_qkv", "weight"), &[spec.n_embd as u64, rows], GgmlType::Q8_0, encode_q8_0(&qkv));
-            q8(&mut w, &mut rng, &n("attn_output", "weight"), q_dim, spec.n_embd, gain * s_q);
-            vec(&mut w, &mut rng, &n("ffn_norm", "weight"), spec.n_embd, 1.0, 0.2);
-            let up: Vec<f32> = (0..spec.n_embd * 2 * spec.n_ff).map(|_| rng.next() * s_in).collect();
-            let rows = (2 * spec.n_ff) as u64;
-            w.tensor(&n("ffn_up", "weight"), &[spec.n_embd as u64, rows], GgmlType::Q8_0, encode_q8_0(&up));
-            q8(&mut w, &mut rng, &n("ffn_down", "weight"), spec.n_ff, spec.n_embd, gain * s_ff);
-            continue;
-        }
-        q8(&mut w, &mut rng, &n("attn_q", "weight"), spec.n_embd, q_dim, 2.0 * s_in);
-        q8(&mut w, &mut rng, &n("attn_k", "weight"), spec.n_embd, kv_dim, 2.0 * s_in);
-        q8(&mut w, &mut rng, &n("attn_v", "weight"), spec.n_embd, kv_dim, s_in);
+        let qkv = [("attn_q", q_dim, 2.0 * s_in), ("attn_k", kv_dim, 2.0 * s_in), ("attn_v", kv_dim, s_in)];
+        let gate_up = [("ffn_gate", spec.n_ff, s_in), ("ffn_up", spec.n_ff, s_in)];
+        // Phi-3's converter fuses Q, K, V into `attn_qkv` and gate, up into `ffn_up`.
+        let fused = spec.phi3.is_some();
+        q8_stack(&mut w, &mut rng, (&n("attn_qkv", "weight"), fused), spec.n_embd, &qkv, |s| n(s, "weight"));
         if spec.qkv_bias {
             vec(&mut w, &mut rng, &n("attn_q", "bias"), q_dim, 0.0, 1.0);
             vec(&mut w, &mut rng, &n("attn_k", "bias"), kv_dim, 0.0, 1.0);
@@ -515,8 +527,7 @@ pub fn arch_gguf(spec: &ArchSpec) -> Vec<u8> {
             vec(&mut w, &mut rng, &n("post_attention_norm", "weight"), spec.n_embd, post_gain, 0.2 * post_gain);
         }
         vec(&mut w, &mut rng, &n("ffn_norm", "weight"), spec.n_embd, 1.0, 0.2);
-        q8(&mut w, &mut rng, &n("ffn_gate", "weight"), spec.n_embd, spec.n_ff, s_in);
-        q8(&mut w, &mut rng, &n("ffn_up", "weight"), spec.n_embd, spec.n_ff, s_in);
+        q8_stack(&mut w, &mut rng, (&n("ffn_up", "weight"), fused), spec.n_embd, &gate_up, |s| n(s, "weight"));
         q8(&mut w, &mut rng, &n("ffn_down", "weight"), spec.n_ff, spec.n_embd, gain * s_ff);
         if spec.gemma2.is_some() {
             vec(&mut w, &mut rng, &n("post_ffw_norm", "weight"), spec.n_embd, post_gain, 0.2 * post_gain);
