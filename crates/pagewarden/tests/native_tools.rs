@@ -150,6 +150,19 @@ fn tools_go_through_each_models_own_template_and_come_back_in_its_syntax() {
     let v = one_call(&answer);
     assert_eq!(v["usage"]["prompt_tokens"], native_prompt_tokens(&s.llama, &body), "{v}");
 
+    // A body naming `tools` twice would show the template one list and hold the answer to
+    // another; a description that is no text cannot be printed: both are the client's 400.
+    let twice = format!(
+        r#"{{"model": "qwen", "messages": [{{"role": "user", "content": "Hi"}}], "tools": [], "tools": [{WEATHER}]}}"#
+    );
+    let described = r#"{"model": "qwen", "messages": [{"role": "user", "content": "Hi"}], "tools": [{"type": "function", "function": {"name": "f", "description": {"text": "x"}}}]}"#;
+    for (body, param) in [(twice.as_str(), "tools"), (described, "tools[0].function.description")] {
+        let (status, answer) = post_raw(&s.server, body);
+        assert_eq!(status, 400, "{answer}");
+        let v: Value = serde_json::from_str(&answer).unwrap();
+        assert_eq!(v["error"]["param"], param, "{v}");
+    }
+
     // A plain chat renders exactly as before on both (the template alone).
     for (model, file) in [("qwen", &s.qwen), ("llama3", &s.llama)] {
         let body = format!(

@@ -122,7 +122,11 @@ pub fn parse(o: &Map<String, Value>, syntax: ToolSyntax) -> Result<Option<Tools>
             }
             Some(_) => return Err(ApiError::invalid_param(&at("function.parameters"), "must be a JSON schema object")),
         };
-        let description = f.get("description").and_then(Value::as_str).map(str::to_string);
+        let description = match f.get("description") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(d)) => Some(d.clone()),
+            Some(_) => return Err(ApiError::invalid_param(&at("function.description"), "must be a string")),
+        };
         functions.push(Function { name: name.to_string(), description, parameters });
     }
     let choice = match o.get("tool_choice") {
@@ -315,6 +319,10 @@ mod tests {
         assert_eq!(e.param.unwrap(), "tools[0].type");
         let e = tools(json!({"tool_choice": "required"})).unwrap_err();
         assert_eq!(e.param.unwrap(), "tool_choice");
+        // A template prints the description: anything but text is refused, not dropped.
+        let e =
+            tools(json!({"tools": [{"type": "function", "function": {"name": "f", "description": 5}}]})).unwrap_err();
+        assert_eq!(e.param.unwrap(), "tools[0].function.description");
     }
 
     #[test]

@@ -395,14 +395,18 @@ fn plain_turns(messages: Vec<Message>) -> Vec<ChatMessage> {
 /// template shows the model. Read as `text::Json`, which keeps order by itself; the checked `o`
 /// keeps it only while some crate of the build turns on serde_json's `preserve_order`
 /// (llguidance does today), which the prompt must not hang on.
-fn tools_in_request_order(body: &[u8]) -> Vec<Tool> {
+/// `tools` was checked already (`super::tools::parse`); what this reading still refuses is a
+/// body naming `tools` twice (the checked `o` keeps the last), so no template is shown other
+/// tools than the grammar holds the answer to.
+fn tools_in_request_order(body: &[u8]) -> Result<Vec<Tool>, ValidationError> {
     #[derive(serde::Deserialize)]
     struct Body {
         #[serde(default)]
         tools: Option<Vec<Tool>>,
     }
-    // `tools` was checked already (`super::tools::parse`): this reading cannot fail on it.
-    serde_json::from_slice::<Body>(body).ok().and_then(|b| b.tools).unwrap_or_default()
+    serde_json::from_slice::<Body>(body)
+        .map(|b| b.tools.unwrap_or_default())
+        .map_err(|_| type_error("tools", "one array of function tools"))
 }
 
 /// The prompt's tokens (and, for completions' `echo`, its text): chat messages rendered by the
@@ -424,7 +428,7 @@ fn prompt(
                 ToolSyntax::Hermes | ToolSyntax::Llama3Json => {
                     let mut conv = Conversation::new(messages);
                     if tools.is_some() {
-                        conv.tools = tools_in_request_order(body);
+                        conv.tools = tools_in_request_order(body)?;
                     }
                     m.template.render_with(&conv)
                 }
@@ -548,13 +552,19 @@ mod tests {
     #[test]
     fn tools_keep_their_schemas_keys_in_request_order() {
         let body = br#"{"model": "m", "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"zeta": {"type": "string"}, "alpha": {"type": "number"}}, "required": ["zeta"]}}}]}"#;
-        let tools = tools_in_request_order(body);
+        let tools = tools_in_request_order(body).unwrap();
         assert_eq!(tools.len(), 1);
         let text::Json::Object(params) = &tools[0].parameters else { panic!("{:?}", tools[0].parameters) };
         let keys: Vec<&str> = params.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(keys, ["type", "properties", "required"]);
         let Some((_, text::Json::Object(props))) = params.iter().find(|(k, _)| k == "properties") else { panic!() };
         assert_eq!(props.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(), ["zeta", "alpha"]);
-        assert!(tools_in_request_order(br#"{"model": "m"}"#).is_empty());
+        assert!(tools_in_request_order(br#"{"model": "m"}"#).unwrap().is_empty());
+        // Named twice, the list the grammar knows (the last) and the one read here could
+        // differ: refused.
+        let twice = br#"{"tools": [], "tools": [{"type": "function", "function": {"name": "f"}}]}"#;
+        assert!(
+            matches!(tools_in_request_order(twice), Err(ValidationError::WrongType { ref field, .. }) if field == "tools")
+        );
     }
 }
