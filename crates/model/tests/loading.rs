@@ -91,6 +91,20 @@ fn with_extra(name: &str, dims: &[u64], data: Vec<u8>) -> Vec<u8> {
     changed(tiny_gguf(&TinySpec::default()), |_, _| {}, Some((name, dims, data)))
 }
 
+/// `src` with one more metadata key.
+fn with_key(src: Vec<u8>, key: &str, value: Value) -> Vec<u8> {
+    let g = Gguf::parse(&src).unwrap();
+    let mut w = GgufWriter::new();
+    for (k, v) in g.metadata() {
+        w.meta(k, v.clone());
+    }
+    w.meta(key, value);
+    for t in g.tensors() {
+        w.tensor(&t.name, &t.dims, t.ty, g.tensor_data(&src, &t.name).unwrap().1.to_vec());
+    }
+    w.to_bytes()
+}
+
 /// `src` with `edit` applied to its metadata and, if given, one more F32 tensor.
 fn changed(src: Vec<u8>, edit: impl Fn(&str, &mut Value), extra: Option<(&str, &[u64], Vec<u8>)>) -> Vec<u8> {
     let g = Gguf::parse(&src).unwrap();
@@ -154,6 +168,15 @@ fn gemma2_with_an_output_matrix_and_caps_or_rope_factors_that_are_no_positive_nu
             }
         };
         assert!(matches!(load(changed(gemma2(), edit, None)), Err(ModelError::Config(_))), "{key} = {bad}");
+    }
+    // A per-layer window pattern (an array) is not read, so it is refused, not guessed; a
+    // local rotary base that is no positive number would turn every local key into NaN.
+    for (key, bad) in [
+        ("gemma2.attention.sliding_window_pattern", Value::Array(vec![Value::Bool(true), Value::Bool(false)])),
+        ("gemma2.rope.freq_base_swa", Value::F32(-1.0)),
+    ] {
+        let file = with_key(gemma2(), key, bad.clone());
+        assert!(matches!(load(file), Err(ModelError::Config(_))), "{key} = {bad:?}");
     }
     let phi3 = || arch_gguf(&Variant::Phi3.spec());
     assert!(load(phi3()).is_ok());
