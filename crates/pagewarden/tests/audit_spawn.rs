@@ -24,6 +24,9 @@ fn audit(bin: &Path, report: &Path, size: &[&str]) -> (bool, String) {
         .args(size)
         // Four near-window prompts: a kill during the load can cost one its comparison.
         .args(["--long-prompts", "4"])
+        // Re-runs three at a time (always of one tenant): the isolated pass was most of the
+        // test's time one by one, and pagewarden answers batched re-runs bit for bit alike.
+        .args(["--rerun-concurrency", "3"])
         .arg("--report")
         .arg(report)
         .output()
