@@ -24,7 +24,7 @@ const T: Duration = Duration::from_secs(10);
 /// A tiny-model engine and the pairing every node of these tests presents.
 fn engine() -> (Engine, PairingInfo) {
     let f = GgufFile::from_bytes(tiny_gguf(&TinySpec::default())).unwrap();
-    let model = Llama::from_file(&f, LoadOptions { threads: 1 }).unwrap();
+    let model = Llama::from_file(&f, LoadOptions { threads: 1, ..Default::default() }).unwrap();
     let layout = model.config.kv_layout(16, KvDtype::F16);
     let pool =
         KvPool::new(PoolConfig { layout, capacity: Capacity::Tokens(1024), scrub: ScrubPolicy::OnFree }).unwrap();

@@ -13,7 +13,7 @@ use sampling::{SamplingParams, StopTokens};
 
 fn engine(pool_tokens: usize) -> Engine {
     let f = GgufFile::from_bytes(tiny_gguf(&TinySpec::default())).unwrap();
-    let model = Llama::from_file(&f, LoadOptions { threads: 1 }).unwrap();
+    let model = Llama::from_file(&f, LoadOptions { threads: 1, ..Default::default() }).unwrap();
     let layout = model.config.kv_layout(16, KvDtype::F16);
     let pool = KvPool::new(PoolConfig { layout, capacity: Capacity::Tokens(pool_tokens), scrub: ScrubPolicy::OnFree })
         .unwrap();
@@ -23,7 +23,7 @@ fn engine(pool_tokens: usize) -> Engine {
 /// An engine holding prompts of prefill requests in a pool of their own, as `serve` does.
 fn engine_with_prefill_pool(pool_tokens: usize, prefill_tokens: usize, cfg: EngineConfig) -> Engine {
     let f = GgufFile::from_bytes(tiny_gguf(&TinySpec::default())).unwrap();
-    let model = Llama::from_file(&f, LoadOptions { threads: 1 }).unwrap();
+    let model = Llama::from_file(&f, LoadOptions { threads: 1, ..Default::default() }).unwrap();
     let layout = model.config.kv_layout(16, KvDtype::F16);
     let pool = |tokens| {
         KvPool::new(PoolConfig { layout, capacity: Capacity::Tokens(tokens), scrub: ScrubPolicy::OnFree }).unwrap()

@@ -13,7 +13,7 @@ use sampling::{SamplingParams, StopTokens};
 
 fn engine(pool_tokens: usize, cfg: EngineConfig) -> Engine {
     let f = GgufFile::from_bytes(tiny_gguf(&TinySpec::default())).unwrap();
-    let model = Llama::from_file(&f, LoadOptions { threads: 2 }).unwrap();
+    let model = Llama::from_file(&f, LoadOptions { threads: 2, ..Default::default() }).unwrap();
     let layout = model.config.kv_layout(16, KvDtype::F16);
     let pool = KvPool::new(PoolConfig { layout, capacity: Capacity::Tokens(pool_tokens), scrub: ScrubPolicy::OnFree })
         .unwrap();

@@ -22,6 +22,7 @@ pub mod ops;
 pub mod qmatrix;
 pub mod quant;
 pub mod region;
+pub mod stack;
 pub mod synth;
 pub mod threads;
 pub mod tiny;

@@ -17,7 +17,7 @@ use crate::kernels::Isa;
 use crate::layer_attention;
 use crate::matmul::matmul;
 use crate::ops;
-use crate::qmatrix::QMatrix;
+use crate::qmatrix::{Q6kLayout, QMatrix};
 use crate::quant::QuantActs;
 use crate::threads::ComputePool;
 use crate::weights::{Layer, LlamaWeights};
@@ -44,6 +44,9 @@ pub struct SeqStep<'a> {
 pub struct LoadOptions {
     /// Compute threads; 0 = all cores.
     pub threads: usize,
+    /// How Q6_K matrices are laid out; `None`: as this CPU's best kernels read them
+    /// ([`crate::kernels::q6k_layout`]). For comparing the layouts side by side.
+    pub q6k: Option<Q6kLayout>,
 }
 
 pub struct Llama {
@@ -67,9 +70,11 @@ impl Llama {
 
     pub fn from_file(f: &GgufFile, opts: LoadOptions) -> Result<Llama, ModelError> {
         let config = LlamaConfig::from_gguf(f)?;
-        let weights = LlamaWeights::load(f, &config, opts.threads)?;
+        let isa = Isa::detect();
+        let weights =
+            LlamaWeights::load(f, &config, opts.threads, opts.q6k.unwrap_or(crate::kernels::q6k_layout(isa)))?;
         let pool = build_pool(opts.threads)?;
-        Ok(Llama { config, weights, isa: Isa::detect(), pool, workspace: Mutex::default() })
+        Ok(Llama { config, weights, isa, pool, workspace: Mutex::default() })
     }
 
     pub fn isa(&self) -> Isa {
@@ -317,8 +322,7 @@ impl Llama {
                 return Err(ModelError::Config(format!("no rotary table for base {}", la.rope_base)));
             };
             self.rms_norm(x, &layer.attn_norm, c.rms_eps, xn);
-            self.quantize_for(&layer.wqkv, xn, t, acts);
-            matmul(&self.pool, self.isa, &layer.wqkv, acts, qkv);
+            layer.wqkv.matmul(&self.pool, self.isa, xn, t, acts, qkv);
             if let Some(bias) = &layer.qkv_bias {
                 self.par_rows(qkv, qkv_w, &|_, part| {
                     part.chunks_exact_mut(qkv_w).for_each(|row| ops::add_in_place(row, bias));
@@ -358,8 +362,7 @@ impl Llama {
             ops::add_in_place(x, proj);
 
             self.rms_norm(x, &layer.ffn_norm, c.rms_eps, xn);
-            self.quantize_for(&layer.w_gate_up, xn, t, acts);
-            matmul(&self.pool, self.isa, &layer.w_gate_up, acts, gate_up);
+            layer.w_gate_up.matmul(&self.pool, self.isa, xn, t, acts, gate_up);
             let gate_up = &*gate_up;
             self.par_rows(hidden, c.n_ff, &|r0, part| {
                 for (i, h) in part.chunks_exact_mut(c.n_ff).enumerate() {

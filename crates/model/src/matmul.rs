@@ -7,16 +7,31 @@ use crate::threads::ComputePool;
 
 /// `out[t * w.rows + r]` for every token `t` of `a` and row `r` of `w`.
 pub fn matmul(pool: &ComputePool, isa: Isa, w: &QMatrix, a: &QuantActs, out: &mut [f32]) {
+    matmul_into(pool, isa, w, a, out, w.rows, 0);
+}
+
+/// `out[t * stride + col0 + r]` for every token `t` of `a` and row `r` of `w`: `w`'s columns
+/// of a wider output (a part of a [`crate::stack::QStack`]); nothing else of `out` is written.
+pub fn matmul_into(
+    pool: &ComputePool,
+    isa: Isa,
+    w: &QMatrix,
+    a: &QuantActs,
+    out: &mut [f32],
+    stride: usize,
+    col0: usize,
+) {
     let t = a.rows;
     let rows = w.rows;
     assert_eq!(a.blocks_per_row, w.blocks(), "activation width does not match the matrix");
-    assert!(out.len() >= t * rows);
+    assert!(col0 + rows <= stride && out.len() >= t * stride);
     // Enough tasks to balance the threads, few enough that each amortizes its dispatch; even
     // where AMX tiles take the groups in pairs.
     let groups = w.groups();
     let (tiled, signed) = amx_plan(isa, w, t);
     let per_task = groups.div_ceil(pool.threads() * 4).max(1).next_multiple_of(if tiled > 0 { 2 } else { 1 });
-    let base = OutPtr(out.as_mut_ptr());
+    // SAFETY: `col0 < stride <= out.len()` (asserted above) keeps the pointer inside `out`.
+    let base = OutPtr(unsafe { out.as_mut_ptr().add(col0) });
     pool.run(groups.div_ceil(per_task), &|task| {
         let base = &base;
         let task_groups = task * per_task..((task + 1) * per_task).min(groups);
@@ -28,7 +43,7 @@ pub fn matmul(pool: &ComputePool, isa: Isa, w: &QMatrix, a: &QuantActs, out: &mu
                 // columns of those rows lie inside `out` and belong to this task.
                 #[cfg(target_arch = "x86_64")]
                 unsafe {
-                    kernels::amx::group_tiles(w, pair, signed, a, tiled, base.0, rows)
+                    kernels::amx::group_tiles(w, pair, signed, a, tiled, base.0, stride)
                 };
             }
         }
@@ -39,7 +54,7 @@ pub fn matmul(pool: &ComputePool, isa: Isa, w: &QMatrix, a: &QuantActs, out: &mu
                 if valid == GROUP {
                     // SAFETY: rows t0..t0+nt, columns g*16..g*16+16 lie inside `out` (asserted
                     // above) and belong to group g, which only this task computes.
-                    unsafe { kernels::group_dot(isa, w, g, a, t0, nt, base.0.add(t0 * rows + g * GROUP), rows) };
+                    unsafe { kernels::group_dot(isa, w, g, a, t0, nt, base.0.add(t0 * stride + g * GROUP), stride) };
                 } else {
                     // A partial last group goes through a buffer so its padding rows are never
                     // stored into another task's columns.
@@ -49,7 +64,7 @@ pub fn matmul(pool: &ComputePool, isa: Isa, w: &QMatrix, a: &QuantActs, out: &mu
                     for tt in 0..nt {
                         for r in 0..valid {
                             // SAFETY: inside `out`, in this task's columns, as above.
-                            unsafe { base.0.add((t0 + tt) * rows + g * GROUP + r).write(buf[tt * GROUP + r]) };
+                            unsafe { base.0.add((t0 + tt) * stride + g * GROUP + r).write(buf[tt * GROUP + r]) };
                         }
                     }
                 }
@@ -98,7 +113,7 @@ unsafe impl Sync for OutPtr {}
 mod tests {
     use super::*;
     use crate::dequant::dequantize;
-    use crate::qmatrix::QKind;
+    use crate::qmatrix::{Q6kLayout, QKind};
     use crate::synth::{random_blocks, QUANTIZED};
     use gguf::GgmlType;
 
@@ -142,9 +157,13 @@ mod tests {
         }
     }
 
-    fn check_isa(isa: Isa, ty: GgmlType) {
+    fn check_isa(isa: Isa, ty: GgmlType, layout: Q6kLayout) {
+        let build = |rows: usize, cols: usize| {
+            let raw = random_ggml(ty, rows, cols, rows as u64);
+            QMatrix::from_parts_laid_out(&[(ty, rows, &raw)], cols, layout).unwrap()
+        };
         for &(rows, cols, t) in shapes(ty) {
-            let w = QMatrix::from_ggml(ty, rows, cols, &random_ggml(ty, rows, cols, rows as u64)).unwrap();
+            let w = build(rows, cols);
             let x: Vec<f32> = (0..t * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) / 300.0).collect();
             let mut a = QuantActs::default();
             crate::qmatrix::quantize_for(&w, &x, t, &mut a);
@@ -167,7 +186,7 @@ mod tests {
             run(&w, "");
             if isa == Isa::Amx {
                 // And where the tiles' signed copy is not kept (over budget), they unpack per call.
-                let unkept = QMatrix::from_ggml(ty, rows, cols, &random_ggml(ty, rows, cols, rows as u64)).unwrap();
+                let unkept = build(rows, cols);
                 assert!(unkept.signed.set(None).is_ok());
                 run(&unkept, "unkept ");
             }
@@ -187,7 +206,7 @@ mod tests {
 
     fn check_every_isa(ty: GgmlType) {
         for isa in Isa::available() {
-            check_isa(isa, ty);
+            check_isa(isa, ty, Q6kLayout::Packed);
         }
     }
 
@@ -229,6 +248,37 @@ mod tests {
     #[test]
     fn every_available_kernel_matches_scalar_bit_for_bit_q6_k() {
         check_every_isa(GgmlType::Q6_K);
+    }
+
+    #[test]
+    fn every_available_kernel_matches_scalar_bit_for_bit_q6_k_laid_out_wide() {
+        for isa in Isa::available() {
+            check_isa(isa, GgmlType::Q6_K, Q6kLayout::Wide);
+        }
+    }
+
+    #[test]
+    fn q6_k_packed_holds_about_the_files_bytes_and_wide_half_as_much_again() {
+        let (rows, cols) = (64, 1024);
+        let raw = random_ggml(GgmlType::Q6_K, rows, cols, 5);
+        let lay = |l| QMatrix::from_parts_laid_out(&[(GgmlType::Q6_K, rows, &raw)], cols, l).unwrap();
+        let (packed, wide) = (lay(Q6kLayout::Packed), lay(Q6kLayout::Wide));
+        assert_eq!((packed.kind, wide.kind), (QKind::Q6K, QKind::Q6KWide));
+        // 210 bytes per 256 weights in the file; 212 packed (the superblock scale as f32).
+        assert_eq!(
+            (raw.len(), packed.bytes(), wide.bytes()),
+            (rows * cols / 256 * 210, rows * cols / 256 * 212, rows * cols / 256 * 320)
+        );
+        // The same values and scales either way.
+        let (mut a, mut b) = (vec![0.0; cols], vec![0.0; cols]);
+        for r in 0..rows {
+            packed.row_f32(r, &mut a);
+            wide.row_f32(r, &mut b);
+            assert_eq!(
+                a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                b.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+        }
     }
 
     #[test]

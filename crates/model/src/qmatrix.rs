@@ -49,9 +49,24 @@ pub enum QKind {
     Q4K,
     /// 8-bit unsigned (0..31) with per-block f32 scale and minimum (Q5_1, Q5_K); activations in Q8_1.
     U8Min,
-    /// 8-bit signed (-32..31), stored + 32, with an f32 scale per 16 elements (Q6_K);
-    /// activations in Q8_0.
+    /// 6-bit signed (-32..31), stored + 32 in the file's own bits (Q6_K), 0.83 bytes a
+    /// weight against the file's 0.82: the low four bits as a nibble tile, the top two in a
+    /// second plane of the tile (`tile[256 + c*64 + r*4 + e]`, bits `2p..2p+2` those of
+    /// element `16c + 4p + e`); the blocks' i8 scales of each half block in [`QMatrix::sc`]
+    /// and the superblock's f32 `d` in [`QMatrix::fd`]. Activations in Q8_0.
     Q6K,
+    /// Q6_K as one byte a value (stored + 32) and an f32 scale per 16 elements, 1.25 bytes a
+    /// weight: the layout of the AVX-512 kernel, which has not been written for [`QKind::Q6K`]
+    /// (no AVX-512 machine was at hand to test one on); see [`Q6kLayout`].
+    Q6KWide,
+}
+
+/// How Q6_K matrices are laid out: the file's bits ([`QKind::Q6K`]) wherever the kernels of the
+/// running instruction set read them, else a byte a value ([`QKind::Q6KWide`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Q6kLayout {
+    Packed,
+    Wide,
 }
 
 impl QKind {
@@ -83,7 +98,7 @@ impl QKind {
     pub fn act_format(self) -> ActFormat {
         match self {
             QKind::Q4_1 | QKind::Q4K | QKind::U8Min => ActFormat::Q8_1,
-            QKind::Q8_0 | QKind::Q4_0 | QKind::Q5_0 | QKind::Q6K => ActFormat::Q8_0,
+            QKind::Q8_0 | QKind::Q4_0 | QKind::Q5_0 | QKind::Q6K | QKind::Q6KWide => ActFormat::Q8_0,
         }
     }
 
@@ -91,7 +106,8 @@ impl QKind {
     pub const fn tile_bytes(self) -> usize {
         match self {
             QKind::Q4_1 | QKind::Q4K | QKind::Q4_0 | QKind::Q5_0 => GROUP * QK / 2,
-            QKind::Q8_0 | QKind::U8Min | QKind::Q6K => GROUP * QK,
+            QKind::Q6K => GROUP * QK / 2 + GROUP * QK / 4,
+            QKind::Q8_0 | QKind::U8Min | QKind::Q6KWide => GROUP * QK,
         }
     }
 
@@ -99,7 +115,7 @@ impl QKind {
     pub const fn offset(self) -> i32 {
         match self {
             QKind::Q8_0 => 128,
-            QKind::Q6K => 32,
+            QKind::Q6K | QKind::Q6KWide => 32,
             QKind::Q5_0 => 16,
             QKind::Q4_0 => 8,
             QKind::Q4_1 | QKind::Q4K | QKind::U8Min => 0,
@@ -108,6 +124,14 @@ impl QKind {
 
     fn nibbles(self) -> bool {
         self.tile_bytes() == GROUP * QK / 2
+    }
+
+    /// This kind as `q6k` lays Q6_K out.
+    fn laid_out(self, q6k: Q6kLayout) -> QKind {
+        match (self, q6k) {
+            (QKind::Q6K, Q6kLayout::Wide) => QKind::Q6KWide,
+            (kind, _) => kind,
+        }
     }
 }
 
@@ -130,10 +154,12 @@ pub struct QMatrix {
     pub d: WeightBuf<u16>,
     /// f16 bits: Q4_1 block minimums; Q4K superblock minimum scales `[group][superblock][16]`.
     pub m: WeightBuf<u16>,
-    /// Q4K: the blocks' 6-bit scales and minimums.
+    /// Q4K: the blocks' 6-bit scales and minimums. Q6K: the i8 scales of each half block,
+    /// `[group][block][half][16]`.
     pub sc: WeightBuf<u8>,
     pub mn: WeightBuf<u8>,
-    /// U8Min: block scales; Q6K: scales of each half block, `[group][block][half][16]`.
+    /// U8Min: block scales; Q6K: superblock scales `[group][superblock][16]`; Q6KWide: scales
+    /// of each half block, `[group][block][half][16]`.
     pub fd: WeightBuf<f32>,
     /// U8Min: block minimums.
     pub fm: WeightBuf<f32>,
@@ -204,16 +230,26 @@ impl QMatrix {
     /// onto the same kernel format. Missing rows of the last group are zero (scale 0), so they
     /// compute to 0 and are not stored.
     pub fn from_parts(parts: &[(GgmlType, usize, &[u8])], cols: usize) -> Result<QMatrix, ModelError> {
-        Self::repack(parts, cols, true, Alloc::Heap)
+        Self::repack(parts, cols, true, Q6kLayout::Packed, Alloc::Heap)
     }
 
-    /// [`QMatrix::from_parts`] with its buffers made by `alloc` (in a loader's weight region).
+    /// [`QMatrix::from_parts`] with Q6_K laid out as `q6k` says.
+    pub fn from_parts_laid_out(
+        parts: &[(GgmlType, usize, &[u8])],
+        cols: usize,
+        q6k: Q6kLayout,
+    ) -> Result<QMatrix, ModelError> {
+        Self::repack(parts, cols, true, q6k, Alloc::Heap)
+    }
+
+    /// [`QMatrix::from_parts_laid_out`] with its buffers made by `alloc` (in a loader's weight region).
     pub fn from_parts_in(
         parts: &[(GgmlType, usize, &[u8])],
         cols: usize,
+        q6k: Q6kLayout,
         alloc: Alloc<'_>,
     ) -> Result<QMatrix, ModelError> {
-        Self::repack(parts, cols, true, alloc)
+        Self::repack(parts, cols, true, q6k, alloc)
     }
 
     /// [`QMatrix::from_parts`], whole rows at a time where [`QMatrix::put_row`] can (`rows_at_once`).
@@ -221,6 +257,7 @@ impl QMatrix {
         parts: &[(GgmlType, usize, &[u8])],
         cols: usize,
         rows_at_once: bool,
+        q6k: Q6kLayout,
         alloc: Alloc<'_>,
     ) -> Result<QMatrix, ModelError> {
         let rows: usize = parts.iter().map(|p| p.1).sum();
@@ -232,7 +269,7 @@ impl QMatrix {
             return Err(shape(format!("no integer kernel format for {}", parts[0].0.name())));
         }
         let types: Vec<GgmlType> = parts.iter().map(|p| p.0).collect();
-        let Some(kind) = QKind::of_stack(&types) else {
+        let Some(kind) = QKind::of_stack(&types).map(|k| k.laid_out(q6k)) else {
             let other = types.iter().find(|&&t| QKind::of(t) != QKind::of(types[0])).unwrap_or(&types[0]);
             return Err(shape(format!("cannot stack {} with {}", other.name(), parts[0].0.name())));
         };
@@ -282,9 +319,9 @@ impl QMatrix {
             qh: alloc.zeroed(per(kind == Q5_0, n / GROUP * 8)),
             d: alloc.zeroed(per(matches!(kind, Q8_0 | Q4_0 | Q5_0 | Q4_1), n) + per(kind == Q4K, n / KBLOCKS)),
             m: alloc.zeroed(per(kind == Q4_1, n) + per(kind == Q4K, n / KBLOCKS)),
-            sc: alloc.zeroed(per(kind == Q4K, n)),
+            sc: alloc.zeroed(per(kind == Q4K, n) + per(kind == Q6K, 2 * n)),
             mn: alloc.zeroed(per(kind == Q4K, n)),
-            fd: alloc.zeroed(per(kind == U8Min, n) + per(kind == Q6K, 2 * n)),
+            fd: alloc.zeroed(per(kind == U8Min, n) + per(kind == Q6K, n / KBLOCKS) + per(kind == Q6KWide, 2 * n)),
             fm: alloc.zeroed(per(kind == U8Min, n)),
             signed: OnceLock::new(),
         }
@@ -297,7 +334,9 @@ impl QMatrix {
     /// most of a model's load time. False, storing nothing, for any other pair of file type
     /// and kind (Q5 types, a stack requantized to another kind).
     fn put_row(&mut self, ty: GgmlType, row: usize, src: &[u8]) -> bool {
-        if QKind::of(ty) != Some(self.kind) {
+        let wide = self.kind == QKind::Q6KWide;
+        if QKind::of(ty).map(|k| k.laid_out(if wide { Q6kLayout::Wide } else { Q6kLayout::Packed })) != Some(self.kind)
+        {
             return false;
         }
         let (g, r, nb, tb) = (row / GROUP, row % GROUP, self.blocks(), self.kind.tile_bytes());
@@ -340,6 +379,33 @@ impl QMatrix {
                     }
                 }
             }
+            GgmlType::Q6_K if !wide => {
+                for (k, blk) in src.chunks_exact(210).enumerate() {
+                    self.fd[(g * (nb / KBLOCKS) + k) * GROUP + r] = crate::quant::f16_bits_to_f32(blk[208], blk[209]);
+                    for sub in 0..KBLOCKS {
+                        let gb = g * nb + k * KBLOCKS + sub;
+                        let (n, i) = (sub / 4, sub % 4);
+                        let (ql, qh) = (&blk[64 * n + 32 * (i % 2)..][..32], &blk[128 + 32 * n..][..32]);
+                        // Four elements' low nibbles and top pairs, from element `at` on.
+                        let low = |at: usize| (word(ql, at) >> (4 * (i / 2))) & nib;
+                        let top = |at: usize| (word(qh, at) >> (2 * i)) & two;
+                        let tile = &mut self.qs[gb * tb..(gb + 1) * tb];
+                        let mut plane = [0u32; 2];
+                        for p in 0..4 {
+                            let byte = low(4 * p) | (low(16 + 4 * p) << 4);
+                            tile[p * 64 + r * 4..][..4].copy_from_slice(&byte.to_le_bytes());
+                            for (c, bits) in plane.iter_mut().enumerate() {
+                                *bits |= top(16 * c + 4 * p) << (2 * p);
+                            }
+                        }
+                        for (c, bits) in plane.iter().enumerate() {
+                            tile[256 + c * 64 + r * 4..][..4].copy_from_slice(&bits.to_le_bytes());
+                        }
+                        let half = gb * 2 * GROUP + r;
+                        (self.sc[half], self.sc[half + GROUP]) = (blk[192 + 2 * sub], blk[193 + 2 * sub]);
+                    }
+                }
+            }
             GgmlType::Q6_K => {
                 for (k, blk) in src.chunks_exact(210).enumerate() {
                     let d = crate::quant::f16_bits_to_f32(blk[208], blk[209]);
@@ -372,12 +438,16 @@ impl QMatrix {
         let tb = self.kind.tile_bytes();
         let tile = &mut self.qs[gb * tb..(gb + 1) * tb];
         let q = &blk.q;
-        if self.kind.nibbles() {
+        if self.kind.nibbles() || self.kind == QKind::Q6K {
             let v = |k: usize| q[k].wrapping_add(self.kind.offset() as u8);
             for p in 0..4 {
                 for e in 0..4 {
                     let (lo, hi) = (v(4 * p + e), v(16 + 4 * p + e));
                     tile[p * 64 + r * 4 + e] = (lo & 0x0F) | (hi << 4);
+                    if self.kind == QKind::Q6K {
+                        tile[256 + r * 4 + e] |= (lo >> 4) << (2 * p);
+                        tile[256 + 64 + r * 4 + e] |= (hi >> 4) << (2 * p);
+                    }
                     if self.kind == QKind::Q5_0 {
                         let bit = 1u64 << (r * 4 + e);
                         self.qh[gb * 8 + p] |= if lo & 0x10 != 0 { bit } else { 0 };
@@ -413,9 +483,13 @@ impl QMatrix {
                 self.fd[i] = d;
                 self.fm[i] = m;
             }
-            Scale::Halves { lo, hi } => {
-                self.fd[half] = lo;
-                self.fd[half + GROUP] = hi;
+            Scale::Q6 { d, lo, hi } if self.kind == QKind::Q6K => {
+                self.fd[(g * (nb / KBLOCKS) + b / KBLOCKS) * GROUP + r] = d;
+                (self.sc[half], self.sc[half + GROUP]) = (lo as u8, hi as u8);
+            }
+            Scale::Q6 { d, lo, hi } => {
+                self.fd[half] = d * lo as f32;
+                self.fd[half + GROUP] = d * hi as f32;
             }
         }
     }
@@ -436,15 +510,22 @@ impl QMatrix {
                 (h(self.d[si]) * self.sc[i] as f32, -(h(self.m[si]) * self.mn[i] as f32))
             }
             QKind::U8Min => (self.fd[i], self.fm[i]),
-            QKind::Q6K => (0.0, 0.0),
+            QKind::Q6K | QKind::Q6KWide => (0.0, 0.0),
         }
     }
 
     /// Q6K: the scales of elements 0..16 and 16..32 of row `r` of group `g`, block `b`.
     #[inline(always)]
     pub fn half_scales(&self, g: usize, b: usize, r: usize) -> (f32, f32) {
-        let i = (g * self.blocks() + b) * 2 * GROUP + r;
-        (self.fd[i], self.fd[i + GROUP])
+        let nb = self.blocks();
+        let i = (g * nb + b) * 2 * GROUP + r;
+        match self.kind {
+            QKind::Q6K => {
+                let d = self.fd[(g * (nb / KBLOCKS) + b / KBLOCKS) * GROUP + r];
+                (d * self.sc[i] as i8 as f32, d * self.sc[i + GROUP] as i8 as f32)
+            }
+            _ => (self.fd[i], self.fd[i + GROUP]),
+        }
     }
 
     /// Element `k` (0..32) of row `r` of group-block `gb` (`g * blocks + b`), as the kernels read it.
@@ -464,7 +545,13 @@ impl QMatrix {
             }
             QKind::Q4_1 | QKind::Q4K | QKind::Q4_0 => (tile[(j - 4) * 64 + r * 4 + e] >> 4) as i32 - self.kind.offset(),
             QKind::U8Min => tile[j * 64 + r * 4 + e] as i32,
-            QKind::Q8_0 | QKind::Q6K => tile[j * 64 + r * 4 + e] as i32 - self.kind.offset(),
+            QKind::Q6K => {
+                let (p, c) = (j % 4, j / 4);
+                let nib = (tile[p * 64 + r * 4 + e] >> (4 * c)) & 0x0F;
+                let top = (tile[256 + c * 64 + r * 4 + e] >> (2 * p)) & 3;
+                (nib | top << 4) as i32 - self.kind.offset()
+            }
+            QKind::Q8_0 | QKind::Q6KWide => tile[j * 64 + r * 4 + e] as i32 - self.kind.offset(),
         }
     }
 
@@ -488,7 +575,7 @@ impl QMatrix {
                         *v = self.value(gb, r, k) as f32 * d + m;
                     }
                 }
-                QKind::Q6K => {
+                QKind::Q6K | QKind::Q6KWide => {
                     let (lo, hi) = self.half_scales(g, b, r);
                     for (k, v) in o.iter_mut().enumerate() {
                         *v = self.value(gb, r, k) as f32 * if k < 16 { lo } else { hi };
@@ -524,29 +611,29 @@ mod tests {
     fn whole_rows_repack_to_the_bytes_of_block_by_block() {
         // 37 rows: two whole groups and a part; 512 columns: two K superblocks a row.
         let (rows, cols) = (37, 512);
-        for ty in QUANTIZED {
+        for (ty, layout) in QUANTIZED.iter().flat_map(|&t| [(t, Q6kLayout::Packed), (t, Q6kLayout::Wide)]) {
             let (be, _) = ty.block();
             let data = random_blocks(ty, rows * cols / be, 0xfa57 ^ ty.id() as u64);
             let parts = [(ty, rows, &data[..])];
             let (fast, slow) = (
-                QMatrix::repack(&parts, cols, true, Alloc::Heap).unwrap(),
-                QMatrix::repack(&parts, cols, false, Alloc::Heap).unwrap(),
+                QMatrix::repack(&parts, cols, true, layout, Alloc::Heap).unwrap(),
+                QMatrix::repack(&parts, cols, false, layout, Alloc::Heap).unwrap(),
             );
             assert_eq!(
                 (&fast.qs[..], &fast.qh[..], &fast.d[..], &fast.m[..]),
                 (&slow.qs[..], &slow.qh[..], &slow.d[..], &slow.m[..]),
-                "{ty:?}"
+                "{ty:?} {layout:?}"
             );
-            assert_eq!((&fast.sc[..], &fast.mn[..]), (&slow.sc[..], &slow.mn[..]), "{ty:?}");
+            assert_eq!((&fast.sc[..], &fast.mn[..]), (&slow.sc[..], &slow.mn[..]), "{ty:?} {layout:?}");
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!((bits(&fast.fd), bits(&fast.fm)), (bits(&slow.fd), bits(&slow.fm)), "{ty:?}");
+            assert_eq!((bits(&fast.fd), bits(&fast.fm)), (bits(&slow.fd), bits(&slow.fm)), "{ty:?} {layout:?}");
         }
         // A stack of Q4_0 under Q8_0 (the kind of neither file type alone) takes the blocks.
         let (a, b) = (random_blocks(GgmlType::Q4_0, 16 * 4, 1), random_blocks(GgmlType::Q8_0, 16 * 4, 2));
         let parts = [(GgmlType::Q4_0, 16, &a[..]), (GgmlType::Q8_0, 16, &b[..])];
         let (fast, slow) = (
-            QMatrix::repack(&parts, 128, true, Alloc::Heap).unwrap(),
-            QMatrix::repack(&parts, 128, false, Alloc::Heap).unwrap(),
+            QMatrix::repack(&parts, 128, true, Q6kLayout::Packed, Alloc::Heap).unwrap(),
+            QMatrix::repack(&parts, 128, false, Q6kLayout::Packed, Alloc::Heap).unwrap(),
         );
         assert_eq!(fast.kind, QKind::Q8_0);
         assert_eq!((&fast.qs[..], &fast.d[..]), (&slow.qs[..], &slow.d[..]));

@@ -19,8 +19,9 @@ pub enum Scale {
     K { d: u16, dmin: u16, sc: u8, mn: u8 },
     /// `U8Min`: value = q * d + m.
     F32Min { d: f32, m: f32 },
-    /// `Q6K`: value = q * lo for elements 0..16, q * hi for 16..32.
-    Halves { lo: f32, hi: f32 },
+    /// `Q6K`: value = q * (d * lo) for elements 0..16, q * (d * hi) for 16..32, with the
+    /// superblock's `d` and the half blocks' i8 scales.
+    Q6 { d: f32, lo: i8, hi: i8 },
 }
 
 /// Values (two's complement bytes for the signed formats) and scales of one block.
@@ -101,9 +102,7 @@ pub fn unpack(ty: GgmlType, block: &[u8], sub: usize) -> Block32 {
                 let six = ((l >> (4 * (i / 2))) & 0x0F) | (((h >> (2 * i)) & 3) << 4);
                 *v = (six as i8 - 32) as u8;
             }
-            let d = f32_at(208);
-            let sc = |k: usize| d * block[192 + k] as i8 as f32;
-            Scale::Halves { lo: sc(2 * sub), hi: sc(2 * sub + 1) }
+            Scale::Q6 { d: f32_at(208), lo: block[192 + 2 * sub] as i8, hi: block[193 + 2 * sub] as i8 }
         }
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => panic!("{} has no integer kernel format", ty.name()),
     };

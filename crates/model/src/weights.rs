@@ -13,19 +13,20 @@ use gguf::{GgmlType, GgufFile, TensorInfo};
 
 use crate::config::{Arch, LlamaConfig};
 use crate::error::ModelError;
-use crate::qmatrix::{QKind, QMatrix};
+use crate::qmatrix::{Q6kLayout, QKind, QMatrix};
 use crate::quant::{self, QK};
 use crate::region::{Alloc, Packer, Region};
+use crate::stack::QStack;
 
 pub struct Layer {
     pub attn_norm: Vec<f32>,
     /// Q, K and V projections stacked (rows `[q | k | v]`): one pass over the input instead of
     /// three, and one parallel section per step instead of three.
-    pub wqkv: QMatrix,
+    pub wqkv: QStack,
     pub wo: QMatrix,
     pub ffn_norm: Vec<f32>,
     /// Gate and up projections stacked (rows `[gate | up]`).
-    pub w_gate_up: QMatrix,
+    pub w_gate_up: QStack,
     pub w_down: QMatrix,
     /// Gemma 3 and Qwen3: RMS norms of each query and key head, before the rotation.
     pub qk_norms: Option<QkNorms>,
@@ -113,11 +114,13 @@ struct Tensors<'f> {
     read: Mutex<HashSet<String>>,
     /// Where repacked matrices are made.
     alloc: Alloc<'f>,
+    /// Q6_K's layout for the kernels this CPU runs.
+    q6k: Q6kLayout,
 }
 
 impl<'f> Tensors<'f> {
-    fn new(file: &'f GgufFile, alloc: Alloc<'f>) -> Self {
-        Tensors { file, read: Default::default(), alloc }
+    fn new(file: &'f GgufFile, alloc: Alloc<'f>, q6k: Q6kLayout) -> Self {
+        Tensors { file, read: Default::default(), alloc, q6k }
     }
 
     fn data(&self, name: &str) -> Result<(&'f TensorInfo, &'f [u8]), ModelError> {
@@ -170,13 +173,15 @@ pub fn encode_q8_0(x: &[f32]) -> Vec<u8> {
 }
 
 fn matrix(f: &Tensors<'_>, name: &str, cols: usize, rows: usize) -> Result<QMatrix, ModelError> {
-    stacked(f, &[(name, rows)], cols)
+    let mut stack = stacked(f, &[(name, rows)], cols)?;
+    Ok(stack.parts.remove(0))
 }
 
-/// Matrices sharing an input, stacked by rows into one. Parts keep their exact values when all
-/// their types map onto one kernel format (Q5_0 and Q8_0 both do: Q8_0; see
-/// [`QKind::of_stack`]); otherwise all are requantized to Q8_0 so the stack has one.
-fn stacked(f: &Tensors<'_>, parts: &[(&str, usize)], cols: usize) -> Result<QMatrix, ModelError> {
+/// Matrices sharing an input, stacked by rows. Parts whose types map onto one kernel format
+/// (Q5_0 and Q8_0 both do: Q8_0; see [`QKind::of_stack`]) are one matrix; otherwise each run
+/// of parts of one format is its own matrix, so every value stays the file's. Types with no
+/// kernel format (F32, F16, BF16) are requantized to Q8_0.
+fn stacked(f: &Tensors<'_>, parts: &[(&str, usize)], cols: usize) -> Result<QStack, ModelError> {
     let mut tensors = Vec::with_capacity(parts.len());
     for &(name, rows) in parts {
         let (t, bytes) = f.data(name)?;
@@ -184,18 +189,25 @@ fn stacked(f: &Tensors<'_>, parts: &[(&str, usize)], cols: usize) -> Result<QMat
         tensors.push((t.ty, rows, bytes));
     }
     let types: Vec<GgmlType> = tensors.iter().map(|t| t.0).collect();
-    let m = match QKind::of_stack(&types) {
-        Some(_) => QMatrix::from_parts_in(&tensors, cols, f.alloc)?,
-        None => {
-            let rows: usize = parts.iter().map(|p| p.1).sum();
-            let vals: Vec<f32> = tensors.iter().flat_map(|&(ty, _, b)| crate::dequant::dequantize(ty, b)).collect();
-            QMatrix::from_parts_in(&[(GgmlType::Q8_0, rows, &encode_q8_0(&vals))], cols, f.alloc)?
-        }
+    let runs: Vec<&[(GgmlType, usize, &[u8])]> = match QKind::of_stack(&types) {
+        Some(_) => vec![&tensors[..]],
+        None => tensors.chunk_by(|a, b| QKind::of(a.0) == QKind::of(b.0)).collect(),
     };
+    let mut matrices = Vec::with_capacity(runs.len());
+    for run in runs {
+        matrices.push(match QKind::of(run[0].0) {
+            Some(_) => QMatrix::from_parts_in(run, cols, f.q6k, f.alloc)?,
+            None => {
+                let rows: usize = run.iter().map(|p| p.1).sum();
+                let vals: Vec<f32> = run.iter().flat_map(|&(ty, _, b)| crate::dequant::dequantize(ty, b)).collect();
+                QMatrix::from_parts_in(&[(GgmlType::Q8_0, rows, &encode_q8_0(&vals))], cols, f.q6k, f.alloc)?
+            }
+        });
+    }
     for &(name, _) in parts {
         f.release(name);
     }
-    Ok(m)
+    Ok(QStack { parts: matrices })
 }
 
 /// Layer `i`'s tensors, checked and repacked.
@@ -228,11 +240,11 @@ fn layer(f: &Tensors<'_>, c: &LlamaConfig, i: usize) -> Result<Layer, ModelError
     // Phi-3's converter writes Q, K and V as one tensor (rows `[q | k | v]`) and gate and up as
     // one `ffn_up` (rows `[gate | up]`): the stacks this runtime builds, read as they are.
     let wqkv = match c.arch == Arch::Phi3 && f.has(&n("attn_qkv")) {
-        true => matrix(f, &n("attn_qkv"), c.n_embd, q_dim + 2 * kv_dim)?,
+        true => QStack { parts: vec![matrix(f, &n("attn_qkv"), c.n_embd, q_dim + 2 * kv_dim)?] },
         false => stacked(f, &[(&n("attn_q"), q_dim), (&n("attn_k"), kv_dim), (&n("attn_v"), kv_dim)], c.n_embd)?,
     };
     let w_gate_up = match c.arch {
-        Arch::Phi3 => matrix(f, &n("ffn_up"), c.n_embd, 2 * c.n_ff)?,
+        Arch::Phi3 => QStack { parts: vec![matrix(f, &n("ffn_up"), c.n_embd, 2 * c.n_ff)?] },
         _ => stacked(f, &[(&n("ffn_gate"), c.n_ff), (&n("ffn_up"), c.n_ff)], c.n_embd)?,
     };
     Ok(Layer {
@@ -315,14 +327,14 @@ fn packed_bound(file: &GgufFile) -> usize {
 
 impl LlamaWeights {
     /// Loads and repacks every tensor, `threads` at a time (0: one per core).
-    pub fn load(file: &GgufFile, c: &LlamaConfig, threads: usize) -> Result<LlamaWeights, ModelError> {
+    pub fn load(file: &GgufFile, c: &LlamaConfig, threads: usize, q6k: Q6kLayout) -> Result<LlamaWeights, ModelError> {
         let threads = match threads {
             0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
             n => n,
         };
         // Every matrix is built in place in one region (where it fits the bound, as all do).
         let packer = Packer::reserve(packed_bound(file));
-        let f = &Tensors::new(file, Alloc::In(&packer));
+        let f = &Tensors::new(file, Alloc::In(&packer), q6k);
         // Gemma 2's output is always the embedding (llama.cpp reads no `output.weight` for it, so
         // a file that has one is refused as holding a tensor nobody applies).
         let own_output = f.has("output.weight") && c.arch != Arch::Gemma2;

@@ -99,7 +99,7 @@ fn compare(v: Variant) {
     assert_eq!((r.tokens.len(), r.top5.len(), r.next_lp.len()), (256, 256, 255));
 
     let file = GgufFile::from_bytes(bytes).unwrap();
-    let mut model = Llama::from_file(&file, LoadOptions { threads: 2 }).unwrap_or_else(|e| {
+    let mut model = Llama::from_file(&file, LoadOptions { threads: 2, ..Default::default() }).unwrap_or_else(|e| {
         panic!(
             "{}: our loader refuses the synthetic {} file that llama.cpp runs: {e} (expected until \
              the model crate implements this architecture)",
@@ -236,7 +236,9 @@ fn phi3_with_q_k_v_apart_answers_bit_for_bit_as_with_them_fused() {
     assert_eq!(split, spec.n_layers);
     let tokens: Vec<u32> = (0..40).map(|i| (i * 37 % ARCH_VOCAB) as u32).collect();
     let rows = |bytes: Vec<u8>| {
-        let mut m = Llama::from_file(&GgufFile::from_bytes(bytes).unwrap(), LoadOptions { threads: 2 }).unwrap();
+        let mut m =
+            Llama::from_file(&GgufFile::from_bytes(bytes).unwrap(), LoadOptions { threads: 2, ..Default::default() })
+                .unwrap();
         m.config.context = LLAMA_CPP_N_CTX;
         our_rows(&m, &tokens)
     };

@@ -9,7 +9,7 @@ use proptest::prelude::*;
 
 fn load(bytes: Vec<u8>) -> Result<Llama, ModelError> {
     let f = GgufFile::from_bytes(bytes)?;
-    Llama::from_file(&f, LoadOptions { threads: 1 })
+    Llama::from_file(&f, LoadOptions { threads: 1, ..Default::default() })
 }
 
 /// Rewrites a tiny model with `edit` applied to its metadata and tensor list.
@@ -258,7 +258,7 @@ fn a_mapped_file_repacked_by_several_threads_holds_the_same_weights_as_one_threa
     let path = dir.join("tiny.gguf");
     std::fs::write(&path, &bytes).unwrap();
     let one = load(bytes).unwrap();
-    let many = Llama::load(&path, LoadOptions { threads: 4 }).unwrap();
+    let many = Llama::load(&path, LoadOptions { threads: 4, ..Default::default() }).unwrap();
     std::fs::remove_dir_all(&dir).unwrap();
     let same = |a: &model::qmatrix::QMatrix, b: &model::qmatrix::QMatrix| {
         assert_eq!((a.kind, a.rows, a.cols), (b.kind, b.rows, b.cols));
@@ -267,7 +267,11 @@ fn a_mapped_file_repacked_by_several_threads_holds_the_same_weights_as_one_threa
     };
     assert_eq!(many.weights.layers.len(), 7);
     for (a, b) in one.weights.layers.iter().zip(&many.weights.layers) {
-        for (x, y) in [(&a.wqkv, &b.wqkv), (&a.wo, &b.wo), (&a.w_gate_up, &b.w_gate_up), (&a.w_down, &b.w_down)] {
+        for (x, y) in [(&a.wqkv, &b.wqkv), (&a.w_gate_up, &b.w_gate_up)] {
+            assert_eq!(x.parts.len(), y.parts.len());
+            x.parts.iter().zip(&y.parts).for_each(|(x, y)| same(x, y));
+        }
+        for (x, y) in [(&a.wo, &b.wo), (&a.w_down, &b.w_down)] {
             same(x, y);
         }
         assert_eq!((&a.attn_norm, &a.ffn_norm), (&b.attn_norm, &b.ffn_norm));
@@ -282,7 +286,7 @@ fn repacked_by_several_threads_a_file_missing_tensors_is_refused_naming_the_firs
     let bytes = without(&spec, &["blk.2.ffn_up.weight", "blk.6.attn_q.weight"]);
     for threads in [1, 2, 5] {
         let f = GgufFile::from_bytes(bytes.clone()).unwrap();
-        let err = Llama::from_file(&f, LoadOptions { threads }).err().expect("must fail");
+        let err = Llama::from_file(&f, LoadOptions { threads, ..Default::default() }).err().expect("must fail");
         assert!(err.to_string().contains("blk.2.ffn_up.weight"), "{threads} threads: {err}");
     }
 }

@@ -14,7 +14,7 @@ use proptest::prelude::*;
 
 fn tiny() -> Llama {
     let f = GgufFile::from_bytes(tiny_gguf(&TinySpec::default())).unwrap();
-    Llama::from_file(&f, LoadOptions { threads: 2 }).unwrap()
+    Llama::from_file(&f, LoadOptions { threads: 2, ..Default::default() }).unwrap()
 }
 
 /// The whole forward pass written plainly: K and V in contiguous vectors, attention as loops.
@@ -33,8 +33,7 @@ fn contiguous_logits(m: &Llama, tokens: &[u32]) -> Vec<f32> {
     for layer in &m.weights.layers {
         ops::rms_norm(&x, &layer.attn_norm, c.rms_eps, &mut xn);
         let mut qkv = vec![0f32; t * (d + 2 * kvd)];
-        quantize_for(&layer.wqkv, &xn, t, &mut acts);
-        matmul(&pool, m.isa(), &layer.wqkv, &acts, &mut qkv);
+        layer.wqkv.matmul(&pool, m.isa(), &xn, t, &mut acts, &mut qkv);
         let (mut q, mut k, mut v) = (vec![], vec![], vec![]);
         for i in 0..t {
             let row = &qkv[i * (d + 2 * kvd)..(i + 1) * (d + 2 * kvd)];
@@ -68,8 +67,7 @@ fn contiguous_logits(m: &Llama, tokens: &[u32]) -> Vec<f32> {
         ops::add_in_place(&mut x, &proj);
         ops::rms_norm(&x, &layer.ffn_norm, c.rms_eps, &mut xn);
         let mut gu = vec![0f32; t * 2 * c.n_ff];
-        quantize_for(&layer.w_gate_up, &xn, t, &mut acts);
-        matmul(&pool, m.isa(), &layer.w_gate_up, &acts, &mut gu);
+        layer.w_gate_up.matmul(&pool, m.isa(), &xn, t, &mut acts, &mut gu);
         let mut hidden = vec![0f32; t * c.n_ff];
         for i in 0..t {
             hidden[i * c.n_ff..(i + 1) * c.n_ff].copy_from_slice(&gu[i * 2 * c.n_ff..][..c.n_ff]);
@@ -188,7 +186,11 @@ proptest! {
 #[test]
 fn decode_steps_split_across_threads_give_the_prompts_logits() {
     let spec = TinySpec { n_heads: 6, n_kv_heads: 3, n_embd: 384, ..TinySpec::default() };
-    let m = Llama::from_file(&GgufFile::from_bytes(tiny_gguf(&spec)).unwrap(), LoadOptions { threads: 2 }).unwrap();
+    let m = Llama::from_file(
+        &GgufFile::from_bytes(tiny_gguf(&spec)).unwrap(),
+        LoadOptions { threads: 2, ..Default::default() },
+    )
+    .unwrap();
     assert_eq!(m.config.head_dim, 64);
     let p = pool(&m, 16, KvDtype::F16);
     let tokens: Vec<u32> = (0..70).map(|i| (i * 37 + 11) % 80).collect();

@@ -92,7 +92,8 @@ pub fn load_model(config: &Config) -> Result<LoadedModel, ServeError> {
     let pool = pool_of(config, info.layout, capacity_tokens)?;
     let tokenizer = Tokenizer::from_gguf(&file).map_err(|e| err(e.to_string()))?;
     let template = ChatTemplate::from_gguf(&file).map_err(|e| err(e.to_string()))?;
-    let mut llama = Llama::from_file(&file, LoadOptions { threads: config.threads }).map_err(|e| err(e.to_string()))?;
+    let mut llama = Llama::from_file(&file, LoadOptions { threads: config.threads, ..Default::default() })
+        .map_err(|e| err(e.to_string()))?;
     // The engine's door check uses the model's context: serve the configured window.
     llama.config.context = info.context;
     let grammars = Grammars::new(&tokenizer).map_err(|e| err(e.to_string()))?;

@@ -8,8 +8,9 @@ use std::time::Instant;
 
 use clap::{Args, Subcommand};
 use kv::{BlockTable, KvPool, Owner, RequestId, TenantId};
+use model::qmatrix::Q6kLayout;
 use model::region::{self, BufMut, Packable, WeightBuf};
-use model::{Isa, Llama, Logits, SeqStep};
+use model::{Isa, Llama, LoadOptions, Logits, SeqStep};
 use serde::Serialize;
 
 use crate::llama_bench::{self, LlamaBenchTest};
@@ -55,6 +56,10 @@ pub struct ModelBench {
     /// Kernel sets to compare side by side (scalar, avx2, avx512, amx); default: the best available.
     #[arg(long, value_delimiter = ',')]
     isa: Vec<String>,
+    /// Q6_K's layout (packed: the file's bits, read by the AVX2 and scalar kernels; wide: a
+    /// byte a value, the AVX-512 kernel's); default: the one loading picks for this CPU.
+    #[arg(long, value_enum)]
+    q6k_layout: Option<Q6kArg>,
     /// Repetitions of each measurement (the median is reported).
     #[arg(long, default_value_t = 3)]
     reps: usize,
@@ -65,6 +70,12 @@ pub struct ModelBench {
     /// figures as ratios of its pp/tg figures. Without it, no ratio is printed.
     #[arg(long, value_name = "PATH")]
     llama_bench: Option<std::path::PathBuf>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Q6kArg {
+    Packed,
+    Wide,
 }
 
 #[derive(Serialize)]
@@ -93,6 +104,8 @@ struct Bandwidth {
 struct Report {
     model: String,
     kernels: &'static str,
+    /// How the Q6_K matrices were laid out (`packed` or `wide`), whether or not the file has any.
+    q6k_layout: &'static str,
     prompt_tokens: usize,
     decode_tokens: usize,
     rows: Vec<Row>,
@@ -280,7 +293,11 @@ fn model_bench(b: &ModelBench) -> Result<(), ToolError> {
     let margs = ModelArgs { model: b.model.clone(), threads: 0 };
     let path = runtime::model_path(&margs)?;
     let file = runtime::open(&margs)?;
-    let mut model = runtime::load_model(&file, 1)?;
+    let q6k = b.q6k_layout.map(|l| match l {
+        Q6kArg::Packed => Q6kLayout::Packed,
+        Q6kArg::Wide => Q6kLayout::Wide,
+    });
+    let mut model = Llama::from_file(&file, LoadOptions { threads: 1, q6k }).map_err(ToolError::LoadModel)?;
     let max_batch = b.batch.iter().copied().max().unwrap_or(1);
     let max_depth = b.depth.iter().copied().max().unwrap_or(0);
     let pool = runtime::pool_for(&model, max_batch * (max_depth + b.prompt.max(b.decode) + 16))?;
@@ -369,6 +386,10 @@ fn model_bench(b: &ModelBench) -> Result<(), ToolError> {
     let report = Report {
         model: path.display().to_string(),
         kernels: model.isa().name(),
+        q6k_layout: match q6k.unwrap_or(model::kernels::q6k_layout(model::Isa::detect())) {
+            Q6kLayout::Packed => "packed",
+            Q6kLayout::Wide => "wide",
+        },
         prompt_tokens: b.prompt,
         decode_tokens: b.decode,
         rows,
@@ -392,7 +413,7 @@ fn model_bench(b: &ModelBench) -> Result<(), ToolError> {
             report.scrub_gib_per_s,
             100.0 * report.scrub_share_of_decode_token
         );
-        println!("kernels: {}", report.kernels);
+        println!("kernels: {} (Q6_K laid out {})", report.kernels, report.q6k_layout);
         let bw: Vec<String> = report
             .read_bandwidth
             .iter()

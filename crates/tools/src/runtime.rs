@@ -27,7 +27,7 @@ pub fn tokenizer(f: &GgufFile) -> Result<text::Tokenizer, ToolError> {
 }
 
 pub fn load_model(f: &GgufFile, threads: usize) -> Result<Llama, ToolError> {
-    Llama::from_file(f, LoadOptions { threads }).map_err(ToolError::LoadModel)
+    Llama::from_file(f, LoadOptions { threads, ..Default::default() }).map_err(ToolError::LoadModel)
 }
 
 /// A pool for at least `tokens` token slots in pages of 16, f16, scrubbed on free.

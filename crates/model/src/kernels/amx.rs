@@ -51,7 +51,7 @@ pub fn available() -> bool {
 /// Whether the tiles compute this kind: every kind whose blocks are one integer sum times one
 /// scale (Q6_K's half-block scales stay on the VNNI kernels).
 pub fn handles(kind: QKind) -> bool {
-    !matches!(kind, QKind::Q6K)
+    !matches!(kind, QKind::Q6K | QKind::Q6KWide)
 }
 
 /// The tile configuration (palette 1): C tiles 0-3 (16 tokens x 16 rows of i32: token tile

@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::qmatrix::{QMatrix, GROUP, KBLOCKS};
+use crate::qmatrix::{QKind, QMatrix, GROUP, KBLOCKS};
 use crate::quant::{QuantActs, QK};
 
 #[inline(always)]
@@ -157,10 +157,7 @@ pub unsafe fn q8_0(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, o
                 *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, *acc);
             }
         }
-        let zero = _mm256_setzero_ps();
-        for (tt, acc) in acc.iter().enumerate().take(nt) {
-            _mm256_storeu_ps(out.add(tt * stride + h * 8), _mm256_add_ps(*acc, zero));
-        }
+        store_halves(&acc, out, stride, nt, h);
     }
 }
 
@@ -236,10 +233,7 @@ unsafe fn nibble_tile<const FIFTH: bool, const SHIFT: u32>(
                 *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum, corr)), scale, *acc);
             }
         }
-        let zero = _mm256_setzero_ps();
-        for (tt, acc) in acc.iter().enumerate().take(nt) {
-            _mm256_storeu_ps(out.add(tt * stride + h * 8), _mm256_add_ps(*acc, zero));
-        }
+        store_halves(&acc, out, stride, nt, h);
     }
 }
 
@@ -248,8 +242,61 @@ unsafe fn nibble_tile<const FIFTH: bool, const SHIFT: u32>(
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q6k(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
     let nb = w.blocks();
-    let ones = _mm256_set1_epi16(1);
-    let bias = _mm256_set1_epi8(32);
+    let (low4, top2, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30), _mm256_set1_epi16(1));
+    for h in 0..2 {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for b in 0..nb {
+            let gb = g * nb + b;
+            let tile = w.qs.as_ptr().add(gb * QKind::Q6K.tile_bytes() + h * 32);
+            let d = _mm256_loadu_ps(w.fd.as_ptr().add((g * (nb / KBLOCKS) + b / KBLOCKS) * GROUP + h * 8));
+            let sc = w.sc.as_ptr().add(gb * 2 * GROUP + h * 8);
+            let (s_lo, s_hi) = (_mm256_mul_ps(d, load_i8x8(sc)), _mm256_mul_ps(d, load_i8x8(sc.add(GROUP))));
+            let plane = [load32(tile.add(256)), load32(tile.add(320))];
+            // The stored values (value + 32, 0..63) of elements 0..16 in wq[0..4], 16..32 in wq[4..8].
+            let mut wq = [_mm256_setzero_si256(); 8];
+            for p in 0..4 {
+                let n = load32(tile.add(p * 64));
+                let nibbles = [_mm256_and_si256(n, low4), _mm256_and_si256(_mm256_srli_epi16::<4>(n), low4)];
+                for c in 0..2 {
+                    // Pair p of each plane byte moved to bits 4..6 (16-bit shifts: what crosses
+                    // into a neighbouring byte lands outside the mask).
+                    let top = match p {
+                        0 => _mm256_slli_epi16::<4>(plane[c]),
+                        1 => _mm256_slli_epi16::<2>(plane[c]),
+                        2 => plane[c],
+                        _ => _mm256_srli_epi16::<2>(plane[c]),
+                    };
+                    wq[4 * c + p] = _mm256_or_si256(nibbles[c], _mm256_and_si256(top, top2));
+                }
+            }
+            for (tt, acc) in acc.iter_mut().enumerate().take(nt) {
+                let ti = (t0 + tt) * nb + b;
+                let x = a.qs.as_ptr().add(ti * QK) as *const u8;
+                let xs = a.xsum16.as_ptr().add(2 * ti);
+                // Stored values times activations, minus 32 x the half block's activation sum:
+                // the signed values' exact sum. Two pair sums (at most 2 * 2 * 63 * 128) fit i16.
+                let half = |j0: usize, xsum: i32| {
+                    let pair = |j: usize| _mm256_maddubs_epi16(wq[j], bcast4(x, j));
+                    let s0 = _mm256_madd_epi16(_mm256_add_epi16(pair(j0), pair(j0 + 1)), ones);
+                    let s1 = _mm256_madd_epi16(_mm256_add_epi16(pair(j0 + 2), pair(j0 + 3)), ones);
+                    let isum = _mm256_sub_epi32(_mm256_add_epi32(s0, s1), _mm256_set1_epi32(xsum << 5));
+                    _mm256_cvtepi32_ps(isum)
+                };
+                let dx = _mm256_set1_ps(*a.d.get_unchecked(ti));
+                *acc = _mm256_fmadd_ps(half(0, *xs), _mm256_mul_ps(s_lo, dx), *acc);
+                *acc = _mm256_fmadd_ps(half(4, *xs.add(1)), _mm256_mul_ps(s_hi, dx), *acc);
+            }
+        }
+        store_halves(&acc, out, stride, nt, h);
+    }
+}
+
+/// # Safety
+/// As for [`q4_1`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q6k_wide(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
+    let nb = w.blocks();
+    let (bias, ones) = (_mm256_set1_epi8(32), _mm256_set1_epi16(1));
     for h in 0..2 {
         let mut acc = [_mm256_setzero_ps(); 4];
         for b in 0..nb {
@@ -261,7 +308,7 @@ pub unsafe fn q6k(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, ou
             let mut wv = [_mm256_setzero_si256(); 8];
             for j in 0..8 {
                 // Stored as value + 32.
-                wv[j] = _mm256_sub_epi8(_mm256_loadu_si256(tile.add(j * 64) as *const __m256i), bias);
+                wv[j] = _mm256_sub_epi8(load32(tile.add(j * 64)), bias);
                 wabs[j] = _mm256_sign_epi8(wv[j], wv[j]);
             }
             for (tt, acc) in acc.iter_mut().enumerate().take(nt) {
@@ -281,9 +328,26 @@ pub unsafe fn q6k(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, ou
                 *acc = _mm256_fmadd_ps(half(4), _mm256_mul_ps(s_hi, dx), *acc);
             }
         }
-        let zero = _mm256_setzero_ps();
-        for (tt, acc) in acc.iter().enumerate().take(nt) {
-            _mm256_storeu_ps(out.add(tt * stride + h * 8), _mm256_add_ps(*acc, zero));
-        }
+        store_halves(&acc, out, stride, nt, h);
+    }
+}
+
+#[inline(always)]
+unsafe fn load32(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+#[inline(always)]
+unsafe fn load_i8x8(p: *const u8) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i)))
+}
+
+/// Stores half `h` (8 rows) of each token's sums, plus 0 as the scalar definition adds its
+/// (zero) minimum term, which turns -0 into +0 as it does.
+#[inline(always)]
+unsafe fn store_halves(acc: &[__m256; 4], out: *mut f32, stride: usize, nt: usize, h: usize) {
+    let zero = _mm256_setzero_ps();
+    for (tt, acc) in acc.iter().enumerate().take(nt) {
+        _mm256_storeu_ps(out.add(tt * stride + h * 8), _mm256_add_ps(*acc, zero));
     }
 }

@@ -300,7 +300,7 @@ unsafe fn nibble_tile_n<const NT: usize, const FIFTH: bool, const SHIFT: u32>(
 /// # Safety
 /// As for [`q4_1`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
-pub unsafe fn q6k(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
+pub unsafe fn q6k_wide(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
     dispatch_nt!(q6k_n, w, g, a, t0, nt, out, stride)
 }
 

@@ -4,7 +4,8 @@
 //! `acc = fma(isum, d_w * d_x, acc)`; the min kinds (Q4_1, Q4K, U8Min) also
 //! `macc = fma(m_w, s_x, macc)`; Q6K instead sums each half block apart and applies
 //! `acc = fma(isum_lo, s_lo * d_x, acc)`, then `acc = fma(isum_hi, s_hi * d_x, acc)`.
-//! The result is `acc + macc` (macc is 0 for Q8_0 and Q6K).
+//! The result is `acc + macc` (macc is 0 for Q8_0 and Q6K). A Q6K half block's scale is
+//! `d * sc` in f32, which the wide layout stores formed and the packed one forms as it goes.
 
 use crate::qmatrix::{QKind, QMatrix, GROUP};
 use crate::quant::{QuantActs, QK};
@@ -32,7 +33,7 @@ pub unsafe fn group_dot(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usi
                 let ti = (t0 + tt) * nb + b;
                 let x = &a.qs[ti * QK..(ti + 1) * QK];
                 let acc = &mut acc[tt][r];
-                if w.kind == QKind::Q6K {
+                if matches!(w.kind, QKind::Q6K | QKind::Q6KWide) {
                     let (lo, hi) = w.half_scales(g, b, r);
                     *acc = (dot(&row[..16], &x[..16]) as f32).mul_add(lo * a.d[ti], *acc);
                     *acc = (dot(&row[16..], &x[16..]) as f32).mul_add(hi * a.d[ti], *acc);
