@@ -21,7 +21,7 @@ use crate::stack::QStack;
 pub struct Layer {
     pub attn_norm: Vec<f32>,
     /// Q, K and V projections stacked (rows `[q | k | v]`): one pass over the input instead of
-    /// three, and one parallel section per step instead of three.
+    /// three where the parts share a format, one per format where they do not (`QStack`).
     pub wqkv: QStack,
     pub wo: QMatrix,
     pub ffn_norm: Vec<f32>,
