@@ -44,9 +44,9 @@ pub struct SeqStep<'a> {
 pub struct LoadOptions {
     /// Compute threads; 0 = all cores.
     pub threads: usize,
-    /// How Q6_K matrices are laid out; `None`: as this CPU's best kernels read them
-    /// ([`crate::kernels::q6k_layout`]). For comparing the layouts side by side.
-    pub q6k: Option<Q6kLayout>,
+    /// How Q6_K matrices are laid out (packed, the file's bits, unless a comparison asks for
+    /// wide).
+    pub q6k: Q6kLayout,
 }
 
 pub struct Llama {
@@ -71,8 +71,7 @@ impl Llama {
     pub fn from_file(f: &GgufFile, opts: LoadOptions) -> Result<Llama, ModelError> {
         let config = LlamaConfig::from_gguf(f)?;
         let isa = Isa::detect();
-        let weights =
-            LlamaWeights::load(f, &config, opts.threads, opts.q6k.unwrap_or(crate::kernels::q6k_layout(isa)))?;
+        let weights = LlamaWeights::load(f, &config, opts.threads, opts.q6k)?;
         let pool = build_pool(opts.threads)?;
         Ok(Llama { config, weights, isa, pool, workspace: Mutex::default() })
     }

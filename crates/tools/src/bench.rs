@@ -56,8 +56,8 @@ pub struct ModelBench {
     /// Kernel sets to compare side by side (scalar, avx2, avx512, amx); default: the best available.
     #[arg(long, value_delimiter = ',')]
     isa: Vec<String>,
-    /// Q6_K's layout (packed: the file's bits, read by the AVX2 and scalar kernels; wide: a
-    /// byte a value, the AVX-512 kernel's); default: the one loading picks for this CPU.
+    /// Q6_K's layout (packed: the file's bits, the default; wide: a byte a value, no unpacking
+    /// in the kernel), to compare the two on one machine.
     #[arg(long, value_enum)]
     q6k_layout: Option<Q6kArg>,
     /// Repetitions of each measurement (the median is reported).
@@ -293,10 +293,10 @@ fn model_bench(b: &ModelBench) -> Result<(), ToolError> {
     let margs = ModelArgs { model: b.model.clone(), threads: 0 };
     let path = runtime::model_path(&margs)?;
     let file = runtime::open(&margs)?;
-    let q6k = b.q6k_layout.map(|l| match l {
-        Q6kArg::Packed => Q6kLayout::Packed,
-        Q6kArg::Wide => Q6kLayout::Wide,
-    });
+    let q6k = match b.q6k_layout {
+        Some(Q6kArg::Wide) => Q6kLayout::Wide,
+        Some(Q6kArg::Packed) | None => Q6kLayout::Packed,
+    };
     let mut model = Llama::from_file(&file, LoadOptions { threads: 1, q6k }).map_err(ToolError::LoadModel)?;
     let max_batch = b.batch.iter().copied().max().unwrap_or(1);
     let max_depth = b.depth.iter().copied().max().unwrap_or(0);
@@ -386,7 +386,7 @@ fn model_bench(b: &ModelBench) -> Result<(), ToolError> {
     let report = Report {
         model: path.display().to_string(),
         kernels: model.isa().name(),
-        q6k_layout: match q6k.unwrap_or(model::kernels::q6k_layout(model::Isa::detect())) {
+        q6k_layout: match q6k {
             Q6kLayout::Packed => "packed",
             Q6kLayout::Wide => "wide",
         },

@@ -3,7 +3,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::qmatrix::{QMatrix, GROUP, KBLOCKS};
+use crate::qmatrix::{QKind, QMatrix, GROUP, KBLOCKS};
 use crate::quant::{QuantActs, QK};
 
 #[inline(always)]
@@ -292,6 +292,70 @@ unsafe fn nibble_tile_n<const NT: usize, const FIFTH: bool, const SHIFT: u32>(
         }
         for (tt, acc) in acc.iter_mut().enumerate() {
             accumulate_offset_block::<SHIFT>(acc, &wv, dw, a, (t0 + tt) * nb + b);
+        }
+    }
+    store_without_minimum(&acc, out, stride);
+}
+
+/// # Safety
+/// As for [`q4_1`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
+pub unsafe fn q6k(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
+    dispatch_nt!(q6k_packed_n, w, g, a, t0, nt, out, stride)
+}
+
+/// The packed layout (the file's bits): each 64-byte row of the tile is the AVX2 kernel's two
+/// 32-byte halves side by side, so a lane is a row here as in the wide layout. The 6-bit values
+/// are rebuilt in registers from a nibble and a 2-bit top, then summed as in `q6k_n`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
+unsafe fn q6k_packed_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, out: *mut f32, stride: usize) {
+    let nb = w.blocks();
+    let (low4, top2) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x30));
+    let load = |p: *const u8| _mm512_loadu_si512(p as *const _);
+    let mut acc = [_mm512_setzero_ps(); NT];
+    for b in 0..nb {
+        let gb = g * nb + b;
+        let tile = w.qs.as_ptr().add(gb * QKind::Q6K.tile_bytes());
+        let d = _mm512_loadu_ps(w.fd.as_ptr().add((g * (nb / KBLOCKS) + b / KBLOCKS) * GROUP));
+        let sc = w.sc.as_ptr().add(gb * 2 * GROUP);
+        let i8x16 = |p: *const u8| _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i)));
+        let (s_lo, s_hi) = (_mm512_mul_ps(d, i8x16(sc)), _mm512_mul_ps(d, i8x16(sc.add(GROUP))));
+        let plane = [load(tile.add(256)), load(tile.add(320))];
+        // The stored values (value + 32) of elements 4j..4j+4 in wv[j].
+        let mut wv = [_mm512_setzero_si512(); 8];
+        for p in 0..4 {
+            let n = load(tile.add(p * 64));
+            let nibbles = [_mm512_and_si512(n, low4), _mm512_and_si512(_mm512_srli_epi16::<4>(n), low4)];
+            for c in 0..2 {
+                // Pair p of each plane byte moved to bits 4..6 (16-bit shifts: what crosses into
+                // a neighbouring byte lands outside the mask).
+                let top = match p {
+                    0 => _mm512_slli_epi16::<4>(plane[c]),
+                    1 => _mm512_slli_epi16::<2>(plane[c]),
+                    2 => plane[c],
+                    _ => _mm512_srli_epi16::<2>(plane[c]),
+                };
+                wv[4 * c + p] = _mm512_or_si512(nibbles[c], _mm512_and_si512(top, top2));
+            }
+        }
+        for (tt, acc) in acc.iter_mut().enumerate() {
+            let ti = (t0 + tt) * nb + b;
+            let x = a.qs.as_ptr().add(ti * QK) as *const u8;
+            let xs = a.xsum16.as_ptr().add(2 * ti);
+            let (corr_lo, corr_hi) = (_mm512_set1_epi32(*xs << 5), _mm512_set1_epi32(*xs.add(1) << 5));
+            let mut l0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], bcast4(x, 0));
+            let mut h0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[4], bcast4(x, 4));
+            let mut l1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[1], bcast4(x, 1));
+            let mut h1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[5], bcast4(x, 5));
+            l0 = _mm512_dpbusd_epi32(l0, wv[2], bcast4(x, 2));
+            h0 = _mm512_dpbusd_epi32(h0, wv[6], bcast4(x, 6));
+            l1 = _mm512_dpbusd_epi32(l1, wv[3], bcast4(x, 3));
+            h1 = _mm512_dpbusd_epi32(h1, wv[7], bcast4(x, 7));
+            let isum_lo = _mm512_sub_epi32(_mm512_add_epi32(l0, l1), corr_lo);
+            let isum_hi = _mm512_sub_epi32(_mm512_add_epi32(h0, h1), corr_hi);
+            let dx = _mm512_set1_ps(*a.d.get_unchecked(ti));
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum_lo), _mm512_mul_ps(s_lo, dx), *acc);
+            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum_hi), _mm512_mul_ps(s_hi, dx), *acc);
         }
     }
     store_without_minimum(&acc, out, stride);

@@ -7,7 +7,7 @@
 
 use std::sync::OnceLock;
 
-use crate::qmatrix::{Q6kLayout, QKind, QMatrix, GROUP};
+use crate::qmatrix::{QKind, QMatrix, GROUP};
 use crate::quant::QuantActs;
 
 #[cfg(target_arch = "x86_64")]
@@ -82,15 +82,6 @@ impl Isa {
     }
 }
 
-/// How a model loaded for `isa` lays Q6_K out: packed (the file's bits) where the set's own
-/// kernel reads that layout, wide where only the wide layout has one (AVX-512).
-pub fn q6k_layout(isa: Isa) -> Q6kLayout {
-    match isa {
-        Isa::Scalar | Isa::Avx2 => Q6kLayout::Packed,
-        Isa::Avx512 | Isa::Amx => Q6kLayout::Wide,
-    }
-}
-
 /// `*out.add(tt * stride + r)` = dot(row `g*16 + r` of `w`, token `t0 + tt` of `a`) for
 /// `tt < nt`, `r < 16`. `a` must be quantized in `w.kind.act_format()` with `w.cols` columns;
 /// `nt <= TOKENS_PER_TILE`.
@@ -140,9 +131,7 @@ pub unsafe fn group_dot(
                 QKind::Q5_0 => avx512::q5_0(w, g, a, t0, nt, out, stride),
                 QKind::Q4K => avx512::q4k(w, g, a, t0, nt, out, stride),
                 QKind::U8Min => avx512::u8min(w, g, a, t0, nt, out, stride),
-                // The packed layout's AVX2 kernel: loading picks the wide layout for these sets
-                // (`q6k_layout`), so this serves matrices built in the packed one by hand.
-                QKind::Q6K => avx2::q6k(w, g, a, t0, nt, out, stride),
+                QKind::Q6K => avx512::q6k(w, g, a, t0, nt, out, stride),
                 QKind::Q6KWide => avx512::q6k_wide(w, g, a, t0, nt, out, stride),
             }
         },
