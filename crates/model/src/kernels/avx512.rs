@@ -339,23 +339,7 @@ unsafe fn q6k_packed_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0
             }
         }
         for (tt, acc) in acc.iter_mut().enumerate() {
-            let ti = (t0 + tt) * nb + b;
-            let x = a.qs.as_ptr().add(ti * QK) as *const u8;
-            let xs = a.xsum16.as_ptr().add(2 * ti);
-            let (corr_lo, corr_hi) = (_mm512_set1_epi32(*xs << 5), _mm512_set1_epi32(*xs.add(1) << 5));
-            let mut l0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], bcast4(x, 0));
-            let mut h0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[4], bcast4(x, 4));
-            let mut l1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[1], bcast4(x, 1));
-            let mut h1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[5], bcast4(x, 5));
-            l0 = _mm512_dpbusd_epi32(l0, wv[2], bcast4(x, 2));
-            h0 = _mm512_dpbusd_epi32(h0, wv[6], bcast4(x, 6));
-            l1 = _mm512_dpbusd_epi32(l1, wv[3], bcast4(x, 3));
-            h1 = _mm512_dpbusd_epi32(h1, wv[7], bcast4(x, 7));
-            let isum_lo = _mm512_sub_epi32(_mm512_add_epi32(l0, l1), corr_lo);
-            let isum_hi = _mm512_sub_epi32(_mm512_add_epi32(h0, h1), corr_hi);
-            let dx = _mm512_set1_ps(*a.d.get_unchecked(ti));
-            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum_lo), _mm512_mul_ps(s_lo, dx), *acc);
-            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum_hi), _mm512_mul_ps(s_hi, dx), *acc);
+            q6k_block_acc(&wv, a, (t0 + tt) * nb + b, s_lo, s_hi, acc);
         }
     }
     store_without_minimum(&acc, out, stride);
@@ -382,26 +366,32 @@ unsafe fn q6k_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usize
             *v = _mm512_loadu_si512(tile.add(j * 64) as *const _);
         }
         for (tt, acc) in acc.iter_mut().enumerate() {
-            let ti = (t0 + tt) * nb + b;
-            // As in Q8_0 (weights + 32 here), with elements 0..16 (wv[0..4]) and 16..32
-            // (wv[4..8]) summed apart.
-            let x = a.qs.as_ptr().add(ti * QK) as *const u8;
-            let xs = a.xsum16.as_ptr().add(2 * ti);
-            let (corr_lo, corr_hi) = (_mm512_set1_epi32(*xs << 5), _mm512_set1_epi32(*xs.add(1) << 5));
-            let mut l0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], bcast4(x, 0));
-            let mut h0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[4], bcast4(x, 4));
-            let mut l1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[1], bcast4(x, 1));
-            let mut h1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[5], bcast4(x, 5));
-            l0 = _mm512_dpbusd_epi32(l0, wv[2], bcast4(x, 2));
-            h0 = _mm512_dpbusd_epi32(h0, wv[6], bcast4(x, 6));
-            l1 = _mm512_dpbusd_epi32(l1, wv[3], bcast4(x, 3));
-            h1 = _mm512_dpbusd_epi32(h1, wv[7], bcast4(x, 7));
-            let isum_lo = _mm512_sub_epi32(_mm512_add_epi32(l0, l1), corr_lo);
-            let isum_hi = _mm512_sub_epi32(_mm512_add_epi32(h0, h1), corr_hi);
-            let dx = _mm512_set1_ps(*a.d.get_unchecked(ti));
-            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum_lo), _mm512_mul_ps(s_lo, dx), *acc);
-            *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum_hi), _mm512_mul_ps(s_hi, dx), *acc);
+            q6k_block_acc(&wv, a, (t0 + tt) * nb + b, s_lo, s_hi, acc);
         }
     }
     store_without_minimum(&acc, out, stride);
+}
+
+/// Adds token block `ti`'s product with a Q6_K block to `acc`: `wv[j]` holds the stored values
+/// (value + 32) of elements 4j..4j+4 of each row. As in Q8_0, with elements 0..16 (wv[0..4])
+/// and 16..32 (wv[4..8]) summed apart, each less 32 x its activation sum and scaled by its own
+/// half's scale.
+#[inline(always)]
+unsafe fn q6k_block_acc(wv: &[__m512i; 8], a: &QuantActs, ti: usize, s_lo: __m512, s_hi: __m512, acc: &mut __m512) {
+    let x = a.qs.as_ptr().add(ti * QK) as *const u8;
+    let xs = a.xsum16.as_ptr().add(2 * ti);
+    let (corr_lo, corr_hi) = (_mm512_set1_epi32(*xs << 5), _mm512_set1_epi32(*xs.add(1) << 5));
+    let mut l0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[0], bcast4(x, 0));
+    let mut h0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[4], bcast4(x, 4));
+    let mut l1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[1], bcast4(x, 1));
+    let mut h1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[5], bcast4(x, 5));
+    l0 = _mm512_dpbusd_epi32(l0, wv[2], bcast4(x, 2));
+    h0 = _mm512_dpbusd_epi32(h0, wv[6], bcast4(x, 6));
+    l1 = _mm512_dpbusd_epi32(l1, wv[3], bcast4(x, 3));
+    h1 = _mm512_dpbusd_epi32(h1, wv[7], bcast4(x, 7));
+    let isum_lo = _mm512_sub_epi32(_mm512_add_epi32(l0, l1), corr_lo);
+    let isum_hi = _mm512_sub_epi32(_mm512_add_epi32(h0, h1), corr_hi);
+    let dx = _mm512_set1_ps(*a.d.get_unchecked(ti));
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum_lo), _mm512_mul_ps(s_lo, dx), *acc);
+    *acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum_hi), _mm512_mul_ps(s_hi, dx), *acc);
 }
