@@ -70,10 +70,9 @@ impl Llama {
 
     pub fn from_file(f: &GgufFile, opts: LoadOptions) -> Result<Llama, ModelError> {
         let config = LlamaConfig::from_gguf(f)?;
-        let isa = Isa::detect();
         let weights = LlamaWeights::load(f, &config, opts.threads, opts.q6k)?;
         let pool = build_pool(opts.threads)?;
-        Ok(Llama { config, weights, isa, pool, workspace: Mutex::default() })
+        Ok(Llama { config, weights, isa: Isa::detect(), pool, workspace: Mutex::default() })
     }
 
     pub fn isa(&self) -> Isa {

@@ -114,7 +114,7 @@ struct Tensors<'f> {
     read: Mutex<HashSet<String>>,
     /// Where repacked matrices are made.
     alloc: Alloc<'f>,
-    /// Q6_K's layout for the kernels this CPU runs.
+    /// Q6_K's layout (packed unless a comparison asks for wide).
     q6k: Q6kLayout,
 }
 
@@ -240,11 +240,11 @@ fn layer(f: &Tensors<'_>, c: &LlamaConfig, i: usize) -> Result<Layer, ModelError
     // Phi-3's converter writes Q, K and V as one tensor (rows `[q | k | v]`) and gate and up as
     // one `ffn_up` (rows `[gate | up]`): the stacks this runtime builds, read as they are.
     let wqkv = match c.arch == Arch::Phi3 && f.has(&n("attn_qkv")) {
-        true => QStack { parts: vec![matrix(f, &n("attn_qkv"), c.n_embd, q_dim + 2 * kv_dim)?] },
+        true => stacked(f, &[(&n("attn_qkv"), q_dim + 2 * kv_dim)], c.n_embd)?,
         false => stacked(f, &[(&n("attn_q"), q_dim), (&n("attn_k"), kv_dim), (&n("attn_v"), kv_dim)], c.n_embd)?,
     };
     let w_gate_up = match c.arch {
-        Arch::Phi3 => QStack { parts: vec![matrix(f, &n("ffn_up"), c.n_embd, 2 * c.n_ff)?] },
+        Arch::Phi3 => stacked(f, &[(&n("ffn_up"), 2 * c.n_ff)], c.n_embd)?,
         _ => stacked(f, &[(&n("ffn_gate"), c.n_ff), (&n("ffn_up"), c.n_ff)], c.n_embd)?,
     };
     Ok(Layer {
