@@ -1,8 +1,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Tools through a model's own template and call syntax: a Qwen 2.5 template's model is shown
 //! the functions in its `<tools>` block and answers `<tool_call>` blocks, a Llama 3.1 template's
-//! model its JSON with `parameters`; both read back as OpenAI `tool_calls`, streamed or not, and
-//! an earlier turn's calls and results rendered as the template renders them.
+//! model its JSON with `parameters`, a Mistral v3 template's model `[TOOL_CALLS]` (its control
+//! token) and an array; all read back as OpenAI `tool_calls`, streamed or not, and an earlier
+//! turn's calls and results rendered as the template renders them.
 //!
 //! The models are small random ones of each architecture (`model::tiny`) carrying the real
 //! templates (llama.cpp's test copies, rendered as llama.cpp renders them: the text crate's
@@ -27,11 +28,28 @@ fn template(name: &str) -> String {
 
 /// A synthetic model of `variant` carrying `template` as its chat template.
 fn model_with_template(variant: Variant, template: &str) -> Vec<u8> {
+    model_with_template_and_control(variant, template, None)
+}
+
+/// As [`model_with_template`], with the vocabulary's last merged token replaced by `control`
+/// as a control token (and its merge dropped), as Mistral's vocabularies hold `[TOOL_CALLS]`.
+fn model_with_template_and_control(variant: Variant, template: &str, control: Option<&str>) -> Vec<u8> {
     let src = arch_gguf(&variant.spec());
     let g = Gguf::parse(&src).unwrap();
     let mut w = GgufWriter::new();
     for (k, v) in g.metadata() {
-        w.meta(k, v.clone());
+        let mut v = v.clone();
+        if let (Some(text), Meta::Array(a)) = (control, &mut v) {
+            // The last merge makes the token just before BOS and EOS.
+            let last = model::tiny::ARCH_VOCAB - 3;
+            match k {
+                "tokenizer.ggml.tokens" => a[last] = Meta::String(text.to_string()),
+                "tokenizer.ggml.token_type" => a[last] = Meta::I32(3),
+                "tokenizer.ggml.merges" => drop(a.pop()),
+                _ => {}
+            }
+        }
+        w.meta(k, v);
     }
     w.meta("tokenizer.chat_template", Meta::String(template.to_string()));
     for t in g.tensors() {
@@ -57,6 +75,7 @@ struct Served {
     server: common::Server,
     qwen: std::path::PathBuf,
     llama: std::path::PathBuf,
+    mistral: std::path::PathBuf,
 }
 
 fn serve() -> Served {
@@ -66,16 +85,21 @@ fn serve() -> Served {
     std::fs::write(&qwen, model_with_template(Variant::Qwen2, &template("Qwen-Qwen2.5-7B-Instruct.jinja"))).unwrap();
     let llama_bytes = model_with_template(Variant::Llama3Rope, &template("meta-llama-Llama-3.1-8B-Instruct.jinja"));
     std::fs::write(&llama, llama_bytes).unwrap();
+    let mistral = dir.join("mistral.gguf");
+    let v3 = template("mistralai-v3-Mistral-Large-Instruct-2407.jinja");
+    std::fs::write(&mistral, model_with_template_and_control(Variant::Llama, &v3, Some("[TOOL_CALLS]"))).unwrap();
     let config = dir.join("pagewarden.toml");
     let models = format!(
         "[[models]]\nname = \"qwen\"\nfile = \"{}\"\ncontext_window = 2048\npool = {{ tokens = 8192 }}\n\n\
-         [[models]]\nname = \"llama3\"\nfile = \"{}\"\ncontext_window = 2048\npool = {{ tokens = 8192 }}\n\n",
+         [[models]]\nname = \"llama3\"\nfile = \"{}\"\ncontext_window = 2048\npool = {{ tokens = 8192 }}\n\n\
+         [[models]]\nname = \"mistral\"\nfile = \"{}\"\ncontext_window = 512\npool = {{ tokens = 8192 }}\n\n",
         qwen.display(),
-        llama.display()
+        llama.display(),
+        mistral.display()
     );
     std::fs::write(&config, format!("{models}{}", common::metrics_section(&dir))).unwrap();
     let key = launch::tenant_add(common::bin().as_ref(), &config, "tools").unwrap();
-    Served { server: common::Server::start_with(dir, key), qwen, llama }
+    Served { server: common::Server::start_with(dir, key), qwen, llama, mistral }
 }
 
 /// POSTs `body` as written (key order kept) to the chat endpoint.
@@ -150,6 +174,42 @@ fn tools_go_through_each_models_own_template_and_come_back_in_its_syntax() {
     let v = one_call(&answer);
     assert_eq!(v["usage"]["prompt_tokens"], native_prompt_tokens(&s.llama, &body), "{v}");
 
+    // Mistral v3: `[TOOL_CALLS]`, a control token of its vocabulary, then the array; the call's
+    // id is nine letters and digits, so it can come back in the history, which the template
+    // renders (and would refuse with another id).
+    let body = format!(
+        r#"{{"model": "mistral", "messages": [{{"role": "user", "content": "Weather in Rome?"}}], "tools": [{WEATHER}], "tool_choice": "required", "parallel_tool_calls": false, "max_tokens": 200}}"#
+    );
+    let (status, answer) = post_raw(&s.server, &body);
+    assert_eq!(status, 200, "{answer}");
+    let v: Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(v["usage"]["prompt_tokens"], native_prompt_tokens(&s.mistral, &body), "{v}");
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    let calls = choice["message"]["tool_calls"].as_array().unwrap();
+    assert!(!calls.is_empty(), "{v}");
+    let ids: Vec<&str> = calls.iter().map(|c| c["id"].as_str().unwrap()).collect();
+    for (c, id) in calls.iter().zip(&ids) {
+        assert_eq!(c["function"]["name"], "get_weather", "{v}");
+        assert!(id.len() == 9 && id.bytes().all(|b| b.is_ascii_alphanumeric()), "{id}");
+    }
+    assert!(ids.iter().enumerate().all(|(i, id)| !ids[..i].contains(id)), "ids repeat: {ids:?}");
+    let call = &calls[0];
+    let args = serde_json::to_string(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    let history = |id: &str| {
+        format!(
+            r#"{{"model": "mistral", "messages": [{{"role": "user", "content": "Weather in Rome?"}}, {{"role": "assistant", "content": null, "tool_calls": [{{"id": "{id}", "type": "function", "function": {{"name": "get_weather", "arguments": {args}}}}}]}}, {{"role": "tool", "tool_call_id": "{id}", "content": "18 C"}}], "tools": [{WEATHER}], "max_tokens": 2}}"#
+        )
+    };
+    let (status, answer) = post_raw(&s.server, &history(ids[0]));
+    assert_eq!(status, 200, "{answer}");
+    let v: Value = serde_json::from_str(&answer).unwrap();
+    assert_eq!(v["usage"]["prompt_tokens"], native_prompt_tokens(&s.mistral, &history(ids[0])), "{v}");
+    // Another server's id (not nine letters and digits): the template's own refusal, as a 400.
+    let (status, answer) = post_raw(&s.server, &history("call_1"));
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("Tool call IDs should be alphanumeric strings with length 9"), "{answer}");
+
     // A body naming `tools` twice would show the template one list and hold the answer to
     // another; a description that is no text cannot be printed: both are the client's 400.
     let twice = format!(
@@ -164,7 +224,7 @@ fn tools_go_through_each_models_own_template_and_come_back_in_its_syntax() {
     }
 
     // A plain chat renders exactly as before on both (the template alone).
-    for (model, file) in [("qwen", &s.qwen), ("llama3", &s.llama)] {
+    for (model, file) in [("qwen", &s.qwen), ("llama3", &s.llama), ("mistral", &s.mistral)] {
         let body = format!(
             r#"{{"model": "{model}", "messages": [{{"role": "user", "content": "Hello there"}}], "max_tokens": 2}}"#
         );

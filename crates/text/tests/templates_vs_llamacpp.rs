@@ -153,8 +153,8 @@ fn every_template_renders_every_case_as_llama_cpp_does() {
 }
 
 /// The call syntax each reference template asks of its model: Hermes blocks for Qwen 2.5,
-/// Qwen 3 and Hermes 3, Llama 3's JSON for Llama 3.1-3.3, and none known for the rest (their
-/// tools go through a system message).
+/// Qwen 3 and Hermes 3, Llama 3's JSON for Llama 3.1-3.3, Mistral's `[TOOL_CALLS]` array for
+/// Nemo, and none known for the rest (their tools go through a system message).
 #[test]
 fn each_templates_call_syntax_is_told_from_its_text() {
     use text::ToolSyntax;
@@ -165,9 +165,36 @@ fn each_templates_call_syntax_is_told_from_its_text() {
             ToolSyntax::Hermes
         } else if name.starts_with("meta-llama-Llama-3.") {
             ToolSyntax::Llama3Json
+        } else if name.starts_with("mistralai-Mistral-Nemo") {
+            ToolSyntax::MistralJson
         } else {
             ToolSyntax::Generic
         };
         assert_eq!(t.tool_syntax(), want, "{name}");
     }
+}
+
+/// Mistral's v3 template (Mistral 7B v0.3's family: `[INST]` turns, tools in
+/// `[AVAILABLE_TOOLS] [...]`, calls as `[TOOL_CALLS] [...]`), which llama.cpp keeps only inside
+/// its own test (`tests/test-chat-template.cpp`, "Mistral-Large-Instruct-2407 (mistralai 'v3'
+/// template ...)"), not in models/templates: rendered as that test expects llama.cpp's Jinja
+/// engine to render its conversation, and told apart as Mistral's call syntax.
+#[test]
+fn mistral_v3_template_renders_as_llama_cpps_own_test_expects() {
+    use text::{Message, ToolSyntax};
+    let src = std::fs::read_to_string(data_dir().join("mistralai-v3-Mistral-Large-Instruct-2407.jinja"))
+        .expect("template file");
+    let t = ChatTemplate::from_source(&src, "", "</s>").expect("compiles");
+    let conv = Conversation::new(vec![
+        Message::new("system", "You are a helpful assistant"),
+        Message::new("user", "Hello"),
+        Message::new("assistant", "Hi there"),
+        Message::new("user", "Who are you"),
+        Message::new("assistant", "   I am an assistant   "),
+        Message::new("user", "Another question"),
+    ]);
+    let want = "[INST] Hello[/INST] Hi there</s>[INST] Who are you[/INST] I am an assistant</s>\
+                [INST] You are a helpful assistant\n\nAnother question[/INST]";
+    assert_eq!(t.render_with(&conv).expect("renders"), want);
+    assert_eq!(t.tool_syntax(), ToolSyntax::MistralJson);
 }

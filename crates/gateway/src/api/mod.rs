@@ -246,9 +246,12 @@ async fn generate_inner(
                     let logprobs = v.logprobs.map(|_| logprobs_json(endpoint, &model.tokenizer, &lps, 0));
                     // A complete answer that is a call becomes `tool_calls`.
                     let calls = v.tools.as_ref().filter(|_| reason == "stop").and_then(|t| t.calls(&text));
-                    let (reason, tool_calls) = match calls {
-                        Some(c) => ("tool_calls", Some(tools::calls_json(&c, &meta.call_id(index), false))),
-                        None => (reason, None),
+                    let (reason, text, tool_calls) = match (calls, v.tools.as_ref()) {
+                        (Some(answer), Some(t)) => {
+                            let calls = t.calls_json(&answer.calls, &meta.call_id(index), false);
+                            ("tool_calls", answer.content.unwrap_or_default(), Some(calls))
+                        }
+                        _ => (reason, text, None),
                     };
                     choices.push(Choice { text, reason, logprobs, tool_calls });
                     total.completion_tokens += usage.completion_tokens;

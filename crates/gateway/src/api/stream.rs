@@ -271,7 +271,7 @@ pub struct Shape {
     /// Completions' `echo`: each choice's text begins with the prompt.
     pub echo: Option<String>,
     /// A choice's answer is held back until it is complete, then sent as `tool_calls` when it
-    /// is a call (as content when it is not).
+    /// has calls (what the model said before them first, as content), as content when not.
     pub tools: Option<Arc<Tools>>,
 }
 
@@ -357,14 +357,26 @@ pub fn sse_response(
                 Step::Done { reason, usage } => {
                     let answer = std::mem::take(&mut held[index]);
                     let calls = tools.as_ref().filter(|_| reason == "stop").and_then(|t| t.calls(&answer));
-                    let reason = match calls {
-                        Some(c) => {
-                            let calls = super::tools::calls_json(&c, &meta.call_id(index), true);
+                    let reason = match (calls, tools.as_ref()) {
+                        (Some(answer), Some(t)) => {
+                            // What the model said before its calls goes first, as content.
+                            if let Some(content) = &answer.content {
+                                frames.push(frame(&meta.chunk(
+                                    index,
+                                    content,
+                                    first_chunk[index],
+                                    None,
+                                    None,
+                                    include_usage,
+                                )));
+                                first_chunk[index] = false;
+                            }
+                            let calls = t.calls_json(&answer.calls, &meta.call_id(index), true);
                             frames.push(frame(&meta.tool_calls_chunk(index, first_chunk[index], calls, include_usage)));
                             first_chunk[index] = false;
                             "tool_calls"
                         }
-                        None => {
+                        _ => {
                             if !answer.is_empty() || first_chunk[index] {
                                 frames.push(frame(&meta.chunk(
                                     index,

@@ -2,19 +2,21 @@
 //! the grammar its answer is held to, and the `tool_calls` read back from that answer.
 //!
 //! A model whose template has a call syntax of its own ([`ToolSyntax`]: Hermes blocks for Qwen
-//! 2.5/3 and Hermes, Llama 3's JSON) is shown the functions by its template and answers in that
-//! syntax ([`native`](super::native_calls)). Any other model is shown them in a system message
-//! and answers a call as one JSON object `{"name": ..., "arguments": {...}}`. With
-//! `tool_choice` `required` (or a named function) the answer is held to calls of the offered
-//! functions, so their arguments always validate; with `auto` it is held to "free text, or
-//! calls", and the model chooses.
+//! 2.5/3 and Hermes, Llama 3's JSON, Mistral's `[TOOL_CALLS]` array) is shown the functions by
+//! its template and answers in that syntax ([`native`](super::native_calls)). Any other model is
+//! shown them in a system message and answers a call as one JSON object
+//! `{"name": ..., "arguments": {...}}`. With `tool_choice` `required` (or a named function) the
+//! answer is held to calls of the offered functions, so their arguments always validate; with
+//! `auto` it is held to "free text, or calls" (in the marked syntaxes, also "free text, then
+//! calls from the start of a line"), and the model chooses.
 
 use serde_json::{json, Map, Value};
+use sha2::{Digest, Sha256};
 
 use grammar::OutputFormat;
-use text::ToolSyntax;
+use text::{Tokenizer, ToolSyntax};
 
-use super::native_calls;
+use super::native_calls::{self, Markers};
 use crate::error::ApiError;
 
 /// The most functions one request may offer.
@@ -39,8 +41,10 @@ enum Choice {
 pub struct Tools {
     functions: Vec<Function>,
     choice: Choice,
-    /// How the model writes a call (its template's syntax).
+    /// How the model writes a call (its template's syntax), and its markers in the model's
+    /// vocabulary.
     syntax: ToolSyntax,
+    markers: Markers,
     /// `parallel_tool_calls` (default true): whether one answer may hold several calls, where
     /// the syntax has a way to write several.
     parallel: bool,
@@ -69,23 +73,21 @@ impl ToolCall {
     }
 }
 
-/// An answer's calls as a `tool_calls` array: the first call's id `id`, the k-th's `id_k`;
-/// with `stream`, each carries its `index` (a chunk's delta needs it).
-pub fn calls_json(calls: &[ToolCall], id: &str, stream: bool) -> Value {
-    let list = calls.iter().enumerate().map(|(k, c)| {
-        let id = if k == 0 { id.to_string() } else { format!("{id}_{k}") };
-        c.json(&id, stream.then_some(k))
-    });
-    Value::Array(list.collect())
+/// A finished answer read as calls: what the model said before them, if anything, and the
+/// calls (at least one).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolAnswer {
+    pub content: Option<String>,
+    pub calls: Vec<ToolCall>,
 }
 
 fn valid_name(name: &str) -> bool {
     (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-/// `tools` and `tool_choice` for a model writing calls in `syntax`; `None` when no function may
-/// be called (no tools, or `none`).
-pub fn parse(o: &Map<String, Value>, syntax: ToolSyntax) -> Result<Option<Tools>, ApiError> {
+/// `tools` and `tool_choice` for a model writing calls in `syntax` with the vocabulary of
+/// `tokenizer`; `None` when no function may be called (no tools, or `none`).
+pub fn parse(o: &Map<String, Value>, syntax: ToolSyntax, tokenizer: &Tokenizer) -> Result<Option<Tools>, ApiError> {
     let list = match o.get("tools") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(a)) => a.clone(),
@@ -158,7 +160,8 @@ pub fn parse(o: &Map<String, Value>, syntax: ToolSyntax) -> Result<Option<Tools>
         };
     }
     let parallel = o.get("parallel_tool_calls").and_then(Value::as_bool).unwrap_or(true);
-    Ok(Some(Tools { functions, choice, syntax, parallel }))
+    let markers = Markers::of(syntax, tokenizer);
+    Ok(Some(Tools { functions, choice, syntax, markers, parallel }))
 }
 
 impl Tools {
@@ -208,12 +211,17 @@ impl Tools {
     }
 
     /// The grammar of the answer: calls in the model's syntax, or (with `auto`) free text that
-    /// does not begin as one.
+    /// does not begin as one (in a marked syntax, text that may end in calls).
     pub fn output_format(&self) -> OutputFormat {
         let args = native_calls::arguments_key(self.syntax);
-        let call = self.call_schema(args);
-        if self.syntax == ToolSyntax::Hermes {
-            return native_calls::hermes_format(call, self.parallel, self.choice == Choice::Auto);
+        let mut call = self.call_schema(args);
+        if self.syntax == ToolSyntax::MistralJson {
+            // Mistral's models write each call's id after its arguments, as their templates
+            // show earlier calls; the grammar lets them (the response's ids are the server's).
+            with_mistral_id(&mut call);
+        }
+        if let Some(format) = self.markers.format(call.clone(), self.parallel, self.choice == Choice::Auto) {
+            return format;
         }
         match self.choice {
             Choice::Auto => {
@@ -226,18 +234,19 @@ impl Tools {
         }
     }
 
-    /// The calls in a finished answer, if the answer is nothing but calls (at least one).
-    pub fn calls(&self, text: &str) -> Option<Vec<ToolCall>> {
-        let objects = match self.syntax {
-            ToolSyntax::Hermes => native_calls::hermes_blocks(text)?,
-            ToolSyntax::Llama3Json => vec![native_calls::llama3_object(text)?],
-            ToolSyntax::Generic => vec![serde_json::from_str(text.trim()).ok()?],
+    /// The calls in a finished answer, if it has any where the grammar puts them (the whole
+    /// answer, or in a marked syntax after some lines of text), every one of an offered function.
+    pub fn calls(&self, text: &str) -> Option<ToolAnswer> {
+        let (content, objects) = match self.syntax {
+            ToolSyntax::Hermes | ToolSyntax::MistralJson => self.markers.read(text)?,
+            ToolSyntax::Llama3Json => (None, vec![native_calls::llama3_object(text)?]),
+            ToolSyntax::Generic => (None, vec![serde_json::from_str(text.trim()).ok()?]),
         };
         if objects.is_empty() || (objects.len() > 1 && !self.parallel) {
             return None;
         }
         let args = native_calls::arguments_key(self.syntax);
-        objects
+        let calls = objects
             .iter()
             .map(|v| {
                 let name = v.get("name")?.as_str()?;
@@ -246,8 +255,53 @@ impl Tools {
                     .any(|f| f.name == name)
                     .then(|| ToolCall { name: name.to_string(), arguments: arguments.to_string() })
             })
-            .collect()
+            .collect::<Option<Vec<_>>>()?;
+        Some(ToolAnswer { content, calls })
     }
+
+    /// An answer's calls as a `tool_calls` array, their ids made from `base` (unique to the
+    /// response's choice); with `stream`, each carries its `index` (a chunk's delta needs it).
+    /// The ids are `base`, `base_1`, ..., except for Mistral's models: their templates refuse
+    /// (raise on) a call id that is not nine letters and digits when the client sends the call
+    /// back in a later turn's history, so theirs are nine letters and digits drawn from a hash
+    /// of `base` and the call's place.
+    pub fn calls_json(&self, calls: &[ToolCall], base: &str, stream: bool) -> Value {
+        let list = calls.iter().enumerate().map(|(k, c)| {
+            let id = match (self.syntax, k) {
+                (ToolSyntax::MistralJson, _) => nine_alphanumerics(&format!("{base}/{k}")),
+                (_, 0) => base.to_string(),
+                (_, _) => format!("{base}_{k}"),
+            };
+            c.json(&id, stream.then_some(k))
+        });
+        Value::Array(list.collect())
+    }
+}
+
+/// Adds Mistral's optional `id` (nine letters and digits, as the templates print it) after the
+/// arguments of each alternative of a call's schema.
+fn with_mistral_id(call: &mut Value) {
+    let id = json!({"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"});
+    match call.get_mut("anyOf").and_then(Value::as_array_mut) {
+        Some(alternatives) => alternatives.iter_mut().for_each(|a| {
+            a["properties"]["id"] = id.clone();
+        }),
+        None => call["properties"]["id"] = id,
+    }
+}
+
+/// Nine characters of `[A-Za-z0-9]` from a hash of `seed`.
+fn nine_alphanumerics(seed: &str) -> String {
+    const ALPHABET: &[u8; 62] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let digest = Sha256::digest(seed.as_bytes());
+    let mut n = u64::from_le_bytes(digest[..8].try_into().unwrap_or_default());
+    (0..9)
+        .map(|_| {
+            let c = ALPHABET[(n % 62) as usize];
+            n /= 62;
+            char::from(c)
+        })
+        .collect()
 }
 
 /// An assistant message's `tool_calls`, checked: each a function with a name and arguments
@@ -294,7 +348,7 @@ mod tests {
 
     fn tools(v: Value) -> Result<Option<Tools>, ApiError> {
         let Value::Object(o) = v else { panic!() };
-        parse(&o, ToolSyntax::Generic)
+        parse(&o, ToolSyntax::Generic, &super::native_calls::tests::vocab(&[]))
     }
 
     #[test]
@@ -329,7 +383,8 @@ mod tests {
     fn a_call_is_read_back_only_for_an_offered_function() {
         let t = tools(json!({"tools": weather(), "tool_choice": "required"})).unwrap().unwrap();
         let c = t.calls(r#"{"name":"get_weather","arguments":{"city":"Paris"}}"#).unwrap();
-        assert_eq!(c, [ToolCall { name: "get_weather".into(), arguments: r#"{"city":"Paris"}"#.into() }]);
+        assert_eq!(c.calls, [ToolCall { name: "get_weather".into(), arguments: r#"{"city":"Paris"}"#.into() }]);
+        assert_eq!(c.content, None);
         assert!(t.calls(r#"{"name":"rm_rf","arguments":{}}"#).is_none());
         assert!(t.calls("It is sunny.").is_none());
     }

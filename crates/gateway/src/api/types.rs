@@ -20,7 +20,8 @@ pub struct Choice {
     pub text: String,
     pub reason: &'static str,
     pub logprobs: Option<Value>,
-    /// The `tool_calls` array when the answer is a call (then there is no content).
+    /// The `tool_calls` array when the answer is calls; then `text` is what the model said
+    /// before them (content `null` when it said nothing).
     pub tool_calls: Option<Value>,
 }
 
@@ -85,7 +86,10 @@ impl ResponseMeta {
                 match self.endpoint {
                     Endpoint::Chat => {
                         let message = match &c.tool_calls {
-                            Some(calls) => json!({"role": "assistant", "content": null, "tool_calls": calls}),
+                            Some(calls) => {
+                                let content = (!c.text.is_empty()).then_some(c.text.as_str());
+                                json!({"role": "assistant", "content": content, "tool_calls": calls})
+                            }
                             None => json!({"role": "assistant", "content": c.text}),
                         };
                         json!({"index": index, "message": message, "logprobs": lp, "finish_reason": c.reason})

@@ -273,7 +273,7 @@ fn output(
 ) -> Result<(Option<grammar::EncodedFormat>, Option<Tools>), ApiError> {
     let mut output = output_format(o)?;
     let tools = match endpoint {
-        Endpoint::Chat => super::tools::parse(o, m.template.tool_syntax())?,
+        Endpoint::Chat => super::tools::parse(o, m.template.tool_syntax(), &m.tokenizer)?,
         Endpoint::Completions => None,
     };
     if let Some(t) = &tools {
@@ -425,7 +425,7 @@ fn prompt(
             let rendered = match m.template.tool_syntax() {
                 // The template shows the functions, earlier calls and their results itself, as
                 // the model was trained to read them.
-                ToolSyntax::Hermes | ToolSyntax::Llama3Json => {
+                ToolSyntax::Hermes | ToolSyntax::Llama3Json | ToolSyntax::MistralJson => {
                     let mut conv = Conversation::new(messages);
                     if tools.is_some() {
                         conv.tools = tools_in_request_order(body)?;

@@ -15,6 +15,11 @@ pub enum ToolSyntax {
     /// Llama 3.1, 3.2 and 3.3: one JSON object `{"name": ..., "parameters": {...}}`, one call
     /// per turn (their templates refuse a turn with several).
     Llama3Json,
+    /// Mistral's v3 and v3-tekken templates (Mistral 7B v0.3, Mistral Large 2407, Nemo 2407):
+    /// `[TOOL_CALLS]` (a control token in their vocabularies) and then a JSON array of
+    /// `{"name": ..., "arguments": {...}}` objects; each call's id is nine letters and digits,
+    /// which the templates check when an earlier call comes back in the history.
+    MistralJson,
 }
 
 impl ToolSyntax {
@@ -27,6 +32,10 @@ impl ToolSyntax {
             ToolSyntax::Hermes
         } else if src.contains("\"parameters\": dictionary of argument name and its value") {
             ToolSyntax::Llama3Json
+        } else if src.contains("[TOOL_CALLS][") || src.contains("[TOOL_CALLS] [") {
+            // The array form only: later Mistral templates (Small 3.2, Devstral, Ministral 3)
+            // write `[TOOL_CALLS]name[ARGS]{...}`, a syntax not read here.
+            ToolSyntax::MistralJson
         } else {
             ToolSyntax::Generic
         }
