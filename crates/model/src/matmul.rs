@@ -231,7 +231,7 @@ mod tests {
     }
 
     #[test]
-    fn every_available_kernel_matches_scalar_bit_for_bit_q5_1_as_u8min() {
+    fn every_available_kernel_matches_scalar_bit_for_bit_q5_1() {
         check_every_isa(GgmlType::Q5_1);
     }
 
@@ -241,7 +241,7 @@ mod tests {
     }
 
     #[test]
-    fn every_available_kernel_matches_scalar_bit_for_bit_q5_k_as_u8min() {
+    fn every_available_kernel_matches_scalar_bit_for_bit_q5_k() {
         check_every_isa(GgmlType::Q5_K);
     }
 
@@ -282,6 +282,22 @@ mod tests {
     }
 
     #[test]
+    fn q5_1_and_q5_k_hold_about_the_files_bytes() {
+        let (rows, cols) = (64, 1024);
+        for (ty, kind, file, held) in [
+            // 24 bytes per 32 weights in the file, and here: nibbles, fifth bits, f16 d and m.
+            (GgmlType::Q5_1, QKind::Q5_1, 24 * 32, 24 * 32),
+            // 176 per 256 in the file; 180 here (each block's 6-bit scale and minimum a byte).
+            (GgmlType::Q5_K, QKind::Q5K, 176 * 4, 180 * 4),
+        ] {
+            let raw = random_ggml(ty, rows, cols, 7);
+            let w = QMatrix::from_ggml(ty, rows, cols, &raw).unwrap();
+            assert_eq!(w.kind, kind);
+            assert_eq!((raw.len(), w.bytes()), (rows * file, rows * held), "{ty:?}");
+        }
+    }
+
+    #[test]
     fn a_signed_copy_over_the_budget_is_refused() {
         use crate::qmatrix::SignedCopy;
         assert!(SignedCopy::reserve(usize::MAX, usize::MAX - 1).is_none());
@@ -314,10 +330,10 @@ mod tests {
             (GgmlType::Q4_0, QKind::Q4_0),
             (GgmlType::Q4_1, QKind::Q4_1),
             (GgmlType::Q5_0, QKind::Q5_0),
-            (GgmlType::Q5_1, QKind::U8Min),
+            (GgmlType::Q5_1, QKind::Q5_1),
             (GgmlType::Q8_0, QKind::Q8_0),
             (GgmlType::Q4_K, QKind::Q4K),
-            (GgmlType::Q5_K, QKind::U8Min),
+            (GgmlType::Q5_K, QKind::Q5K),
             (GgmlType::Q6_K, QKind::Q6K),
         ];
         for (ty, kind) in want {

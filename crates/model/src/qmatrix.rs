@@ -47,8 +47,12 @@ pub enum QKind {
     /// 4-bit unsigned as Q4_1, scale `d*sc` and minimum `-dmin*mn` from the superblock's f16
     /// `d`, `dmin` and the block's 6-bit `sc`, `mn` (Q4_K); activations in Q8_1.
     Q4K,
-    /// 8-bit unsigned (0..31) with per-block f32 scale and minimum (Q5_1, Q5_K); activations in Q8_1.
-    U8Min,
+    /// 5-bit unsigned (0..31): Q4_1's nibble tile and scales with Q5_0's fifth-bit masks
+    /// (Q5_1), 0.75 bytes a weight as in the file; activations in Q8_1.
+    Q5_1,
+    /// 5-bit unsigned: Q4K's nibble tile and scales with Q5_0's fifth-bit masks (Q5_K), 0.70
+    /// bytes a weight against the file's 0.69; activations in Q8_1.
+    Q5K,
     /// 6-bit signed (-32..31), stored + 32 in the file's own bits (Q6_K), 0.83 bytes a
     /// weight against the file's 0.82: the low four bits as a nibble tile, the top two in a
     /// second plane of the tile (`tile[256 + c*64 + r*4 + e]`, bits `2p..2p+2` those of
@@ -82,7 +86,8 @@ impl QKind {
             GgmlType::Q5_0 => Some(QKind::Q5_0),
             GgmlType::Q4_1 => Some(QKind::Q4_1),
             GgmlType::Q4_K => Some(QKind::Q4K),
-            GgmlType::Q5_1 | GgmlType::Q5_K => Some(QKind::U8Min),
+            GgmlType::Q5_1 => Some(QKind::Q5_1),
+            GgmlType::Q5_K => Some(QKind::Q5K),
             GgmlType::Q6_K => Some(QKind::Q6K),
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => None,
         }
@@ -101,7 +106,7 @@ impl QKind {
 
     pub fn act_format(self) -> ActFormat {
         match self {
-            QKind::Q4_1 | QKind::Q4K | QKind::U8Min => ActFormat::Q8_1,
+            QKind::Q4_1 | QKind::Q4K | QKind::Q5_1 | QKind::Q5K => ActFormat::Q8_1,
             QKind::Q8_0 | QKind::Q4_0 | QKind::Q5_0 | QKind::Q6K | QKind::Q6KWide => ActFormat::Q8_0,
         }
     }
@@ -109,9 +114,9 @@ impl QKind {
     /// Bytes of quantized values per (group, block).
     pub const fn tile_bytes(self) -> usize {
         match self {
-            QKind::Q4_1 | QKind::Q4K | QKind::Q4_0 | QKind::Q5_0 => GROUP * QK / 2,
+            QKind::Q4_1 | QKind::Q4K | QKind::Q4_0 | QKind::Q5_0 | QKind::Q5_1 | QKind::Q5K => GROUP * QK / 2,
             QKind::Q6K => GROUP * QK / 2 + GROUP * QK / 4,
-            QKind::Q8_0 | QKind::U8Min | QKind::Q6KWide => GROUP * QK,
+            QKind::Q8_0 | QKind::Q6KWide => GROUP * QK,
         }
     }
 
@@ -122,12 +127,22 @@ impl QKind {
             QKind::Q6K | QKind::Q6KWide => 32,
             QKind::Q5_0 => 16,
             QKind::Q4_0 => 8,
-            QKind::Q4_1 | QKind::Q4K | QKind::U8Min => 0,
+            QKind::Q4_1 | QKind::Q4K | QKind::Q5_1 | QKind::Q5K => 0,
         }
     }
 
     fn nibbles(self) -> bool {
         self.tile_bytes() == GROUP * QK / 2
+    }
+
+    /// The kinds whose fifth bits are in [`QMatrix::qh`].
+    pub const fn fifth_bits(self) -> bool {
+        matches!(self, QKind::Q5_0 | QKind::Q5_1 | QKind::Q5K)
+    }
+
+    /// The kinds with unsigned values and a minimum term (`value = q * scale + min`).
+    pub const fn with_min(self) -> bool {
+        matches!(self, QKind::Q4_1 | QKind::Q4K | QKind::Q5_1 | QKind::Q5K)
     }
 
     /// This kind as `q6k` lays Q6_K out.
@@ -150,23 +165,23 @@ pub struct QMatrix {
     pub cols: usize,
     /// Quantized values, `[group][block][tile_bytes]`.
     pub qs: WeightBuf<u8>,
-    /// Q5_0: the fifth bits, `[group][block][j]` for the tile's eight four-element columns
+    /// Q5_0, Q5_1, Q5K: the fifth bits, `[group][block][j]` for the tile's eight four-element columns
     /// `j` (low nibbles 0..4, high 4..8): bit `r*4 + e` is that of element `4j + e` of row `r`,
     /// i.e. a byte mask over the kernels' `j`-th vector of unpacked values.
     pub qh: WeightBuf<u64>,
-    /// f16 bits: Q8_0, Q4_0, Q5_0, Q4_1 block scales; Q4K superblock scales `[group][superblock][16]`.
+    /// f16 bits: Q8_0, Q4_0, Q5_0, Q4_1, Q5_1 block scales; Q4K, Q5K superblock scales
+    /// `[group][superblock][16]`.
     pub d: WeightBuf<u16>,
-    /// f16 bits: Q4_1 block minimums; Q4K superblock minimum scales `[group][superblock][16]`.
+    /// f16 bits: Q4_1, Q5_1 block minimums; Q4K, Q5K superblock minimum scales
+    /// `[group][superblock][16]`.
     pub m: WeightBuf<u16>,
-    /// Q4K: the blocks' 6-bit scales and minimums. Q6K: the i8 scales of each half block,
+    /// Q4K, Q5K: the blocks' 6-bit scales and minimums. Q6K: the i8 scales of each half block,
     /// `[group][block][half][16]`.
     pub sc: WeightBuf<u8>,
     pub mn: WeightBuf<u8>,
-    /// U8Min: block scales; Q6K: superblock scales `[group][superblock][16]`; Q6KWide: scales
-    /// of each half block, `[group][block][half][16]`.
+    /// Q6K: superblock scales `[group][superblock][16]`; Q6KWide: scales of each half block,
+    /// `[group][block][half][16]`.
     pub fd: WeightBuf<f32>,
-    /// U8Min: block minimums.
-    pub fm: WeightBuf<f32>,
     /// The AMX tiles' signed-byte copy of `qs`, made on the first batched product that uses
     /// the tiles (`kernels::amx::signed_weights`); `None` inside when it was not kept.
     pub signed: OnceLock<Option<SignedCopy>>,
@@ -212,7 +227,6 @@ impl Packable for QMatrix {
         f(BufMut::U8(&mut self.sc));
         f(BufMut::U8(&mut self.mn));
         f(BufMut::F32(&mut self.fd));
-        f(BufMut::F32(&mut self.fm));
     }
 }
 
@@ -320,13 +334,14 @@ impl QMatrix {
             rows,
             cols,
             qs: alloc.zeroed(n / GROUP * kind.tile_bytes()),
-            qh: alloc.zeroed(per(kind == Q5_0, n / GROUP * 8)),
-            d: alloc.zeroed(per(matches!(kind, Q8_0 | Q4_0 | Q5_0 | Q4_1), n) + per(kind == Q4K, n / KBLOCKS)),
-            m: alloc.zeroed(per(kind == Q4_1, n) + per(kind == Q4K, n / KBLOCKS)),
-            sc: alloc.zeroed(per(kind == Q4K, n) + per(kind == Q6K, 2 * n)),
-            mn: alloc.zeroed(per(kind == Q4K, n)),
-            fd: alloc.zeroed(per(kind == U8Min, n) + per(kind == Q6K, n / KBLOCKS) + per(kind == Q6KWide, 2 * n)),
-            fm: alloc.zeroed(per(kind == U8Min, n)),
+            qh: alloc.zeroed(per(kind.fifth_bits(), n / GROUP * 8)),
+            d: alloc.zeroed(
+                per(matches!(kind, Q8_0 | Q4_0 | Q5_0 | Q4_1 | Q5_1), n) + per(matches!(kind, Q4K | Q5K), n / KBLOCKS),
+            ),
+            m: alloc.zeroed(per(matches!(kind, Q4_1 | Q5_1), n) + per(matches!(kind, Q4K | Q5K), n / KBLOCKS)),
+            sc: alloc.zeroed(per(matches!(kind, Q4K | Q5K), n) + per(kind == Q6K, 2 * n)),
+            mn: alloc.zeroed(per(matches!(kind, Q4K | Q5K), n)),
+            fd: alloc.zeroed(per(kind == Q6K, n / KBLOCKS) + per(kind == Q6KWide, 2 * n)),
             signed: OnceLock::new(),
         }
     }
@@ -452,7 +467,7 @@ impl QMatrix {
                         tile[256 + r * 4 + e] |= (lo >> 4) << (2 * p);
                         tile[256 + 64 + r * 4 + e] |= (hi >> 4) << (2 * p);
                     }
-                    if self.kind == QKind::Q5_0 {
+                    if self.kind.fifth_bits() {
                         let bit = 1u64 << (r * 4 + e);
                         self.qh[gb * 8 + p] |= if lo & 0x10 != 0 { bit } else { 0 };
                         self.qh[gb * 8 + 4 + p] |= if hi & 0x10 != 0 { bit } else { 0 };
@@ -483,10 +498,6 @@ impl QMatrix {
                 self.sc[i] = sc;
                 self.mn[i] = mn;
             }
-            Scale::F32Min { d, m } => {
-                self.fd[i] = d;
-                self.fm[i] = m;
-            }
             Scale::Q6 { d, lo, hi } if self.kind == QKind::Q6K => {
                 self.fd[(g * (nb / KBLOCKS) + b / KBLOCKS) * GROUP + r] = d;
                 (self.sc[half], self.sc[half + GROUP]) = (lo as u8, hi as u8);
@@ -498,7 +509,7 @@ impl QMatrix {
         }
     }
 
-    /// Row `r` of group `g`, block `b`: the scale and minimum a min-kind (Q4_1, Q4K, U8Min)
+    /// Row `r` of group `g`, block `b`: the scale and minimum a min-kind (Q4_1, Q4K, Q5_1, Q5K)
     /// applies, `value = q * scale + min`, in f32 as the kernels form them; for Q8_0 the
     /// minimum is 0, and for Q6K see [`QMatrix::half_scales`].
     #[inline(always)]
@@ -508,12 +519,11 @@ impl QMatrix {
         let h = |bits: u16| half::f16::from_bits(bits).to_f32();
         match self.kind {
             QKind::Q8_0 | QKind::Q4_0 | QKind::Q5_0 => (h(self.d[i]), 0.0),
-            QKind::Q4_1 => (h(self.d[i]), h(self.m[i])),
-            QKind::Q4K => {
+            QKind::Q4_1 | QKind::Q5_1 => (h(self.d[i]), h(self.m[i])),
+            QKind::Q4K | QKind::Q5K => {
                 let si = (g * (nb / KBLOCKS) + b / KBLOCKS) * GROUP + r;
                 (h(self.d[si]) * self.sc[i] as f32, -(h(self.m[si]) * self.mn[i] as f32))
             }
-            QKind::U8Min => (self.fd[i], self.fm[i]),
             QKind::Q6K | QKind::Q6KWide => (0.0, 0.0),
         }
     }
@@ -539,7 +549,7 @@ impl QMatrix {
         let tile = &self.qs[gb * tb..(gb + 1) * tb];
         let (j, e) = (k / 4, k % 4);
         match self.kind {
-            QKind::Q5_0 => {
+            QKind::Q5_0 | QKind::Q5_1 | QKind::Q5K => {
                 let nib = if j < 4 { tile[j * 64 + r * 4 + e] & 0x0F } else { tile[(j - 4) * 64 + r * 4 + e] >> 4 };
                 let fifth = (self.qh[gb * 8 + j] >> (r * 4 + e)) & 1;
                 nib as i32 + 16 * fifth as i32 - self.kind.offset()
@@ -548,7 +558,6 @@ impl QMatrix {
                 (tile[j * 64 + r * 4 + e] & 0x0F) as i32 - self.kind.offset()
             }
             QKind::Q4_1 | QKind::Q4K | QKind::Q4_0 => (tile[(j - 4) * 64 + r * 4 + e] >> 4) as i32 - self.kind.offset(),
-            QKind::U8Min => tile[j * 64 + r * 4 + e] as i32,
             QKind::Q6K => {
                 let (p, c) = (j % 4, j / 4);
                 let nib = (tile[p * 64 + r * 4 + e] >> (4 * c)) & 0x0F;
@@ -573,7 +582,7 @@ impl QMatrix {
                         *v = self.value(gb, r, k) as f32 * d;
                     }
                 }
-                QKind::Q4_1 | QKind::Q4K | QKind::U8Min => {
+                QKind::Q4_1 | QKind::Q4K | QKind::Q5_1 | QKind::Q5K => {
                     let (d, m) = self.scale_min(g, b, r);
                     for (k, v) in o.iter_mut().enumerate() {
                         *v = self.value(gb, r, k) as f32 * d + m;
@@ -596,7 +605,7 @@ impl QMatrix {
             + 2 * (self.d.len() + self.m.len())
             + self.sc.len()
             + self.mn.len()
-            + 4 * (self.fd.len() + self.fm.len())
+            + 4 * self.fd.len()
     }
 }
 
@@ -630,7 +639,7 @@ mod tests {
             );
             assert_eq!((&fast.sc[..], &fast.mn[..]), (&slow.sc[..], &slow.mn[..]), "{ty:?} {layout:?}");
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!((bits(&fast.fd), bits(&fast.fm)), (bits(&slow.fd), bits(&slow.fm)), "{ty:?} {layout:?}");
+            assert_eq!(bits(&fast.fd), bits(&slow.fd), "{ty:?} {layout:?}");
         }
         // A stack of Q4_0 under Q8_0 (the kind of neither file type alone) takes the blocks.
         let (a, b) = (random_blocks(GgmlType::Q4_0, 16 * 4, 1), random_blocks(GgmlType::Q8_0, 16 * 4, 2));

@@ -12,13 +12,11 @@ use crate::quant::f16_bits_to_f32;
 pub enum Scale {
     /// `Q8_0`: value = q * d.
     F16 { d: u16 },
-    /// `Q4_1`: value = q * d + m.
+    /// `Q4_1`, `Q5_1`: value = q * d + m.
     F16Min { d: u16, m: u16 },
-    /// `Q4K`: value = q * (d * sc) - dmin * mn, with the superblock's f16 `d` and `dmin` and
-    /// the block's 6-bit `sc` and `mn`.
+    /// `Q4K`, `Q5K`: value = q * (d * sc) - dmin * mn, with the superblock's f16 `d` and
+    /// `dmin` and the block's 6-bit `sc` and `mn`.
     K { d: u16, dmin: u16, sc: u8, mn: u8 },
-    /// `U8Min`: value = q * d + m.
-    F32Min { d: f32, m: f32 },
     /// `Q6K`: value = q * (d * lo) for elements 0..16, q * (d * hi) for 16..32, with the
     /// superblock's `d` and the half blocks' i8 scales.
     Q6 { d: f32, lo: i8, hi: i8 },
@@ -73,7 +71,7 @@ pub fn unpack(ty: GgmlType, block: &[u8], sub: usize) -> Block32 {
         }
         GgmlType::Q5_1 => {
             q = split_nibbles(&block[8..24], Some(u32_at(4)), 0);
-            Scale::F32Min { d: f32_at(0), m: f32_at(2) }
+            Scale::F16Min { d: f16_at(block, 0), m: f16_at(block, 2) }
         }
         GgmlType::Q4_K => {
             // Sub-blocks 2i and 2i+1 share 32 bytes: low nibbles, then high.
@@ -90,7 +88,7 @@ pub fn unpack(ty: GgmlType, block: &[u8], sub: usize) -> Block32 {
                 *v = ((b >> shift) & 0x0F) | (((h >> sub) & 1) << 4);
             }
             let (sc, mn) = scale_min_k4(sub, &block[4..16]);
-            Scale::F32Min { d: f32_at(0) * sc as f32, m: -(f32_at(2) * mn as f32) }
+            Scale::K { d: f16_at(block, 0), dmin: f16_at(block, 2), sc, mn }
         }
         GgmlType::Q6_K => {
             // Each half (128 elements) takes 64 bytes of low nibbles and 32 of 2-bit pairs;

@@ -19,7 +19,7 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::{Cell, RefCell};
 
-use super::avx512::{Q4_1Scales, Q4kScales, ScaleMin, U8MinScales};
+use super::avx512::{Q4_1Scales, Q4kScales, ScaleMin};
 use crate::qmatrix::{QKind, QMatrix, SignedCopy, GROUP};
 use crate::quant::{QuantActs, QK};
 
@@ -203,16 +203,9 @@ unsafe fn unpack_group(w: &QMatrix, g: usize, buf: &mut [u8]) {
                 store(i, _mm512_xor_si512(_mm512_loadu_si512(src.add(i * 64) as *const _), flip));
             }
         }
-        // Unsigned bytes below 32: the same values as signed.
-        QKind::U8Min => {
-            let src = w.qs.as_ptr().add(g * nb * 512);
-            for i in 0..nb * 8 {
-                store(i, _mm512_loadu_si512(src.add(i * 64) as *const _));
-            }
-        }
-        QKind::Q4_0 | QKind::Q5_0 | QKind::Q4_1 | QKind::Q4K => {
-            let fifth_bits = w.kind == QKind::Q5_0;
-            // Unsigned nibbles below 16 (Q4_1, Q4K) are their own signed values.
+        QKind::Q4_0 | QKind::Q5_0 | QKind::Q4_1 | QKind::Q4K | QKind::Q5_1 | QKind::Q5K => {
+            let fifth_bits = w.kind.fifth_bits();
+            // Unsigned values below 32 (Q4_1, Q4K, Q5_1, Q5K) are their own signed values.
             let offset = _mm512_set1_epi8(w.kind.offset() as i8);
             let (mask, fifth) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10));
             for b in 0..nb {
@@ -335,7 +328,7 @@ impl Pass<'_> {
                 }
             }
         }
-        let min_kind = matches!(self.w.kind, QKind::Q4_1 | QKind::Q4K | QKind::U8Min);
+        let min_kind = self.w.kind.with_min();
         for c in 0..4 {
             if c / 2 < NT && c % 2 < NG {
                 let (g, t0) = (self.groups[c % 2], self.t0 + (c / 2) * TOKENS);
@@ -371,9 +364,8 @@ impl Pass<'_> {
     unsafe fn scale_min(&self, g: usize, b: usize) -> (__m512, __m512) {
         let w = self.w;
         match w.kind {
-            QKind::Q4_1 => Q4_1Scales::scale_min(w, g, b),
-            QKind::Q4K => Q4kScales::scale_min(w, g, b),
-            QKind::U8Min => U8MinScales::scale_min(w, g, b),
+            QKind::Q4_1 | QKind::Q5_1 => Q4_1Scales::scale_min(w, g, b),
+            QKind::Q4K | QKind::Q5K => Q4kScales::scale_min(w, g, b),
             _ => {
                 let d = w.d.as_ptr().add((g * w.blocks() + b) * GROUP);
                 (_mm512_cvtph_ps(_mm256_loadu_si256(d as *const __m256i)), _mm512_setzero_ps())

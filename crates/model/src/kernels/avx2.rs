@@ -26,45 +26,57 @@ unsafe fn load_u8x8(p: *const u8) -> __m256 {
 /// vouches for `out` (see [`super::group_dot`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q4_1(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
-    min_kind::<true>(w, g, a, t0, nt, out, stride, |gb, h| {
-        let i = gb * GROUP + h * 8;
-        (load_f16x8(w.d.as_ptr().add(i)), load_f16x8(w.m.as_ptr().add(i)))
-    })
+    min_kind::<false>(w, g, a, t0, nt, out, stride, |gb, h| block_scale_min(w, gb, h))
+}
+
+/// # Safety
+/// As for [`q4_1`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn q5_1(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
+    min_kind::<true>(w, g, a, t0, nt, out, stride, |gb, h| block_scale_min(w, gb, h))
+}
+
+/// Q4_1's and Q5_1's f16 scale and minimum of block `gb`, rows `8h..8h+8`.
+#[inline(always)]
+unsafe fn block_scale_min(w: &QMatrix, gb: usize, h: usize) -> (__m256, __m256) {
+    let i = gb * GROUP + h * 8;
+    (load_f16x8(w.d.as_ptr().add(i)), load_f16x8(w.m.as_ptr().add(i)))
 }
 
 /// # Safety
 /// As for [`q4_1`].
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn q4k(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
-    let nb = w.blocks();
-    let sign = _mm256_set1_ps(-0.0);
-    min_kind::<true>(w, g, a, t0, nt, out, stride, |gb, h| {
-        let b = gb - g * nb;
-        let si = (g * (nb / KBLOCKS) + b / KBLOCKS) * GROUP + h * 8;
-        let i = gb * GROUP + h * 8;
-        // Exact products, as in the AVX-512 kernel.
-        let d = load_f16x8(w.d.as_ptr().add(si));
-        let dmin = _mm256_xor_ps(load_f16x8(w.m.as_ptr().add(si)), sign);
-        let (sc, mn) = (load_u8x8(w.sc.as_ptr().add(i)), load_u8x8(w.mn.as_ptr().add(i)));
-        (_mm256_mul_ps(d, sc), _mm256_mul_ps(dmin, mn))
-    })
+    min_kind::<false>(w, g, a, t0, nt, out, stride, |gb, h| k_scale_min(w, g, gb, h))
 }
 
 /// # Safety
 /// As for [`q4_1`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn u8min(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
-    min_kind::<false>(w, g, a, t0, nt, out, stride, |gb, h| {
-        let i = gb * GROUP + h * 8;
-        (_mm256_loadu_ps(w.fd.as_ptr().add(i)), _mm256_loadu_ps(w.fm.as_ptr().add(i)))
-    })
+pub unsafe fn q5k(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
+    min_kind::<true>(w, g, a, t0, nt, out, stride, |gb, h| k_scale_min(w, g, gb, h))
 }
 
-/// The kinds with unsigned weights and a minimum (Q4_1, Q4K: nibble tiles; U8Min: byte tiles):
-/// `scale_min(gb, h)` gives the block's scale and minimum of rows `8h..8h+8`.
+/// Q4_K's and Q5_K's scale `d * sc` and minimum `-dmin * mn` of block `gb` (of group `g`),
+/// rows `8h..8h+8`: exact products, as in the AVX-512 kernel.
+#[inline(always)]
+unsafe fn k_scale_min(w: &QMatrix, g: usize, gb: usize, h: usize) -> (__m256, __m256) {
+    let nb = w.blocks();
+    let b = gb - g * nb;
+    let si = (g * (nb / KBLOCKS) + b / KBLOCKS) * GROUP + h * 8;
+    let i = gb * GROUP + h * 8;
+    let d = load_f16x8(w.d.as_ptr().add(si));
+    let dmin = _mm256_xor_ps(load_f16x8(w.m.as_ptr().add(si)), _mm256_set1_ps(-0.0));
+    let (sc, mn) = (load_u8x8(w.sc.as_ptr().add(i)), load_u8x8(w.mn.as_ptr().add(i)));
+    (_mm256_mul_ps(d, sc), _mm256_mul_ps(dmin, mn))
+}
+
+/// The kinds with unsigned weights and a minimum, in nibble tiles (Q4_1, Q4K; Q5_1, Q5K with
+/// their fifth bits, `FIFTH`, from the tile's masks): `scale_min(gb, h)` gives the block's
+/// scale and minimum of rows `8h..8h+8`.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn min_kind<const NIBBLES: bool>(
+unsafe fn min_kind<const FIFTH: bool>(
     w: &QMatrix,
     g: usize,
     a: &QuantActs,
@@ -75,27 +87,29 @@ unsafe fn min_kind<const NIBBLES: bool>(
     scale_min: impl Fn(usize, usize) -> (__m256, __m256),
 ) {
     let nb = w.blocks();
-    let tb = w.kind.tile_bytes();
     let mask = _mm256_set1_epi8(0x0F);
+    let fifth = _mm256_set1_epi8(0x10);
     let ones = _mm256_set1_epi16(1);
     for h in 0..2 {
         let mut acc = [_mm256_setzero_ps(); 4];
         let mut macc = [_mm256_setzero_ps(); 4];
         for b in 0..nb {
             let gb = g * nb + b;
-            let tile = w.qs.as_ptr().add(gb * tb + h * 32);
+            let tile = w.qs.as_ptr().add(gb * 256 + h * 32);
             let (dw, mw) = scale_min(gb, h);
+            let high = |j: usize| {
+                if FIFTH {
+                    let qh = w.qh.as_ptr().add(gb * 8);
+                    _mm256_and_si256(bytes_from_bits((*qh.add(j) >> (32 * h)) as u32), fifth)
+                } else {
+                    _mm256_setzero_si256()
+                }
+            };
             let mut wv = [_mm256_setzero_si256(); 8];
-            if NIBBLES {
-                for p in 0..4 {
-                    let l = _mm256_loadu_si256(tile.add(p * 64) as *const __m256i);
-                    wv[p] = _mm256_and_si256(l, mask);
-                    wv[p + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(l), mask);
-                }
-            } else {
-                for (j, v) in wv.iter_mut().enumerate() {
-                    *v = _mm256_loadu_si256(tile.add(j * 64) as *const __m256i);
-                }
+            for p in 0..4 {
+                let l = _mm256_loadu_si256(tile.add(p * 64) as *const __m256i);
+                wv[p] = _mm256_or_si256(_mm256_and_si256(l, mask), high(p));
+                wv[p + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l), mask), high(p + 4));
             }
             for tt in 0..nt {
                 let ti = (t0 + tt) * nb + b;

@@ -85,6 +85,18 @@ pub unsafe fn q4_1(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, o
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
 unsafe fn q4_1_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, out: *mut f32, stride: usize) {
+    min_kind_n::<NT, false, Q4_1Scales>(w, g, a, t0, out, stride)
+}
+
+/// # Safety
+/// As for [`q4_1`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
+pub unsafe fn q5_1(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
+    dispatch_nt!(q5_1_n, w, g, a, t0, nt, out, stride)
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
+unsafe fn q5_1_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, out: *mut f32, stride: usize) {
     min_kind_n::<NT, true, Q4_1Scales>(w, g, a, t0, out, stride)
 }
 
@@ -97,19 +109,19 @@ pub unsafe fn q4k(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, ou
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
 unsafe fn q4k_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, out: *mut f32, stride: usize) {
-    min_kind_n::<NT, true, Q4kScales>(w, g, a, t0, out, stride)
+    min_kind_n::<NT, false, Q4kScales>(w, g, a, t0, out, stride)
 }
 
 /// # Safety
 /// As for [`q4_1`].
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
-pub unsafe fn u8min(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
-    dispatch_nt!(u8min_n, w, g, a, t0, nt, out, stride)
+pub unsafe fn q5k(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
+    dispatch_nt!(q5k_n, w, g, a, t0, nt, out, stride)
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,f16c")]
-unsafe fn u8min_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, out: *mut f32, stride: usize) {
-    min_kind_n::<NT, false, U8MinScales>(w, g, a, t0, out, stride)
+unsafe fn q5k_n<const NT: usize>(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, out: *mut f32, stride: usize) {
+    min_kind_n::<NT, true, Q4kScales>(w, g, a, t0, out, stride)
 }
 
 /// Where a min kind keeps its scales and minimums: those of the 16 rows of block `b` of group
@@ -119,6 +131,7 @@ pub(super) trait ScaleMin {
     unsafe fn scale_min(w: &QMatrix, g: usize, b: usize) -> (__m512, __m512);
 }
 
+/// Q4_1's and Q5_1's: the blocks' f16 scales and minimums.
 pub(super) struct Q4_1Scales;
 impl ScaleMin for Q4_1Scales {
     #[inline(always)]
@@ -128,6 +141,7 @@ impl ScaleMin for Q4_1Scales {
     }
 }
 
+/// Q4_K's and Q5_K's: the superblocks' f16 `d` and `dmin` times the blocks' 6-bit `sc`, `mn`.
 pub(super) struct Q4kScales;
 impl ScaleMin for Q4kScales {
     #[inline(always)]
@@ -144,18 +158,10 @@ impl ScaleMin for Q4kScales {
     }
 }
 
-pub(super) struct U8MinScales;
-impl ScaleMin for U8MinScales {
-    #[inline(always)]
-    unsafe fn scale_min(w: &QMatrix, g: usize, b: usize) -> (__m512, __m512) {
-        let i = (g * w.blocks() + b) * GROUP;
-        (_mm512_loadu_ps(w.fd.as_ptr().add(i)), _mm512_loadu_ps(w.fm.as_ptr().add(i)))
-    }
-}
-
-/// The kinds with unsigned weights and a minimum (Q4_1, Q4K: nibble tiles; U8Min: byte tiles).
+/// The kinds with unsigned weights and a minimum, in nibble tiles (Q4_1, Q4K; Q5_1, Q5K with
+/// their fifth bits, `FIFTH`, from the tile's masks).
 #[inline(always)]
-unsafe fn min_kind_n<const NT: usize, const NIBBLES: bool, S: ScaleMin>(
+unsafe fn min_kind_n<const NT: usize, const FIFTH: bool, S: ScaleMin>(
     w: &QMatrix,
     g: usize,
     a: &QuantActs,
@@ -164,24 +170,25 @@ unsafe fn min_kind_n<const NT: usize, const NIBBLES: bool, S: ScaleMin>(
     stride: usize,
 ) {
     let nb = w.blocks();
-    let tb = w.kind.tile_bytes();
     let mask = _mm512_set1_epi8(0x0F);
+    let fifth = _mm512_set1_epi8(0x10);
     let mut acc = [_mm512_setzero_ps(); NT];
     let mut macc = [_mm512_setzero_ps(); NT];
     for b in 0..nb {
         let gb = g * nb + b;
-        let tile = w.qs.as_ptr().add(gb * tb);
+        let tile = w.qs.as_ptr().add(gb * 256);
         let (dw, mw) = S::scale_min(w, g, b);
         let mut wv = [_mm512_setzero_si512(); 8];
-        if NIBBLES {
-            for p in 0..4 {
-                let l = _mm512_loadu_si512(tile.add(p * 64) as *const _);
-                wv[p] = _mm512_and_si512(l, mask);
-                wv[p + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(l), mask);
-            }
-        } else {
-            for (j, v) in wv.iter_mut().enumerate() {
-                *v = _mm512_loadu_si512(tile.add(j * 64) as *const _);
+        for p in 0..4 {
+            let l = _mm512_loadu_si512(tile.add(p * 64) as *const _);
+            let (lo, hi) = (_mm512_and_si512(l, mask), _mm512_and_si512(_mm512_srli_epi16::<4>(l), mask));
+            if FIFTH {
+                let qh = w.qh.as_ptr().add(gb * 8);
+                wv[p] = _mm512_mask_add_epi8(lo, *qh.add(p), lo, fifth);
+                wv[p + 4] = _mm512_mask_add_epi8(hi, *qh.add(p + 4), hi, fifth);
+            } else {
+                wv[p] = lo;
+                wv[p + 4] = hi;
             }
         }
         for tt in 0..NT {

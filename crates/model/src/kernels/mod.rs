@@ -116,7 +116,8 @@ pub unsafe fn group_dot(
                 QKind::Q4_0 => avx2::q4_0(w, g, a, t0, nt, out, stride),
                 QKind::Q5_0 => avx2::q5_0(w, g, a, t0, nt, out, stride),
                 QKind::Q4K => avx2::q4k(w, g, a, t0, nt, out, stride),
-                QKind::U8Min => avx2::u8min(w, g, a, t0, nt, out, stride),
+                QKind::Q5_1 => avx2::q5_1(w, g, a, t0, nt, out, stride),
+                QKind::Q5K => avx2::q5k(w, g, a, t0, nt, out, stride),
                 QKind::Q6K => avx2::q6k(w, g, a, t0, nt, out, stride),
                 QKind::Q6KWide => avx2::q6k_wide(w, g, a, t0, nt, out, stride),
             }
@@ -130,7 +131,8 @@ pub unsafe fn group_dot(
                 QKind::Q4_0 => avx512::q4_0(w, g, a, t0, nt, out, stride),
                 QKind::Q5_0 => avx512::q5_0(w, g, a, t0, nt, out, stride),
                 QKind::Q4K => avx512::q4k(w, g, a, t0, nt, out, stride),
-                QKind::U8Min => avx512::u8min(w, g, a, t0, nt, out, stride),
+                QKind::Q5_1 => avx512::q5_1(w, g, a, t0, nt, out, stride),
+                QKind::Q5K => avx512::q5k(w, g, a, t0, nt, out, stride),
                 QKind::Q6K => avx512::q6k(w, g, a, t0, nt, out, stride),
                 QKind::Q6KWide => avx512::q6k_wide(w, g, a, t0, nt, out, stride),
             }

@@ -1,7 +1,7 @@
 //! The portable kernel and the definition the SIMD kernels are tested against.
 //!
 //! Per block and row: integer sums of weight x activation values, then
-//! `acc = fma(isum, d_w * d_x, acc)`; the min kinds (Q4_1, Q4K, U8Min) also
+//! `acc = fma(isum, d_w * d_x, acc)`; the min kinds (Q4_1, Q4K, Q5_1, Q5K) also
 //! `macc = fma(m_w, s_x, macc)`; Q6K instead sums each half block apart and applies
 //! `acc = fma(isum_lo, s_lo * d_x, acc)`, then `acc = fma(isum_hi, s_hi * d_x, acc)`.
 //! The result is `acc + macc` (macc is 0 for Q8_0 and Q6K). A Q6K half block's scale is
@@ -18,7 +18,7 @@ fn dot(w: &[i32], x: &[i8]) -> i32 {
 /// As for [`super::group_dot`].
 pub unsafe fn group_dot(w: &QMatrix, g: usize, a: &QuantActs, t0: usize, nt: usize, out: *mut f32, stride: usize) {
     let nb = w.blocks();
-    let with_min = matches!(w.kind, QKind::Q4_1 | QKind::Q4K | QKind::U8Min);
+    let with_min = w.kind.with_min();
     let mut acc = [[0f32; GROUP]; super::TOKENS_PER_TILE];
     let mut macc = [[0f32; GROUP]; super::TOKENS_PER_TILE];
     let mut row = [0i32; QK];
