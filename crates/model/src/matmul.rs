@@ -49,8 +49,9 @@ pub fn matmul_into(
         }
         for g in task_groups {
             let valid = GROUP.min(rows - g * GROUP);
-            for t0 in ((tiled * AMX_TOKENS).min(t)..t).step_by(TOKENS_PER_TILE) {
-                let nt = TOKENS_PER_TILE.min(t - t0);
+            let per_call = isa.tokens_per_tile();
+            for t0 in ((tiled * AMX_TOKENS).min(t)..t).step_by(per_call) {
+                let nt = per_call.min(t - t0);
                 if valid == GROUP {
                     // SAFETY: rows t0..t0+nt, columns g*16..g*16+16 lie inside `out` (asserted
                     // above) and belong to group g, which only this task computes.
@@ -90,9 +91,10 @@ const AMX_MIN_TOKENS_KEPT: usize = AMX_TOKENS;
 /// rest through the vector kernels, which give the same bits), and `w`'s signed copy where one
 /// is kept. Past the minimum, a last, partial tile goes through the tiles too, padded: beside
 /// a whole tile in a pass it adds only products, and even on its own it beat the vector
-/// kernels, which stream the weights once for every four tokens (with one token left to them,
-/// a 17-token decode step gave 15-20% fewer tokens per second than a 16-token one; on its own,
-/// the partial tile was +2-3% at 33 tokens and +7-10% at 40).
+/// kernels, which stream the weights once per call of a few tokens (measured when a call took
+/// four, as on AVX2; eight on AVX-512 since: with one token left to them, a 17-token decode
+/// step gave 15-20% fewer tokens per second than a 16-token one; on its own, the partial tile
+/// was +2-3% at 33 tokens and +7-10% at 40).
 fn amx_plan(isa: Isa, w: &QMatrix, t: usize) -> (usize, Option<&[u8]>) {
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Amx && t >= AMX_MIN_TOKENS_KEPT && kernels::amx::handles(w.kind) && kernels::amx::available() {
@@ -138,6 +140,9 @@ mod tests {
                 (16, 256, 16),
                 (40, 512, 17),
                 (16, 256, 53),
+                // Every tile width of both sets (up to 8 tokens a call) as a last tile.
+                (16, 256, 2),
+                (40, 512, 14),
             ]
         } else {
             &[
@@ -153,6 +158,8 @@ mod tests {
                 (33, 64, 20),
                 (16, 32, 33),
                 (40, 96, 53),
+                (16, 32, 2),
+                (40, 96, 14),
             ]
         }
     }

@@ -66,6 +66,10 @@ unsafe fn store_without_minimum<const NT: usize>(acc: &[__m512; NT], out: *mut f
 macro_rules! dispatch_nt {
     ($f:ident, $w:expr, $g:expr, $a:expr, $t0:expr, $nt:expr, $out:expr, $stride:expr) => {
         match $nt {
+            8 => $f::<8>($w, $g, $a, $t0, $out, $stride),
+            7 => $f::<7>($w, $g, $a, $t0, $out, $stride),
+            6 => $f::<6>($w, $g, $a, $t0, $out, $stride),
+            5 => $f::<5>($w, $g, $a, $t0, $out, $stride),
             4 => $f::<4>($w, $g, $a, $t0, $out, $stride),
             3 => $f::<3>($w, $g, $a, $t0, $out, $stride),
             2 => $f::<2>($w, $g, $a, $t0, $out, $stride),

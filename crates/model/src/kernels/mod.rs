@@ -18,9 +18,8 @@ mod avx2;
 mod avx512;
 mod scalar;
 
-/// Tokens per kernel call: enough to reuse each unpacked weight block several times while the
-/// accumulators stay in registers.
-pub const TOKENS_PER_TILE: usize = 4;
+/// The most tokens of any set's kernel call ([`Isa::tokens_per_tile`]).
+pub const TOKENS_PER_TILE: usize = 8;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Isa {
@@ -72,6 +71,17 @@ impl Isa {
         v
     }
 
+    /// Tokens per kernel call: enough to reuse each unpacked weight block several times while
+    /// the accumulators stay in registers: 8 with AVX-512's 32 vector registers (a token's sum
+    /// and minimum term take two), 4 with AVX2's 16. A prefill unpacks each weight block once
+    /// per call, so on compute-bound steps this halves the unpacking.
+    pub fn tokens_per_tile(self) -> usize {
+        match self {
+            Isa::Avx512 | Isa::Amx => 8,
+            Isa::Scalar | Isa::Avx2 => 4,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
@@ -84,7 +94,7 @@ impl Isa {
 
 /// `*out.add(tt * stride + r)` = dot(row `g*16 + r` of `w`, token `t0 + tt` of `a`) for
 /// `tt < nt`, `r < 16`. `a` must be quantized in `w.kind.act_format()` with `w.cols` columns;
-/// `nt <= TOKENS_PER_TILE`.
+/// `nt <= isa.tokens_per_tile()`.
 ///
 /// # Safety
 /// `out` must be valid for writes at every `tt * stride + r` above, and no other thread may
@@ -101,7 +111,7 @@ pub unsafe fn group_dot(
     out: *mut f32,
     stride: usize,
 ) {
-    assert!(nt <= TOKENS_PER_TILE && t0 + nt <= a.rows && a.blocks_per_row == w.blocks());
+    assert!(nt <= isa.tokens_per_tile() && t0 + nt <= a.rows && a.blocks_per_row == w.blocks());
     assert!(g < w.groups() && stride >= GROUP);
     match isa {
         Isa::Scalar => scalar::group_dot(w, g, a, t0, nt, out, stride),
