@@ -87,30 +87,14 @@ unsafe fn min_kind<const FIFTH: bool>(
     scale_min: impl Fn(usize, usize) -> (__m256, __m256),
 ) {
     let nb = w.blocks();
-    let mask = _mm256_set1_epi8(0x0F);
-    let fifth = _mm256_set1_epi8(0x10);
     let ones = _mm256_set1_epi16(1);
     for h in 0..2 {
         let mut acc = [_mm256_setzero_ps(); 4];
         let mut macc = [_mm256_setzero_ps(); 4];
         for b in 0..nb {
             let gb = g * nb + b;
-            let tile = w.qs.as_ptr().add(gb * 256 + h * 32);
             let (dw, mw) = scale_min(gb, h);
-            let high = |j: usize| {
-                if FIFTH {
-                    let qh = w.qh.as_ptr().add(gb * 8);
-                    _mm256_and_si256(bytes_from_bits((*qh.add(j) >> (32 * h)) as u32), fifth)
-                } else {
-                    _mm256_setzero_si256()
-                }
-            };
-            let mut wv = [_mm256_setzero_si256(); 8];
-            for p in 0..4 {
-                let l = _mm256_loadu_si256(tile.add(p * 64) as *const __m256i);
-                wv[p] = _mm256_or_si256(_mm256_and_si256(l, mask), high(p));
-                wv[p + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l), mask), high(p + 4));
-            }
+            let wv = unpack_nibbles::<FIFTH>(w, gb, h);
             for tt in 0..nt {
                 let ti = (t0 + tt) * nb + b;
                 let x = a.qs.as_ptr().add(ti * QK) as *const u8;
@@ -124,6 +108,30 @@ unsafe fn min_kind<const FIFTH: bool>(
             _mm256_storeu_ps(out.add(tt * stride + h * 8), _mm256_add_ps(acc[tt], macc[tt]));
         }
     }
+}
+
+/// The values of rows `8h..8h+8` of group-block `gb` from a nibble tile, element `4j + e` of
+/// row `r` in byte `4r + e` of `wv[j]`: the low nibbles give elements 0..16, the high 16..32,
+/// and with `FIFTH` each byte's fifth bit comes from the tile's masks ([`QMatrix::qh`]).
+#[inline(always)]
+unsafe fn unpack_nibbles<const FIFTH: bool>(w: &QMatrix, gb: usize, h: usize) -> [__m256i; 8] {
+    let tile = w.qs.as_ptr().add(gb * 256 + h * 32);
+    let (mask, fifth) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x10));
+    let high = |j: usize| {
+        if FIFTH {
+            let qh = w.qh.as_ptr().add(gb * 8);
+            _mm256_and_si256(bytes_from_bits((*qh.add(j) >> (32 * h)) as u32), fifth)
+        } else {
+            _mm256_setzero_si256()
+        }
+    };
+    let mut wv = [_mm256_setzero_si256(); 8];
+    for p in 0..4 {
+        let l = _mm256_loadu_si256(tile.add(p * 64) as *const __m256i);
+        wv[p] = _mm256_or_si256(_mm256_and_si256(l, mask), high(p));
+        wv[p + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l), mask), high(p + 4));
+    }
+    wv
 }
 
 /// Sums of unsigned weights `wv[j0..j0+4]` times the matching signed activation quads, per row.
@@ -213,29 +221,13 @@ unsafe fn nibble_tile<const FIFTH: bool, const SHIFT: u32>(
     stride: usize,
 ) {
     let nb = w.blocks();
-    let mask = _mm256_set1_epi8(0x0F);
-    let fifth = _mm256_set1_epi8(0x10);
     let ones = _mm256_set1_epi16(1);
     for h in 0..2 {
         let mut acc = [_mm256_setzero_ps(); 4];
         for b in 0..nb {
             let gb = g * nb + b;
-            let tile = w.qs.as_ptr().add(gb * 256 + h * 32);
             let dw = load_f16x8(w.d.as_ptr().add(gb * GROUP + h * 8));
-            let high = |j: usize| {
-                if FIFTH {
-                    let qh = w.qh.as_ptr().add(gb * 8);
-                    _mm256_and_si256(bytes_from_bits((*qh.add(j) >> (32 * h)) as u32), fifth)
-                } else {
-                    _mm256_setzero_si256()
-                }
-            };
-            let mut wv = [_mm256_setzero_si256(); 8];
-            for p in 0..4 {
-                let l = _mm256_loadu_si256(tile.add(p * 64) as *const __m256i);
-                wv[p] = _mm256_or_si256(_mm256_and_si256(l, mask), high(p));
-                wv[p + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(l), mask), high(p + 4));
-            }
+            let wv = unpack_nibbles::<FIFTH>(w, gb, h);
             for (tt, acc) in acc.iter_mut().enumerate().take(nt) {
                 let ti = (t0 + tt) * nb + b;
                 let x = a.qs.as_ptr().add(ti * QK) as *const u8;

@@ -174,27 +174,12 @@ unsafe fn min_kind_n<const NT: usize, const FIFTH: bool, S: ScaleMin>(
     stride: usize,
 ) {
     let nb = w.blocks();
-    let mask = _mm512_set1_epi8(0x0F);
-    let fifth = _mm512_set1_epi8(0x10);
     let mut acc = [_mm512_setzero_ps(); NT];
     let mut macc = [_mm512_setzero_ps(); NT];
     for b in 0..nb {
         let gb = g * nb + b;
-        let tile = w.qs.as_ptr().add(gb * 256);
         let (dw, mw) = S::scale_min(w, g, b);
-        let mut wv = [_mm512_setzero_si512(); 8];
-        for p in 0..4 {
-            let l = _mm512_loadu_si512(tile.add(p * 64) as *const _);
-            let (lo, hi) = (_mm512_and_si512(l, mask), _mm512_and_si512(_mm512_srli_epi16::<4>(l), mask));
-            if FIFTH {
-                let qh = w.qh.as_ptr().add(gb * 8);
-                wv[p] = _mm512_mask_add_epi8(lo, *qh.add(p), lo, fifth);
-                wv[p + 4] = _mm512_mask_add_epi8(hi, *qh.add(p + 4), hi, fifth);
-            } else {
-                wv[p] = lo;
-                wv[p + 4] = hi;
-            }
-        }
+        let wv = unpack_nibbles::<FIFTH>(w, gb);
         for tt in 0..NT {
             let ti = (t0 + tt) * nb + b;
             let x = a.qs.as_ptr().add(ti * QK) as *const u8;
@@ -216,6 +201,29 @@ unsafe fn min_kind_n<const NT: usize, const FIFTH: bool, S: ScaleMin>(
     for tt in 0..NT {
         _mm512_storeu_ps(out.add(tt * stride), _mm512_add_ps(acc[tt], macc[tt]));
     }
+}
+
+/// The values of group-block `gb`'s 16 rows from a nibble tile, element `4j + e` of row `r` in
+/// byte `4r + e` of `wv[j]`: the low nibbles give elements 0..16, the high 16..32, and with
+/// `FIFTH` the fifth bit is added where the tile's mask ([`QMatrix::qh`]) says: q = nibble | 16.
+#[inline(always)]
+unsafe fn unpack_nibbles<const FIFTH: bool>(w: &QMatrix, gb: usize) -> [__m512i; 8] {
+    let tile = w.qs.as_ptr().add(gb * 256);
+    let (mask, fifth) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi8(0x10));
+    let mut wv = [_mm512_setzero_si512(); 8];
+    for p in 0..4 {
+        let l = _mm512_loadu_si512(tile.add(p * 64) as *const _);
+        let (lo, hi) = (_mm512_and_si512(l, mask), _mm512_and_si512(_mm512_srli_epi16::<4>(l), mask));
+        if FIFTH {
+            let qh = w.qh.as_ptr().add(gb * 8);
+            wv[p] = _mm512_mask_add_epi8(lo, *qh.add(p), lo, fifth);
+            wv[p + 4] = _mm512_mask_add_epi8(hi, *qh.add(p + 4), hi, fifth);
+        } else {
+            wv[p] = lo;
+            wv[p + 4] = hi;
+        }
+    }
+    wv
 }
 
 /// # Safety
@@ -280,27 +288,11 @@ unsafe fn nibble_tile_n<const NT: usize, const FIFTH: bool, const SHIFT: u32>(
     stride: usize,
 ) {
     let nb = w.blocks();
-    let mask = _mm512_set1_epi8(0x0F);
-    let fifth = _mm512_set1_epi8(0x10);
     let mut acc = [_mm512_setzero_ps(); NT];
     for b in 0..nb {
         let gb = g * nb + b;
-        let tile = w.qs.as_ptr().add(gb * 256);
         let dw = load_f16x16(w.d.as_ptr().add(gb * GROUP));
-        let mut wv = [_mm512_setzero_si512(); 8];
-        for p in 0..4 {
-            let l = _mm512_loadu_si512(tile.add(p * 64) as *const _);
-            let (lo, hi) = (_mm512_and_si512(l, mask), _mm512_and_si512(_mm512_srli_epi16::<4>(l), mask));
-            if FIFTH {
-                // The fifth bit, where its mask says so: q = nibble | 16.
-                let qh = w.qh.as_ptr().add(gb * 8);
-                wv[p] = _mm512_mask_add_epi8(lo, *qh.add(p), lo, fifth);
-                wv[p + 4] = _mm512_mask_add_epi8(hi, *qh.add(p + 4), hi, fifth);
-            } else {
-                wv[p] = lo;
-                wv[p + 4] = hi;
-            }
-        }
+        let wv = unpack_nibbles::<FIFTH>(w, gb);
         for (tt, acc) in acc.iter_mut().enumerate() {
             accumulate_offset_block::<SHIFT>(acc, &wv, dw, a, (t0 + tt) * nb + b);
         }
