@@ -3,7 +3,10 @@
 # on one machine (the machines are noisy: compare the ratios, not figures across runs).
 #
 #   LLAMA_BIN=/path/to/llama.cpp/build/bin [SHAPES="1.7b 8b"] [TYPES="Q4_0 Q4_K_M Q6_K Q8_0"] \
-#     [THREADS=2] [REPS=3] [WORK=/tmp/pw-sizes] scripts/bench-sizes.sh
+#     [THREADS=2] [REPS=3] [WORK=/tmp/pw-sizes] [Q6K_LAYOUT=packed|wide] scripts/bench-sizes.sh
+#
+# Q6K_LAYOUT passes `--q6k-layout` to `bench model` (the speed columns; `generate`, which
+# gives the memory and load columns, always loads the default, packed).
 #
 # Files: a llama-architecture GGUF of each shape with random weights and SmolLM2's tokenizer
 # (scripts/synth-model.py, F16), quantized to each type by llama.cpp's llama-quantize; kept in
@@ -45,6 +48,7 @@ for shape in ${SHAPES:-1.7b}; do
     /usr/bin/time -f "%e %M" -o "$work/pw.time" "$pw" generate --model "$q" --threads "$threads" --max-tokens 4 "$prompt" > /dev/null 2>&1
     /usr/bin/time -f "%e %M" -o "$work/ll.time" "$LLAMA_BIN/llama-bench" -m "$q" -p 0 -n 4 -r 1 -t "$threads" > /dev/null 2>&1
     "$pw" bench model --model "$q" --threads "$threads" --batch 1 --reps "$reps" --json \
+      ${Q6K_LAYOUT:+--q6k-layout "$Q6K_LAYOUT"} \
       --llama-bench "$LLAMA_BIN/llama-bench" > "$work/bench.json"
     rows+=("$(python3 scripts/bench_sizes_row.py "$q" "$work")")
   done
