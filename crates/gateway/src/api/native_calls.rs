@@ -10,7 +10,8 @@
 //! after which a marker may begin.
 
 use grammar::OutputFormat;
-use serde_json::Value;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 use text::{Tokenizer, ToolSyntax};
 
 /// Hermes' block markers (Qwen 2.5 and 3 print them in their templates, as text).
@@ -56,45 +57,68 @@ impl Marker {
     }
 }
 
-/// The markers of a model's syntax, resolved against its vocabulary once per request.
+/// The id of call `k` of an answer in `syntax`, from `base` (unique to the response's choice):
+/// `base`, `base_1`, ..., except for Mistral's models, whose templates refuse (raise on) a call
+/// id that is not nine letters and digits when the client sends the call back in a later
+/// turn's history: theirs are nine letters and digits from a hash of `base` and `k`.
+pub(super) fn call_id(syntax: ToolSyntax, base: &str, k: usize) -> String {
+    const ALPHABET: &[u8; 62] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    match (syntax, k) {
+        (ToolSyntax::MistralJson, _) => {
+            let digest = Sha256::digest(format!("{base}/{k}").as_bytes());
+            let mut n = u64::from_le_bytes(digest[..8].try_into().unwrap_or_default());
+            (0..9)
+                .map(|_| {
+                    let c = ALPHABET[(n % 62) as usize];
+                    n /= 62;
+                    char::from(c)
+                })
+                .collect()
+        }
+        (_, 0) => base.to_string(),
+        (_, _) => format!("{base}_{k}"),
+    }
+}
+
+/// The markers of a marked syntax (Hermes, Mistral), resolved against the model's vocabulary;
+/// Llama 3's JSON and the generic JSON have none (the whole answer is one object).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Markers {
-    /// Llama 3's JSON and the generic JSON: no marker, the whole answer is one object.
-    None,
-    Hermes {
-        open: Marker,
-        close: Marker,
-    },
+    Hermes { open: Marker, close: Marker },
     Mistral(Marker),
 }
 
 impl Markers {
-    pub(super) fn of(syntax: ToolSyntax, tokenizer: &Tokenizer) -> Markers {
+    pub(super) fn of(syntax: ToolSyntax, tokenizer: &Tokenizer) -> Option<Markers> {
         match syntax {
-            ToolSyntax::Hermes => {
-                Markers::Hermes { open: Marker::in_vocab(OPEN, tokenizer), close: Marker::in_vocab(CLOSE, tokenizer) }
-            }
-            ToolSyntax::MistralJson => Markers::Mistral(Marker::in_vocab(MISTRAL, tokenizer)),
-            ToolSyntax::Llama3Json | ToolSyntax::Generic => Markers::None,
+            ToolSyntax::Hermes => Some(Markers::Hermes {
+                open: Marker::in_vocab(OPEN, tokenizer),
+                close: Marker::in_vocab(CLOSE, tokenizer),
+            }),
+            ToolSyntax::MistralJson => Some(Markers::Mistral(Marker::in_vocab(MISTRAL, tokenizer))),
+            ToolSyntax::Llama3Json | ToolSyntax::Generic => None,
         }
     }
 
     /// The text an answer's calls begin with.
-    fn leading(&self) -> Option<&'static str> {
+    fn leading(&self) -> &'static str {
         match self {
-            Markers::None => None,
-            Markers::Hermes { open, .. } => Some(open.text),
-            Markers::Mistral(m) => Some(m.text),
+            Markers::Hermes { open, .. } => open.text,
+            Markers::Mistral(m) => m.text,
         }
     }
 
-    /// The grammar of an answer in a marked syntax: its calls (one, or with `parallel` one or
+    /// The grammar of an answer in this syntax: its calls (one, or with `parallel` one or
     /// more), each valid against `call`; with `auto`, free text instead, or free text and then
-    /// calls from the start of a line. `None` for a syntax without a marker.
-    pub(super) fn format(&self, call: Value, parallel: bool, auto: bool) -> Option<OutputFormat> {
+    /// calls from the start of a line.
+    pub(super) fn format(&self, mut call: Value, parallel: bool, auto: bool) -> OutputFormat {
+        if let Markers::Mistral(_) = self {
+            // Mistral's models write each call's id after its arguments, as their templates
+            // show earlier calls; the grammar lets them (the response's ids are the server's).
+            with_mistral_id(&mut call);
+        }
         let schema = grammar::compact(call);
         let calls = match self {
-            Markers::None => return None,
             Markers::Hermes { open, close } => {
                 let calls = if parallel { "block (\"\\n\" block)*" } else { "block" };
                 format!("calls: {calls}\nblock: {} \"\\n\" call \"\\n\" {}\n", open.atom(), close.atom())
@@ -107,7 +131,7 @@ impl Markers {
         };
         let start = match auto {
             true => {
-                let marker = self.leading().unwrap_or_default();
+                let marker = self.leading();
                 format!(
                     "start: LINE* calls | LINE* LAST | LINE+\nLINE: /{}/\nLAST: /{}/\n",
                     line_not_starting_with(marker, true),
@@ -116,23 +140,31 @@ impl Markers {
             }
             false => "start: calls\n".to_string(),
         };
-        Some(OutputFormat::Lark { grammar: format!("{start}{calls}call: %json {schema}\n") })
+        OutputFormat::Lark { grammar: format!("{start}{calls}call: %json {schema}\n") }
     }
 
     /// The calls of a finished answer: any text before them (lines not beginning with the
     /// marker) and the calls, as the grammar allows; `None` if there are none or anything else
     /// is there.
     pub(super) fn read(&self, text: &str) -> Option<(Option<String>, Vec<Value>)> {
-        let marker = self.leading()?;
-        let at = line_start_of(text, marker)?;
+        let at = line_start_of(text, self.leading())?;
         let (before, rest) = text.split_at(at);
         let calls = match self {
-            Markers::None => return None,
             Markers::Hermes { .. } => hermes_blocks(rest)?,
             Markers::Mistral(_) => mistral_array(rest)?,
         };
         let before = before.trim_end();
         Some(((!before.trim_start().is_empty()).then(|| before.to_string()), calls))
+    }
+}
+
+/// Adds Mistral's optional `id` (nine letters and digits, as the templates print it) after the
+/// arguments of each alternative of a call's schema.
+fn with_mistral_id(call: &mut Value) {
+    let id = json!({"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"});
+    match call.get_mut("anyOf").and_then(Value::as_array_mut) {
+        Some(alternatives) => alternatives.iter_mut().for_each(|a| a["properties"]["id"] = id.clone()),
+        None => call["properties"]["id"] = id,
     }
 }
 
@@ -259,10 +291,10 @@ pub(super) mod tests {
     #[test]
     fn a_marker_is_the_vocabularys_control_token_where_it_has_one() {
         let with = vocab(&["[TOOL_CALLS]"]);
-        let Markers::Mistral(m) = Markers::of(ToolSyntax::MistralJson, &with) else { panic!() };
+        let Some(Markers::Mistral(m)) = Markers::of(ToolSyntax::MistralJson, &with) else { panic!() };
         assert_eq!(m.token, Some(259));
         assert_eq!(m.atom(), "<[259]>");
-        let Markers::Mistral(m) = Markers::of(ToolSyntax::MistralJson, &vocab(&[])) else { panic!() };
+        let Some(Markers::Mistral(m)) = Markers::of(ToolSyntax::MistralJson, &vocab(&[])) else { panic!() };
         assert_eq!(m.token, None);
         assert_eq!(m.atom(), "\"[TOOL_CALLS]\"");
     }
@@ -270,8 +302,8 @@ pub(super) mod tests {
     #[test]
     fn a_mistral_call_is_its_control_token_then_an_array_and_no_text_can_spell_the_token() {
         let tok = vocab(&["[TOOL_CALLS]"]);
-        let markers = Markers::of(ToolSyntax::MistralJson, &tok);
-        let required = markers.format(call(), true, false).unwrap();
+        let markers = Markers::of(ToolSyntax::MistralJson, &tok).unwrap();
+        let required = markers.format(call(), true, false);
         let mut answer = vec![259];
         answer.extend(ids(&tok, &format!("[{CALL}, {CALL}]")));
         assert_eq!(walk(&tok, &required, &answer), Ok(true));
@@ -282,11 +314,11 @@ pub(super) mod tests {
         // The marker's text in plain bytes is not the marker.
         assert_eq!(walk(&tok, &required, &ids(&tok, &format!("[TOOL_CALLS][{CALL}]"))), Err(0));
         // Without `parallel`, one call and the array closes.
-        let single = markers.format(call(), false, false).unwrap();
+        let single = markers.format(call(), false, false);
         assert!(walk(&tok, &single, &answer).is_err());
 
         // With `auto`: text, or text and then calls from the start of a line.
-        let auto = markers.format(call(), true, true).unwrap();
+        let auto = markers.format(call(), true, true);
         assert_eq!(walk(&tok, &auto, &ids(&tok, "It is sunny.\nReally.")), Ok(true));
         let mut after_text = ids(&tok, "Let me look.\n");
         after_text.extend(&answer);
@@ -309,8 +341,8 @@ pub(super) mod tests {
     #[test]
     fn a_hermes_answer_may_say_something_first_and_its_calls_still_hold_to_the_schema() {
         let tok = vocab(&[]);
-        let markers = Markers::of(ToolSyntax::Hermes, &tok);
-        let auto = markers.format(call(), true, true).unwrap();
+        let markers = Markers::of(ToolSyntax::Hermes, &tok).unwrap();
+        let auto = markers.format(call(), true, true);
         let block = format!("<tool_call>\n{CALL}\n</tool_call>");
         for ok in [
             block.clone(),
@@ -397,8 +429,8 @@ pub(super) mod tests {
             "<|python_tag|>",
         ];
         let marked = [
-            Markers::of(ToolSyntax::Hermes, &vocab(&[])),
-            Markers::of(ToolSyntax::MistralJson, &vocab(&["[TOOL_CALLS]"])),
+            Markers::of(ToolSyntax::Hermes, &vocab(&[])).unwrap(),
+            Markers::of(ToolSyntax::MistralJson, &vocab(&["[TOOL_CALLS]"])).unwrap(),
         ];
         let mut texts = vec![String::new()];
         for _ in 0..5 {

@@ -11,7 +11,6 @@
 //! calls from the start of a line"), and the model chooses.
 
 use serde_json::{json, Map, Value};
-use sha2::{Digest, Sha256};
 
 use grammar::OutputFormat;
 use text::{Tokenizer, ToolSyntax};
@@ -41,10 +40,10 @@ enum Choice {
 pub struct Tools {
     functions: Vec<Function>,
     choice: Choice,
-    /// How the model writes a call (its template's syntax), and its markers in the model's
-    /// vocabulary.
+    /// How the model writes a call (its template's syntax), and the syntax's markers in the
+    /// model's vocabulary where it has markers.
     syntax: ToolSyntax,
-    markers: Markers,
+    markers: Option<Markers>,
     /// `parallel_tool_calls` (default true): whether one answer may hold several calls, where
     /// the syntax has a way to write several.
     parallel: bool,
@@ -214,14 +213,9 @@ impl Tools {
     /// does not begin as one (in a marked syntax, text that may end in calls).
     pub fn output_format(&self) -> OutputFormat {
         let args = native_calls::arguments_key(self.syntax);
-        let mut call = self.call_schema(args);
-        if self.syntax == ToolSyntax::MistralJson {
-            // Mistral's models write each call's id after its arguments, as their templates
-            // show earlier calls; the grammar lets them (the response's ids are the server's).
-            with_mistral_id(&mut call);
-        }
-        if let Some(format) = self.markers.format(call.clone(), self.parallel, self.choice == Choice::Auto) {
-            return format;
+        let call = self.call_schema(args);
+        if let Some(markers) = &self.markers {
+            return markers.format(call, self.parallel, self.choice == Choice::Auto);
         }
         match self.choice {
             Choice::Auto => {
@@ -237,10 +231,10 @@ impl Tools {
     /// The calls in a finished answer, if it has any where the grammar puts them (the whole
     /// answer, or in a marked syntax after some lines of text), every one of an offered function.
     pub fn calls(&self, text: &str) -> Option<ToolAnswer> {
-        let (content, objects) = match self.syntax {
-            ToolSyntax::Hermes | ToolSyntax::MistralJson => self.markers.read(text)?,
-            ToolSyntax::Llama3Json => (None, vec![native_calls::llama3_object(text)?]),
-            ToolSyntax::Generic => (None, vec![serde_json::from_str(text.trim()).ok()?]),
+        let (content, objects) = match (&self.markers, self.syntax) {
+            (Some(markers), _) => markers.read(text)?,
+            (None, ToolSyntax::Llama3Json) => (None, vec![native_calls::llama3_object(text)?]),
+            (None, _) => (None, vec![serde_json::from_str(text.trim()).ok()?]),
         };
         if objects.is_empty() || (objects.len() > 1 && !self.parallel) {
             return None;
@@ -260,48 +254,15 @@ impl Tools {
     }
 
     /// An answer's calls as a `tool_calls` array, their ids made from `base` (unique to the
-    /// response's choice); with `stream`, each carries its `index` (a chunk's delta needs it).
-    /// The ids are `base`, `base_1`, ..., except for Mistral's models: their templates refuse
-    /// (raise on) a call id that is not nine letters and digits when the client sends the call
-    /// back in a later turn's history, so theirs are nine letters and digits drawn from a hash
-    /// of `base` and the call's place.
+    /// response's choice) as the syntax needs them ([`native_calls::call_id`]); with `stream`,
+    /// each carries its `index` (a chunk's delta needs it).
     pub fn calls_json(&self, calls: &[ToolCall], base: &str, stream: bool) -> Value {
-        let list = calls.iter().enumerate().map(|(k, c)| {
-            let id = match (self.syntax, k) {
-                (ToolSyntax::MistralJson, _) => nine_alphanumerics(&format!("{base}/{k}")),
-                (_, 0) => base.to_string(),
-                (_, _) => format!("{base}_{k}"),
-            };
-            c.json(&id, stream.then_some(k))
-        });
+        let list = calls
+            .iter()
+            .enumerate()
+            .map(|(k, c)| c.json(&native_calls::call_id(self.syntax, base, k), stream.then_some(k)));
         Value::Array(list.collect())
     }
-}
-
-/// Adds Mistral's optional `id` (nine letters and digits, as the templates print it) after the
-/// arguments of each alternative of a call's schema.
-fn with_mistral_id(call: &mut Value) {
-    let id = json!({"type": "string", "pattern": "^[a-zA-Z0-9]{9}$"});
-    match call.get_mut("anyOf").and_then(Value::as_array_mut) {
-        Some(alternatives) => alternatives.iter_mut().for_each(|a| {
-            a["properties"]["id"] = id.clone();
-        }),
-        None => call["properties"]["id"] = id,
-    }
-}
-
-/// Nine characters of `[A-Za-z0-9]` from a hash of `seed`.
-fn nine_alphanumerics(seed: &str) -> String {
-    const ALPHABET: &[u8; 62] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
-    let digest = Sha256::digest(seed.as_bytes());
-    let mut n = u64::from_le_bytes(digest[..8].try_into().unwrap_or_default());
-    (0..9)
-        .map(|_| {
-            let c = ALPHABET[(n % 62) as usize];
-            n /= 62;
-            char::from(c)
-        })
-        .collect()
 }
 
 /// An assistant message's `tool_calls`, checked: each a function with a name and arguments
