@@ -134,6 +134,12 @@ impl Quantizer {
 const PARALLEL_ROWS: usize = 4;
 
 impl QuantActs {
+    /// Bytes one token's row occupies across the buffers (its values, half-block sums, scales
+    /// and block sums), as the kernels read them.
+    pub fn row_bytes(&self) -> usize {
+        self.blocks_per_row * (QK + 2 * size_of::<i32>() + 2 * size_of::<f32>())
+    }
+
     /// Quantizes `rows` rows of length `k` (a multiple of 32) from `x`.
     pub fn quantize(&mut self, x: &[f32], rows: usize, k: usize, fmt: ActFormat) {
         self.prepare(x, rows, k);
