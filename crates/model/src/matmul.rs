@@ -216,7 +216,7 @@ mod tests {
             a.quantize(&vec![0.5; t * cols], t, cols, crate::quant::ActFormat::Q8_0);
             for per_call in [4, 8] {
                 let chunk = tokens_per_chunk(&a, per_call);
-                assert!(chunk >= per_call && chunk % per_call == 0, "{cols}: {chunk}");
+                assert!(chunk >= per_call && chunk.is_multiple_of(per_call), "{cols}: {chunk}");
                 assert!(chunk * a.row_bytes() <= ACTS_CHUNK_BYTES || chunk == per_call);
             }
         }
@@ -444,4 +444,3 @@ mod tests {
         }
     }
 }
-
