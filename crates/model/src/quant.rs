@@ -272,15 +272,7 @@ unsafe fn quantize_avx2(x: &[f32], out: BlocksMut<'_>, fmt: ActFormat) {
 #[inline(always)]
 fn quantize_q8k(x: &[f32], out: BlocksMut<'_>) {
     for (sb, src) in x.chunks_exact(QK_K).enumerate() {
-        // A compare-and-select maximum, as the reference's: a NaN is never larger.
-        let mut lanes = [0f32; 16];
-        for part in src.chunks_exact(16) {
-            for (m, v) in lanes.iter_mut().zip(part) {
-                let a = v.abs();
-                *m = if a > *m { a } else { *m };
-            }
-        }
-        let amax = lanes.iter().fold(0f32, |a, &v| if v > a { v } else { a });
+        let amax = largest_magnitude(src);
         let max = src.iter().copied().find(|v| v.abs() == amax).unwrap_or(0.0);
         let iscale = if amax != 0.0 { -127.0 / max } else { 0.0 };
         let d = if amax != 0.0 { 1.0 / iscale } else { 0.0 };
@@ -346,20 +338,26 @@ fn quantize_q8k_reference(x: &[f32], out: BlocksMut<'_>) {
     }
 }
 
+/// The largest `|v|` of `src` (a multiple of 16 long), 0 for none; a NaN is never larger, as
+/// in ggml's reference quantizers. Lane-wise: exact, so the order does not matter; a
+/// compare-and-select maximum vectorizes where `f32::max` (NaN-aware) does not.
+#[inline(always)]
+fn largest_magnitude(src: &[f32]) -> f32 {
+    let mut lanes = [0f32; 16];
+    for part in src.chunks_exact(16) {
+        for (m, v) in lanes.iter_mut().zip(part) {
+            let a = v.abs();
+            *m = if a > *m { a } else { *m };
+        }
+    }
+    lanes.iter().fold(0f32, |a, &v| if v > a { v } else { a })
+}
+
 /// ggml's reference Q8_0 / Q8_1 quantizer, written so that it vectorizes.
 #[inline(always)]
 fn quantize_portable(x: &[f32], mut out: BlocksMut<'_>, fmt: ActFormat) {
     for (bi, src) in x.chunks_exact(QK).enumerate() {
-        // Lane-wise maximum: exact, so the order does not matter.
-        // A compare-and-select maximum vectorizes where `f32::max` (NaN-aware) does not.
-        let mut lanes = [0f32; 16];
-        for half in src.chunks_exact(16) {
-            for (m, v) in lanes.iter_mut().zip(half) {
-                let a = v.abs();
-                *m = if a > *m { a } else { *m };
-            }
-        }
-        let amax = lanes.iter().fold(0f32, |a, &v| if v > a { v } else { a });
+        let amax = largest_magnitude(src);
         let d = amax / 127.0;
         let id = if d != 0.0 { 1.0 / d } else { 0.0 };
         let q = &mut out.qs[bi * QK..(bi + 1) * QK];
