@@ -374,6 +374,13 @@ impl LlamaWeights {
         self.region.as_ref().map_or(Some(0), |r| r.huge_bytes())
     }
 
+    /// Waits up to `timeout` for the weights' move to huge pages, which runs in the
+    /// background from load on (see [`crate::region`]); whether it ended. For measurements
+    /// of the steady state: serving never waits for it.
+    pub fn wait_huge_pages(&self, timeout: std::time::Duration) -> bool {
+        self.region.as_ref().is_none_or(|r| r.wait_settled(timeout))
+    }
+
     pub fn output(&self) -> &QMatrix {
         self.output.as_ref().unwrap_or(&self.tok_embd)
     }

@@ -4,7 +4,10 @@
 //! ratios against it; without, it prints none (figures from another run or machine would make
 //! a ratio of noise).
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How long `bench model` waits for the weights' move to huge pages before measuring.
+const HUGE_PAGES_WAIT: Duration = Duration::from_secs(300);
 
 use clap::{Args, Subcommand};
 use kv::{BlockTable, KvPool, Owner, RequestId, TenantId};
@@ -118,6 +121,9 @@ struct Report {
     /// Of the weights, bytes the system backs with huge pages (absent where unreadable).
     #[serde(skip_serializing_if = "Option::is_none")]
     weight_bytes_in_huge_pages: Option<usize>,
+    /// Seconds from the end of loading until the weights' move to huge pages ended (or the
+    /// wait gave up), before anything was measured.
+    huge_pages_wait_s: f64,
     read_bandwidth: Vec<Bandwidth>,
     /// llama.cpp measured in this run (`--llama-bench`); absent otherwise.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -298,6 +304,13 @@ fn model_bench(b: &ModelBench) -> Result<(), ToolError> {
         Some(Q6kArg::Packed) | None => Q6kLayout::Packed,
     };
     let mut model = Llama::from_file(&file, LoadOptions { threads: 1, q6k }).map_err(ToolError::LoadModel)?;
+    // Measured once the weights are in huge pages, as a server is seconds after start.
+    let t = Instant::now();
+    let settled = model.weights.wait_huge_pages(HUGE_PAGES_WAIT);
+    let huge_pages_wait_s = t.elapsed().as_secs_f64();
+    if !settled {
+        eprintln!("the weights' move to huge pages did not end within {HUGE_PAGES_WAIT:?}: measuring anyway");
+    }
     let max_batch = b.batch.iter().copied().max().unwrap_or(1);
     let max_depth = b.depth.iter().copied().max().unwrap_or(0);
     let pool = runtime::pool_for(&model, max_batch * (max_depth + b.prompt.max(b.decode) + 16))?;
@@ -400,6 +413,7 @@ fn model_bench(b: &ModelBench) -> Result<(), ToolError> {
         scrub_share_of_decode_token: ns / pool.layout().page_size as f64 / decode_token_ns,
         weight_bytes_per_step: weight_bytes,
         weight_bytes_in_huge_pages: model.weights.huge_page_bytes(),
+        huge_pages_wait_s,
         read_bandwidth: bandwidth,
         llama_cpp,
     };
@@ -422,8 +436,9 @@ fn model_bench(b: &ModelBench) -> Result<(), ToolError> {
         let mib = |b: usize| b as f64 / (1 << 20) as f64;
         let huge = report.weight_bytes_in_huge_pages.map_or("unknown".into(), |b| format!("{:.1} MiB", mib(b)));
         println!(
-            "memory: {:.1} MiB of weights read per decode step ({huge} of the weights in huge pages); machine read bandwidth measured here: {}",
+            "memory: {:.1} MiB of weights read per decode step ({huge} of the weights in huge pages, {:.1} s after loading); machine read bandwidth measured here: {}",
             mib(weight_bytes),
+            report.huge_pages_wait_s,
             bw.join(", ")
         );
         print_llama_cpp(report.llama_cpp.as_ref(), b.prompt, b.decode);
