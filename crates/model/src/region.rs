@@ -8,10 +8,10 @@
 //! default (`madvise`) gives huge pages only to memory that asks, so the region asks.
 //!
 //! It asks once the weights are written, not before: faulting fresh huge pages in is slow
-//! and erratic in a VM that hands freed memory back to its host (the 2-vCPU Firecracker
-//! guests this project is measured on: touching 800 MB took 0.33 s in 4 KiB pages every time,
-//! 0.16-2.7 s in huge pages, depending on how recently the host had taken them back), and it
-//! was most of a model's load time. So the loader writes small pages, and a background thread
+//! and erratic in a VM whose balloon hands freed memory back to its host (the 2-vCPU VMs
+//! this project is measured on: touching 800 MB took 0.33 s in 4 KiB pages every time, but
+//! 0.16 s in huge pages just after another process freed some and 2.5-2.7 s a few seconds
+//! later), and it was most of a model's load time. So the loader writes small pages, and a background thread
 //! of the lowest priority collapses them into huge ones (`MADV_COLLAPSE`) while the model
 //! already serves: a few percent of decode speed for the first seconds, instead of a
 //! load time that varied from under to over twice llama.cpp's.
