@@ -12,8 +12,8 @@
 # llama-bench is not part of this project; one way to get it with only package registries:
 # `pip download --no-deps --no-binary llama-cpp-python llama-cpp-python==0.3.36`, then build
 # vendor/llama.cpp (cmake from `pip install cmake`), target llama-bench (llama-server for the
-# serving script, llama-quantize for other formats). GGML_NATIVE=ON worked on this machine
-# class on 2026-12-02; where it dies with SIGILL (AMX advertised but not enabled), configure with: -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
+# serving script, llama-quantize for other formats, llama-batched-bench for bench-sizes.sh).
+# GGML_NATIVE=ON worked on this machine class on 2026-12-02; where it dies with SIGILL (AMX advertised but not enabled), configure with: -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
 # -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON
 # -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF
 # (AVX-VNNI, the VEX form, is not on these CPUs either: SIGILL; the EVEX form, AVX512_VNNI, is.)

@@ -85,6 +85,14 @@ pub struct Region {
     collapsed: AtomicUsize,
 }
 
+/// How long after loading the collapse starts. It copies every weight once and holds the
+/// process's memory map lock while it swaps each page, so compute threads that map memory
+/// meanwhile wait on it: profiled beside the first tokens after load, it took 15% of the CPU
+/// and the engine's threads spun on that lock. It pays back only over tens of seconds of
+/// decoding (a few percent of each step), so the first seconds, and processes that live no
+/// longer (`generate`), are better off without it.
+const COLLAPSE_AFTER: Duration = Duration::from_secs(2);
+
 /// `MADV_COLLAPSE` (Linux 6.1), which the `libc` crate exports for glibc targets only.
 #[cfg(target_os = "linux")]
 const MADV_COLLAPSE: libc::c_int = 25;
@@ -150,6 +158,7 @@ impl Region {
                 // it at the default priority, still correct.
                 // SAFETY: plain system calls about the calling thread.
                 unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19) };
+                std::thread::sleep(COLLAPSE_AFTER);
                 let mut at = 0;
                 while let Some(r) = weak.upgrade() {
                     if at >= len || !r.collapse_one(at) {

@@ -260,23 +260,45 @@ fn layer(f: &Tensors<'_>, c: &LlamaConfig, i: usize) -> Result<Layer, ModelError
     })
 }
 
-/// Every layer, repacked by `threads` threads. On failure, the error of the first layer that
-/// fails: layers are taken in order, so every layer before it was tried.
-fn layers(f: &Tensors<'_>, c: &LlamaConfig, threads: usize) -> Result<Vec<Layer>, ModelError> {
+/// What one job of the loader builds.
+enum Part {
+    Output(Option<QMatrix>),
+    Embedding(QMatrix),
+    Layer(Box<Layer>),
+}
+
+/// The model's matrices, repacked by `threads` threads taking jobs in order: the output
+/// projection and the embedding first (the two largest matrices: started last, or alone, one
+/// of them would keep a single thread busy while the others idle; with a tied output, which
+/// Llama 3.2 and Qwen2.5 files have, the embedding alone was half of a load's wall time), then
+/// the layers. On failure, the error of the first job that fails: jobs are taken in order, so
+/// every job before it was tried.
+fn parts(
+    f: &Tensors<'_>,
+    c: &LlamaConfig,
+    own_output: bool,
+    threads: usize,
+) -> Result<(Option<QMatrix>, QMatrix, Vec<Layer>), ModelError> {
+    let job = |i: usize| match i {
+        0 => own_output.then(|| matrix(f, "output.weight", c.n_embd, c.vocab)).transpose().map(Part::Output),
+        1 => matrix(f, "token_embd.weight", c.n_embd, c.vocab).map(Part::Embedding),
+        i => layer(f, c, i - 2).map(|l| Part::Layer(Box::new(l))),
+    };
+    let jobs = c.n_layers.saturating_add(2);
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
-    let (tx, rx) = mpsc::channel::<(usize, Result<Layer, ModelError>)>();
-    std::thread::scope(|s| {
-        for _ in 0..threads.clamp(1, c.n_layers.max(1)) {
+    let (tx, rx) = mpsc::channel::<(usize, Result<Part, ModelError>)>();
+    let done = std::thread::scope(|s| {
+        for _ in 0..threads.clamp(1, jobs) {
             let tx = tx.clone();
-            let (next, failed) = (&next, &failed);
+            let (next, failed, job) = (&next, &failed, &job);
             s.spawn(move || {
                 while !failed.load(Ordering::Acquire) {
                     let i = next.fetch_add(1, Ordering::AcqRel);
-                    if i >= c.n_layers {
+                    if i >= jobs {
                         break;
                     }
-                    let built = layer(f, c, i);
+                    let built = job(i);
                     if built.is_err() {
                         failed.store(true, Ordering::Release);
                     }
@@ -294,21 +316,32 @@ fn layers(f: &Tensors<'_>, c: &LlamaConfig, threads: usize) -> Result<Vec<Layer>
         let mut first_err: Option<(usize, ModelError)> = None;
         for (i, built) in rx {
             match built {
-                Ok(l) => {
-                    waiting.insert(i, l);
+                Ok(part) => {
+                    waiting.insert(i, part);
                 }
                 Err(e) if first_err.as_ref().is_none_or(|(j, _)| i < *j) => first_err = Some((i, e)),
                 Err(_) => {}
             }
-            while let Some(l) = waiting.remove(&done.len()) {
-                done.push(l);
+            while let Some(part) = waiting.remove(&done.len()) {
+                done.push(part);
             }
         }
         match first_err {
             Some((_, e)) => Err(e),
             None => Ok(done),
         }
-    })
+    })?;
+    let mut done = done.into_iter();
+    let (Some(Part::Output(output)), Some(Part::Embedding(tok_embd))) = (done.next(), done.next()) else {
+        unreachable!("jobs 0 and 1 build the output and the embedding");
+    };
+    let layers = done
+        .map(|p| match p {
+            Part::Layer(l) => *l,
+            _ => unreachable!("every job after the first two builds a layer"),
+        })
+        .collect();
+    Ok((output, tok_embd, layers))
 }
 
 /// A bound on the bytes the repacked matrices of `file` take: no kernel format takes more than
@@ -338,15 +371,7 @@ impl LlamaWeights {
         // Gemma 2's output is always the embedding (llama.cpp reads no `output.weight` for it, so
         // a file that has one is refused as holding a tensor nobody applies).
         let own_output = f.has("output.weight") && c.arch != Arch::Gemma2;
-        // The two largest matrices first, one beside the other.
-        let (output, tok_embd) = std::thread::scope(|s| {
-            let output = s.spawn(|| own_output.then(|| matrix(f, "output.weight", c.n_embd, c.vocab)));
-            let tok_embd = matrix(f, "token_embd.weight", c.n_embd, c.vocab);
-            let output = output.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-            (output, tok_embd)
-        });
-        let (output, tok_embd) = (output.transpose()?, tok_embd?);
-        let layers = layers(f, c, threads)?;
+        let (output, tok_embd, layers) = parts(f, c, own_output, threads)?;
         // Only llama files carry `rope_freqs`, only Phi-3 the LongRoPE pair (llama.cpp reads
         // them for no other architecture here).
         let pairs = c.head_dim / 2;

@@ -99,6 +99,12 @@ struct TokenLogprob {
     top: Vec<(u32, f32)>,
 }
 
+/// What the prompt is made from.
+enum Input<'a> {
+    Chat(Vec<ChatMessage>),
+    Raw(&'a str),
+}
+
 fn messages(a: &GenerateArgs) -> Result<Option<Vec<ChatMessage>>, ToolError> {
     if let Some(path) = &a.messages {
         let raw = std::fs::read_to_string(path).map_err(ToolError::file("reading", path))?;
@@ -130,19 +136,31 @@ pub fn run(a: &GenerateArgs) -> Result<(), ToolError> {
         .top_logprobs(a.top_logprobs)
         .logprobs(a.json)
         .build()?;
-    let file = runtime::open(&a.m)?;
-    let tok = runtime::tokenizer(&file)?;
-    let prompt = match messages(a)? {
-        Some(msgs) => {
-            let template = ChatTemplate::from_gguf(&file)?;
-            template.encode(&tok, &template.render(&msgs, true)?)?
-        }
-        None => match &a.prompt {
-            Some(p) => tok.encode_prompt(p, a.parse_special)?,
-            None => return Err(ToolError::Usage("give a prompt, or --messages FILE".into())),
-        },
+    let input = match (messages(a)?, &a.prompt) {
+        (Some(msgs), _) => Input::Chat(msgs),
+        (None, Some(p)) => Input::Raw(p),
+        (None, None) => return Err(ToolError::Usage("give a prompt, or --messages FILE".into())),
     };
-    let model = runtime::load_model(&file, a.m.threads)?;
+    let file = runtime::open(&a.m)?;
+    // The tokenizer is built and the prompt encoded while the weights load: on its own it
+    // kept one core busy and the other idle for a third of a 1B model's start.
+    let (tok, prompt, model) = std::thread::scope(|s| {
+        let model = s.spawn(|| runtime::load_model(&file, a.m.threads));
+        let encoded = (|| {
+            let tok = runtime::tokenizer(&file)?;
+            let prompt = match &input {
+                Input::Chat(msgs) => {
+                    let template = ChatTemplate::from_gguf(&file)?;
+                    template.encode(&tok, &template.render(msgs, true)?)?
+                }
+                Input::Raw(p) => tok.encode_prompt(p, a.parse_special)?,
+            };
+            Ok::<_, ToolError>((tok, prompt))
+        })();
+        let model = model.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        let (tok, prompt) = encoded?;
+        Ok::<_, ToolError>((tok, prompt, model?))
+    })?;
     drop(file);
     let context = model.config.context;
     // The door rule, before a pool is built: a request that cannot be served whole is refused.
