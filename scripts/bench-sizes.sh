@@ -19,7 +19,8 @@
 # `llama-bench -p 0 -n 4 -r 1` (which also runs one warm-up pass), both under /usr/bin/time,
 # alternated REPS times (the median time, the largest memory). Then decode at BATCH sequences
 # (0: skip) after 128 prompt tokens each, 32 tokens each: `bench model --batch BATCH --depth 128
-# --decode 32` beside `llama-batched-bench -npp 128 -ntg 32 -npl BATCH` (its TG speed).
+# --decode 32` (its 32-token prefill figure unused) beside `llama-batched-bench -npp 128 -ntg 32
+# -npl BATCH` (its TG speed).
 #
 # llama.cpp is not part of this project: scripts/bench-vs-llamacpp.sh says how to build it from
 # the llama-cpp-python sdist on PyPI (targets llama-bench, llama-quantize and llama-batched-bench).
@@ -60,7 +61,7 @@ for shape in ${SHAPES:-1.7b}; do
       --llama-bench "$LLAMA_BIN/llama-bench" > "$work/bench.json"
     rm -f "$work/batch.json" "$work/batch.jsonl"
     if (( batch > 0 )); then
-      "$pw" bench model --model "$q" --threads "$threads" --batch "$batch" --prompt 128 --depth 128 --decode 32 \
+      "$pw" bench model --model "$q" --threads "$threads" --batch "$batch" --prompt 32 --depth 128 --decode 32 \
         --reps "$reps" --json ${Q6K_LAYOUT:+--q6k-layout "$Q6K_LAYOUT"} > "$work/batch.json"
       "$LLAMA_BIN/llama-batched-bench" -m "$q" -c $((batch * 160)) -npp 128 -ntg 32 -npl "$batch" -t "$threads" \
         --output-format jsonl 2> /dev/null | grep '^{' > "$work/batch.jsonl"

@@ -75,6 +75,22 @@ impl Llama {
         Ok(Llama { config, weights, isa: Isa::detect(), pool, workspace: Mutex::default() })
     }
 
+    /// [`Llama::from_file`] on a scoped thread while `beside` runs on this one: start-up work
+    /// that needs no weights (a tokenizer, a template) fills the cores a load leaves idle,
+    /// instead of adding its time before or after it. `beside`'s result is returned whatever
+    /// the load's, so a caller reports errors in its own order.
+    pub fn from_file_beside<T>(
+        f: &GgufFile,
+        opts: LoadOptions,
+        beside: impl FnOnce() -> T,
+    ) -> (Result<Llama, ModelError>, T) {
+        std::thread::scope(|s| {
+            let llama = s.spawn(|| Self::from_file(f, opts));
+            let other = beside();
+            (llama.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)), other)
+        })
+    }
+
     pub fn isa(&self) -> Isa {
         self.isa
     }

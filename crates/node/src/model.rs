@@ -91,16 +91,13 @@ pub fn load_model(config: &Config) -> Result<LoadedModel, ServeError> {
     crate::config::check_pool(capacity_tokens, info.context)?;
     let pool = pool_of(config, info.layout, capacity_tokens)?;
     // The vocabulary's parts are built while the weights load (each alone left a core idle).
-    let (text, llama) = std::thread::scope(|s| {
-        let llama = s.spawn(|| Llama::from_file(&file, LoadOptions { threads: config.threads, ..Default::default() }));
-        let text = (|| {
+    let (llama, text) =
+        Llama::from_file_beside(&file, LoadOptions { threads: config.threads, ..Default::default() }, || {
             let tokenizer = Tokenizer::from_gguf(&file).map_err(|e| err(e.to_string()))?;
             let template = ChatTemplate::from_gguf(&file).map_err(|e| err(e.to_string()))?;
             let grammars = Grammars::new(&tokenizer).map_err(|e| err(e.to_string()))?;
             Ok::<_, ServeError>((tokenizer, template, grammars))
-        })();
-        (text, llama.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))
-    });
+        });
     let (tokenizer, template, grammars) = text?;
     let mut llama = llama.map_err(|e| err(e.to_string()))?;
     // The engine's door check uses the model's context: serve the configured window.

@@ -6,9 +6,6 @@
 
 use std::time::{Duration, Instant};
 
-/// How long `bench model` waits for the weights' move to huge pages before measuring.
-const HUGE_PAGES_WAIT: Duration = Duration::from_secs(300);
-
 use clap::{Args, Subcommand};
 use kv::{BlockTable, KvPool, Owner, RequestId, TenantId};
 use model::qmatrix::Q6kLayout;
@@ -20,6 +17,9 @@ use crate::llama_bench::{self, LlamaBenchTest};
 use crate::runtime;
 use crate::{ModelArgs, ToolError};
 use audit::stats::median_or_nan;
+
+/// How long `bench model` waits for the weights' move to huge pages before measuring.
+const HUGE_PAGES_WAIT: Duration = Duration::from_secs(300);
 
 #[derive(Subcommand)]
 pub enum BenchCmd {

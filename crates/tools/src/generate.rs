@@ -144,23 +144,19 @@ pub fn run(a: &GenerateArgs) -> Result<(), ToolError> {
     let file = runtime::open(&a.m)?;
     // The tokenizer is built and the prompt encoded while the weights load: on its own it
     // kept one core busy and the other idle for a third of a 1B model's start.
-    let (tok, prompt, model) = std::thread::scope(|s| {
-        let model = s.spawn(|| runtime::load_model(&file, a.m.threads));
-        let encoded = (|| {
-            let tok = runtime::tokenizer(&file)?;
-            let prompt = match &input {
-                Input::Chat(msgs) => {
-                    let template = ChatTemplate::from_gguf(&file)?;
-                    template.encode(&tok, &template.render(msgs, true)?)?
-                }
-                Input::Raw(p) => tok.encode_prompt(p, a.parse_special)?,
-            };
-            Ok::<_, ToolError>((tok, prompt))
-        })();
-        let model = model.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        let (tok, prompt) = encoded?;
-        Ok::<_, ToolError>((tok, prompt, model?))
-    })?;
+    let (model, encoded) = runtime::load_model_beside(&file, a.m.threads, || {
+        let tok = runtime::tokenizer(&file)?;
+        let prompt = match &input {
+            Input::Chat(msgs) => {
+                let template = ChatTemplate::from_gguf(&file)?;
+                template.encode(&tok, &template.render(msgs, true)?)?
+            }
+            Input::Raw(p) => tok.encode_prompt(p, a.parse_special)?,
+        };
+        Ok::<_, ToolError>((tok, prompt))
+    });
+    let (tok, prompt) = encoded?;
+    let model = model?;
     drop(file);
     let context = model.config.context;
     // The door rule, before a pool is built: a request that cannot be served whole is refused.

@@ -30,6 +30,12 @@ pub fn load_model(f: &GgufFile, threads: usize) -> Result<Llama, ToolError> {
     Llama::from_file(f, LoadOptions { threads, ..Default::default() }).map_err(ToolError::LoadModel)
 }
 
+/// [`load_model`] while `beside` runs (see [`Llama::from_file_beside`]).
+pub fn load_model_beside<T>(f: &GgufFile, threads: usize, beside: impl FnOnce() -> T) -> (Result<Llama, ToolError>, T) {
+    let (llama, other) = Llama::from_file_beside(f, LoadOptions { threads, ..Default::default() }, beside);
+    (llama.map_err(ToolError::LoadModel), other)
+}
+
 /// A pool for at least `tokens` token slots in pages of 16, f16, scrubbed on free.
 pub fn pool_for(model: &Llama, tokens: usize) -> Result<KvPool, ToolError> {
     let layout = model.config.kv_layout(PAGE_SIZE, KvDtype::F16);
