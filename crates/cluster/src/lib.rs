@@ -57,7 +57,14 @@ pub use worker::{run_worker, Worker};
 
 /// BLAKE3 of a model file: what nodes compare at pairing.
 pub fn model_digest(path: &std::path::Path) -> std::io::Result<[u8; 32]> {
+    model_digest_of(&std::fs::File::open(path)?)
+}
+
+/// BLAKE3 of an open model file, from its first byte whatever its read position.
+pub fn model_digest_of(mut file: &std::fs::File) -> std::io::Result<[u8; 32]> {
+    use std::io::Seek;
+    file.rewind()?;
     let mut h = blake3::Hasher::new();
-    h.update_reader(std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(path)?))?;
+    h.update_reader(std::io::BufReader::with_capacity(1 << 20, file))?;
     Ok(*h.finalize().as_bytes())
 }

@@ -79,16 +79,23 @@ fn page_size() -> usize {
 /// Opens a GGUF file mapped (read into memory where it cannot be mapped: an empty file, a
 /// system without mappings).
 pub fn open(path: &Path) -> Result<GgufFile, GgufError> {
+    open_file(path).map(|(gguf, _)| gguf)
+}
+
+/// As [`open`], also handing back the open file: whatever else reads the model (a node's
+/// pairing digest, taken while the weights load) then reads the bytes the weights come from,
+/// even if the path is replaced meanwhile. Its read position is unspecified.
+pub fn open_file(path: &Path) -> Result<(GgufFile, std::fs::File), GgufError> {
     let io = |source| GgufError::Io { path: path.display().to_string(), source };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let len = usize::try_from(file.metadata().map_err(io)?.len()).unwrap_or(usize::MAX);
     #[cfg(unix)]
-    {
-        let file = std::fs::File::open(path).map_err(io)?;
-        let len = usize::try_from(file.metadata().map_err(io)?.len()).unwrap_or(usize::MAX);
-        if len > 0 {
-            return GgufFile::from_source(Box::new(MappedFile::map(&file, len).map_err(io)?));
-        }
+    if len > 0 {
+        return Ok((GgufFile::from_source(Box::new(MappedFile::map(&file, len).map_err(io)?))?, file));
     }
-    GgufFile::open(path)
+    let mut bytes = Vec::with_capacity(len.min(1 << 30));
+    std::io::Read::read_to_end(&mut &file, &mut bytes).map_err(io)?;
+    Ok((GgufFile::from_bytes(bytes)?, file))
 }
 
 #[cfg(all(test, unix))]

@@ -14,7 +14,7 @@ use crate::config::Config;
 use crate::error::ServeError;
 use crate::front::{http_setup, initial_tenants, router_config, tls_certificate};
 use crate::member;
-use crate::model::{model_err, ModelInfo};
+use crate::model::{model_err, OpenedModel};
 use crate::secrets::{cluster_secrets, reload_secrets_on_sighup};
 
 /// `pagewarden gateway`: the HTTP API, and the cluster listener where prefill and decode workers
@@ -35,12 +35,14 @@ where
         let cfg = config.for_model(&m);
         let c2 = cfg.clone();
         let (info, tokenizer, template, grammars) = tokio::task::spawn_blocking(move || -> Result<_, ServeError> {
-            let (info, file) = ModelInfo::read(&c2)?;
-            let err = model_err(&info.path);
-            let tokenizer = Tokenizer::from_gguf(&file).map_err(|e| err(e.to_string()))?;
-            let template = ChatTemplate::from_gguf(&file).map_err(|e| err(e.to_string()))?;
-            // Compiled here too: a schema that does not compile is refused before it is routed.
-            let grammars = Grammars::new(&tokenizer).map_err(|e| err(e.to_string()))?;
+            let (info, (tokenizer, template, grammars)) = OpenedModel::open(&c2)?.digest_beside(|m| {
+                let err = model_err(&m.path);
+                let tokenizer = Tokenizer::from_gguf(&m.file).map_err(|e| err(e.to_string()))?;
+                let template = ChatTemplate::from_gguf(&m.file).map_err(|e| err(e.to_string()))?;
+                // Compiled here too: a schema that does not compile is refused before it is routed.
+                let grammars = Grammars::new(&tokenizer).map_err(|e| err(e.to_string()))?;
+                Ok((tokenizer, template, grammars))
+            })?;
             Ok((info, tokenizer, template, grammars))
         })
         .await
