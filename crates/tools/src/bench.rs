@@ -183,7 +183,8 @@ pub fn run(cmd: &BenchCmd) -> Result<(), ToolError> {
 
 /// Read bandwidth in GB/s with `threads` threads each summing its share of a buffer far larger
 /// than the caches (best of three passes): the ceiling of a decode step bound by memory. The
-/// buffer is placed as the weights are (`model::region`), so both pay the same page walks.
+/// buffer is placed as the weights are (`model::region`) and measured, as they are, once its
+/// move to huge pages has ended, so both pay the same page walks.
 fn read_bandwidth(threads: usize) -> f64 {
     const WORDS: usize = 64 << 20; // 512 MiB of u64
     struct Words(WeightBuf<u64>);
@@ -193,7 +194,10 @@ fn read_bandwidth(threads: usize) -> f64 {
         }
     }
     let mut words = Words((0..WORDS as u64).collect::<Vec<u64>>().into());
-    let _region = region::pack(&mut [&mut words]);
+    let region = region::pack(&mut [&mut words]);
+    if let Some(r) = &region {
+        r.wait_settled(HUGE_PAGES_WAIT);
+    }
     let buf: &[u64] = &words.0;
     let per = WORDS.div_ceil(threads.max(1));
     let mut best = 0f64;
